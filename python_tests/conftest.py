@@ -1,0 +1,80 @@
+"""Shared fixtures: offline settings, small models, the subprocess runner."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TOPHUB_LOCATION", "NONE")
+
+import tvm_tcutils  # noqa: E402  (after the offline setting)
+import tvm  # noqa: E402
+from tvm import relay  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_collection_modifyitems(config, items):
+    # Benchmarks run only when asked for with -m benchmark.
+    if "benchmark" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="benchmark: run with -m benchmark")
+    for item in items:
+        if "benchmark" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_python(code: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with this checkout first on the path."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join([ROOT, full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+
+
+def run_cli(*args: str, cwd: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``tvm-tcutils ARGS`` (as ``python -m tvm_tcutils``) in a subprocess."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run(
+        [sys.executable, "-m", "tvm_tcutils", *args],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def mlp_model():
+    """The zoo MLP (type-checked module, params)."""
+    return tvm_tcutils.load_model("mlp")
+
+
+@pytest.fixture(scope="session")
+def resnet18_model():
+    """ResNet-18 with realistic weights."""
+    return tvm_tcutils.load_model("resnet-18")
+
+
+def small_conv_net(channels: int = 16, size: int = 16, dtype: str = "float32"):
+    """conv-bias-relu x2 with a residual add and pooling: a small model with every common neighbour op."""
+    x = relay.var("data", shape=(1, channels, size, size), dtype=dtype)
+    rng = np.random.default_rng(0)
+
+    def const(shape):
+        return relay.const(rng.standard_normal(shape).astype(dtype) * 0.1)
+
+    y = relay.nn.conv2d(x, const((channels, channels, 3, 3)), padding=(1, 1), channels=channels, kernel_size=(3, 3))
+    y = relay.nn.relu(relay.nn.bias_add(y, const((channels,))))
+    z = relay.nn.conv2d(y, const((channels, channels, 3, 3)), padding=(1, 1), channels=channels, kernel_size=(3, 3))
+    z = relay.nn.relu(relay.add(z, y))
+    z = relay.nn.max_pool2d(z, pool_size=(2, 2), strides=(2, 2))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], z)))
+
+
+@pytest.fixture
+def small_conv():
+    return small_conv_net()

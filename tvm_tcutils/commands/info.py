@@ -1,0 +1,37 @@
+"""``tvm-tcutils info``: the TVM found, what it can do, and the hooks installed."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "print the TVM version and path, available capabilities and registered hooks"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", action="store_true", help="also list the built-in models")
+
+
+def run(args: argparse.Namespace) -> int:
+    import tvm_tcutils
+    from tvm_tcutils.models import ZOO
+
+    caps = tvm_tcutils.capabilities()
+    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    tested = "" if caps["tvm_tested"] else f" (untested; tested: {', '.join(tvm_tcutils.TESTED_TVM_VERSIONS)})"
+    print(f"tvm-tcutils {tvm_tcutils.__version__}")
+    print(f"TVM {caps['tvm_version']}{tested} at {caps['tvm_path']}")
+    print("capabilities:")
+    print(f"  relay            {yes(caps['relay'])}")
+    print(f"  autotvm          {yes(caps['autotvm'])}")
+    print(f"  llvm             {caps['llvm_version'] or 'no'} (targets: {', '.join(caps['llvm_targets']) or 'none'})")
+    print(f"  cuda codegen     {yes(caps['cuda_codegen'])} (device: {yes(caps['cuda_device'])})")
+    print(f"  hexagon codegen  {yes(caps['hexagon_codegen'])} (qemu emulation: {yes(caps['hexagon_emulator'])})")
+    print(f"  onnxruntime      {caps['onnxruntime'] or 'no'}")
+    rows = tvm_tcutils.registered()
+    print(f"registered hooks ({len(rows)}):")
+    for row in rows:
+        print(f"  {row}")
+    if args.models:
+        print("built-in models:")
+        for model in ZOO.values():
+            print(f"  {model.name:<14} {model.description}")
+    return 0

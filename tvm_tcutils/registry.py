@@ -1,0 +1,472 @@
+"""The one place that writes into TVM's registries.
+
+Every hook tvm-tcutils adds to TVM (op strategies, ``FTVMAlterOpLayout``,
+``FTVMLegalize``, ``FTVMConvertOpLayout``, other op attributes, AutoTVM
+templates, packed functions, pattern tables) is *declared* by a feature module
+as a plain :class:`Hook` value and *applied* here, by :func:`register`.
+
+Rules this module enforces:
+
+* Op attributes are installed at an explicit level above TVM's own (TVM uses
+  10; we use :data:`LEVEL` unless a hook says otherwise).
+* Every op-attribute hook wraps the attribute it replaces and delegates to it
+  for every case it does not handle (its ``handler`` returns ``None``, or the
+  current target's keys are not among the hook's ``targets``).
+* Registration is idempotent: importing twice, ``importlib.reload`` and calling
+  :func:`register` again never raise "already registered"; the originals TVM
+  had are remembered across reloads so that wrappers never wrap wrappers.
+* :func:`unregister` restores exactly what TVM had before.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import tvm
+from tvm import autotvm, relay
+
+logger = logging.getLogger("tvm_tcutils.registry")
+
+#: Level used for op attributes; TVM registers its own at 10.
+LEVEL = 20
+
+#: Modules whose ``hooks()`` function returns the package's hook declarations.
+#: Each capability adds its module here (and nowhere else registers anything).
+HOOK_PROVIDERS: Tuple[str, ...] = ()
+
+#: Attributes whose handlers share the ``(attrs, inputs, types, extra)`` calling
+#: convention and whose "no change" answer is ``None``.
+_LAYOUT_ATTRS = ("FTVMAlterOpLayout", "FTVMLegalize", "FTVMConvertOpLayout", "FTVMQnnCanonicalize")
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyImpl:
+    """One row of a strategy table: an implementation and when it applies.
+
+    Parameters
+    ----------
+    name : str
+        Implementation name, as reported by ``select_implementation``.
+    fcompute, fschedule : callable
+        Relay-level compute ``(attrs, inputs, out_type) -> [Tensor]`` and
+        schedule ``(attrs, outs, target) -> Schedule`` (as produced by
+        ``relay.op.strategy.wrap_compute_*`` / ``wrap_topi_schedule``).
+    applies : callable
+        ``(attrs, inputs, out_type, target) -> bool``; only rows that apply are
+        added.
+    plevel : int
+        Priority among implementations; TVM's own use 5-15.
+    exclusive : bool
+        When true and the row applies, TVM's implementations are dropped: used
+        to take over a TVM path that crashes or computes wrong results.
+    """
+
+    name: str
+    fcompute: Callable
+    fschedule: Callable
+    applies: Callable[..., bool]
+    plevel: int = 25
+    exclusive: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """A declaration of one thing to install into TVM.
+
+    ``kind`` is one of ``"op_attr"``, ``"strategy"``, ``"autotvm_template"``,
+    ``"packed_func"`` and ``"pattern_table"``; build hooks with the helper
+    functions :func:`op_attr`, :func:`strategy`, :func:`autotvm_template`,
+    :func:`packed_func` and :func:`pattern_table` rather than by hand.
+    """
+
+    kind: str
+    name: str
+    attr: str = ""
+    level: int = LEVEL
+    targets: Optional[Tuple[str, ...]] = None
+    payload: Any = None
+    description: str = ""
+
+    @property
+    def key(self) -> Tuple[str, str, str]:
+        return (self.kind, self.name, self.attr)
+
+
+@dataclasses.dataclass(frozen=True)
+class HookInfo:
+    """What :func:`registered` reports for one installed hook."""
+
+    kind: str
+    name: str
+    attr: str
+    level: int
+    targets: Optional[Tuple[str, ...]]
+    description: str
+
+    def __str__(self) -> str:
+        targets = ",".join(self.targets) if self.targets else "any"
+        what = f"{self.name}.{self.attr}" if self.attr else self.name
+        return f"{self.kind:<16} {what:<40} level={self.level:<3} targets={targets}  {self.description}"
+
+
+# --------------------------------------------------------------------------
+# Declaration helpers used by feature modules.
+# --------------------------------------------------------------------------
+def op_attr(
+    op_name: str,
+    attr: str,
+    handler: Callable,
+    targets: Optional[Sequence[str]] = None,
+    level: int = LEVEL,
+    description: str = "",
+) -> Hook:
+    """Declare a delegating op-attribute hook.
+
+    For the layout-style attributes (``FTVMAlterOpLayout``, ``FTVMLegalize``,
+    ``FTVMConvertOpLayout``) ``handler`` has TVM's signature for that attribute
+    and returns ``None`` for every case it leaves to the attribute it replaces.
+    For any other attribute (for example ``target.<compiler>`` predicates) the
+    handler is installed as is.
+
+    Examples
+    --------
+    >>> def legalize_dense(attrs, inputs, types):
+    ...     return None  # leave everything to TVM
+    >>> hook = op_attr("nn.dense", "FTVMLegalize", legalize_dense, targets=["cpu"])
+    """
+    return Hook(
+        "op_attr", op_name, attr, level, _keys(targets), handler, description or _doc(handler)
+    )
+
+
+def strategy(
+    op_name: str,
+    impls: Sequence[StrategyImpl],
+    targets: Optional[Sequence[str]] = None,
+    level: int = LEVEL,
+    description: str = "",
+) -> Hook:
+    """Declare a strategy table for ``op_name``.
+
+    The installed ``FTVMStrategy`` calls TVM's own strategy first and then adds
+    every row of ``impls`` that applies (rows marked ``exclusive`` replace
+    TVM's implementations). When TVM's strategy raises and a row applies, the
+    strategy is made of the applicable rows alone.
+
+    Examples
+    --------
+    >>> hook = strategy("nn.conv2d", [], targets=["cuda", "gpu"])
+    """
+    return Hook(
+        "strategy", op_name, "FTVMStrategy", level, _keys(targets), tuple(impls),
+        description or ", ".join(impl.name for impl in impls),
+    )
+
+
+def autotvm_template(
+    task_name: str, compute: Callable, schedule: Callable, description: str = ""
+) -> Hook:
+    """Declare an AutoTVM TOPI template (compute and schedule).
+
+    ``compute(cfg, *args, **kwargs)`` and ``schedule(cfg, outs)`` are plain
+    functions; :func:`template` returns the AutoTVM-wrapped pair after
+    :func:`register` ran.
+
+    Examples
+    --------
+    >>> hook = autotvm_template("tcutils.example", lambda cfg, *a: None, lambda cfg, outs: None)
+    """
+    return Hook("autotvm_template", task_name, "", 0, None, (compute, schedule), description)
+
+
+def packed_func(name: str, func: Callable, description: str = "") -> Hook:
+    """Declare a global packed function.
+
+    Examples
+    --------
+    >>> hook = packed_func("tvm_tcutils.echo", lambda x: x)
+    """
+    return Hook("packed_func", name, "", 0, None, func, description or _doc(func))
+
+
+def pattern_table(compiler: str, table: Callable[[], list], description: str = "") -> Hook:
+    """Declare a BYOC pattern table for ``compiler``.
+
+    Examples
+    --------
+    >>> hook = pattern_table("tcutils_example", lambda: [])
+    """
+    return Hook("pattern_table", compiler, "", 0, None, table, description)
+
+
+# --------------------------------------------------------------------------
+# The registry itself.
+# --------------------------------------------------------------------------
+def _keys(targets: Optional[Iterable[str]]) -> Optional[Tuple[str, ...]]:
+    return None if targets is None else tuple(str(t) for t in targets)
+
+
+def _doc(func: Any) -> str:
+    doc = (getattr(func, "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else getattr(func, "__name__", "")
+
+
+def _state() -> Dict[str, Any]:
+    """State that must survive ``importlib.reload`` of this package.
+
+    It lives on the ``tvm`` module because TVM's registries outlive ours.
+    """
+    state = getattr(tvm, "_tvm_tcutils_state", None)
+    if state is None:
+        state = {"originals": {}, "installed": {}, "templates": {}}
+        setattr(tvm, "_tvm_tcutils_state", state)
+    return state
+
+
+def target_matches(keys: Optional[Tuple[str, ...]], target: Optional[tvm.target.Target]) -> bool:
+    """Whether ``target`` has one of ``keys`` (``None`` keys match any target)."""
+    if keys is None:
+        return True
+    if target is None:
+        return False
+    return any(key in keys for key in list(target.keys) + [target.kind.name])
+
+
+def _make_layout_wrapper(hook: Hook, original: Optional[Callable]) -> Callable:
+    handler = hook.payload
+
+    def _wrapper(*args):
+        target = tvm.target.Target.current(allow_none=True)
+        if target_matches(hook.targets, target):
+            result = handler(*args)
+            if result is not None:
+                return result
+        if original is not None:
+            return original(*args)
+        return None
+
+    _wrapper.__name__ = f"tcutils_{hook.attr}_{hook.name.replace('.', '_')}"
+    return _wrapper
+
+
+def _make_strategy(hook: Hook, original: Optional[Callable]) -> Callable:
+    impls: Tuple[StrategyImpl, ...] = hook.payload
+
+    def _applicable(attrs, inputs, out_type, target) -> List[StrategyImpl]:
+        if not target_matches(hook.targets, target):
+            return []
+        chosen = []
+        for impl in impls:
+            try:
+                if impl.applies(attrs, inputs, out_type, target):
+                    chosen.append(impl)
+            except Exception as err:  # a predicate bug must not break TVM's path
+                logger.warning("predicate of %s failed (%s); not applied", impl.name, err)
+        return chosen
+
+    def _strategy_fn(attrs, inputs, out_type, target):
+        chosen = _applicable(attrs, inputs, out_type, target)
+        base = None
+        if original is not None:
+            try:
+                base = original(attrs, inputs, out_type, target)
+            except Exception:
+                if not chosen:
+                    raise
+        elif not chosen:
+            raise RuntimeError(f"no strategy for {hook.name} on target {target}")
+        if base is None or any(impl.exclusive for impl in chosen):
+            base = relay.op.OpStrategy()
+        for impl in chosen:
+            base.add_implementation(impl.fcompute, impl.fschedule, name=impl.name, plevel=impl.plevel)
+        return base
+
+    generic = tvm.target.get_native_generic_func(f"tvm_tcutils.{hook.name}.FTVMStrategy")
+    generic.set_default(_strategy_fn, allow_override=True)
+    return generic
+
+
+class Registry:
+    """A set of hook declarations and their installation into TVM.
+
+    The package keeps one instance (see :func:`register`); tests may create
+    their own to exercise the mechanism on a throw-away set of hooks.
+    """
+
+    def __init__(self, providers: Sequence[str] = ()):
+        self._providers = tuple(providers)
+        self._extra: List[Hook] = []
+        self._lock = threading.RLock()
+
+    # -- declarations -----------------------------------------------------
+    def add(self, *hooks: Hook) -> None:
+        """Add hook declarations (not yet applied)."""
+        self._extra.extend(hooks)
+
+    def declared(self) -> List[Hook]:
+        """All declared hooks, providers first, in declaration order."""
+        hooks: List[Hook] = []
+        for name in self._providers:
+            hooks.extend(importlib.import_module(name).hooks())
+        hooks.extend(self._extra)
+        seen = set()
+        for hook in hooks:
+            if hook.key in seen:
+                raise ValueError(f"hook declared twice: {hook.key}")
+            seen.add(hook.key)
+        return hooks
+
+    # -- application ------------------------------------------------------
+    def register(self) -> List[HookInfo]:
+        """Install every declared hook; safe to call any number of times."""
+        with self._lock:
+            hooks = self.declared()
+            # Templates first: strategies look them up when they run.
+            order = {"autotvm_template": 0, "packed_func": 1, "pattern_table": 2, "op_attr": 3, "strategy": 4}
+            for hook in sorted(hooks, key=lambda h: order[h.kind]):
+                getattr(self, f"_install_{hook.kind}")(hook)
+                _state()["installed"][hook.key] = hook
+            return self.registered()
+
+    def registered(self) -> List[HookInfo]:
+        """What is installed now, as :class:`HookInfo` rows."""
+        return [
+            HookInfo(h.kind, h.name, h.attr, h.level, h.targets, h.description)
+            for h in _state()["installed"].values()
+        ]
+
+    def unregister(self) -> None:
+        """Restore what TVM had before any hook of this registry was installed."""
+        with self._lock:
+            state = _state()
+            for hook in self.declared():
+                if hook.key not in state["installed"]:
+                    continue
+                getattr(self, f"_uninstall_{hook.kind}")(hook)
+                del state["installed"][hook.key]
+
+    # -- per kind ---------------------------------------------------------
+    @staticmethod
+    def _original(op: tvm.ir.Op, attr: str) -> Optional[Callable]:
+        originals = _state()["originals"]
+        key = (op.name, attr)
+        if key not in originals:
+            originals[key] = op.get_attr(attr)
+        return originals[key]
+
+    def _install_op_attr(self, hook: Hook) -> None:
+        op = tvm.ir.Op.get(hook.name)
+        original = self._original(op, hook.attr)
+        value = _make_layout_wrapper(hook, original) if hook.attr in _LAYOUT_ATTRS else hook.payload
+        op.reset_attr(hook.attr)
+        op.set_attr(hook.attr, value, hook.level)
+
+    def _install_strategy(self, hook: Hook) -> None:
+        op = tvm.ir.Op.get(hook.name)
+        original = self._original(op, hook.attr)
+        op.reset_attr(hook.attr)
+        op.set_attr(hook.attr, _make_strategy(hook, original), hook.level)
+
+    def _uninstall_op_attr(self, hook: Hook) -> None:
+        op = tvm.ir.Op.get(hook.name)
+        original = _state()["originals"].pop((hook.name, hook.attr), None)
+        op.reset_attr(hook.attr)
+        if original is not None:
+            # TVM's own attributes live at level 10; restoring there keeps a
+            # later TVM registration at a higher level working as before.
+            op.set_attr(hook.attr, original, 10)
+
+    _uninstall_strategy = _uninstall_op_attr
+
+    def _install_autotvm_template(self, hook: Hook) -> None:
+        compute, schedule = hook.payload
+        table = autotvm.task.task.TASK_TABLE
+        templates = _state()["templates"]
+        if hook.name in table and hook.name not in templates:
+            raise ValueError(f"AutoTVM task {hook.name!r} is already registered by someone else")
+        table.pop(hook.name, None)
+        wrapped_compute = autotvm.register_topi_compute(hook.name)(compute)
+        wrapped_schedule = autotvm.register_topi_schedule(hook.name)(schedule)
+        templates[hook.name] = (wrapped_compute, wrapped_schedule)
+
+    def _uninstall_autotvm_template(self, hook: Hook) -> None:
+        autotvm.task.task.TASK_TABLE.pop(hook.name, None)
+        _state()["templates"].pop(hook.name, None)
+
+    def _install_packed_func(self, hook: Hook) -> None:
+        tvm.register_func(hook.name, hook.payload, override=True)
+
+    def _uninstall_packed_func(self, hook: Hook) -> None:
+        tvm._ffi.registry.remove_global_func(hook.name)
+
+    def _install_pattern_table(self, hook: Hook) -> None:
+        relay.op.contrib.register_pattern_table(hook.name, hook.payload)
+
+    def _uninstall_pattern_table(self, hook: Hook) -> None:
+        from tvm.relay.op.contrib import register as _contrib_register
+
+        _contrib_register._PATTERN_TABLES.pop(hook.name, None)
+
+
+_REGISTRY = Registry(HOOK_PROVIDERS)
+
+
+def register() -> List[HookInfo]:
+    """Install all of the package's hooks into TVM (idempotent).
+
+    ``import tvm_tcutils`` calls this once; calling it again re-installs the
+    current definitions (for example after ``importlib.reload``) without error.
+
+    Returns
+    -------
+    list of HookInfo
+        What is installed.
+
+    Examples
+    --------
+    >>> import tvm_tcutils
+    >>> rows = tvm_tcutils.register()
+    >>> rows == tvm_tcutils.registered()
+    True
+    """
+    return _REGISTRY.register()
+
+
+def registered() -> List[HookInfo]:
+    """List the hooks installed by :func:`register` (kind, op, attribute, level, targets).
+
+    Examples
+    --------
+    >>> import tvm_tcutils
+    >>> for row in tvm_tcutils.registered():
+    ...     print(row)  # doctest: +SKIP
+    """
+    return _REGISTRY.registered()
+
+
+def unregister() -> None:
+    """Remove the package's hooks and restore TVM's originals.
+
+    Examples
+    --------
+    >>> import tvm_tcutils
+    >>> tvm_tcutils.unregister(); tvm_tcutils.register()  # doctest: +SKIP
+    """
+    _REGISTRY.unregister()
+
+
+def template(task_name: str) -> Tuple[Callable, Callable]:
+    """The AutoTVM-wrapped ``(compute, schedule)`` of a registered template.
+
+    Examples
+    --------
+    >>> compute, schedule = template("tcutils.conv2d_hwnc_tensorcore.cuda")  # doctest: +SKIP
+    """
+    try:
+        return _state()["templates"][task_name]
+    except KeyError:
+        known = sorted(_state()["templates"])
+        raise KeyError(f"no AutoTVM template {task_name!r} registered; known: {known}") from None
