@@ -1,0 +1,37 @@
+"""The command line: info, demo, shared model errors."""
+import os
+
+from conftest import run_cli
+
+
+def test_info_lists_tvm_capabilities_and_hooks():
+    result = run_cli("info", "--models")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for needle in ("TVM 0.", "relay", "autotvm", "llvm", "cuda codegen", "hexagon codegen", "onnxruntime",
+                   "registered hooks", "resnet-50"):
+        assert needle in out, needle
+
+
+def test_bad_model_exits_nonzero_with_one_line(tmp_path):
+    result = run_cli("demo", "no-such-model", cwd=str(tmp_path))
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "unknown model 'no-such-model'" in lines[0]
+    assert "Traceback" not in result.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_demo_runs_on_builtin_model():
+    result = run_cli("demo", "mlp")
+    assert result.returncode == 0, result.stderr
+    assert "tvm-tcutils demo on mlp" in result.stdout
+    assert "outputs finite: True" in result.stdout
+
+
+def test_cli_sets_offline_tophub(monkeypatch):
+    monkeypatch.delenv("TOPHUB_LOCATION", raising=False)
+    result = run_cli("info")
+    assert result.returncode == 0
+    # No download attempt is logged when TopHub is offline.
+    assert "Failed to download" not in result.stderr
