@@ -39,58 +39,16 @@ class ZooModel:
     description: str
 
 
-def _resnet(layers: int):
-    def build(batch: int, dtype: str):
-        from tvm.relay.testing import resnet
+def _zoo(module: str, **kwargs) -> Callable[[int, str], Tuple[tvm.IRModule, Params]]:
+    """A builder calling ``relay.testing.<module>.get_workload`` with fixed keyword arguments."""
 
-        return resnet.get_workload(batch_size=batch, num_layers=layers, dtype=dtype)
+    def build(batch: int, dtype: str):
+        import importlib
+
+        testing = importlib.import_module(f"tvm.relay.testing.{module}")
+        return testing.get_workload(batch_size=batch, dtype=dtype, **kwargs)
 
     return build
-
-
-def _mobilenet(batch: int, dtype: str):
-    from tvm.relay.testing import mobilenet
-
-    return mobilenet.get_workload(batch_size=batch, dtype=dtype)
-
-
-def _squeezenet(version: str):
-    def build(batch: int, dtype: str):
-        from tvm.relay.testing import squeezenet
-
-        return squeezenet.get_workload(batch_size=batch, version=version, dtype=dtype)
-
-    return build
-
-
-def _inception_v3(batch: int, dtype: str):
-    from tvm.relay.testing import inception_v3
-
-    return inception_v3.get_workload(batch_size=batch, dtype=dtype)
-
-
-def _vgg(layers: int):
-    def build(batch: int, dtype: str):
-        from tvm.relay.testing import vgg
-
-        return vgg.get_workload(batch_size=batch, num_layers=layers, dtype=dtype)
-
-    return build
-
-
-def _densenet(size: int):
-    def build(batch: int, dtype: str):
-        from tvm.relay.testing import densenet
-
-        return densenet.get_workload(densenet_size=size, batch_size=batch, dtype=dtype)
-
-    return build
-
-
-def _mlp(batch: int, dtype: str):
-    from tvm.relay.testing import mlp
-
-    return mlp.get_workload(batch_size=batch, dtype=dtype)
 
 
 _IMAGE = (3, 224, 224)
@@ -98,14 +56,15 @@ _IMAGE = (3, 224, 224)
 ZOO: Dict[str, ZooModel] = {
     m.name: m
     for m in [
-        *(ZooModel(f"resnet-{n}", _resnet(n), _IMAGE, f"ResNet-{n} v1") for n in (18, 34, 50, 101, 152)),
-        ZooModel("mobilenet", _mobilenet, _IMAGE, "MobileNet v1"),
-        ZooModel("squeezenet1.0", _squeezenet("1.0"), _IMAGE, "SqueezeNet 1.0"),
-        ZooModel("squeezenet1.1", _squeezenet("1.1"), _IMAGE, "SqueezeNet 1.1"),
-        ZooModel("inception_v3", _inception_v3, (3, 299, 299), "Inception v3"),
-        *(ZooModel(f"vgg-{n}", _vgg(n), _IMAGE, f"VGG-{n}") for n in (11, 16)),
-        ZooModel("densenet-121", _densenet(121), _IMAGE, "DenseNet-121"),
-        ZooModel("mlp", _mlp, (1, 28, 28), "3-layer MLP on 28x28 images"),
+        *(ZooModel(f"resnet-{n}", _zoo("resnet", num_layers=n), _IMAGE, f"ResNet-{n} v1")
+          for n in (18, 34, 50, 101, 152)),
+        ZooModel("mobilenet", _zoo("mobilenet"), _IMAGE, "MobileNet v1"),
+        *(ZooModel(f"squeezenet{v}", _zoo("squeezenet", version=v), _IMAGE, f"SqueezeNet {v}")
+          for v in ("1.0", "1.1")),
+        ZooModel("inception_v3", _zoo("inception_v3"), (3, 299, 299), "Inception v3"),
+        *(ZooModel(f"vgg-{n}", _zoo("vgg", num_layers=n), _IMAGE, f"VGG-{n}") for n in (11, 16)),
+        ZooModel("densenet-121", _zoo("densenet", densenet_size=121), _IMAGE, "DenseNet-121"),
+        ZooModel("mlp", _zoo("mlp"), (1, 28, 28), "3-layer MLP on 28x28 images"),
     ]
 }
 _ALIASES = {"squeezenet": "squeezenet1.0", "inception-v3": "inception_v3", "resnet": "resnet-18"}
