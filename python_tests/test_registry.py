@@ -114,10 +114,56 @@ def test_unregister_restores_original(reg):
 
 def test_duplicate_declaration_is_an_error(reg):
     hook = registry.packed_func("tvm_tcutils.test_echo", lambda x: x)
-    reg.add(hook, hook)
-    with pytest.raises(ValueError, match="declared twice"):
-        reg.register()
-    reg._extra.clear()
+    other = registry.packed_func("tvm_tcutils.test_echo", lambda x: x + 1)
+    for pair in ((hook, hook), (hook, other)):
+        reg.add(*pair)
+        with pytest.raises(ValueError, match="declared twice"):
+            reg.register()
+        reg._extra.clear()
+
+
+def test_hooks_of_one_slot_chain_by_target(reg):
+    def to_relu(attrs, inputs, types):
+        return relay.nn.relu(inputs[0])
+
+    def to_sigmoid(attrs, inputs, types):
+        return relay.sigmoid(inputs[0])
+
+    reg.add(
+        registry.op_attr(OP, "FTVMLegalize", to_relu, targets=["cpu"]),
+        registry.op_attr(OP, "FTVMLegalize", to_sigmoid, targets=["cuda"]),
+    )
+    reg.register()
+    assert len([r for r in reg.registered() if r.name == OP]) == 2
+    texts = {}
+    for target in ("llvm", "cuda -arch=sm_80", "opencl"):
+        with tvm.target.Target(target):
+            texts[target] = relay.transform.Legalize()(relay.transform.InferType()(_leaky_mod())).astext()
+    assert "nn.relu" in texts["llvm"] and "sigmoid" not in texts["llvm"]
+    assert "sigmoid" in texts["cuda -arch=sm_80"]
+    assert "nn.leaky_relu" in texts["opencl"]
+
+
+def test_strategy_tables_of_one_op_merge(reg):
+    def compute(attrs, inputs, out_type):
+        return [topi.nn.relu(inputs[0])]
+
+    schedule = relay.op.strategy.wrap_topi_schedule(topi.generic.schedule_injective)
+    always = lambda *args: True  # noqa: E731
+    reg.add(
+        registry.strategy(OP, [registry.StrategyImpl("tcutils_test.a", compute, schedule, always, plevel=40)],
+                          targets=["cpu"]),
+        registry.strategy(OP, [registry.StrategyImpl("tcutils_test.b", compute, schedule, always, plevel=60)],
+                          targets=["cpu"]),
+    )
+    reg.register()
+    call = relay.transform.InferType()(_leaky_mod())["main"].body
+    target = tvm.target.Target("llvm")
+    with target:
+        impl, _ = relay.backend.te_compiler.select_implementation(
+            call.op, call.attrs, [te.placeholder((4, 8))], call.checked_type, target
+        )
+    assert impl.name == "tcutils_test.b"
 
 
 def test_packed_func_and_template_and_pattern_table(reg):

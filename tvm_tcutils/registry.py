@@ -12,6 +12,10 @@ Rules this module enforces:
 * Every op-attribute hook wraps the attribute it replaces and delegates to it
   for every case it does not handle (its ``handler`` returns ``None``, or the
   current target's keys are not among the hook's ``targets``).
+* Several features may hook the same attribute of the same op (say the CUDA
+  tensor-core and the x86 dot-product strategies of ``nn.conv2d``): their
+  handlers are tried in declaration order before TVM's original, and their
+  strategy tables are merged.
 * Registration is idempotent: importing twice, ``importlib.reload`` and calling
   :func:`register` again never raise "already registered"; the originals TVM
   had are remembered across reloads so that wrappers never wrap wrappers.
@@ -40,6 +44,9 @@ HOOK_PROVIDERS: Tuple[str, ...] = ()
 #: Attributes whose handlers share the ``(attrs, inputs, types, extra)`` calling
 #: convention and whose "no change" answer is ``None``.
 _LAYOUT_ATTRS = ("FTVMAlterOpLayout", "FTVMLegalize", "FTVMConvertOpLayout", "FTVMQnnCanonicalize")
+
+#: Kinds whose registry entry holds exactly one value.
+_SINGLE_SLOT_KINDS = ("autotvm_template", "packed_func", "pattern_table")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +98,20 @@ class Hook:
     description: str = ""
 
     @property
-    def key(self) -> Tuple[str, str, str]:
+    def slot(self) -> Tuple[str, str, str]:
+        """The TVM registry entry this hook writes: several hooks may share one."""
         return (self.kind, self.name, self.attr)
+
+    @property
+    def key(self) -> Tuple[str, str, str, str]:
+        """Identifies the declaration: its slot and the code behind it."""
+        if self.kind == "strategy":
+            ident = ",".join(impl.name for impl in self.payload)
+        elif self.kind == "op_attr":
+            ident = f"{getattr(self.payload, '__module__', '')}.{getattr(self.payload, '__qualname__', '')}"
+        else:
+            ident = ""
+        return (self.kind, self.name, self.attr, ident)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,36 +254,39 @@ def target_matches(keys: Optional[Tuple[str, ...]], target: Optional[tvm.target.
     return any(key in keys for key in list(target.keys) + [target.kind.name])
 
 
-def _make_layout_wrapper(hook: Hook, original: Optional[Callable]) -> Callable:
-    handler = hook.payload
+def _make_layout_wrapper(hooks: Sequence[Hook], original: Optional[Callable]) -> Callable:
+    """One attribute value for all hooks of a layout-style slot, in declaration order."""
 
     def _wrapper(*args):
         target = tvm.target.Target.current(allow_none=True)
-        if target_matches(hook.targets, target):
-            result = handler(*args)
-            if result is not None:
-                return result
+        for hook in hooks:
+            if target_matches(hook.targets, target):
+                result = hook.payload(*args)
+                if result is not None:
+                    return result
         if original is not None:
             return original(*args)
         return None
 
-    _wrapper.__name__ = f"tcutils_{hook.attr}_{hook.name.replace('.', '_')}"
+    _wrapper.__name__ = f"tcutils_{hooks[0].attr}_{hooks[0].name.replace('.', '_')}"
     return _wrapper
 
 
-def _make_strategy(hook: Hook, original: Optional[Callable]) -> Callable:
-    impls: Tuple[StrategyImpl, ...] = hook.payload
+def _make_strategy(hooks: Sequence[Hook], original: Optional[Callable]) -> Callable:
+    """One ``FTVMStrategy`` for all strategy tables declared for an op."""
+    op_name = hooks[0].name
 
     def _applicable(attrs, inputs, out_type, target) -> List[StrategyImpl]:
-        if not target_matches(hook.targets, target):
-            return []
         chosen = []
-        for impl in impls:
-            try:
-                if impl.applies(attrs, inputs, out_type, target):
-                    chosen.append(impl)
-            except Exception as err:  # a predicate bug must not break TVM's path
-                logger.warning("predicate of %s failed (%s); not applied", impl.name, err)
+        for hook in hooks:
+            if not target_matches(hook.targets, target):
+                continue
+            for impl in hook.payload:
+                try:
+                    if impl.applies(attrs, inputs, out_type, target):
+                        chosen.append(impl)
+                except Exception as err:  # a predicate bug must not break TVM's path
+                    logger.warning("predicate of %s failed (%s); not applied", impl.name, err)
         return chosen
 
     def _strategy_fn(attrs, inputs, out_type, target):
@@ -277,14 +299,14 @@ def _make_strategy(hook: Hook, original: Optional[Callable]) -> Callable:
                 if not chosen:
                     raise
         elif not chosen:
-            raise RuntimeError(f"no strategy for {hook.name} on target {target}")
+            raise RuntimeError(f"no strategy for {op_name} on target {target}")
         if base is None or any(impl.exclusive for impl in chosen):
             base = relay.op.OpStrategy()
         for impl in chosen:
             base.add_implementation(impl.fcompute, impl.fschedule, name=impl.name, plevel=impl.plevel)
         return base
 
-    generic = tvm.target.get_native_generic_func(f"tvm_tcutils.{hook.name}.FTVMStrategy")
+    generic = tvm.target.get_native_generic_func(f"tvm_tcutils.{op_name}.FTVMStrategy")
     generic.set_default(_strategy_fn, allow_override=True)
     return generic
 
@@ -312,11 +334,15 @@ class Registry:
         for name in self._providers:
             hooks.extend(importlib.import_module(name).hooks())
         hooks.extend(self._extra)
-        seen = set()
+        seen, single = set(), set()
         for hook in hooks:
             if hook.key in seen:
                 raise ValueError(f"hook declared twice: {hook.key}")
             seen.add(hook.key)
+            if hook.kind in _SINGLE_SLOT_KINDS:
+                if hook.slot in single:
+                    raise ValueError(f"hook declared twice: {hook.slot}")
+                single.add(hook.slot)
         return hooks
 
     # -- application ------------------------------------------------------
@@ -326,9 +352,10 @@ class Registry:
             hooks = self.declared()
             # Templates first: strategies look them up when they run.
             order = {"autotvm_template": 0, "packed_func": 1, "pattern_table": 2, "op_attr": 3, "strategy": 4}
-            for hook in sorted(hooks, key=lambda h: order[h.kind]):
-                getattr(self, f"_install_{hook.kind}")(hook)
-                _state()["installed"][hook.key] = hook
+            for slot_hooks in _by_slot(sorted(hooks, key=lambda h: order[h.kind])):
+                getattr(self, f"_install_{slot_hooks[0].kind}")(slot_hooks)
+                for hook in slot_hooks:
+                    _state()["installed"][hook.key] = hook
             return self.registered()
 
     def registered(self) -> List[HookInfo]:
@@ -342,13 +369,13 @@ class Registry:
         """Restore what TVM had before any hook of this registry was installed."""
         with self._lock:
             state = _state()
-            for hook in self.declared():
-                if hook.key not in state["installed"]:
-                    continue
-                getattr(self, f"_uninstall_{hook.kind}")(hook)
-                del state["installed"][hook.key]
+            mine = [hook for hook in self.declared() if hook.key in state["installed"]]
+            for slot_hooks in _by_slot(mine):
+                getattr(self, f"_uninstall_{slot_hooks[0].kind}")(slot_hooks[0])
+                for hook in slot_hooks:
+                    del state["installed"][hook.key]
 
-    # -- per kind ---------------------------------------------------------
+    # -- per kind (each receives all hooks of one slot) ---------------------
     @staticmethod
     def _original(op: tvm.ir.Op, attr: str) -> Optional[Callable]:
         originals = _state()["originals"]
@@ -357,18 +384,25 @@ class Registry:
             originals[key] = op.get_attr(attr)
         return originals[key]
 
-    def _install_op_attr(self, hook: Hook) -> None:
-        op = tvm.ir.Op.get(hook.name)
-        original = self._original(op, hook.attr)
-        value = _make_layout_wrapper(hook, original) if hook.attr in _LAYOUT_ATTRS else hook.payload
-        op.reset_attr(hook.attr)
-        op.set_attr(hook.attr, value, hook.level)
+    def _install_op_attr(self, hooks: List[Hook]) -> None:
+        first = hooks[0]
+        op = tvm.ir.Op.get(first.name)
+        original = self._original(op, first.attr)
+        if first.attr in _LAYOUT_ATTRS:
+            value = _make_layout_wrapper(hooks, original)
+        elif len(hooks) == 1:
+            value = first.payload
+        else:
+            raise ValueError(f"{first.name}.{first.attr} can hold one hook only; declared {len(hooks)}")
+        op.reset_attr(first.attr)
+        op.set_attr(first.attr, value, max(hook.level for hook in hooks))
 
-    def _install_strategy(self, hook: Hook) -> None:
-        op = tvm.ir.Op.get(hook.name)
-        original = self._original(op, hook.attr)
-        op.reset_attr(hook.attr)
-        op.set_attr(hook.attr, _make_strategy(hook, original), hook.level)
+    def _install_strategy(self, hooks: List[Hook]) -> None:
+        first = hooks[0]
+        op = tvm.ir.Op.get(first.name)
+        original = self._original(op, first.attr)
+        op.reset_attr(first.attr)
+        op.set_attr(first.attr, _make_strategy(hooks, original), max(hook.level for hook in hooks))
 
     def _uninstall_op_attr(self, hook: Hook) -> None:
         op = tvm.ir.Op.get(hook.name)
@@ -381,7 +415,8 @@ class Registry:
 
     _uninstall_strategy = _uninstall_op_attr
 
-    def _install_autotvm_template(self, hook: Hook) -> None:
+    def _install_autotvm_template(self, hooks: List[Hook]) -> None:
+        (hook,) = hooks  # task names are unique (checked by declared())
         compute, schedule = hook.payload
         table = autotvm.task.task.TASK_TABLE
         templates = _state()["templates"]
@@ -396,19 +431,29 @@ class Registry:
         autotvm.task.task.TASK_TABLE.pop(hook.name, None)
         _state()["templates"].pop(hook.name, None)
 
-    def _install_packed_func(self, hook: Hook) -> None:
+    def _install_packed_func(self, hooks: List[Hook]) -> None:
+        (hook,) = hooks
         tvm.register_func(hook.name, hook.payload, override=True)
 
     def _uninstall_packed_func(self, hook: Hook) -> None:
         tvm._ffi.registry.remove_global_func(hook.name)
 
-    def _install_pattern_table(self, hook: Hook) -> None:
+    def _install_pattern_table(self, hooks: List[Hook]) -> None:
+        (hook,) = hooks
         relay.op.contrib.register_pattern_table(hook.name, hook.payload)
 
     def _uninstall_pattern_table(self, hook: Hook) -> None:
         from tvm.relay.op.contrib import register as _contrib_register
 
         _contrib_register._PATTERN_TABLES.pop(hook.name, None)
+
+
+def _by_slot(hooks: Sequence[Hook]) -> List[List[Hook]]:
+    """Group hooks by the registry entry they write, keeping declaration order."""
+    groups: Dict[Tuple[str, str, str], List[Hook]] = {}
+    for hook in hooks:
+        groups.setdefault(hook.slot, []).append(hook)
+    return list(groups.values())
 
 
 _REGISTRY = Registry(HOOK_PROVIDERS)
