@@ -88,18 +88,25 @@ def relay_functions(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> List[Tu
     raise TypeError(f"{arg} must be a tvm.IRModule or a relay.Expr, got {type(expr_or_mod).__name__}")
 
 
+def function_layers(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr, List[relay.Call]]]:
+    """Per Relay function, its calls to ``ops`` in layer order (numbering continues across functions)."""
+    wanted = {op.name for op in ops}
+    result = []
+    for global_var, expr in relay_functions(expr_or_mod):
+        calls: List[relay.Call] = []
+
+        def visit(node, calls=calls):
+            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted:
+                calls.append(node)
+
+        relay.analysis.post_order_visit(expr, visit)
+        result.append((global_var, expr, calls))
+    return result
+
+
 def layer_calls(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> List[relay.Call]:
     """The calls to ``ops`` in layer order (see the module docstring)."""
-    wanted = {op.name for op in ops}
-    calls: List[relay.Call] = []
-
-    def visit(node):
-        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted:
-            calls.append(node)
-
-    for _, expr in relay_functions(expr_or_mod):
-        relay.analysis.post_order_visit(expr, visit)
-    return calls
+    return [call for _, _, calls in function_layers(expr_or_mod, ops) for call in calls]
 
 
 def node_key(node: tvm.runtime.Object) -> int:
@@ -152,14 +159,36 @@ def typed(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> ExprOrMod:
     functions = relay_functions(expr_or_mod, arg)
     if all(_is_typed(fn) for _, fn in functions):
         return expr_or_mod
+    # InferType records types on the Function and GlobalVar nodes it is given, in
+    # place: give it fresh ones (sharing the bodies) so that the input stays as it was.
     try:
         if isinstance(expr_or_mod, tvm.IRModule):
-            return relay.transform.InferType()(expr_or_mod)
-        mod = relay.transform.InferType()(tvm.IRModule.from_expr(expr_or_mod))
+            return relay.transform.InferType()(_fresh_module(expr_or_mod, functions))
+        mod = relay.transform.InferType()(tvm.IRModule.from_expr(_fresh(expr_or_mod)))
     except tvm.TVMError as err:
         raise ValueError(f"{arg} does not type-check: {first_error_line(err)}") from None
     main = mod["main"]
     return main if isinstance(expr_or_mod, relay.Function) else main.body
+
+
+def _fresh(expr: relay.Expr) -> relay.Expr:
+    if isinstance(expr, relay.Function):
+        return relay.Function(expr.params, expr.body, expr.ret_type, expr.type_params, expr.attrs, expr.span)
+    return expr
+
+
+def _fresh_module(mod: tvm.IRModule, functions) -> tvm.IRModule:
+    calls_globals = []
+    for _, function in functions:
+        relay.analysis.post_order_visit(
+            function, lambda node: isinstance(node, tvm.ir.GlobalVar) and calls_globals.append(node)
+        )
+    if calls_globals:  # functions refer to each other: only a deep copy keeps that consistent
+        return tvm.ir.load_json(tvm.ir.save_json(mod))
+    others = {gv: fn for gv, fn in mod.functions.items() if not isinstance(fn, relay.Function)}
+    others.update({tvm.ir.GlobalVar(gv.name_hint): _fresh(fn) for gv, fn in functions})
+    attrs = {str(key): mod.attrs[key] for key in mod.attrs.keys()} if mod.attrs else None
+    return tvm.IRModule(others, dict(mod.type_definitions.items()), attrs)
 
 
 def first_error_line(err: BaseException) -> str:
@@ -167,11 +196,6 @@ def first_error_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     errors = [line for line in lines if "rror" in line]
     return (errors[-1] if errors else (lines[0] if lines else type(err).__name__))[:300]
-
-
-def layer_index(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> Dict[int, int]:
-    """``{node_key(call): index}`` for the layers of ``ops``."""
-    return {node_key(call): i for i, call in enumerate(layer_calls(expr_or_mod, ops))}
 
 
 def replace_attrs(attrs: tvm.ir.Attrs, **changes) -> tvm.ir.Attrs:

@@ -14,6 +14,7 @@ from typing import List
 from .._tvm import tvm
 from tvm import relay
 from tvm.relay.op.strategy.generic import wrap_topi_schedule
+from tvm.topi.utils import get_const_tuple
 
 from .. import registry
 from .convert_layout import HANDLERS
@@ -23,7 +24,8 @@ from .hwnc_reference import DATA_LAYOUT, conv2d_hwnc, schedule_conv2d_hwnc
 def _compute_conv2d_hwnc(attrs, inputs, out_type) -> list:
     return [
         conv2d_hwnc(
-            inputs[0], inputs[1], attrs.strides, attrs.padding, attrs.dilation, int(attrs.groups),
+            inputs[0], inputs[1], get_const_tuple(attrs.strides), get_const_tuple(attrs.padding),
+            get_const_tuple(attrs.dilation), int(attrs.groups),
             str(attrs.kernel_layout), str(attrs.out_dtype) or str(out_type.dtype),
         )
     ]

@@ -9,7 +9,7 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import CallPattern, DFPatternCallback, is_op, rewrite
 
 from ._graph import (
-    ExprOrMod, check_dtype, layer_index, node_key, relay_functions, replace_attrs, resolve_ops,
+    ExprOrMod, check_dtype, function_layers, node_key, replace_attrs, resolve_ops,
     resolve_skip_layers, typed,
 )
 
@@ -109,12 +109,17 @@ def recast(
     check_dtype(dtype, "dtype")
     check_dtype(out_dtype, "out_dtype")
     source = typed(expr_or_mod)
-    index = layer_index(source, op_list)
-    skip = resolve_skip_layers(skip_layers, len(index))
-    recaster = _Recaster(op_list, index, skip, dtype, out_dtype)
+    functions = function_layers(source, op_list)
+    skip = resolve_skip_layers(skip_layers, sum(len(calls) for _, _, calls in functions))
+    rewritten, first = [], 0
+    for global_var, function, calls in functions:
+        # Indexed per function: functions may share nodes.
+        index = {node_key(call): first + i for i, call in enumerate(calls)}
+        rewritten.append((global_var, rewrite(_Recaster(op_list, index, skip, dtype, out_dtype), function)))
+        first += len(calls)
     if not isinstance(source, tvm.IRModule):
-        return rewrite(recaster, source)
+        return rewritten[0][1]
     result = source.clone()
-    for global_var, function in relay_functions(source):
-        result.update_func(global_var, rewrite(recaster, function))
+    for global_var, function in rewritten:
+        result.update_func(global_var, function)
     return result
