@@ -106,3 +106,26 @@ def test_bad_inputs():
         layer_table(bad, ["nn.conv2d"])
     with pytest.raises(ValueError, match="dtype"):
         layer_table(small_conv_net(), ["nn.conv2d"], dtype="int3x")
+
+
+@pytest.mark.parametrize("name", ["resnet-18", "inception_v3", "squeezenet1.1"])
+def test_iterative_walk_is_tvms_post_order(name):
+    from tvm_tcutils.passes._graph import post_order
+
+    mod = model(name)
+    expected = []
+    relay.analysis.post_order_visit(mod["main"], expected.append)
+    assert [n.handle.value for n in post_order(mod["main"])] == [n.handle.value for n in expected]
+
+
+def test_iterative_walk_covers_let_if_and_tuples():
+    from tvm_tcutils.passes._graph import post_order
+
+    x = relay.var("x", shape=(2,))
+    v = relay.var("v", shape=(2,))
+    body = relay.If(relay.const(True), relay.TupleGetItem(relay.Tuple([v, x]), 0), relay.nn.relu(v))
+    fn = relay.Function([x], relay.Let(v, relay.nn.relu(x), body))
+    expected = []
+    relay.analysis.post_order_visit(fn, expected.append)
+    assert [n.handle.value for n in post_order(fn)] == [n.handle.value for n in expected]
+    assert count_layers(fn, ["nn.relu"]) == 2

@@ -10,14 +10,16 @@ in which ``relay.transform.ConvertLayout`` visits calls, so the indices of
 ``prepare_for_tensorcore`` all name the same call. In a module, ``main`` is
 numbered first and the other Relay functions follow in name order.
 
-Every walk here is ``relay.analysis.post_order_visit`` (iterative C++), so no
-pass recurses in Python and all are linear in the size of the graph.
+Every walk here is :func:`post_order`, an explicit-stack walk in the order of
+``relay.analysis.post_order_visit``: that one recurses in C++ and overflows
+the native stack near 50,000 chained nodes. So no pass recurses, and all are
+linear in the size of the graph.
 """
 from __future__ import annotations
 
 import difflib
 import numbers
-from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .._tvm import tvm
 from tvm import relay
@@ -88,18 +90,64 @@ def relay_functions(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> List[Tu
     raise TypeError(f"{arg} must be a tvm.IRModule or a relay.Expr, got {type(expr_or_mod).__name__}")
 
 
+def _children(node) -> list:
+    """Sub-expressions of ``node`` in the order TVM's ExprVisitor visits them."""
+    if isinstance(node, relay.Call):
+        return [node.op, *node.args]
+    if isinstance(node, relay.Tuple):
+        return list(node.fields)
+    if isinstance(node, relay.TupleGetItem):
+        return [node.tuple_value]
+    if isinstance(node, relay.Function):
+        return [*node.params, node.body]
+    if isinstance(node, relay.Let):
+        return [node.value, node.var, node.body]
+    if isinstance(node, relay.If):
+        return [node.cond, node.true_branch, node.false_branch]
+    if isinstance(node, relay.RefCreate):
+        return [node.value]
+    if isinstance(node, relay.RefRead):
+        return [node.ref]
+    if isinstance(node, relay.RefWrite):
+        return [node.ref, node.value]
+    if isinstance(node, relay.Match):
+        return [node.data, *(clause.rhs for clause in node.clauses)]
+    return []  # Var, Constant, Op, GlobalVar, Constructor
+
+
+def post_order(expr: relay.Expr) -> Iterator[relay.Expr]:
+    """Every node of ``expr`` once, each after its sub-expressions (as ``post_order_visit``).
+
+    Examples
+    --------
+    >>> x = relay.var("x")
+    >>> [type(n).__name__ for n in post_order(relay.nn.relu(x))]
+    ['Op', 'Var', 'Call']
+    """
+    seen = set()
+    stack = [(expr, False)]
+    while stack:
+        node, expanded = stack.pop()
+        key = node.handle.value
+        if expanded:
+            yield node
+            continue
+        if key in seen:
+            continue
+        seen.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in reversed(_children(node)))
+
+
 def function_layers(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr, List[relay.Call]]]:
     """Per Relay function, its calls to ``ops`` in layer order (numbering continues across functions)."""
     wanted = {op.name for op in ops}
     result = []
     for global_var, expr in relay_functions(expr_or_mod):
-        calls: List[relay.Call] = []
-
-        def visit(node, calls=calls):
-            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted:
-                calls.append(node)
-
-        relay.analysis.post_order_visit(expr, visit)
+        calls = [
+            node for node in post_order(expr)
+            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted
+        ]
         result.append((global_var, expr, calls))
     return result
 
@@ -178,11 +226,9 @@ def _fresh(expr: relay.Expr) -> relay.Expr:
 
 
 def _fresh_module(mod: tvm.IRModule, functions) -> tvm.IRModule:
-    calls_globals = []
-    for _, function in functions:
-        relay.analysis.post_order_visit(
-            function, lambda node: isinstance(node, tvm.ir.GlobalVar) and calls_globals.append(node)
-        )
+    calls_globals = any(
+        isinstance(node, tvm.ir.GlobalVar) for _, function in functions for node in post_order(function)
+    )
     if calls_globals:  # functions refer to each other: only a deep copy keeps that consistent
         return tvm.ir.load_json(tvm.ir.save_json(mod))
     others = {gv: fn for gv, fn in mod.functions.items() if not isinstance(fn, relay.Function)}
