@@ -78,3 +78,25 @@ def small_conv_net(channels: int = 16, size: int = 16, dtype: str = "float32"):
 @pytest.fixture
 def small_conv():
     return small_conv_net()
+
+
+def conv_chain(layers: int, channels: int = 4, size: int = 4, dtype: str = "float32"):
+    """A ``layers``-deep conv2d+relu chain (one shared weight), as an untyped IRModule; for deep-graph tests."""
+    x = relay.var("data", shape=(1, channels, size, size), dtype=dtype)
+    weight = relay.const(np.full((channels, channels, 3, 3), 1.0 / (9 * channels), dtype=dtype))
+    y = x
+    for _ in range(layers):
+        y = relay.nn.relu(relay.nn.conv2d(y, weight, padding=(1, 1), channels=channels, kernel_size=(3, 3)))
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def build_and_run(mod, params=None, inputs=None, target: str = "llvm"):
+    """Build ``mod`` for ``target`` at opt_level 3, run it once on the CPU; returns the list of outputs."""
+    from tvm.contrib import graph_executor
+
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=target, params=params)
+    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    runner.set_input(**(inputs or {}))
+    runner.run()
+    return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]

@@ -17,6 +17,8 @@ from typing import List, Optional
 COMMANDS = {
     "info": "info",
     "demo": "demo",
+    "count-layers": "count_layers",
+    "prepare": "prepare",
 }
 
 #: Exit status for errors in the user's input.

@@ -66,6 +66,8 @@ def _baseline(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
 
 #: Demo sections, in the order they run. Capabilities append theirs.
 SECTIONS: List[Section] = [_baseline]
+from .passes.demo import prepare_section  # noqa: E402  (it imports build_and_time from here)
+SECTIONS.append(prepare_section)
 
 
 def run_demo(name: str, mod: tvm.IRModule, params: Dict) -> int:

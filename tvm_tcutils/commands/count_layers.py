@@ -1,0 +1,33 @@
+"""``tvm-tcutils count-layers``: the layer table of a model."""
+from __future__ import annotations
+
+import argparse
+
+from tvm_tcutils.tensorcore_rules import DEFAULT_PAD_FRACTION, WMMA_SHAPES
+
+HELP = "print one row per layer of the given ops: shapes, types, layouts, HWNC tensor-core verdict"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tvm_tcutils.cli import add_model_argument
+
+    add_model_argument(parser)
+    parser.add_argument("--ops", nargs="+", default=["nn.conv2d"], help="op names whose calls are layers")
+    parser.add_argument("--dtype", choices=sorted(WMMA_SHAPES), default="int4",
+                        help="tensor-core type the verdict assumes (default int4)")
+    parser.add_argument("--pad-fraction", type=float, default=DEFAULT_PAD_FRACTION,
+                        help="extra work channel padding may add and still qualify")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tvm_tcutils.cli import load_model_arg
+    from tvm_tcutils.passes.layer_table import HEADER, layer_table
+
+    mod, _ = load_model_arg(args)
+    rows = layer_table(mod, args.ops, dtype=args.dtype, pad_fraction=args.pad_fraction)
+    print(HEADER)
+    for row in rows:
+        print(row)
+    qualifying = sum(row.qualifies for row in rows)
+    print(f"{len(rows)} layers of {', '.join(args.ops)}; {qualifying} qualify for HWNC tensor cores ({args.dtype})")
+    return 0

@@ -1,0 +1,49 @@
+"""``tvm-tcutils prepare``: convert a model for the HWNC tensor-core schedules and save it."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from tvm_tcutils.tensorcore_rules import DEFAULT_PAD_FRACTION, WMMA_SHAPES
+
+HELP = "convert conv2d layers to HWNC int4/int8 (skipping those that cannot use tensor cores) and save the model"
+
+
+def _skip_list(text: str):
+    if text == "auto":
+        return text
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--skip-layers must be 'auto' or comma-separated integers, got {text!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tvm_tcutils.cli import add_model_argument
+
+    add_model_argument(parser)
+    parser.add_argument("--dtype", choices=sorted(WMMA_SHAPES), default="int4", help="layer input type (default int4)")
+    parser.add_argument("--out-dtype", default="int32", help="accumulator type (default int32)")
+    parser.add_argument("--skip-layers", type=_skip_list, default="auto",
+                        help="'auto' (default) or comma-separated layer indices, e.g. 0,-1")
+    parser.add_argument("--pad-fraction", type=float, default=DEFAULT_PAD_FRACTION,
+                        help="extra work channel padding may add and still qualify (auto)")
+    parser.add_argument("-o", "--output", required=True, help="where to save the model (.json, .relay or .txt)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tvm_tcutils.cli import CommandError, load_model_arg
+    from tvm_tcutils.models import save_model
+    from tvm_tcutils.passes import prepare_for_tensorcore
+
+    if os.path.splitext(args.output)[1].lower() not in (".json", ".relay", ".txt"):
+        raise CommandError(f"-o {args.output}: use a .json, .relay or .txt file name")
+    mod, params = load_model_arg(args)
+    prepared, skipped = prepare_for_tensorcore(
+        mod, args.dtype, args.out_dtype, skip_layers=args.skip_layers, pad_fraction=args.pad_fraction
+    )
+    save_model(args.output, prepared, params)
+    print(f"saved {args.output}: conv2d layers in HWNC/{args.dtype} except {len(skipped)} skipped")
+    for layer in skipped:
+        print(f"  {layer}")
+    return 0

@@ -1,0 +1,251 @@
+"""Shared plumbing of the graph passes: argument checks, layer numbering, typing.
+
+Layer numbering (the one definition every pass uses)
+----------------------------------------------------
+The layers of a set of ops are the calls to those ops, numbered in dataflow
+order from the inputs: the order of a post-order walk of the function (each
+call after all of its arguments, arguments left to right). That is the order
+in which ``relay.transform.ConvertLayout`` visits calls, so the indices of
+``count_layers``, ``layer_table``, ``recast``, ``LayoutConfig`` and
+``prepare_for_tensorcore`` all name the same call. In a module, ``main`` is
+numbered first and the other Relay functions follow in name order.
+
+Every walk here is :func:`post_order`, an explicit-stack walk in the order of
+``relay.analysis.post_order_visit``: that one recurses in C++ and overflows
+the native stack near 50,000 chained nodes. So no pass recurses, and all are
+linear in the size of the graph.
+"""
+from __future__ import annotations
+
+import difflib
+import numbers
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+from .._tvm import tvm
+from tvm import relay
+
+ExprOrMod = Union[relay.Expr, tvm.IRModule]
+
+#: Data types accepted where the API takes one (TVM knows more, but these are
+#: the ones a Relay tensor can be cast to and computed in).
+_INT_BITS = (1, 4, 8, 16, 32, 64)
+_FLOAT_BITS = (16, 32, 64)
+
+
+def resolve_ops(ops: Union[str, Iterable[str]], arg: str) -> Tuple[tvm.ir.Op, ...]:
+    """Check op names and return the ops, raising ValueError/TypeError naming ``arg``."""
+    if isinstance(ops, str):
+        ops = [ops]
+    try:
+        names = list(ops)
+    except TypeError:
+        raise TypeError(f"{arg} must be a list of op names such as ['nn.conv2d'], got {ops!r}") from None
+    if not names:
+        raise ValueError(f"{arg} is empty; give op names such as ['nn.conv2d']")
+    known = None
+    resolved = []
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"{arg} must hold op names (str), got {name!r}")
+        try:
+            resolved.append(tvm.ir.Op.get(name))
+        except tvm.TVMError:
+            known = known or list(tvm.ir.Op.list_op_names())
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "e.g. nn.conv2d, qnn.conv2d, nn.dense"
+            raise ValueError(f"{arg}: {name!r} is not a registered Relay operator; {hint}") from None
+    return tuple(resolved)
+
+
+def check_dtype(dtype: str, arg: str) -> str:
+    """Return ``dtype`` if it names a scalar type tensors can have, else ValueError naming ``arg``."""
+    valid = (
+        "bool, int1..int64/uint1..uint64 with "
+        f"{'/'.join(map(str, _INT_BITS))} bits, float16/32/64, bfloat16"
+    )
+    if not isinstance(dtype, str):
+        raise TypeError(f"{arg} must be a dtype string ({valid}), got {dtype!r}")
+    try:
+        parsed = tvm.runtime.DataType(dtype)
+    except (ValueError, tvm.TVMError):
+        parsed = None
+    ok = parsed is not None and parsed.lanes == 1 and str(parsed) == dtype and (
+        dtype == "bool"
+        or (parsed.type_code in (0, 1) and parsed.bits in _INT_BITS)
+        or (parsed.type_code == 2 and parsed.bits in _FLOAT_BITS)
+        or dtype == "bfloat16"
+    )
+    if not ok:
+        raise ValueError(f"{arg}: {dtype!r} is not a data type TVM can compute in; valid: {valid}")
+    return dtype
+
+
+def relay_functions(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr]]:
+    """``[(global_var or None, expr)]``: main first, then other Relay functions by name."""
+    if isinstance(expr_or_mod, tvm.IRModule):
+        pairs = [(gv, fn) for gv, fn in expr_or_mod.functions.items() if isinstance(fn, relay.Function)]
+        return sorted(pairs, key=lambda pair: (pair[0].name_hint != "main", pair[0].name_hint))
+    if isinstance(expr_or_mod, relay.Expr):
+        return [(None, expr_or_mod)]
+    raise TypeError(f"{arg} must be a tvm.IRModule or a relay.Expr, got {type(expr_or_mod).__name__}")
+
+
+def _children(node) -> list:
+    """Sub-expressions of ``node`` in the order TVM's ExprVisitor visits them."""
+    if isinstance(node, relay.Call):
+        return [node.op, *node.args]
+    if isinstance(node, relay.Tuple):
+        return list(node.fields)
+    if isinstance(node, relay.TupleGetItem):
+        return [node.tuple_value]
+    if isinstance(node, relay.Function):
+        return [*node.params, node.body]
+    if isinstance(node, relay.Let):
+        return [node.value, node.var, node.body]
+    if isinstance(node, relay.If):
+        return [node.cond, node.true_branch, node.false_branch]
+    if isinstance(node, relay.RefCreate):
+        return [node.value]
+    if isinstance(node, relay.RefRead):
+        return [node.ref]
+    if isinstance(node, relay.RefWrite):
+        return [node.ref, node.value]
+    if isinstance(node, relay.Match):
+        return [node.data, *(clause.rhs for clause in node.clauses)]
+    return []  # Var, Constant, Op, GlobalVar, Constructor
+
+
+def post_order(expr: relay.Expr) -> Iterator[relay.Expr]:
+    """Every node of ``expr`` once, each after its sub-expressions (as ``post_order_visit``).
+
+    Examples
+    --------
+    >>> x = relay.var("x")
+    >>> [type(n).__name__ for n in post_order(relay.nn.relu(x))]
+    ['Op', 'Var', 'Call']
+    """
+    seen = set()
+    stack = [(expr, False)]
+    while stack:
+        node, expanded = stack.pop()
+        key = node.handle.value
+        if expanded:
+            yield node
+            continue
+        if key in seen:
+            continue
+        seen.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in reversed(_children(node)))
+
+
+def function_layers(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr, List[relay.Call]]]:
+    """Per Relay function, its calls to ``ops`` in layer order (numbering continues across functions)."""
+    wanted = {op.name for op in ops}
+    result = []
+    for global_var, expr in relay_functions(expr_or_mod):
+        calls = [
+            node for node in post_order(expr)
+            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted
+        ]
+        result.append((global_var, expr, calls))
+    return result
+
+
+def layer_calls(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> List[relay.Call]:
+    """The calls to ``ops`` in layer order (see the module docstring)."""
+    return [call for _, _, calls in function_layers(expr_or_mod, ops) for call in calls]
+
+
+def node_key(node: tvm.runtime.Object) -> int:
+    """Identity of a node (its address), for dictionaries keyed by node."""
+    return node.handle.value
+
+
+def resolve_skip_layers(skip_layers: Optional[Iterable[int]], num_layers: Optional[int], arg: str = "skip_layers") -> FrozenSet[int]:
+    """Check layer indices and turn negative ones into positions.
+
+    With ``num_layers`` None (unknown), negative indices are an error.
+    """
+    if skip_layers is None:
+        return frozenset()
+    if isinstance(skip_layers, (str, bytes)) or not isinstance(skip_layers, Iterable):
+        raise TypeError(f"{arg} must be a list of layer indices (int), got {skip_layers!r}")
+    resolved = set()
+    for index in skip_layers:
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+            raise TypeError(f"{arg} must hold layer indices (int), got {index!r}")
+        index = int(index)
+        if num_layers is None:
+            if index < 0:
+                raise ValueError(f"{arg}: negative index {index} needs the number of layers (num_layers=)")
+        elif not -num_layers <= index < num_layers:
+            raise ValueError(
+                f"{arg}: layer {index} is out of range; the graph has {num_layers} layers "
+                f"(valid: {-num_layers}..{num_layers - 1})" if num_layers else
+                f"{arg}: layer {index} is out of range; the graph has no matching layers"
+            )
+        resolved.add(index % num_layers if num_layers else index)
+    return frozenset(resolved)
+
+
+def _is_typed(expr: relay.Expr) -> bool:
+    try:
+        expr.checked_type
+    except ValueError:
+        return False
+    return True
+
+
+def typed(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> ExprOrMod:
+    """The input with types: itself when already type-checked, else a type-checked copy.
+
+    Raises ValueError naming ``arg`` when it does not type-check. Type
+    inference runs only when needed because it is the costliest step on deep
+    graphs.
+    """
+    functions = relay_functions(expr_or_mod, arg)
+    if all(_is_typed(fn) for _, fn in functions):
+        return expr_or_mod
+    # InferType records types on the Function and GlobalVar nodes it is given, in
+    # place: give it fresh ones (sharing the bodies) so that the input stays as it was.
+    try:
+        if isinstance(expr_or_mod, tvm.IRModule):
+            return relay.transform.InferType()(_fresh_module(expr_or_mod, functions))
+        mod = relay.transform.InferType()(tvm.IRModule.from_expr(_fresh(expr_or_mod)))
+    except tvm.TVMError as err:
+        raise ValueError(f"{arg} does not type-check: {first_error_line(err)}") from None
+    main = mod["main"]
+    return main if isinstance(expr_or_mod, relay.Function) else main.body
+
+
+def _fresh(expr: relay.Expr) -> relay.Expr:
+    if isinstance(expr, relay.Function):
+        return relay.Function(expr.params, expr.body, expr.ret_type, expr.type_params, expr.attrs, expr.span)
+    return expr
+
+
+def _fresh_module(mod: tvm.IRModule, functions) -> tvm.IRModule:
+    calls_globals = any(
+        isinstance(node, tvm.ir.GlobalVar) for _, function in functions for node in post_order(function)
+    )
+    if calls_globals:  # functions refer to each other: only a deep copy keeps that consistent
+        return tvm.ir.load_json(tvm.ir.save_json(mod))
+    others = {gv: fn for gv, fn in mod.functions.items() if not isinstance(fn, relay.Function)}
+    others.update({tvm.ir.GlobalVar(gv.name_hint): _fresh(fn) for gv, fn in functions})
+    attrs = {str(key): mod.attrs[key] for key in mod.attrs.keys()} if mod.attrs else None
+    return tvm.IRModule(others, dict(mod.type_definitions.items()), attrs)
+
+
+def first_error_line(err: BaseException) -> str:
+    """The sentence of a TVM error that says what went wrong."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    errors = [line for line in lines if "rror" in line]
+    return (errors[-1] if errors else (lines[0] if lines else type(err).__name__))[:300]
+
+
+def replace_attrs(attrs: tvm.ir.Attrs, **changes) -> tvm.ir.Attrs:
+    """A copy of op attributes with some fields changed."""
+    values = {str(key): attrs[key] for key in attrs.keys()}
+    values.update(changes)
+    return tvm.ir.make_node(attrs.type_key, **values)

@@ -1,0 +1,111 @@
+"""A scope that tells ConvertLayout which conv2d layers to leave in their layout."""
+from __future__ import annotations
+
+import threading
+from typing import Dict, FrozenSet, Iterable, List, Optional
+
+from ._graph import resolve_skip_layers
+
+_LOCAL = threading.local()
+
+
+def _stack() -> List[list]:
+    """Active scopes of this thread, innermost last, as ``[config, counts]`` pairs."""
+    if not hasattr(_LOCAL, "stack"):
+        _LOCAL.stack = []
+    return _LOCAL.stack
+
+
+class _CurrentScope(type):
+    @property
+    def current(cls) -> Optional["LayoutConfig"]:
+        """The innermost active :class:`LayoutConfig` of this thread, or None."""
+        stack = _stack()
+        return stack[-1][0] if stack else None
+
+
+class LayoutConfig(metaclass=_CurrentScope):
+    """Choose the conv2d layers that ``relay.transform.ConvertLayout`` leaves alone.
+
+    Inside ``with LayoutConfig(skip_layers=[...]):`` the package's ConvertLayout
+    handlers for ``nn.conv2d`` and ``qnn.conv2d`` keep the layers listed in
+    their original layout and convert the others. Layer ``i`` is the ``i``-th
+    call of that op in dataflow order from the inputs, as numbered by
+    :func:`count_layers` with that op alone (ConvertLayout visits calls in that
+    order). Each op is counted on its own, so ``[0]`` keeps the first
+    ``nn.conv2d`` and the first ``qnn.conv2d``.
+
+    Counting starts at 0 each time the scope is entered: run one
+    ConvertLayout (of a single-function module) per ``with`` block. Scopes
+    nest; the innermost one decides and, when it exits, the enclosing one
+    applies again with its own count. The scope is per thread.
+
+    Parameters
+    ----------
+    skip_layers : list of int, optional
+        Layer indices to keep; negative indices count from the last layer and
+        need ``num_layers``.
+    num_layers : int, optional
+        The number of layers (``count_layers(mod, [op])``); when given, indices
+        are checked against it.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Indices that are not integers, out of range, or negative without
+        ``num_layers``.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import relay
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, _ = load_model("resnet-18")
+    >>> with LayoutConfig(skip_layers=[0]):
+    ...     with tvm.transform.PassContext(opt_level=3):
+    ...         hwnc = relay.transform.ConvertLayout({"nn.conv2d": ["HWNC", "default"]})(mod)
+    >>> LayoutConfig.current is None
+    True
+    """
+
+    def __init__(self, skip_layers: Optional[Iterable[int]] = None, num_layers: Optional[int] = None):
+        if num_layers is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0):
+            raise TypeError(f"num_layers must be a non-negative int (from count_layers), got {num_layers!r}")
+        self.skip_layers: FrozenSet[int] = resolve_skip_layers(skip_layers, num_layers)
+        self.num_layers = num_layers
+        self._last_counts: Dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"LayoutConfig(skip_layers={sorted(self.skip_layers)}, num_layers={self.num_layers})"
+
+    def __enter__(self) -> "LayoutConfig":
+        counts: Dict[str, int] = {}
+        self._last_counts = counts
+        _stack().append([self, counts])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stack = _stack()
+        if not stack or stack[-1][0] is not self:
+            raise RuntimeError("LayoutConfig scopes must exit in the reverse order they were entered")
+        stack.pop()
+
+    @property
+    def layers_seen(self) -> Dict[str, int]:
+        """Layers counted per op by the latest entry of this scope (for checks after ConvertLayout)."""
+        return dict(self._last_counts)
+
+
+def next_layer_skipped(op_name: str) -> Optional[bool]:
+    """Count one more ``op_name`` layer in the innermost scope; whether to keep its layout.
+
+    Returns None when no scope is active. Called by the ConvertLayout handlers
+    once per call they see.
+    """
+    stack = _stack()
+    if not stack:
+        return None
+    config, counts = stack[-1]
+    index = counts.get(op_name, 0)
+    counts[op_name] = index + 1
+    return index in config.skip_layers

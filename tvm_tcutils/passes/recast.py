@@ -1,0 +1,125 @@
+"""Recast chosen layers of a graph to another data type."""
+from __future__ import annotations
+
+import functools
+from typing import Dict, FrozenSet, Iterable, Optional, Sequence, Union
+
+from .._tvm import tvm
+from tvm import relay
+from tvm.relay.dataflow_pattern import CallPattern, DFPatternCallback, is_op, rewrite
+
+from ._graph import (
+    ExprOrMod, check_dtype, function_layers, node_key, replace_attrs, resolve_ops,
+    resolve_skip_layers, typed,
+)
+
+
+def _cast_argument(arg: relay.Expr, dtype: str) -> relay.Expr:
+    """Cast a tensor argument, or each field of a tuple argument (as for concatenate)."""
+    if isinstance(arg, relay.Tuple):
+        return relay.Tuple([relay.cast(field, dtype) for field in arg.fields])
+    return relay.cast(arg, dtype)
+
+
+def _with_out_dtype(attrs: Optional[tvm.ir.Attrs], out_dtype: str) -> Optional[tvm.ir.Attrs]:
+    if attrs is None or "out_dtype" not in attrs.keys():
+        return attrs
+    return replace_attrs(attrs, out_dtype=out_dtype)
+
+
+def _result_dtype(call: relay.Call) -> str:
+    result = call.checked_type
+    if not isinstance(result, relay.TensorType):
+        raise ValueError(
+            f"ops: {call.op.name} returns {result}, not one tensor; recast handles ops with one tensor output"
+        )
+    return str(result.dtype)
+
+
+class _Recaster(DFPatternCallback):
+    """Rewrites each matching call that is not skipped; one pass, no fixpoint."""
+
+    def __init__(self, ops: Sequence[tvm.ir.Op], index: Dict[int, int], skip: FrozenSet[int], dtype: str, out_dtype: str):
+        super().__init__(require_type=False, rewrite_once=True)
+        self.pattern = CallPattern(functools.reduce(lambda a, b: a | b, [is_op(op.name) for op in ops]), None)
+        self._index = index
+        self._skip = skip
+        self._dtype = dtype
+        self._out_dtype = out_dtype
+
+    def callback(self, pre, post, node_map):
+        # ``pre`` is the node of the (typed) input graph, so its index and type are known.
+        if self._index[node_key(pre)] in self._skip:
+            return post
+        args = [_cast_argument(arg, self._dtype) for arg in post.args]
+        new_call = relay.Call(post.op, args, _with_out_dtype(post.attrs, self._out_dtype), None, post.span)
+        return relay.cast(new_call, _result_dtype(pre))
+
+
+def recast(
+    expr_or_mod: ExprOrMod,
+    dtype: str,
+    out_dtype: str,
+    ops: Union[str, Iterable[str]] = ("nn.conv2d",),
+    skip_layers: Optional[Iterable[int]] = None,
+) -> ExprOrMod:
+    """Make chosen layers compute in another data type, leaving the rest of the graph as it was.
+
+    Each argument of a matching call is cast to ``dtype``, the call computes in
+    ``out_dtype`` (its ``out_dtype`` attribute, where it has one) and its
+    result is cast back to the type it had. The casts are plain conversions,
+    not quantization: use it to build and time models in a new type.
+
+    Parameters
+    ----------
+    expr_or_mod : tvm.IRModule or relay.Expr
+        Every Relay function of a module is recast (layers numbered across
+        them, ``main`` first); an expression gives an expression back. Not
+        modified.
+    dtype : str
+        Type the inputs of each layer are cast to, e.g. ``"int8"``.
+    out_dtype : str
+        Type the layer computes/accumulates in, e.g. ``"int32"``.
+    ops : list of str
+        Op names whose calls are layers.
+    skip_layers : list of int, optional
+        Layer indices to leave alone (see :func:`count_layers`); negative
+        indices count from the last layer.
+
+    Returns
+    -------
+    tvm.IRModule or relay.Expr
+        Same kind as the input; it type-checks.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Unknown op or dtype, a skip index out of range or not an integer, or
+        an input that does not type-check.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, _ = load_model("resnet-18")
+    >>> int8 = recast(mod, "int8", "int32", skip_layers=[0, -1])
+    >>> "int8" in int8.astext()
+    True
+    """
+    op_list = resolve_ops(ops, "ops")
+    check_dtype(dtype, "dtype")
+    check_dtype(out_dtype, "out_dtype")
+    source = typed(expr_or_mod)
+    functions = function_layers(source, op_list)
+    skip = resolve_skip_layers(skip_layers, sum(len(calls) for _, _, calls in functions))
+    rewritten, first = [], 0
+    for global_var, function, calls in functions:
+        # Indexed per function: functions may share nodes.
+        index = {node_key(call): first + i for i, call in enumerate(calls)}
+        rewritten.append((global_var, rewrite(_Recaster(op_list, index, skip, dtype, out_dtype), function)))
+        first += len(calls)
+    if not isinstance(source, tvm.IRModule):
+        return rewritten[0][1]
+    result = source.clone()
+    for global_var, function in rewritten:
+        result.update_func(global_var, function)
+    return result
