@@ -16,6 +16,16 @@ from .wmma import ACCUMULATOR_DTYPE, MIN_ARCH, WMMA_SHAPES, WmmaShape
 _ARCH = re.compile(r"^sm_(\d+)[a-z]?$")
 
 
+#: The arch TVM writes into a CUDA target given without ``-arch`` when it finds no GPU.
+TVM_DEFAULT_ARCH = 50
+
+#: Appended to reasons when the arch may be TVM's default rather than the user's choice.
+ARCH_HINT = (
+    " (sm_50 is what TVM assumes when the target has no -arch and no GPU is found: "
+    "add the architecture, for example 'cuda -arch=sm_80')"
+)
+
+
 class MissingArchError(ValueError):
     """A CUDA target without ``-arch`` on a machine without a GPU to ask."""
 
@@ -129,7 +139,10 @@ def qualifies(
         return Verdict(None, f"target {target} is not cuda")
     arch = target_arch(target)
     if arch < MIN_ARCH[data_dtype]:
-        return Verdict(None, f"{data_dtype} tensor cores need sm_{MIN_ARCH[data_dtype]} or newer, target has sm_{arch}")
+        hint = ARCH_HINT if arch == TVM_DEFAULT_ARCH else ""
+        return Verdict(
+            None, f"{data_dtype} tensor cores need sm_{MIN_ARCH[data_dtype]} or newer, target has sm_{arch}{hint}"
+        )
     shapes = fitting_shapes(data_dtype, batch, in_channels, out_channels)
     if not shapes:
         need = " or ".join(
