@@ -299,10 +299,9 @@ def _alter_conv2d(attrs, inputs, tinfos, out_type):
     packed = ("TENSOR", (kh, kw, co // shape.n, ci // shape.k, shape.n, shape.k), tinfos[1].dtype)
     dispatch_ctx.update(target, (workload[0], workload[1], packed, *workload[3:]), cfg)
     layout = conv2d_hwnc.kernel_layout(shape)
-    return relay.nn.conv2d(
-        data, relay.layout_transform(kernel, "HWOI", layout),
-        **_conv2d_attrs(attrs, kernel_layout=layout, channels=co),
-    )
+    # AlterOpLayout itself inserts the HWOI -> tiles transform of the kernel
+    # (then folded into the constant) from the changed kernel_layout.
+    return relay.nn.conv2d(data, kernel, **_conv2d_attrs(attrs, kernel_layout=layout, channels=co))
 
 
 def hooks() -> List[registry.Hook]:
