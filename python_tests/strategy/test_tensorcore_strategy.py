@@ -306,3 +306,49 @@ def test_missing_arch_error_says_to_add_it():
     assert rules.target_arch(tvm.target.Target("cuda -arch=sm_90a")) == 90
     with pytest.raises(ValueError, match="sm_XY"):  # TVM itself rejects such targets; a stand-in
         rules.target_arch(types.SimpleNamespace(attrs={"arch": "sm_eighty"}, kind=fake.kind))
+
+
+# --------------------------------------------------------------------------
+# relay.build with a tuned config, down to the CUDA code generator.
+# --------------------------------------------------------------------------
+@tvm.instrument.pass_instrument
+class _CaptureTIR:
+    """Keeps the TIR module as it enters host/device splitting (after all lowering)."""
+
+    def __init__(self):
+        self.mods = []
+
+    def run_before_pass(self, mod, info):
+        if info.name == "tir.SplitHostDevice":
+            self.mods.append(mod)
+
+
+def test_relay_build_with_a_tuned_config_lowers_wmma_until_codegen():
+    mod = _conv_module((8, 8, 16, 64), (3, 3, 64, 64), "int8")
+    target = tvm.target.Target(SM80)
+    (task,) = [t for t in autotvm.task.extract_from_program(mod["main"], target=target, params={})
+               if t.name == conv2d_hwnc.TASK]
+    space = task.config_space
+    tuned = space.get(next(i for i in range(len(space)) if space.get(i)["wmma_m"].val == 8))
+    record = (autotvm.measure.MeasureInput(target, task, tuned), autotvm.measure.MeasureResult((1e-4,), 0, 1.0, 0.0))
+    capture = _CaptureTIR()
+    with autotvm.task.ApplyHistoryBest([record]):
+        # The tuned WMMA shape (8x32x16) decides the kernel packing.
+        assert _optimized_convs(mod)[0][0].kernel_layout == "HWOI32o16i"
+        with tvm.transform.PassContext(opt_level=3, instruments=[capture]):
+            try:
+                relay.build(mod, target=target)
+            except tvm.error.TVMError as err:
+                if tvm_tcutils.capabilities()["cuda_codegen"] or "target.build.cuda is not enabled" not in str(err):
+                    raise
+    seen = collections.Counter()
+    for lowered in capture.mods:
+        for func in lowered.functions.values():
+            tvm.tir.stmt_functor.post_order_visit(
+                func.body, lambda n: seen.update([n.op.name]) if isinstance(n, tvm.tir.Call) and isinstance(n.op, tvm.ir.Op) else None
+            )
+            for buf in getattr(func, "buffer_map", {}).values():
+                if len(buf.shape) == 6:
+                    seen["packed_kernel_param"] += 1
+    assert seen["tir.tvm_mma_sync"] and seen["tir.tvm_load_matrix_sync"] and seen["tir.tvm_store_matrix_sync"]
+    assert seen["packed_kernel_param"] == 1

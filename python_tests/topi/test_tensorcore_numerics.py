@@ -14,15 +14,19 @@ compute (``astype("int4")``) and feed those to the compute under test: the
 packed intermediates are true int4 buffers, and the range ends -8 and 7 are
 always present. uint4/uint8 use [0, 15] / [0, 255].
 
-What is *not* checked here: the CUDA schedule and WMMA fragments (lowering
-tests check their structure; ``test_tensorcore_gpu.py`` runs them where a GPU
-exists).
+The CUDA schedules and WMMA fragments are run by the last tests of this file,
+which need TVM's CUDA code generator and a GPU with integer tensor cores
+(sm_72+ for int8) and skip with the reason otherwise; without them, the
+lowering tests check the schedules' structure.
 """
 import numpy as np
 import pytest
 import tvm
-from tvm import te
+from tvm import autotvm, relay, te
+from tvm.contrib import graph_executor
 
+import tvm_tcutils
+from tvm_tcutils.strategy import tensorcore as tc
 from tvm_tcutils.topi.tensorcore import conv2d_hwnc, dense, wmma
 
 RANGES = {"int4": (-8, 7), "uint4": (0, 15), "int8": (-128, 127), "uint8": (0, 255)}
@@ -147,3 +151,67 @@ def test_bad_compute_arguments_raise_clear_errors(bad, match):
     w = te.placeholder((3, 3, 8, 32), bad.get("kernel_dtype", dtype), name="w")
     with pytest.raises(ValueError, match=match):
         conv2d_hwnc.conv2d_hwnc(x, w, 1, 1, 1, bad.get("out_dtype", "int32"), shape=wmma.WmmaShape(8, 8, 32))
+
+
+# --------------------------------------------------------------------------
+# On a GPU: the CUDA kernels themselves.
+# --------------------------------------------------------------------------
+_CAPS = tvm_tcutils.capabilities()
+
+
+def _arch() -> int:
+    if not _CAPS["cuda_codegen"]:
+        pytest.skip("TVM was built without the CUDA code generator (target.build.cuda)")
+    if not _CAPS["cuda_device"]:
+        pytest.skip("no CUDA GPU on this machine")
+    return int(str(tvm.cuda(0).compute_version).replace(".", ""))
+
+
+def _need(arch_min: int) -> tvm.target.Target:
+    arch = _arch()
+    if arch < arch_min:
+        pytest.skip(f"GPU is sm_{arch}; integer tensor cores of this test need sm_{arch_min}+")
+    return tvm.target.Target(f"cuda -arch=sm_{arch}")
+
+
+@pytest.mark.parametrize("batch,cin,cout,pad_channels", [(16, 64, 64, False), (8, 60, 30, True)])
+def test_relay_conv2d_hwnc_int8_runs_on_tensor_cores(batch, cin, cout, pad_channels):
+    target = _need(72)
+    rng = np.random.default_rng(0)
+    xv = rng.integers(-128, 128, size=(8, 8, batch, cin)).astype("int8")
+    wv = rng.integers(-128, 128, size=(3, 3, cout, cin)).astype("int8")
+    x = relay.var("x", shape=xv.shape, dtype="int8")
+    y = relay.nn.conv2d(x, relay.const(wv), padding=1, kernel_size=(3, 3), data_layout="HWNC",
+                        kernel_layout="HWOI", out_dtype="int32")
+    mod = tvm.IRModule.from_expr(relay.Function([x], y))
+    with tc.pad_limit(0.5), tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=target)
+    module = graph_executor.GraphModule(lib["default"](tvm.cuda(0)))
+    module.set_input("x", xv)
+    module.run()
+    np.testing.assert_array_equal(module.get_output(0).numpy(), conv2d_hwnc_reference(xv, wv, 1, 1, 1))
+
+
+@pytest.mark.parametrize("task_name", [conv2d_hwnc.TASK, dense.TASK])
+def test_random_configs_run_correctly(task_name):
+    target = _need(72)
+    if task_name == conv2d_hwnc.TASK:
+        args = (te.placeholder((7, 7, 32, 64), "int8"), te.placeholder((3, 3, 64, 64), "int8"),
+                (1, 1), (1, 1, 1, 1), (1, 1), "int32")
+    else:
+        args = (te.placeholder((32, 128), "int8"), te.placeholder((64, 128), "int8"), "int32")
+    task = autotvm.task.create(task_name, args=args, target=target)
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(-128, 128, size=[int(v) for v in a.shape]).astype("int8") for a in args[:2]]
+    if task_name == conv2d_hwnc.TASK:
+        want = conv2d_hwnc_reference(arrays[0], arrays[1], 1, 1, 1)
+    else:
+        want = arrays[0].astype(np.int64) @ arrays[1].astype(np.int64).T
+    dev = tvm.cuda(0)
+    for index in rng.choice(len(task.config_space), 4, replace=False):
+        with target:
+            sched, tensors = task.instantiate(task.config_space.get(int(index)))
+            func = tvm.build(sched, tensors, target)
+        out = tvm.nd.empty(want.shape, "int32", dev)
+        func(*[tvm.nd.array(a, dev) for a in arrays], out)
+        np.testing.assert_array_equal(out.numpy(), want)
