@@ -352,3 +352,17 @@ def test_relay_build_with_a_tuned_config_lowers_wmma_until_codegen():
                     seen["packed_kernel_param"] += 1
     assert seen["tir.tvm_mma_sync"] and seen["tir.tvm_load_matrix_sync"] and seen["tir.tvm_store_matrix_sync"]
     assert seen["packed_kernel_param"] == 1
+
+
+def test_implementations_reports_per_layer_after_legalization_without_mutating():
+    mod = _conv_module((6, 6, 8, 60), (3, 3, 30, 60), "int8")  # padded by legalization
+    before = mod.astext()
+    rows = tc.implementations(mod, SM80, ops=("nn.conv2d",))
+    assert mod.astext() == before
+    ((op, layout, dtype, name, workload),) = rows
+    assert (op, layout, dtype, name) == ("nn.conv2d", "HWNC", "int8", tc.CONV2D_IMPL)
+    assert workload[0] == conv2d_hwnc.TASK and workload[1][1] == (6, 6, 8, 64)
+    with tc.pad_limit(0):
+        assert tc.implementations(mod, SM80, ops=("nn.conv2d",))[0][1] == "NHWC"
+    with pytest.raises(TypeError, match="ops must be"):
+        tc.implementations(mod, SM80, ops="nn.conv2d")

@@ -33,10 +33,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from .._tvm import tvm
-from tvm import autotvm, relay
+from tvm import autotvm, relay, te
 from tvm.relay.op.strategy.generic import wrap_compute_conv2d, wrap_topi_schedule
 from tvm.topi.utils import get_const_tuple
 
@@ -118,7 +118,10 @@ def _conv2d_dims(attrs, data_type, kernel_type):
     if attrs.data_layout != "HWNC":
         return None
     kernel = get_const_tuple(kernel_type.shape)
-    _, _, batch, in_channels = get_const_tuple(data_type.shape)
+    data = get_const_tuple(data_type.shape)
+    if not all(isinstance(v, int) for v in kernel + data):
+        return None  # dynamic shapes: left to TVM
+    _, _, batch, in_channels = data
     if attrs.kernel_layout == "HWOI" and len(kernel) == 4:
         return batch, in_channels, kernel[2], None
     shape = _packed_shape(attrs.kernel_layout, data_type.dtype)
@@ -302,6 +305,50 @@ def _alter_conv2d(attrs, inputs, tinfos, out_type):
     # AlterOpLayout itself inserts the HWOI -> tiles transform of the kernel
     # (then folded into the constant) from the changed kernel_layout.
     return relay.nn.conv2d(data, kernel, **_conv2d_attrs(attrs, kernel_layout=layout, channels=co))
+
+
+def implementations(
+    mod: tvm.IRModule, target: str, ops: Sequence[str] = ("nn.conv2d", "nn.dense")
+) -> List[Tuple[str, str, str, str, Optional[tuple]]]:
+    """Which implementation TVM's strategy picks for each ``ops`` call of ``mod["main"]`` on ``target``.
+
+    Legalizes a copy for ``target`` (``mod`` is not changed) as the build
+    does, visits the calls in post order (layer order) and asks
+    ``relay.backend.te_compiler.select_implementation`` for each.
+
+    Returns
+    -------
+    list of (op, data layout or "", input dtype, implementation name, AutoTVM workload or None)
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(8, 64), dtype="int8"); w = relay.var("w", shape=(32, 64), dtype="int8")
+    >>> mod = tvm.IRModule.from_expr(relay.nn.dense(x, w, out_dtype="int32"))
+    >>> implementations(mod, "cuda -arch=sm_80")[0][3]
+    'tcutils.dense_tensorcore.cuda'
+    """
+    if isinstance(ops, str) or not all(isinstance(op, str) for op in ops):
+        raise TypeError(f"ops must be a sequence of op names like ('nn.conv2d',), got {ops!r}")
+    target = tvm.target.Target(target)
+    with target:
+        # What the build sees: after legalization (padding, or the NHWC path).
+        typed = relay.transform.InferType()(relay.transform.Legalize()(relay.transform.InferType()(mod)))
+    calls: List[relay.Call] = []
+    relay.analysis.post_order_visit(
+        typed["main"],
+        lambda node: calls.append(node)
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in ops else None,
+    )
+    rows = []
+    with target:
+        for call in calls:
+            inputs = [te.placeholder(get_const_tuple(a.checked_type.shape), a.checked_type.dtype) for a in call.args]
+            impl, outs = relay.backend.te_compiler.select_implementation(
+                call.op, call.attrs, inputs, call.checked_type, target
+            )
+            layout = str(getattr(call.attrs, "data_layout", "") or "")
+            rows.append((call.op.name, layout, inputs[0].dtype, impl.name, autotvm.task.get_workload(outs)))
+    return rows
 
 
 def hooks() -> List[registry.Hook]:

@@ -172,6 +172,21 @@ def _find_and_inline(s: te.Schedule, outs: List[te.Tensor]) -> te.Operation:
     return gemm
 
 
+def _inline_producers(s: te.Schedule, tensors: Sequence[te.Tensor]) -> None:
+    """Inline the packing stages and every element-wise op Relay fused before them.
+
+    They all become part of the cooperative shared-memory copies.
+    """
+    stack, seen = [t.op for t in tensors], set()
+    while stack:
+        op = stack.pop()
+        if op in seen or not isinstance(op, te.ComputeOp):
+            continue
+        seen.add(op)
+        s[op].compute_inline()
+        stack.extend(t.op for t in op.input_tensors)
+
+
 def _int_attr(op: te.ComputeOp, key: str) -> int:
     return int(op.attrs[key])
 
@@ -197,9 +212,7 @@ def _schedule_gemm(cfg, s: te.Schedule, out: te.Tensor) -> None:
     a_frag = s.cache_read(a_shared, wmma.FRAGMENT_SCOPES["a"], [op])
     b_frag = s.cache_read(b_shared, wmma.FRAGMENT_SCOPES["b"], [op])
     acc = s.cache_write(out, wmma.FRAGMENT_SCOPES["acc"])
-    for packed in (a_packed, b_packed):
-        if isinstance(packed.op, te.ComputeOp):
-            s[packed].compute_inline()
+    _inline_producers(s, [a_packed, b_packed])
 
     # Output: grid and warps; each warp stores its fragments.
     stage = s[out]
