@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         print(f"skipped: {args.dtype} tensor cores need sm_{wmma.MIN_ARCH[args.dtype]}+, this GPU is sm_{arch}")
         return 0
     if args.dtype == "int4":
-        print("note: int4 inputs are fed as int4 NDArrays of zeros (NumPy has no int4); timings only")
+        print("note: int4 inputs are uninitialized int4 NDArrays (NumPy has no int4); timings only")
     rng = np.random.default_rng(0)
     print(f"{'layer (data, kernel)':<44} {'TVM ms':>9} {'tcutils ms':>10} {'TVM/tcutils':>11}")
     ratios = []

@@ -21,7 +21,7 @@ from tvm import te, topi
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
-from . import rules, tiled_mma, wmma
+from . import tiled_mma, wmma
 
 #: AutoTVM task name of the conv2d template.
 TASK = "tcutils.conv2d_hwnc_tensorcore.cuda"
@@ -130,34 +130,19 @@ def conv2d_hwnc(
         raise ValueError(f"data must be 4-D HWNC, got shape {get_const_tuple(data.shape)}")
     if len(kernel.shape) not in (4, 6):
         raise ValueError(f"kernel must be HWOI (4-D) or HWOI<n>o<k>i (6-D), got shape {get_const_tuple(kernel.shape)}")
-    if out_dtype != wmma.ACCUMULATOR_DTYPE:
-        raise ValueError(f"out_dtype must be {wmma.ACCUMULATOR_DTYPE} for tensor cores, got {out_dtype!r}")
     h, w, n, c = get_const_tuple(data.shape)
-    if len(kernel.shape) == 6:
-        kh, kw, ob, ib, kn, kk = get_const_tuple(kernel.shape)
-        co, ci = ob * kn, ib * kk
-        shape = shape or wmma.shape_for(data.dtype, n=kn)
-        if (shape.n, shape.k) != (kn, kk):
-            raise ValueError(f"kernel is packed for {kn}x{kk} tiles but WMMA shape {shape.name} was asked for")
-        packed_kernel = kernel
-    else:
-        kh, kw, co, ci = get_const_tuple(kernel.shape)
-        packed_kernel = None
+    dims = get_const_tuple(kernel.shape)
+    prepacked = len(dims) == 6
+    kh, kw = dims[:2]
+    co, ci = (dims[2] * dims[4], dims[3] * dims[5]) if prepacked else dims[2:]
     if ci != c:
         raise ValueError(f"kernel has {ci} input channels, data has {c}")
-    if shape is None:
-        fits = rules.fitting_shapes(data.dtype, n, c, co)
-        if not fits:
-            raise ValueError(f"no WMMA shape of {data.dtype} tiles batch={n}, in={c}, out={co}")
-        shape = fits[0]
-    if data.dtype != kernel.dtype or data.dtype not in wmma.WMMA_SHAPES:
-        raise ValueError(
-            f"data and kernel must share one of {sorted(wmma.WMMA_SHAPES)}, got {data.dtype} and {kernel.dtype}"
-        )
-    if n % shape.m or c % shape.k or co % shape.n:
-        raise ValueError(f"WMMA shape {shape.name} does not tile batch={n}, in={c}, out={co}")
-    if packed_kernel is None:
-        packed_kernel = pack_kernel(kernel, shape)
+    if prepacked and shape is None and data.dtype in wmma.WMMA_SHAPES:
+        shape = wmma.shape_for(data.dtype, n=dims[4])
+    shape = tiled_mma.resolve_shape([data, kernel], out_dtype, n, c, co, shape)
+    if prepacked and (shape.n, shape.k) != dims[4:]:
+        raise ValueError(f"kernel is packed for {dims[4]}x{dims[5]} tiles but WMMA shape {shape.name} was asked for")
+    packed_kernel = kernel if prepacked else pack_kernel(kernel, shape)
     sh, sw = _pair(strides, "strides")
     dh, dw = _pair(dilation, "dilation")
     pads = get_pad_tuple(padding, ((kh - 1) * dh + 1, (kw - 1) * dw + 1))

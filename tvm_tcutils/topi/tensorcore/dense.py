@@ -15,7 +15,7 @@ from ..._tvm import tvm  # noqa: F401  (TVM checked first)
 from tvm import te, topi
 from tvm.topi.utils import get_const_tuple
 
-from . import rules, tiled_mma, wmma
+from . import tiled_mma, wmma
 
 #: AutoTVM task name of the dense template.
 TASK = "tcutils.dense_tensorcore.cuda"
@@ -62,23 +62,11 @@ def dense(
         raise ValueError(
             f"dense needs 2-D data and weight, got {get_const_tuple(data.shape)} and {get_const_tuple(weight.shape)}"
         )
-    if out_dtype != wmma.ACCUMULATOR_DTYPE:
-        raise ValueError(f"out_dtype must be {wmma.ACCUMULATOR_DTYPE} for tensor cores, got {out_dtype!r}")
-    if data.dtype != weight.dtype or data.dtype not in wmma.WMMA_SHAPES:
-        raise ValueError(
-            f"data and weight must share one of {sorted(wmma.WMMA_SHAPES)}, got {data.dtype} and {weight.dtype}"
-        )
     n, i = get_const_tuple(data.shape)
     o, wi = get_const_tuple(weight.shape)
     if wi != i:
         raise ValueError(f"weight has {wi} input features, data has {i}")
-    if shape is None:
-        fits = rules.fitting_shapes(data.dtype, n, i, o)
-        if not fits:
-            raise ValueError(f"no WMMA shape of {data.dtype} tiles batch={n}, in={i}, out={o}")
-        shape = fits[0]
-    if n % shape.m or i % shape.k or o % shape.n:
-        raise ValueError(f"WMMA shape {shape.name} does not tile batch={n}, in={i}, out={o}")
+    shape = tiled_mma.resolve_shape([data, weight], out_dtype, n, i, o, shape, names="data and weight")
     a = _pack(data, shape.m, shape.k, "data_packed")
     b = _pack(weight, shape.n, shape.k, "weight_packed")
     rb, ri = te.reduce_axis((0, i // shape.k), name="rb"), te.reduce_axis((0, shape.k), name="ri")

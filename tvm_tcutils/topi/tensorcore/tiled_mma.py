@@ -78,6 +78,46 @@ def packed_gemm(
     return te.compute(shape_out, fcompute, name=name, tag=PACKED_GEMM_TAG, attrs=attrs)
 
 
+def resolve_shape(
+    operands: Sequence[te.Tensor],
+    out_dtype: str,
+    rows: int,
+    red: int,
+    cols: int,
+    shape: Optional[wmma.WmmaShape] = None,
+    names: str = "data and kernel",
+) -> wmma.WmmaShape:
+    """Check the operand and output types of a packed GEMM and return the WMMA shape it uses.
+
+    ``shape`` defaults to the preferred shape that tiles ``rows x cols x red``.
+
+    Raises
+    ------
+    ValueError
+        For operands not sharing an integer tensor-core type, a non-int32
+        output, or a shape that does not tile the sizes.
+
+    Examples
+    --------
+    >>> x = te.placeholder((16, 64), "int8"); w = te.placeholder((32, 64), "int8")
+    >>> resolve_shape([x, w], "int32", 16, 64, 32)
+    WmmaShape(m=16, n=16, k=16)
+    """
+    dtypes = [t.dtype for t in operands]
+    if len(set(dtypes)) != 1 or dtypes[0] not in wmma.WMMA_SHAPES:
+        raise ValueError(f"{names} must share one of {sorted(wmma.WMMA_SHAPES)}, got {' and '.join(dtypes)}")
+    if out_dtype != wmma.ACCUMULATOR_DTYPE:
+        raise ValueError(f"out_dtype must be {wmma.ACCUMULATOR_DTYPE} for tensor cores, got {out_dtype!r}")
+    if shape is None:
+        fits = rules.fitting_shapes(dtypes[0], rows, red, cols)
+        if not fits:
+            raise ValueError(f"no WMMA shape of {dtypes[0]} tiles batch={rows}, in={red}, out={cols}")
+        shape = fits[0]
+    if rows % shape.m or red % shape.k or cols % shape.n:
+        raise ValueError(f"WMMA shape {shape.name} does not tile batch={rows}, in={red}, out={cols}")
+    return shape
+
+
 def choose_shape(
     cfg, dtype: str, rows: int, red: int, cols: int, packed_n: Optional[int] = None
 ) -> Tuple[wmma.WmmaShape, Tuple[int, int]]:

@@ -108,6 +108,18 @@ def _fragment_index(buf: tvm.tir.Buffer, rows: int, cols: int):
     return buf.elem_offset // (rows * cols)
 
 
+def _sync_copy(builtin: str, shape: WmmaShape, fragment, tile: Tuple[int, int], pointer, ldm, layout: str):
+    """One warp-wide copy between a fragment and memory (``tvm_load/store_matrix_sync``)."""
+    builder = tvm.tir.ir_builder.create()
+    builder.emit(
+        tvm.tir.call_intrin(
+            "handle", builtin, fragment.data, shape.m, shape.n, shape.k,
+            _fragment_index(fragment, *tile), pointer, ldm, layout,
+        )
+    )
+    return builder.get()
+
+
 def load_matrix(shape: WmmaShape, operand: str, dtype: str, scope: str = "shared") -> te.TensorIntrin:
     """Intrinsic copying one A (``m x k``) or B (``n x k``) tile from ``scope`` into a fragment.
 
@@ -137,15 +149,8 @@ def load_matrix(shape: WmmaShape, operand: str, dtype: str, scope: str = "shared
     layout = "row_major" if operand == "a" else "col_major"
 
     def _emit(ins, outs):
-        builder = tvm.tir.ir_builder.create()
-        (inp,), (out,) = ins, outs
-        builder.emit(
-            tvm.tir.call_intrin(
-                "handle", "tir.tvm_load_matrix_sync", out.data, shape.m, shape.n, shape.k,
-                _fragment_index(out, rows, shape.k), inp.access_ptr("r"), inp.strides[0], layout,
-            )
-        )
-        return builder.get()
+        return _sync_copy("tir.tvm_load_matrix_sync", shape, outs[0], (rows, shape.k), ins[0].access_ptr("r"),
+                          ins[0].strides[0], layout)
 
     return te.decl_tensor_intrin(dst.op, _emit, binds={src: src_buf, dst: dst_buf}, name=f"wmma_load_{operand}")
 
@@ -215,15 +220,8 @@ def store_matrix(shape: WmmaShape, scope: str = "global") -> te.TensorIntrin:
     dst_buf = _strided_buffer(dst, scope, "dst", offset_factor=4)
 
     def _emit(ins, outs):
-        builder = tvm.tir.ir_builder.create()
-        (inp,), (out,) = ins, outs
-        builder.emit(
-            tvm.tir.call_intrin(
-                "handle", "tir.tvm_store_matrix_sync", inp.data, shape.m, shape.n, shape.k,
-                _fragment_index(inp, shape.m, shape.n), out.access_ptr("w"), out.strides[0], "row_major",
-            )
-        )
-        return builder.get()
+        return _sync_copy("tir.tvm_store_matrix_sync", shape, ins[0], (shape.m, shape.n), outs[0].access_ptr("w"),
+                          outs[0].strides[0], "row_major")
 
     return te.decl_tensor_intrin(dst.op, _emit, binds={frag: frag_buf, dst: dst_buf}, name="wmma_store")
 
