@@ -210,6 +210,15 @@ def test_legalized_padding_computes_the_same_convolution():
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("dtype,batch,cin,cout", [("int8", 16, 64, 16), ("int8", 32, 16, 8), ("int4", 8, 32, 8)])
+def test_legalize_leaves_fitting_layers_unpadded(dtype, batch, cin, cout):
+    """TVM's own CUDA legalization would pad int8 16x64->16 to 32 output channels; ours keeps it."""
+    mod = _conv_module((6, 6, batch, cin), (3, 3, cout, cin), dtype)
+    legal = _legalize(mod)
+    assert tvm.ir.structural_equal(legal, mod)
+    assert _select(_calls(legal["main"], "nn.conv2d")[0], SM80)[0] == tc.CONV2D_IMPL
+
+
 def test_legalize_moves_expensive_padding_to_nhwc_and_says_why(caplog):
     mod = _conv_module((6, 6, 8, 60), (3, 3, 30, 60), "int8")
     with tc.pad_limit(0.0), caplog.at_level(logging.INFO, logger="tvm_tcutils.tensorcore"):

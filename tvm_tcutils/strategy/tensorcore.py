@@ -248,7 +248,10 @@ def _legalize_conv2d(attrs, inputs, types):
     name = f"conv2d HWNC {get_const_tuple(data_type.shape)} x {get_const_tuple(kernel_type.shape)} {data_type.dtype}"
     verdict = _conv2d_verdict(attrs, data_type, kernel_type, target)  # raises MissingArchError without -arch
     if verdict:
-        return None
+        # Fits a WMMA shape as it is. Returning the same call (not None) keeps
+        # TVM's CUDA legalization, which knows only its own tile shapes, from
+        # padding it anyway (for example int8 16x64->16 to 32 output channels).
+        return relay.nn.conv2d(data, kernel, **_conv2d_attrs(attrs))
     _, _, batch, in_channels = get_const_tuple(data_type.shape)
     out_channels = get_const_tuple(kernel_type.shape)[2]
     if data_type.dtype in wmma.WMMA_SHAPES:
