@@ -338,7 +338,9 @@ def test_relay_build_with_a_tuned_config_lowers_wmma_until_codegen():
     (task,) = [t for t in autotvm.task.extract_from_program(mod["main"], target=target, params={})
                if t.name == conv2d_hwnc.TASK]
     space = task.config_space
-    tuned = space.get(next(i for i in range(len(space)) if space.get(i)["wmma_m"].val == 8))
+    # Not what the fallback picks (16x16x16; with 8x32x16 one warp holding both column tiles).
+    tuned = space.get(next(i for i in range(len(space))
+                           if space.get(i)["wmma_m"].val == 8 and space.get(i)["tile_cols"].size[1] == 2))
     record = (autotvm.measure.MeasureInput(target, task, tuned), autotvm.measure.MeasureResult((1e-4,), 0, 1.0, 0.0))
     capture = _CaptureTIR()
     with autotvm.task.ApplyHistoryBest([record]):
@@ -351,16 +353,23 @@ def test_relay_build_with_a_tuned_config_lowers_wmma_until_codegen():
                 if tvm_tcutils.capabilities()["cuda_codegen"] or "target.build.cuda is not enabled" not in str(err):
                     raise
     seen = collections.Counter()
+
+    def visit(node):
+        if isinstance(node, tvm.tir.Call) and isinstance(node.op, tvm.ir.Op):
+            seen[node.op.name] += 1
+        elif isinstance(node, tvm.tir.AttrStmt) and node.attr_key == "thread_extent":
+            seen[f"{node.node.thread_tag}={int(node.value)}"] += 1
+
     for lowered in capture.mods:
         for func in lowered.functions.values():
-            tvm.tir.stmt_functor.post_order_visit(
-                func.body, lambda n: seen.update([n.op.name]) if isinstance(n, tvm.tir.Call) and isinstance(n.op, tvm.ir.Op) else None
-            )
+            tvm.tir.stmt_functor.post_order_visit(func.body, visit)
             for buf in getattr(func, "buffer_map", {}).values():
                 if len(buf.shape) == 6:
                     seen["packed_kernel_param"] += 1
     assert seen["tir.tvm_mma_sync"] and seen["tir.tvm_load_matrix_sync"] and seen["tir.tvm_store_matrix_sync"]
     assert seen["packed_kernel_param"] == 1
+    # The tuned config reached the compute of the re-laid-out workload too.
+    assert seen["threadIdx.z=2"] and not seen["threadIdx.z=1"], seen
 
 
 def test_implementations_reports_per_layer_after_legalization_without_mutating():

@@ -270,7 +270,8 @@ def _legalize_conv2d(attrs, inputs, types):
                 f"padding to WMMA {shape.name} adds {100 * extra:.0f}% work, above "
                 f"max_pad_fraction={max_pad_fraction():g}"
             ))
-    logger.info("%s: not on tensor cores (%s); using the NHWC CUDA path", name, verdict.reason)
+    # A warning: the layer loses tensor cores, which users should see without configuring logging.
+    logger.warning("%s: not on tensor cores (%s); using the NHWC CUDA path", name, verdict.reason)
     return _to_nhwc(attrs, data, kernel)
 
 
