@@ -7,7 +7,8 @@ lowered TIR must
 
 * call ``tvm_load_matrix_sync`` (both operands), ``tvm_mma_sync``,
   ``tvm_fill_fragment`` and ``tvm_store_matrix_sync``;
-* stage both operands through ``shared`` allocations;
+* stage both operands through ``shared`` allocations, copied with vectors of
+  at least 32 bits (CUDA has no scalar 4-bit type);
 * bind ``blockIdx.x/y`` and ``threadIdx.x/y/z`` with 32 lanes per warp;
 * pass ``tvm.tir.analysis.verify_gpu_code`` with the per-block limits below.
 
@@ -79,13 +80,16 @@ def _dense_task(dtype, batch, in_features, out_features):
 
 def _tir_summary(func: tvm.tir.PrimFunc) -> dict:
     """Builtin calls, allocation scopes and thread extents of a lowered function."""
-    calls, scopes, threads = {}, set(), {}
+    calls, scopes, threads, lanes = {}, set(), {}, set()
 
     def visit(node):
         if isinstance(node, tvm.tir.Call) and isinstance(node.op, tvm.ir.Op):
             calls[node.op.name] = calls.get(node.op.name, 0) + 1
             if node.op.name == "tir.tvm_load_matrix_sync":
                 calls[f"load:{node.args[-1].value}"] = 1
+        elif isinstance(node, tvm.tir.BufferStore) and node.buffer.scope() == "shared":
+            vector = tvm.runtime.DataType(node.value.dtype)
+            lanes.add(vector.lanes * vector.bits // 8)
         elif isinstance(node, tvm.tir.Allocate):
             scopes.add(node.buffer_var.type_annotation.storage_scope)
         elif isinstance(node, tvm.tir.AttrStmt) and node.attr_key == "thread_extent":
@@ -93,7 +97,7 @@ def _tir_summary(func: tvm.tir.PrimFunc) -> dict:
             threads[name] = max(threads.get(name, 0), int(node.value))
 
     tvm.tir.stmt_functor.post_order_visit(func.body, visit)
-    return {"calls": calls, "scopes": scopes, "threads": threads}
+    return {"calls": calls, "scopes": scopes, "threads": threads, "shared_store_bytes": lanes}
 
 
 def _lower(task, config):
@@ -118,6 +122,8 @@ def _check_lowered(func, config):
         assert calls.get(f"tir.{builtin}"), f"{builtin} missing for {config}"
     assert calls.get("load:row_major") and calls.get("load:col_major"), f"A/B fragment loads missing for {config}"
     assert {"shared", "wmma.matrix_a", "wmma.matrix_b", "wmma.accumulator"} <= summary["scopes"], summary
+    # Shared-memory copies are whole-word vectors (no scalar 4-bit accesses).
+    assert summary["shared_store_bytes"] and min(summary["shared_store_bytes"]) >= 4, summary
     threads = summary["threads"]
     assert threads.get("threadIdx.x") in (tiled_mma.WARP_SIZE, tiled_mma.UNPACK_THREADS)
     assert {"blockIdx.x", "blockIdx.y", "threadIdx.y", "threadIdx.z"} <= set(threads), threads

@@ -24,7 +24,8 @@ The schedule:
 Knobs (sizes in units of the *largest* candidate WMMA tile, so that every value
 of the ``wmma_m`` knob accepts every tiling): ``tile_rows`` and ``tile_cols``
 (split into blocks, warps per block and tiles per warp), ``chunk`` (``k``-tiles
-per shared-memory stage), ``unroll_max_step``/``unroll_explicit`` (unrolling of
+per shared-memory stage), ``copy_lanes`` (vector width of the shared-memory
+copies), ``unroll_max_step``/``unroll_explicit`` (unrolling of
 the reduction loops) and, from the compute, ``wmma_m`` (the WMMA shape). Their ranges keep every configuration within
 48 KB of static shared memory and 512 threads per block.
 """
@@ -46,6 +47,25 @@ WARP_SIZE = 32
 
 #: Limits of the tiling knobs (warps along one dimension, tiles per warp, their product, chunk).
 MAX_WARPS, MAX_TILES, MAX_WARP_TILES, CHUNKS = 4, 4, 8, (1, 2, 4)
+
+#: Elements each thread moves per global-to-shared copy (one vector access).
+COPY_LANES = (4, 8, 16, 32)
+
+
+def copy_lanes(bits: int) -> List[int]:
+    """Vector widths of the shared-memory copies for ``bits``-bit elements.
+
+    At least 32 bits, so that 4-bit elements always travel in whole words
+    (CUDA has no scalar 4-bit type); at most 16 lanes of at least a byte,
+    because ``verify_gpu_code`` (and AutoTVM's check with it) counts a
+    sub-byte lane as a whole byte against the 16-byte vector limit.
+
+    Examples
+    --------
+    >>> copy_lanes(8), copy_lanes(4)
+    ([4, 8, 16], [8, 16])
+    """
+    return [lanes for lanes in COPY_LANES if lanes * bits >= 32 and lanes * max(bits, 8) <= 128]
 
 #: Choices of the ``auto_unroll_max_step`` pragma on the reduction loops.
 UNROLL_STEPS = (0, 16, 64, 512)
@@ -148,8 +168,8 @@ def choose_shape(
     return shape, (max(s.m for s in fits), max(s.n for s in fits))
 
 
-def define_knobs(cfg, rows: int, cols: int, k_tiles: int, unit: Sequence[int]) -> None:
-    """Define the tiling knobs for ``rows x cols`` outputs and ``k_tiles`` reduction tiles.
+def define_knobs(cfg, rows: int, cols: int, k_tiles: int, unit: Sequence[int], bits: int = 8) -> None:
+    """Define the tiling knobs for ``rows x cols`` outputs, ``k_tiles`` reduction tiles, ``bits``-bit operands.
 
     Examples
     --------
@@ -160,6 +180,7 @@ def define_knobs(cfg, rows: int, cols: int, k_tiles: int, unit: Sequence[int]) -
     cfg.define_split("tile_rows", rows // unit[0], num_outputs=3, filter=ok)
     cfg.define_split("tile_cols", cols // unit[1], num_outputs=3, filter=ok)
     cfg.define_knob("chunk", [c for c in CHUNKS if k_tiles % c == 0])
+    cfg.define_knob("copy_lanes", copy_lanes(bits))
     cfg.define_knob("unroll_max_step", UNROLL_STEPS)
     cfg.define_knob("unroll_explicit", [0, 1])
     if cfg.is_fallback:
@@ -168,6 +189,7 @@ def define_knobs(cfg, rows: int, cols: int, k_tiles: int, unit: Sequence[int]) -
         cfg.fallback_split("tile_rows", [-1, 2, 2])
         cfg.fallback_split("tile_cols", [-1, 2, 2])
         cfg["chunk"] = OtherOptionEntity(max(c for c in CHUNKS if k_tiles % c == 0 and c <= 2))
+        cfg["copy_lanes"] = OtherOptionEntity(copy_lanes(bits)[-1])
         cfg["unroll_max_step"] = OtherOptionEntity(64)
         cfg["unroll_explicit"] = OtherOptionEntity(0)
 
@@ -239,7 +261,7 @@ def _schedule_gemm(cfg, s: te.Schedule, out: te.Tensor) -> None:
     dtype = a_packed.dtype
     lead, (rb, cb, mi, ni) = op.axis[:-4], op.axis[-4:]
     define_knobs(cfg, int(rb.dom.extent) * shape.m, int(cb.dom.extent) * shape.n,
-                 int(op.reduce_axis[-2].dom.extent), unit)
+                 int(op.reduce_axis[-2].dom.extent), unit, tvm.runtime.DataType(dtype).bits)
     warps_r = cfg["tile_rows"].size[1]
     warps_c = cfg["tile_cols"].size[1]
     # Knob sizes count the largest tiles; a smaller WMMA tile gives more tiles per warp.
@@ -286,10 +308,13 @@ def _schedule_gemm(cfg, s: te.Schedule, out: te.Tensor) -> None:
 
     # Shared staging: all threads of the block copy the chunk cooperatively.
     thread_x = te.thread_axis("threadIdx.x")
+    lanes = cfg["copy_lanes"].val  # divides k (16 int8 or 32 int4 elements)
     for shared in (a_shared, b_shared):
         s[shared].compute_at(s[acc], kb_o)
         fused = s[shared].fuse(*s[shared].op.axis)
-        rest, lane = s[shared].split(fused, factor=WARP_SIZE)
+        rest, vector = s[shared].split(fused, factor=lanes)
+        s[shared].vectorize(vector)
+        rest, lane = s[shared].split(rest, factor=WARP_SIZE)
         rest, warp_r = s[shared].split(rest, factor=warps_r)
         _, warp_c = s[shared].split(rest, factor=warps_c)
         s[shared].bind(lane, thread_x)
