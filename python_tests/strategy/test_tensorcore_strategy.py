@@ -384,3 +384,14 @@ def test_implementations_reports_per_layer_after_legalization_without_mutating()
         assert tc.implementations(mod, SM80, ops=("nn.conv2d",))[0][1] == "NHWC"
     with pytest.raises(TypeError, match="ops must be"):
         tc.implementations(mod, SM80, ops="nn.conv2d")
+
+
+def test_demo_section_reports_tensorcore_layers():
+    from conftest import small_conv_net
+    from tvm_tcutils import demo
+
+    lines = demo._tensorcore("small", small_conv_net(channels=32), {})
+    assert lines[0] == "small re-batched from 1 to 8"
+    assert lines[1].startswith(f"int4: 1/2 conv2d layers on {tc.CONV2D_IMPL}, others on conv2d_nchw")
+    assert lines[2].startswith(f"int8: 1/2 conv2d layers on {tc.CONV2D_IMPL}")
+    assert "1 AutoTVM tasks" in lines[1]
