@@ -174,15 +174,19 @@ def _need(arch_min: int) -> tvm.target.Target:
     return tvm.target.Target(f"cuda -arch=sm_{arch}")
 
 
-@pytest.mark.parametrize("batch,cin,cout,pad_channels", [(16, 64, 64, False), (8, 60, 30, True)])
-def test_relay_conv2d_hwnc_int8_runs_on_tensor_cores(batch, cin, cout, pad_channels):
-    target = _need(72)
+@pytest.mark.parametrize("dtype,batch,cin,cout", [
+    ("int8", 16, 64, 64), ("int8", 8, 60, 30), ("int4", 8, 64, 16), ("int4", 8, 60, 8),
+], ids=lambda v: str(v))
+def test_relay_conv2d_hwnc_runs_on_tensor_cores(dtype, batch, cin, cout):
+    """Relay build on the GPU: fitting layers, and layers legalization pads (60 -> 64 channels)."""
+    target = _need(wmma.MIN_ARCH[dtype])
     rng = np.random.default_rng(0)
-    xv = rng.integers(-128, 128, size=(8, 8, batch, cin)).astype("int8")
-    wv = rng.integers(-128, 128, size=(3, 3, cout, cin)).astype("int8")
-    x = relay.var("x", shape=xv.shape, dtype="int8")
-    y = relay.nn.conv2d(x, relay.const(wv), padding=1, kernel_size=(3, 3), data_layout="HWNC",
-                        kernel_layout="HWOI", out_dtype="int32")
+    xv = _values(rng, (8, 8, batch, cin), dtype)
+    wv = _values(rng, (3, 3, cout, cin), dtype)
+    # int4 travels as int8 (NumPy has no int4) and is cast on the device.
+    x = relay.var("x", shape=xv.shape, dtype=STORAGE[dtype])
+    y = relay.nn.conv2d(relay.cast(x, dtype), relay.cast(relay.const(wv), dtype), padding=1, kernel_size=(3, 3),
+                        data_layout="HWNC", kernel_layout="HWOI", out_dtype="int32")
     mod = tvm.IRModule.from_expr(relay.Function([x], y))
     with tc.pad_limit(0.5), tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target)
