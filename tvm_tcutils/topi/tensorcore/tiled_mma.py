@@ -25,9 +25,11 @@ Knobs (sizes in units of the *largest* candidate WMMA tile, so that every value
 of the ``wmma_m`` knob accepts every tiling): ``tile_rows`` and ``tile_cols``
 (split into blocks, warps per block and tiles per warp), ``chunk`` (``k``-tiles
 per shared-memory stage), ``copy_lanes`` (vector width of the shared-memory
-copies), ``unroll_max_step``/``unroll_explicit`` (unrolling of
-the reduction loops) and, from the compute, ``wmma_m`` (the WMMA shape). Their ranges keep every configuration within
-48 KB of static shared memory and 512 threads per block.
+copies), ``unroll_max_step``/``unroll_explicit`` (unrolling of the reduction
+loops) and, from the compute, ``wmma_m`` (the WMMA shape). Their ranges keep
+every configuration within 48 KB of static shared memory (at most 8 x 32 rows
+and columns x 4 chunks x 16 bytes per operand = 2 x 16 KB) and 512 threads per
+block (4 x 4 warps).
 """
 from __future__ import annotations
 
@@ -66,6 +68,7 @@ def copy_lanes(bits: int) -> List[int]:
     ([4, 8, 16], [8, 16])
     """
     return [lanes for lanes in COPY_LANES if lanes * bits >= 32 and lanes * max(bits, 8) <= 128]
+
 
 #: Choices of the ``auto_unroll_max_step`` pragma on the reduction loops.
 UNROLL_STEPS = (0, 16, 64, 512)
