@@ -1,10 +1,12 @@
 """The demo: each capability contributes one section, run in order on one model.
 
-A section is a function ``(name, mod, params) -> list of report lines``;
-capabilities add theirs to :data:`SECTIONS`.
+A section is a function ``(name, mod, params) -> list of report lines`` that
+lives with its capability; :data:`SECTIONS` names them as ``"module:function"``
+so that this module imports none of them until the demo runs.
 """
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Callable, Dict, List
 
@@ -46,7 +48,7 @@ def build_and_time(mod: tvm.IRModule, params: Dict, target: str = "llvm", repeat
     return outputs, build_seconds, float(np.median(timer().results) * 1e3)
 
 
-def _baseline(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
+def baseline_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
     """Baseline: the model as TVM alone compiles it for the CPU."""
     ops: Dict[str, int] = {}
 
@@ -65,9 +67,16 @@ def _baseline(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
 
 
 #: Demo sections, in the order they run. Capabilities append theirs.
-SECTIONS: List[Section] = [_baseline]
-from .passes.demo import prepare_section  # noqa: E402  (it imports build_and_time from here)
-SECTIONS.append(prepare_section)
+SECTIONS: List[str] = [
+    "tvm_tcutils.demo:baseline_section",
+    "tvm_tcutils.passes.demo:prepare_section",
+    "tvm_tcutils.strategy.tensorcore_demo:tensorcore_section",
+]
+
+
+def _resolve(spec: str) -> Section:
+    module, _, func = spec.partition(":")
+    return getattr(importlib.import_module(module), func)
 
 
 def run_demo(name: str, mod: tvm.IRModule, params: Dict) -> int:
@@ -80,7 +89,7 @@ def run_demo(name: str, mod: tvm.IRModule, params: Dict) -> int:
     0
     """
     print(f"tvm-tcutils demo on {name}")
-    for section in SECTIONS:
+    for section in map(_resolve, SECTIONS):
         title = (section.__doc__ or section.__name__).strip().splitlines()[0].lstrip("_")
         print(f"== {title}")
         for line in section(name, mod, params):

@@ -41,6 +41,7 @@ LEVEL = 20
 #: Each capability adds its module here (and nowhere else registers anything).
 HOOK_PROVIDERS: Tuple[str, ...] = (
     "tvm_tcutils.passes.hooks",
+    "tvm_tcutils.strategy.tensorcore",
 )
 
 #: Attributes whose handlers share the ``(attrs, inputs, types, extra)`` calling

@@ -1,0 +1,1 @@
+"""Wiring: which compute and schedule for which op and target, plus alter-op and legalize hooks."""

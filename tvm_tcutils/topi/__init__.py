@@ -1,0 +1,1 @@
+"""TOPI computes and schedules as plain functions (no registration inside)."""
