@@ -1,0 +1,1 @@
+"""Wiring of the package's computations into TVM: strategies, layout hooks, toolchains."""
