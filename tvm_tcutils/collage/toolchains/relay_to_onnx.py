@@ -57,6 +57,8 @@ class _Graph:
         self.initializers: list = []
         self.inputs: list = []
         self.outputs: list = []
+        #: Parameters of the composite functions being inlined -> their arguments.
+        self.bindings: Dict[relay.Var, relay.Expr] = {}
         self._count = 0
 
     # -- TVM ModelContainer interface -------------------------------------
@@ -88,6 +90,12 @@ class _Graph:
         name = self.fresh(hint)
         self.initializers.append(numpy_helper.from_array(array, name))
         return name
+
+    def constant(self, expr: relay.Expr) -> Optional[np.ndarray]:
+        """The value of ``expr`` when it is (bound to) a constant, else None."""
+        while isinstance(expr, relay.Var) and expr in self.bindings:
+            expr = self.bindings[expr]
+        return expr.data.numpy() if isinstance(expr, relay.Constant) else None
 
     def value_info(self, name: str, ttype) -> object:
         return self.onnx.helper.make_tensor_value_info(name, _onnx_dtype(ttype.dtype), _shape(ttype))
@@ -204,8 +212,9 @@ def _conv2d(graph, call, ins):
 
 def _transposed_operand(graph: _Graph, expr: relay.Expr, name: str, perm: List[int]) -> str:
     """``expr`` transposed by ``perm``: folded into a new initializer when it is a constant."""
-    if isinstance(expr, relay.Constant):
-        return graph.const(np.ascontiguousarray(expr.data.numpy().transpose(perm)), "weight_t")
+    value = graph.constant(expr)
+    if value is not None:
+        return graph.const(np.ascontiguousarray(value.transpose(perm)), "weight_t")
     return graph.node("Transpose", [name], perm=perm)
 
 
@@ -231,8 +240,8 @@ def _channel_shaped(graph: _Graph, vector_name: str, vector_expr, ndim: int, axi
     tail = ndim - axis - 1
     if tail == 0:
         return vector_name
-    if isinstance(vector_expr, relay.Constant):
-        value = vector_expr.data.numpy()
+    value = graph.constant(vector_expr)
+    if value is not None:
         return graph.const(value.reshape(value.shape + (1,) * tail), "bias")
     return graph.node("Unsqueeze", [vector_name, graph.const(list(range(1, tail + 1)), "axes", np.int64)])
 
@@ -658,6 +667,7 @@ def _convert_call(graph: _Graph, call: relay.Call, names: Dict[relay.Expr, List[
     if isinstance(call.op, relay.Function):
         # A composite function: convert its body with its parameters bound to the call's inputs.
         inner = {param: names[arg] for param, arg in zip(call.op.params, call.args)}
+        graph.bindings.update(zip(call.op.params, call.args))
         _convert_body(graph, call.op.body, inner)
         result = inner[call.op.body]
         if len(result) != 1:
