@@ -78,3 +78,19 @@ def small_conv_net(channels: int = 16, size: int = 16, dtype: str = "float32"):
 @pytest.fixture
 def small_conv():
     return small_conv_net()
+
+
+def run_graph_and_vm(mod, inputs: dict, params: dict | None = None):
+    """Build ``mod`` with relay.build and relay.vm.compile; return both executors' first outputs (numpy)."""
+    from tvm.contrib import graph_executor
+
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target="llvm", params=params)
+        exe = relay.vm.compile(mod, target="llvm", params=params)
+    graph = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    graph.set_input(**inputs)
+    graph.run()
+    vm = tvm.runtime.vm.VirtualMachine(exe, tvm.cpu())
+    names = [var.name_hint for var in mod["main"].params if var.name_hint in inputs]
+    vm_out = vm.invoke("main", *[inputs[name] for name in names])
+    return graph.get_output(0).numpy(), vm_out.numpy()

@@ -23,7 +23,7 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import is_op, wildcard
 
 from ... import registry
-from .packed_call import PackedToolchain, array_view, function_of
+from .packed_call import PackedToolchain, byoc_partition, array_view, function_of
 
 #: BYOC compiler name of this toolchain.
 COMPILER = "tcutils_blas"
@@ -265,6 +265,21 @@ def compile_function(func: relay.Function) -> "tvm.runtime.Module":
     """
     func = function_of(func)
     return TOOLCHAIN.build_module(func, _plan(func).to_bytes())
+
+
+def partition_for(mod: tvm.IRModule, params=None) -> tvm.IRModule:
+    """Greedy BYOC partitioning: every matrix product (with its bias) as its own partition goes to ``{COMPILER}``.
+
+    ``mod`` is not modified; ``params`` are bound as constants first.
+
+    Examples
+    --------
+    >>> x, w = relay.var("x", shape=(4, 8)), relay.const(np.ones((16, 8), "float32"))
+    >>> mod = tvm.IRModule.from_expr(relay.nn.dense(relay.nn.dense(x, w), w))
+    >>> len(partition_for(mod).get_global_vars())
+    3
+    """
+    return byoc_partition(mod, COMPILER, params, merge=False)
 
 
 def hooks() -> List[registry.Hook]:

@@ -26,7 +26,7 @@ from tvm.relay.dataflow_pattern import is_op, wildcard
 
 from ... import registry
 from . import relay_to_onnx
-from .packed_call import PackedToolchain, data_pointer, function_of
+from .packed_call import PackedToolchain, byoc_partition, data_pointer, function_of
 
 #: BYOC compiler name of this toolchain.
 COMPILER = "tcutils_ort"
@@ -191,6 +191,21 @@ def compile_function(func: relay.Function) -> "tvm.runtime.Module":
     func = function_of(func)
     model = relay_to_onnx.to_onnx(func, name=str(func.attrs["global_symbol"]))
     return TOOLCHAIN.build_module(func, model.SerializeToString())
+
+
+def partition_for(mod: tvm.IRModule, params=None) -> tvm.IRModule:
+    """Greedy BYOC partitioning: every maximal region of convertible operators goes to ``{COMPILER}``.
+
+    ``mod`` is not modified; ``params`` are bound as constants first.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(1, 8))
+    >>> mod = tvm.IRModule.from_expr(relay.tanh(relay.nn.relu(x)))
+    >>> [str(gv.name_hint) for gv in partition_for(mod).get_global_vars()]  # doctest: +SKIP
+    ['main', 'tvmgen_default_tcutils_ort_main_0']
+    """
+    return byoc_partition(mod, COMPILER, params, merge=True)
 
 
 def hooks() -> List[registry.Hook]:

@@ -212,8 +212,8 @@ def function_of(expr: relay.Expr) -> relay.Function:
         expr.body.checked_type  # noqa: B018  (raises when untyped)
         return expr
     except ValueError:
-        typed = relay.transform.InferType()(tvm.IRModule.from_expr(expr))["main"]
-        return typed.with_attr("global_symbol", expr.attrs["global_symbol"])
+        mod = relay.transform.InferType()(tvm.IRModule.from_expr(expr))
+        return list(mod.functions.values())[0]
 
 
 def byoc_partition(mod: tvm.IRModule, compiler: str, params=None, merge: bool = True) -> tvm.IRModule:
