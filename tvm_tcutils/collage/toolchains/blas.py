@@ -8,12 +8,22 @@ codegen ``relay.ext.tcutils_blas`` records which operands are inputs and which
 are constants (embedded), and the compiled function calls ``np.matmul`` (the
 OpenBLAS numpy ships) with the executor's buffers as zero-copy views, writing
 straight into the output buffer.
+
+Threads: OpenBLAS's threads busy-wait for work long after a call returns,
+and then take cores from TVM's own thread pool in a mixed model (measured
+here: a 2-thread OpenBLAS GEMM next to TVM's pool ran 10-100x slower than
+alone). The toolchain therefore runs OpenBLAS with
+``TVM_TCUTILS_BLAS_THREADS`` threads (default 1) during its calls and restores
+numpy's setting afterwards.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import io
 import json
+import os
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -210,11 +220,56 @@ def _plan(func: relay.Function) -> _Plan:
 # --------------------------------------------------------------------------
 # Runtime.
 # --------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _openblas_threads_api():
+    """``(get, set)`` of the OpenBLAS numpy loaded, or None where it cannot be found (not Linux, not OpenBLAS)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            library = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix in ("scipy_openblas", "openblas"):
+            for suffix in ("64_", ""):
+                getter = getattr(library, f"{prefix}_get_num_threads{suffix}", None)
+                setter = getattr(library, f"{prefix}_set_num_threads{suffix}", None)
+                if getter is not None and setter is not None:
+                    getter.restype = ctypes.c_int
+                    setter.argtypes = [ctypes.c_int]
+                    return getter, setter
+    return None
+
+
+def _blas_threads() -> int:
+    value = os.environ.get("TVM_TCUTILS_BLAS_THREADS", "1")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
 def _swap_last(array: np.ndarray) -> np.ndarray:
     return np.swapaxes(array, -1, -2)
 
 
 def _execute(plan: _Plan, inputs, outputs) -> None:
+    api = _openblas_threads_api()
+    if api is None:
+        _compute(plan, inputs, outputs)
+        return
+    get, set_ = api
+    before, wanted = get(), _blas_threads()
+    if before != wanted:
+        set_(wanted)
+    try:
+        _compute(plan, inputs, outputs)
+    finally:
+        if before != wanted:
+            set_(before)
+
+
+def _compute(plan: _Plan, inputs, outputs) -> None:
     def value(name):
         operand = plan.operands[name]
         return array_view(inputs[operand]) if isinstance(operand, int) else operand
