@@ -1,15 +1,13 @@
 """The tcutils_ort toolchain: partitioned models build and run with every executor, and export."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import tvm
 from tvm import relay
 
 from conftest import run_graph_and_vm, run_python, small_conv_net
-from tvm_tcutils.collage.toolchains import ort
+from tvm_tcutils.collage.toolchains import blas, ort
 
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 
@@ -91,10 +89,20 @@ def test_sessions_are_cached_per_model():
     np.testing.assert_array_equal(first, again)
 
 
+def _mixed_model():
+    """dense (BLAS) -> tanh (ORT) -> take (TVM) -> exp, softmax (ORT)."""
+    x = relay.var("data", shape=(8, 32))
+    y = relay.nn.dense(x, relay.const(np.random.default_rng(2).standard_normal((16, 32)).astype("float32")))
+    y = relay.take(relay.tanh(y), relay.const(np.array([3, 0, 1], "int32")), axis=0)
+    y = relay.nn.softmax(relay.exp(y))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+    return mod, ort.partition_for(blas.partition_for(mod))
+
+
 def test_export_library_and_load_in_a_new_process(tmp_path):
-    mod = small_conv_net()
-    parted = ort.partition_for(mod)
-    data = np.random.default_rng(5).standard_normal((1, 16, 16, 16)).astype("float32")
+    mod, parted = _mixed_model()
+    assert _compilers(parted) == ["tcutils_blas", "tcutils_ort", "tcutils_ort"]
+    data = np.random.default_rng(5).standard_normal((8, 32)).astype("float32")
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(parted, target="llvm")
     path = str(tmp_path / "model.so")
@@ -110,7 +118,24 @@ np.save({str(tmp_path / 'out.npy')!r}, g.get_output(0).numpy())
 """
     result = run_python(code)
     assert result.returncode == 0, result.stderr[-2000:]
-    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), _reference(mod, {"data": data}), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), _reference(mod, {"data": data}), rtol=1e-5, atol=1e-6)
+
+
+def test_exported_module_needs_the_package_to_run(tmp_path):
+    _, parted = _mixed_model()
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(parted, target="llvm")
+    path = str(tmp_path / "model.so")
+    lib.export_library(path)
+    code = f"""
+import numpy as np, tvm
+from tvm.contrib import graph_executor
+g = graph_executor.GraphModule(tvm.runtime.load_module({path!r})["default"](tvm.cpu()))
+g.set_input("data", np.ones((8, 32), "float32")); g.run()
+"""
+    result = run_python(code)
+    # Without importing tvm_tcutils the toolchains' packed functions do not exist: a clear failure.
+    assert result.returncode != 0 and "tvm_tcutils.blas.run" in result.stderr
 
 
 def test_missing_onnxruntime_is_reported():
@@ -119,7 +144,7 @@ import sys
 sys.modules["onnxruntime"] = None  # as if it were not installed
 import tvm, tvm_tcutils
 from tvm import relay
-from tvm_tcutils.collage.toolchains import ort
+from tvm_tcutils.collage.toolchains import blas, ort
 ok, reason = ort.available()
 print("AVAILABLE", ok, reason)
 print("TABLE", relay.op.contrib.get_pattern_table("tcutils_ort"))
