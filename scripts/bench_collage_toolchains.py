@@ -19,9 +19,15 @@ Variants are timed round-robin (5 runs each per round after a warm-up and a
 so that changes in machine load hit all of them alike. Ratios are
 toolchain / tvm (below 1 = faster than TVM).
 
+With ``--models``, whole models instead: TVM alone, the greedy BYOC
+partition to ``tcutils_ort`` (every convertible region), and onnxruntime on
+the original ONNX graph for the ONNX-built models (outputs are checked
+against TVM alone).
+
 Usage::
 
     TVM_NUM_THREADS=2 PYTHONPATH=. python scripts/bench_collage_toolchains.py [--repeat 30] [--kinds dense,softmax]
+    TVM_NUM_THREADS=2 PYTHONPATH=. python scripts/bench_collage_toolchains.py --models bert-tiny-onnx,resnet-18
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ from tvm import relay  # noqa: E402
 from tvm.contrib import graph_executor  # noqa: E402
 
 import tvm_tcutils  # noqa: E402,F401  (registers the toolchains)
+from tvm_tcutils import models  # noqa: E402
 from tvm_tcutils.collage.toolchains import blas, ort, relay_to_onnx  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -99,10 +106,10 @@ KINDS = {
 HAS_BLAS = {"dense", "dense_out", "batch_matmul"}
 
 
-def _graph_timer(mod, inputs):
+def _graph_timer(mod, inputs, params=None):
     """Build ``mod``; return (a function timing 5 runs in ms, the output)."""
     with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target="llvm -mcpu=" + _mcpu())
+        lib = relay.build(mod, target="llvm -mcpu=" + _mcpu(), params=params)
     runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     runner.set_input(**inputs)
     runner.run()
@@ -115,19 +122,20 @@ def _mcpu():
     return tvm.target.codegen.llvm_get_system_cpu()
 
 
-def _ort_direct_timer(func, inputs):
-    """onnxruntime on the same ONNX model from Python (IOBinding, default session settings)."""
+def _ort_direct_timer(func, inputs, model=None):
+    """onnxruntime on the same ONNX model (or ``model``) from Python, with an IOBinding."""
     import onnxruntime
 
-    model = relay_to_onnx.to_onnx(relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"])
+    if model is None:
+        model = relay_to_onnx.to_onnx(relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"])
     options = onnxruntime.SessionOptions()
     # As the toolchain's sessions: idle threads sleep instead of spinning into the next variant's time.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     binding = session.io_binding()
-    for index, value in enumerate(inputs.values()):
-        binding.bind_cpu_input(f"in{index}", value)
-    binding.bind_output("out0", "cpu")
+    for arg, value in zip(session.get_inputs(), inputs.values()):
+        binding.bind_cpu_input(arg.name, value)
+    binding.bind_output(session.get_outputs()[0].name, "cpu")
     session.run_with_iobinding(binding)
 
     def timer():
@@ -154,11 +162,36 @@ def _interleaved_medians(timers, repeat):
     return {name: float(np.median(values)) for name, values in samples.items()}
 
 
+def _bench_models(names, repeat) -> None:
+    print(f"{'model':<20}{'tvm ms':>9}{'ort-byoc':>10}{'onnx-ort':>10}{'byoc/tvm':>10}{'onnx/tvm':>10}  partitions")
+    for name in names:
+        mod, params = models.load_model(name)
+        inputs = models.random_inputs(mod, params)
+        timers = {}
+        timers["tvm"], expected = _graph_timer(mod, inputs, params)
+        parted = ort.partition_for(mod, params)
+        count = sum(1 for _, f in parted.functions.items() if f.attrs is not None and "Compiler" in f.attrs)
+        timers["byoc"], got = _graph_timer(parted, inputs)
+        np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)
+        if name in models.ONNX_BUILDERS:
+            timers["onnx"] = _ort_direct_timer(None, inputs, models.onnx_model(name))
+        ms = _interleaved_medians(timers, repeat)
+        onnx_ms = ms.get("onnx")
+        onnx_cells = (f"{onnx_ms:>10.2f}{onnx_ms / ms['tvm']:>10.2f}" if onnx_ms else f"{'-':>10}" * 2)
+        print(f"{name:<20}{ms['tvm']:>9.2f}{ms['byoc']:>10.2f}{onnx_cells[:10]}{ms['byoc'] / ms['tvm']:>10.2f}"
+              f"{onnx_cells[10:]}  {count}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30, help="rounds; each times 5 runs of every variant")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {list(KINDS)}")
+    parser.add_argument("--models", default="", help="comma-separated model names: benchmark whole models instead")
     args = parser.parse_args(argv)
+    if args.models:
+        print(f"tvm {tvm.__version__}, {ort.available()[1]}, TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}")
+        _bench_models([m for m in args.models.split(",") if m], args.repeat)
+        return 0
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:

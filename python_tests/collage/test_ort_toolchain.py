@@ -184,3 +184,17 @@ def test_codegen_rejects_functions_without_symbol():
         ort.compile_function(relay.Function([x], relay.tanh(x)))
     with pytest.raises(TypeError, match="relay.Function"):
         ort.compile_function(x)
+
+
+def test_codegen_module_with_tuple_result_and_constants_runs_directly():
+    x, y = relay.var("x", shape=(3, 4)), relay.var("y", shape=(4,))
+    w = np.arange(16, dtype="float32").reshape(4, 4) / 16
+    body = relay.Tuple([relay.nn.dense(x, relay.const(w)), relay.sigmoid(y)])
+    func = relay.Function([x, y], body).with_attr("global_symbol", "tcutils_ort_tuple")
+    module = ort.compile_function(func)
+    xd = np.random.default_rng(0).standard_normal((3, 4)).astype("float32")
+    yd = np.linspace(-2, 2, 4).astype("float32")
+    outs = [tvm.nd.empty((3, 4), "float32"), tvm.nd.empty((4,), "float32")]
+    module["tcutils_ort_tuple"](tvm.nd.array(xd), tvm.nd.array(yd), *outs)
+    np.testing.assert_allclose(outs[0].numpy(), xd @ w.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs[1].numpy(), 1 / (1 + np.exp(-yd)), rtol=1e-6)

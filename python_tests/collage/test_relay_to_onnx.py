@@ -244,3 +244,28 @@ def test_tuple_results_become_outputs():
 def test_bad_argument_type():
     with pytest.raises(TypeError, match="relay.Function"):
         relay_to_onnx.to_onnx(tvm.IRModule())
+
+
+def _op_types(model):
+    return [node.op_type for node in model.graph.node]
+
+
+@pytest.mark.parametrize("case", ["layer_norm_decomposed", "variance"])
+def test_decomposed_layer_norm_becomes_one_node(case):
+    func, inputs = CASES[case]()
+    model = relay_to_onnx.to_onnx(func)
+    fused = "LayerNormalization" in _op_types(model)
+    # Only the real layer norm is fused; a variance alone stays a variance.
+    assert fused == (case == "layer_norm_decomposed")
+
+
+def test_imported_onnx_layer_norm_is_fused_back():
+    from tvm_tcutils import models
+
+    onnx_model = models.bert_onnx(layers=1, seq=8, hidden=16, heads=2)
+    mod, params = relay.frontend.from_onnx(onnx_model, freeze_params=True)
+    model = relay_to_onnx.to_onnx(relay.transform.InferType()(mod)["main"])
+    assert _op_types(model).count("LayerNormalization") == 2
+    assert "ReduceMean" not in _op_types(model)
+    data = _data((1, 8, 16))
+    np.testing.assert_allclose(_ort_run(model, [data]), _tvm_reference(mod["main"], [data]), rtol=1e-4, atol=1e-4)

@@ -57,8 +57,6 @@ class _Graph:
         self.initializers: list = []
         self.inputs: list = []
         self.outputs: list = []
-        #: Parameters of the composite functions being inlined -> their arguments.
-        self.bindings: Dict[relay.Var, relay.Expr] = {}
         self._count = 0
 
     # -- TVM ModelContainer interface -------------------------------------
@@ -90,12 +88,6 @@ class _Graph:
         name = self.fresh(hint)
         self.initializers.append(numpy_helper.from_array(array, name))
         return name
-
-    def constant(self, expr: relay.Expr) -> Optional[np.ndarray]:
-        """The value of ``expr`` when it is (bound to) a constant, else None."""
-        while isinstance(expr, relay.Var) and expr in self.bindings:
-            expr = self.bindings[expr]
-        return expr.data.numpy() if isinstance(expr, relay.Constant) else None
 
     def value_info(self, name: str, ttype) -> object:
         return self.onnx.helper.make_tensor_value_info(name, _onnx_dtype(ttype.dtype), _shape(ttype))
@@ -212,9 +204,8 @@ def _conv2d(graph, call, ins):
 
 def _transposed_operand(graph: _Graph, expr: relay.Expr, name: str, perm: List[int]) -> str:
     """``expr`` transposed by ``perm``: folded into a new initializer when it is a constant."""
-    value = graph.constant(expr)
-    if value is not None:
-        return graph.const(np.ascontiguousarray(value.transpose(perm)), "weight_t")
+    if isinstance(expr, relay.Constant):
+        return graph.const(np.ascontiguousarray(expr.data.numpy().transpose(perm)), "weight_t")
     return graph.node("Transpose", [name], perm=perm)
 
 
@@ -240,8 +231,8 @@ def _channel_shaped(graph: _Graph, vector_name: str, vector_expr, ndim: int, axi
     tail = ndim - axis - 1
     if tail == 0:
         return vector_name
-    value = graph.constant(vector_expr)
-    if value is not None:
+    if isinstance(vector_expr, relay.Constant):
+        value = vector_expr.data.numpy()
         return graph.const(value.reshape(value.shape + (1,) * tail), "bias")
     return graph.node("Unsqueeze", [vector_name, graph.const(list(range(1, tail + 1)), "axes", np.int64)])
 
@@ -560,7 +551,7 @@ def to_onnx(func: relay.Function, name: str = "tcutils"):
 
     if not isinstance(func, relay.Function):
         raise TypeError(f"func must be a relay.Function, got {type(func).__name__}")
-    func = _typed(func)
+    func = _plain_function(func)
     graph = _Graph(name)
     names: Dict[relay.Expr, List[str]] = {}
     for index, param in enumerate(func.params):
@@ -587,15 +578,6 @@ def to_onnx(func: relay.Function, name: str = "tcutils"):
     model = onnx_model_for_ort(model)
     onnx.checker.check_model(model)
     return model
-
-
-def _typed(func: relay.Function) -> relay.Function:
-    try:
-        func.body.checked_type  # noqa: B018  (raises when untyped)
-        return func
-    except ValueError:
-        mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
-        return mod["main"]
 
 
 def _expect_tensor(ttype, what: str) -> None:
@@ -663,20 +645,126 @@ def _tuple_item(node: relay.TupleGetItem, names: Dict[relay.Expr, List[str]]) ->
 
 
 def _convert_call(graph: _Graph, call: relay.Call, names: Dict[relay.Expr, List[str]]) -> str:
-    ins = [name for arg in call.args for name in names[arg]]
-    if isinstance(call.op, relay.Function):
-        # A composite function: convert its body with its parameters bound to the call's inputs.
-        inner = {param: names[arg] for param, arg in zip(call.op.params, call.args)}
-        graph.bindings.update(zip(call.op.params, call.args))
-        _convert_body(graph, call.op.body, inner)
-        result = inner[call.op.body]
-        if len(result) != 1:
-            raise NotImplementedError("composite functions with tuple results do not convert to ONNX")
-        return result[0]
     if not isinstance(call.op, tvm.ir.Op):
         raise NotImplementedError(f"calls of {type(call.op).__name__} do not convert to ONNX")
     if not supported(call):
         raise NotImplementedError(
             f"operator {call.op.name} with type {call.checked_type} and these attributes does not convert to ONNX"
         )
-    return CONVERTERS[call.op.name].convert(graph, call, ins)
+    return CONVERTERS[call.op.name].convert(graph, call, [name for arg in call.args for name in names[arg]])
+
+
+# --------------------------------------------------------------------------
+# Preparation: a plain-operator function onnxruntime optimizes well.
+# --------------------------------------------------------------------------
+def _rebuild(body: relay.Expr, env: Dict[relay.Expr, relay.Expr]) -> relay.Expr:
+    """``body`` with composite function calls replaced by their bodies; ``env`` maps vars to values."""
+    for node in _post_order(body):
+        if node in env:
+            continue
+        if isinstance(node, relay.Call):
+            args = [env[arg] for arg in node.args]
+            if isinstance(node.op, relay.Function):
+                # Composite functions nest at most a level or two: recursion depth is bounded by that.
+                env[node] = _rebuild(node.op.body, dict(zip(node.op.params, args)))
+            else:
+                env[node] = relay.Call(node.op, args, node.attrs, node.type_args, node.span)
+        elif isinstance(node, relay.Tuple):
+            env[node] = relay.Tuple([env[field] for field in node.fields])
+        elif isinstance(node, relay.TupleGetItem):
+            env[node] = relay.TupleGetItem(env[node.tuple_value], node.index)
+        else:
+            env[node] = node
+    return env[body]
+
+
+def _plain_function(func: relay.Function) -> relay.Function:
+    """``func`` without composite functions, decomposed layer norms fused, typed."""
+    body = _rebuild(func.body, {param: param for param in func.params})
+    # Rewritten as a whole function: the rewriter re-types free variables as new ones.
+    return _infer(_fuse_layer_norms(_infer(relay.Function(list(func.params), body))))
+
+
+def _infer(func: relay.Function) -> relay.Function:
+    return relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"]
+
+
+def _scalar(expr: relay.Expr) -> Optional[float]:
+    if isinstance(expr, relay.Constant) and expr.data.numpy().size == 1:
+        return float(expr.data.numpy().reshape(()))
+    return None
+
+
+def _over_last_axis(call: relay.Call, ndim: int) -> bool:
+    attrs = call.attrs
+    axes = _ints(attrs.axis) if attrs.axis is not None else list(range(ndim))
+    return (
+        len(axes) == 1 and axes[0] in (-1, ndim - 1) and bool(attrs.keepdims) and not bool(attrs.exclude)
+        and not bool(getattr(attrs, "unbiased", False))
+    )
+
+
+def _layer_norm_rewrite():
+    """A pattern callback fusing decomposed layer norms (as TVM's ONNX importer and models write them)."""
+    from tvm.relay.dataflow_pattern import DFPatternCallback, is_constant, is_op, wildcard
+
+    class _FuseLayerNorm(DFPatternCallback):
+        def __init__(self):
+            super().__init__(require_type=True)
+            self.x, self.eps, self.gamma, self.beta = wildcard(), is_constant(), wildcard(), wildcard()
+            self.mean = is_op("mean")(self.x)
+            self.diff = is_op("subtract")(self.x, self.mean)
+            self.exponent, self.one = is_constant(), is_constant()
+            self.var = is_op("variance")(self.x, self.mean) | is_op("mean")(
+                is_op("power")(self.diff, self.exponent) | is_op("multiply")(self.diff, self.diff)
+            )
+            std = is_op("sqrt")(is_op("add")(self.var, self.eps))
+            self.norm = is_op("divide")(self.diff, std) | is_op("multiply")(self.diff, is_op("divide")(self.one, std))
+            self.pattern = is_op("add")(is_op("multiply")(self.norm, self.gamma), self.beta) | self.norm
+
+        def callback(self, pre, post, node_map):
+            x = node_map[self.x][0]
+            ttype = x.checked_type
+            if str(ttype.dtype) not in FLOAT_TYPES or not all(isinstance(d, tvm.tir.IntImm) for d in ttype.shape):
+                return post
+            ndim, size = len(ttype.shape), int(ttype.shape[-1])
+            reductions = [node_map[self.mean][0]] + [
+                node for node in node_map[self.var] if isinstance(node, relay.Call) and node.op.name in ("mean", "variance")
+            ]
+            if not all(_over_last_axis(node, ndim) for node in reductions):
+                return post
+            if self.exponent in node_map and _scalar(node_map[self.exponent][0]) != 2.0:
+                return post
+            if self.one in node_map and _scalar(node_map[self.one][0]) != 1.0:
+                return post
+            eps = _scalar(node_map[self.eps][0])
+            if eps is None:
+                return post
+            dtype = str(ttype.dtype)
+            gamma = relay.const(np.ones(size, dtype))
+            beta = relay.const(np.zeros(size, dtype))
+            if self.gamma in node_map:
+                found = [_channel_vector(node_map[v][0], size, dtype) for v in (self.gamma, self.beta)]
+                if any(value is None for value in found):
+                    return post
+                gamma, beta = found
+            return relay.nn.layer_norm(x, gamma, beta, axis=-1, epsilon=eps)
+
+    return _FuseLayerNorm()
+
+
+def _channel_vector(expr: relay.Expr, size: int, dtype: str) -> Optional[relay.Expr]:
+    """A constant that broadcasts along the last axis only, as a 1-d constant; else None."""
+    if not isinstance(expr, relay.Constant):
+        return None
+    value = expr.data.numpy()
+    if str(value.dtype) != dtype or value.size != size or (value.ndim and value.shape[-1] != size):
+        return None
+    return relay.const(value.reshape(size))
+
+
+def _fuse_layer_norms(func: relay.Function) -> relay.Function:
+    """Rewrite decomposed layer norms over the last axis into ``nn.layer_norm`` (one ONNX node)."""
+    from tvm.relay.dataflow_pattern import rewrite
+
+    return rewrite(_layer_norm_rewrite(), func)
