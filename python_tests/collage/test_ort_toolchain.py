@@ -1,6 +1,8 @@
 """The tcutils_ort toolchain: partitioned models build and run with every executor, and export."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tvm
@@ -198,3 +200,22 @@ def test_codegen_module_with_tuple_result_and_constants_runs_directly():
     module["tcutils_ort_tuple"](tvm.nd.array(xd), tvm.nd.array(yd), *outs)
     np.testing.assert_allclose(outs[0].numpy(), xd @ w.T, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(outs[1].numpy(), 1 / (1 + np.exp(-yd)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("partition", ["ort", "blas"])
+def test_partition_constants_are_stored_once(partition, tmp_path):
+    # The weight lives in the toolchain's embedded payload (base64: 4/3 of its size);
+    # TVM must not keep a second copy as parameters of the graph or VM library.
+    x = relay.var("x", shape=(4, 256))
+    w = relay.const(np.random.default_rng(0).standard_normal((256, 256)).astype("float32"))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.nn.dense(x, w))))
+    parted = (ort if partition == "ort" else blas).partition_for(mod)
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(parted, target="llvm")
+        exe = relay.vm.compile(parted, target="llvm")
+    assert dict(lib.get_params()) == {}
+    weight_bytes = 256 * 256 * 4
+    for name, module in (("graph", lib), ("vm", exe.save()[1])):
+        path = str(tmp_path / f"{name}.so")
+        module.export_library(path)
+        assert os.path.getsize(path) < 2 * weight_bytes, name

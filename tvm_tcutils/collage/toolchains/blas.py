@@ -339,7 +339,6 @@ def partition_for(mod: tvm.IRModule, params=None) -> tvm.IRModule:
 
 def hooks() -> List[registry.Hook]:
     """The codegen, the packed functions and the pattern table."""
-    return TOOLCHAIN.hooks("BLAS toolchain") + [
-        registry.packed_func(f"relay.ext.{COMPILER}", compile_function, "external codegen: Relay -> numpy BLAS"),
+    return TOOLCHAIN.hooks(COMPILER, compile_function, "numpy BLAS") + [
         registry.pattern_table(COMPILER, pattern_table, "dense / batch_matmul / matmul (+ bias)"),
     ]

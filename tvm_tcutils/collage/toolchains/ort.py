@@ -211,9 +211,7 @@ def partition_for(mod: tvm.IRModule, params=None) -> tvm.IRModule:
 def hooks() -> List[registry.Hook]:
     """The codegen and packed functions (always, so that a missing onnxruntime is a
     clear error) and the pattern table (only when onnxruntime is installed)."""
-    found = TOOLCHAIN.hooks("onnxruntime toolchain") + [
-        registry.packed_func(f"relay.ext.{COMPILER}", compile_function, "external codegen: Relay -> ONNX Runtime"),
-    ]
+    found = TOOLCHAIN.hooks(COMPILER, compile_function, "ONNX Runtime")
     if _installed():
         found.append(registry.pattern_table(COMPILER, pattern_table, "ops that convert to ONNX"))
     return found

@@ -182,12 +182,27 @@ class PackedToolchain:
         schedule = te.create_schedule([out.op for out in outputs])
         return tvm.build(schedule, inputs + outputs, target="llvm", name=symbol)
 
-    def hooks(self, description: str) -> List[registry.Hook]:
-        """The packed functions to register."""
+    def hooks(self, compiler: str, codegen: Callable, description: str) -> List[registry.Hook]:
+        """The packed functions to register for BYOC compiler ``compiler``.
+
+        Besides ``run``/``load`` and the codegen ``relay.ext.<compiler>``, a
+        ``relay.ext.<compiler>.constant_updater`` that reports no constants:
+        they are in the payload, and TVM's default updater would store every
+        one of them a second time in the built module's parameters.
+        """
         return [
             registry.packed_func(self.run_name, self.run, f"{description}: run"),
             registry.packed_func(self.load_name, self.load, f"{description}: load an embedded payload"),
+            registry.packed_func(f"relay.ext.{compiler}", codegen, f"external codegen: Relay -> {description}"),
+            registry.packed_func(
+                f"relay.ext.{compiler}.constant_updater", _no_constants, "constants live in the embedded payload"
+            ),
         ]
+
+
+def _no_constants(func, symbol) -> dict:
+    """Constant updater of the packed toolchains: nothing for TVM to keep."""
+    return {}
 
 
 def _dims(ttype) -> List[int]:
