@@ -64,8 +64,38 @@ def _baseline(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
     ]
 
 
+def _toolchains(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
+    """Toolchains: the model given to ONNX Runtime as a BYOC compiler (greedy partition)."""
+    from .collage.toolchains import blas, ort
+
+    ok, reason = ort.available()
+    lines = [f"tcutils_ort: {reason}; tcutils_blas: {blas.available()[1]}"]
+    if not ok:
+        return lines + ["ONNX Runtime toolchain skipped"]
+    parted = ort.partition_for(mod, params)
+    functions = [f for _, f in parted.functions.items() if f.attrs is not None and "Compiler" in f.attrs]
+    ops, claimed = _count_ops(mod["main"]), sum(_count_ops(f) for f in functions)
+    outputs, build_s, ort_ms = build_and_time(parted, {})
+    finite = all(np.isfinite(out).all() for out in outputs)
+    return lines + [
+        f"{claimed} of {ops} operator calls in {len(functions)} ONNX Runtime partition(s); build {build_s:.1f} s",
+        f"latency {ort_ms:.2f} ms (median; TVM alone: see the baseline), outputs finite: {finite}",
+    ]
+
+
+def _count_ops(func) -> int:
+    count = [0]
+
+    def visit(node):
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            count[0] += 1
+
+    relay.analysis.post_order_visit(func, visit)
+    return count[0]
+
+
 #: Demo sections, in the order they run. Capabilities append theirs.
-SECTIONS: List[Section] = [_baseline]
+SECTIONS: List[Section] = [_baseline, _toolchains]
 
 
 def run_demo(name: str, mod: tvm.IRModule, params: Dict) -> int:
