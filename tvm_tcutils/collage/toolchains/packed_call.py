@@ -158,7 +158,14 @@ class PackedToolchain:
 
         Examples
         --------
-        >>> # see tvm_tcutils.collage.toolchains.blas.compile_function
+        >>> from tvm_tcutils.collage.toolchains.blas import TOOLCHAIN, _plan
+        >>> a, b = relay.var("a", shape=(2, 3)), relay.var("b", shape=(4, 3))
+        >>> f = function_of(relay.Function([a, b], relay.nn.dense(a, b)).with_attr("global_symbol", "mm"))
+        >>> module = TOOLCHAIN.build_module(f, _plan(f).to_bytes())
+        >>> out = tvm.nd.empty((2, 4))
+        >>> module["mm"](tvm.nd.array(np.ones((2, 3), "float32")), tvm.nd.array(np.ones((4, 3), "float32")), out)
+        >>> out.numpy()[0]
+        array([3., 3., 3., 3.], dtype=float32)
         """
         symbol = str(func.attrs["global_symbol"])
         in_types, out_types = signature(func)
