@@ -513,8 +513,8 @@ def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
     Examples
     --------
     >>> model = mobilenet_v2_onnx()
-    >>> sum(n.op_type == "Conv" and n.attribute[1].i > 1 for n in model.graph.node) > 0
-    True
+    >>> sum(any(a.name == "group" and a.i > 1 for a in n.attribute) for n in model.graph.node)  # depthwise
+    17
     """
     g = _OnnxGraph(seed)
 
