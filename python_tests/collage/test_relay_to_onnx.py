@@ -102,6 +102,7 @@ CASES = {
     "negative": _unary(relay.negative),
     "abs": _unary(relay.abs),
     "copy": _unary(relay.copy),
+    "dropout": _unary(lambda x: relay.nn.relu(relay.nn.dropout(x, rate=0.3))),
     "softmax": _unary(relay.nn.softmax),
     "softmax_axis1": _unary(lambda x: relay.nn.softmax(x, axis=1)),
     "layer_norm": _unary(lambda x: relay.nn.layer_norm(x, _const((8,), 0.5), _const((8,))), shape=(2, 6, 8)),
@@ -239,6 +240,13 @@ def test_tuple_results_become_outputs():
     outs = session.run(None, {"in0": data})
     np.testing.assert_allclose(outs[0], np.exp(data), rtol=1e-6)
     np.testing.assert_array_equal(outs[1], data)
+
+
+def test_multi_result_operator_returned_whole_is_rejected():
+    x = relay.var("x", shape=(2, 3))
+    dropout = relay.nn.dropout(x).tuple_value
+    with pytest.raises(NotImplementedError, match="2 results, of which only 1 convert"):
+        relay_to_onnx.to_onnx(relay.Function([x], dropout))
 
 
 def test_bad_argument_type():

@@ -465,6 +465,8 @@ CONVERTERS: Dict[str, OpRule] = {
         ("log", "Log"), ("sqrt", "Sqrt"), ("negative", "Neg"), ("abs", "Abs"), ("copy", "Identity"),
     )},
     "rsqrt": OpRule(_rsqrt),
+    # Inference: dropout is the identity (its mask result is never produced).
+    "nn.dropout": OpRule(_unary("Identity")),
     "nn.leaky_relu": OpRule(_leaky_relu),
     "nn.conv2d": OpRule(_conv2d, _conv2d_ok),
     "nn.dense": OpRule(_dense, _same_out_dtype),
@@ -566,6 +568,9 @@ def to_onnx(func: relay.Function, name: str = "tcutils"):
     results = names[func.body]
     out_type = func.body.checked_type
     out_types = list(out_type.fields) if isinstance(out_type, relay.TupleType) else [out_type]
+    if len(results) != len(out_types):
+        # A multi-result operator (batch_norm, dropout) returned whole: only its first result converts.
+        raise NotImplementedError(f"the function returns {len(out_types)} results, of which only {len(results)} convert")
     for index, (result, ttype) in enumerate(zip(results, out_types)):
         _expect_tensor(ttype, f"result {index}")
         # Distinct output names even when a result is an input or repeats.
