@@ -94,3 +94,14 @@ def run_graph_and_vm(mod, inputs: dict, params: dict | None = None):
     names = [var.name_hint for var in mod["main"].params if var.name_hint in inputs]
     vm_out = vm.invoke("main", *[inputs[name] for name in names])
     return graph.get_output(0).numpy(), vm_out.numpy()
+
+
+@pytest.fixture(scope="session")
+def small_bert_onnx():
+    """A one-layer BERT-like ONNX graph (seq 16, hidden 32, 2 heads) and its Relay import (mod, params)."""
+    pytest.importorskip("onnx", reason="onnx is not installed")
+    from tvm_tcutils import models
+
+    model = models.bert_onnx(layers=1, seq=16, hidden=32, heads=2)
+    mod, params = relay.frontend.from_onnx(model, freeze_params=True)
+    return model, relay.transform.InferType()(mod), params

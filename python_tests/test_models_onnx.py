@@ -21,10 +21,9 @@ def _input(model, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
 
 
-def test_small_bert_imports_into_relay_with_the_same_numerics():
-    model = models.bert_onnx(layers=1, seq=16, hidden=32, heads=2)
+def test_small_bert_imports_into_relay_with_the_same_numerics(small_bert_onnx):
+    model, mod, params = small_bert_onnx
     data = _input(model)
-    mod, params = relay.frontend.from_onnx(model, freeze_params=True)
     ops = set()
     relay.analysis.post_order_visit(mod["main"], lambda e: ops.add(e.op.name) if isinstance(e, relay.Call) else None)
     # The operator kinds the Collage benchmark is about.
