@@ -22,7 +22,7 @@ import numpy as np
 
 from ..._tvm import tvm
 from tvm import relay
-from tvm.relay.dataflow_pattern import is_op, wildcard
+from tvm.relay.dataflow_pattern import is_op, is_tuple, wildcard
 
 from ... import registry
 from . import relay_to_onnx
@@ -35,6 +35,9 @@ COMPILER = "tcutils_ort"
 REQUIRED_MODULES = ("onnxruntime", "onnx")
 
 _MAX_BINDINGS = 8
+
+#: Operators whose operand is a tuple of tensors.
+_TUPLE_INPUT = frozenset({"concatenate"})
 
 
 def available() -> Tuple[bool, str]:
@@ -104,8 +107,13 @@ def pattern_table() -> List[tuple]:
     """
     table = []
     for op_name in sorted(relay_to_onnx.CONVERTERS):
-        arity = max(int(tvm.ir.Op.get(op_name).num_inputs), 1)
-        pattern = is_op(op_name)(*[wildcard() for _ in range(arity)])
+        if op_name in _TUPLE_INPUT:
+            # The tuple goes inside the composite: a tuple-typed composite parameter
+            # would reach type inference as an incomplete type and fail.
+            pattern = is_op(op_name)(is_tuple(None))
+        else:
+            arity = max(int(tvm.ir.Op.get(op_name).num_inputs), 1)
+            pattern = is_op(op_name)(*[wildcard() for _ in range(arity)])
         table.append((f"{COMPILER}.{op_name}", pattern, relay_to_onnx.supported))
     return table
 
