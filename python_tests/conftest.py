@@ -100,3 +100,30 @@ def build_and_run(mod, params=None, inputs=None, target: str = "llvm"):
     runner.set_input(**(inputs or {}))
     runner.run()
     return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
+
+
+def run_graph_and_vm(mod, inputs: dict, params: dict | None = None):
+    """Build ``mod`` with relay.build and relay.vm.compile; return both executors' first outputs (numpy)."""
+    from tvm.contrib import graph_executor
+
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target="llvm", params=params)
+        exe = relay.vm.compile(mod, target="llvm", params=params)
+    graph = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    graph.set_input(**inputs)
+    graph.run()
+    vm = tvm.runtime.vm.VirtualMachine(exe, tvm.cpu())
+    names = [var.name_hint for var in mod["main"].params if var.name_hint in inputs]
+    vm_out = vm.invoke("main", *[inputs[name] for name in names])
+    return graph.get_output(0).numpy(), vm_out.numpy()
+
+
+@pytest.fixture(scope="session")
+def small_bert_onnx():
+    """A one-layer BERT-like ONNX graph (seq 16, hidden 32, 2 heads) and its Relay import (mod, params)."""
+    pytest.importorskip("onnx", reason="onnx is not installed")
+    from tvm_tcutils import models
+
+    model = models.bert_onnx(layers=1, seq=16, hidden=32, heads=2)
+    mod, params = relay.frontend.from_onnx(model, freeze_params=True)
+    return model, relay.transform.InferType()(mod), params

@@ -48,15 +48,28 @@ def build_and_time(mod: tvm.IRModule, params: Dict, target: str = "llvm", repeat
     return outputs, build_seconds, float(np.median(timer().results) * 1e3)
 
 
-def baseline_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
-    """Baseline: the model as TVM alone compiles it for the CPU."""
+def count_ops(func: relay.Function) -> Dict[str, int]:
+    """Number of calls to each primitive op in ``func`` (composite bodies included).
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> count_ops(load_model("mlp")[0]["main"])["nn.dense"]
+    3
+    """
     ops: Dict[str, int] = {}
 
     def count(node):
         if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
             ops[node.op.name] = ops.get(node.op.name, 0) + 1
 
-    relay.analysis.post_order_visit(mod["main"], count)
+    relay.analysis.post_order_visit(func, count)
+    return ops
+
+
+def baseline_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
+    """Baseline: the model as TVM alone compiles it for the CPU."""
+    ops = count_ops(mod["main"])
     top = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1])[:4])
     outputs, build_s, ms = build_and_time(mod, params)
     finite = all(np.isfinite(out).all() for out in outputs)
@@ -71,6 +84,7 @@ SECTIONS: List[str] = [
     "tvm_tcutils.demo:baseline_section",
     "tvm_tcutils.passes.demo:prepare_section",
     "tvm_tcutils.strategy.tensorcore_demo:tensorcore_section",
+    "tvm_tcutils.collage.toolchains.demo:toolchains_section",
 ]
 
 

@@ -313,3 +313,230 @@ def random_inputs(mod: tvm.IRModule, params: Optional[Params] = None, seed: int 
         else:
             inputs[var.name_hint] = rng.standard_normal(shape).astype(dtype)
     return inputs
+
+
+# --------------------------------------------------------------------------
+# ONNX models built in code (weights drawn He-style, seeded), imported with
+# relay.frontend.from_onnx: the issue's BERT-like encoder, ResNet-50 and
+# MobileNet-v2 as an exporter would write them (batch norm folded into conv
+# biases, GELU in its erf form, LayerNormalization from opset 17).
+# --------------------------------------------------------------------------
+class _OnnxGraph:
+    """A small writer of ONNX graphs with seeded, realistically scaled weights."""
+
+    def __init__(self, seed: int):
+        from ._compat import ensure_onnx_mapping
+
+        self.onnx = ensure_onnx_mapping()
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list = []
+        self.initializers: list = []
+        self._count = 0
+
+    def name(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def tensor(self, value: np.ndarray, hint: str) -> str:
+        name = self.name(hint)
+        self.initializers.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def weight(self, shape, fan_in: int, gain: float = 2.0, scale: float = 1.0) -> str:
+        std = scale * np.sqrt(gain / fan_in)
+        return self.tensor(self.rng.normal(0.0, std, size=shape).astype("float32"), "w")
+
+    def bias(self, size: int, std: float = 0.02) -> str:
+        return self.tensor(self.rng.normal(0.0, std, size=(size,)).astype("float32"), "b")
+
+    def node(self, op_type: str, inputs, **attrs) -> str:
+        out = self.name(op_type.lower())
+        self.nodes.append(self.onnx.helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+    def ints(self, values, hint: str = "shape") -> str:
+        return self.tensor(np.asarray(values, dtype=np.int64), hint)
+
+    def scalar(self, value: float) -> str:
+        return self.tensor(np.asarray(value, dtype=np.float32), "c")
+
+    def model(self, name: str, input_shape, output: str, output_shape):
+        helper, float_type = self.onnx.helper, self.onnx.TensorProto.FLOAT
+        graph = helper.make_graph(
+            self.nodes, name,
+            [helper.make_tensor_value_info("input", float_type, list(input_shape))],
+            [helper.make_tensor_value_info(output, float_type, list(output_shape))],
+            self.initializers,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tvm_tcutils")
+        model.ir_version = min(model.ir_version, 8)
+        self.onnx.checker.check_model(model)
+        return model
+
+    # -- layers ---------------------------------------------------------------
+    def conv(self, x: str, cin: int, cout: int, kernel: int, stride: int = 1, group: int = 1,
+             scale: float = 1.0) -> str:
+        fan_in = cin // group * kernel * kernel
+        w = self.weight((cout, cin // group, kernel, kernel), fan_in, scale=scale)
+        pad = kernel // 2
+        return self.node("Conv", [x, w, self.bias(cout)], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                         pads=[pad] * 4, group=group)
+
+    def linear(self, x: str, fan_in: int, fan_out: int, gain: float = 1.0) -> str:
+        """``x @ W.T + b`` on 2-d activations, as a Gemm with the weight stored (out, in)."""
+        w = self.weight((fan_out, fan_in), fan_in, gain=gain)
+        return self.node("Gemm", [x, w, self.bias(fan_out)], transB=1)
+
+    def layer_norm(self, x: str, size: int) -> str:
+        gamma = self.tensor(np.ones(size, "float32"), "gamma")
+        beta = self.tensor(np.zeros(size, "float32"), "beta")
+        return self.node("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=1e-12)
+
+    def gelu(self, x: str) -> str:
+        inner = self.node("Erf", [self.node("Div", [x, self.scalar(np.sqrt(2.0))])])
+        return self.node("Mul", [self.node("Mul", [x, self.node("Add", [inner, self.scalar(1.0)])]), self.scalar(0.5)])
+
+
+def bert_onnx(batch: int = 1, seq: int = 128, hidden: int = 256, heads: int = 4, layers: int = 4, seed: int = 0):
+    """A BERT-like encoder as an ONNX graph: ``layers`` post-norm transformer layers.
+
+    The input is the embedded sequence ``input`` of shape ``(batch, seq,
+    hidden)``; each layer has multi-head self-attention (MatMul, Softmax), a
+    GELU (erf) feed-forward block of width ``4 * hidden`` and two
+    ``LayerNormalization`` nodes (opset 17).
+
+    Examples
+    --------
+    >>> model = bert_onnx(layers=1, seq=8, hidden=16, heads=2)
+    >>> sorted({n.op_type for n in model.graph.node})[:4]
+    ['Add', 'Div', 'Erf', 'Gemm']
+    """
+    if hidden % heads:
+        raise ModelError(f"hidden={hidden} is not a multiple of heads={heads}")
+    g = _OnnxGraph(seed)
+    head = hidden // heads
+    # Tokens as rows between layers: every projection is one Gemm.
+    x = g.node("Reshape", ["input", g.ints([batch * seq, hidden])])
+    for _ in range(layers):
+        def split_heads(t, perm):
+            return g.node("Transpose", [g.node("Reshape", [t, g.ints([batch, seq, heads, head])])], perm=perm)
+
+        q = split_heads(g.linear(x, hidden, hidden), [0, 2, 1, 3])
+        k = split_heads(g.linear(x, hidden, hidden), [0, 2, 3, 1])
+        v = split_heads(g.linear(x, hidden, hidden), [0, 2, 1, 3])
+        scores = g.node("Div", [g.node("MatMul", [q, k]), g.scalar(np.sqrt(head))])
+        probs = g.node("Softmax", [scores], axis=-1)
+        context = g.node("Transpose", [g.node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+        context = g.node("Reshape", [context, g.ints([batch * seq, hidden])])
+        x = g.layer_norm(g.node("Add", [x, g.linear(context, hidden, hidden)]), hidden)
+        ffn = g.linear(g.gelu(g.linear(x, hidden, 4 * hidden, gain=2.0)), 4 * hidden, hidden)
+        x = g.layer_norm(g.node("Add", [x, ffn]), hidden)
+    out = g.node("Reshape", [x, g.ints([batch, seq, hidden])])
+    return g.model("bert_like_encoder", (batch, seq, hidden), out, (batch, seq, hidden))
+
+
+def resnet50_onnx(batch: int = 1, seed: int = 0):
+    """ResNet-50 v1 as an ONNX graph (batch norm folded into the convolutions' biases).
+
+    The last convolution of each residual branch is scaled down (as trained
+    networks' last batch-norm scales are) so that activations keep their
+    scale through the 16 blocks.
+
+    Examples
+    --------
+    >>> model = resnet50_onnx()
+    >>> sum(n.op_type == "Conv" for n in model.graph.node)
+    53
+    """
+    g = _OnnxGraph(seed)
+    x = g.node("MaxPool", [g.node("Relu", [g.conv("input", 3, 64, 7, stride=2)])],
+               kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for stage, (width, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
+        for block in range(blocks):
+            stride = 2 if block == 0 and stage > 0 else 1
+            y = g.node("Relu", [g.conv(x, cin, width, 1)])
+            y = g.node("Relu", [g.conv(y, width, width, 3, stride=stride)])
+            y = g.conv(y, width, width * 4, 1, scale=0.2)
+            shortcut = g.conv(x, cin, width * 4, 1, stride=stride) if block == 0 else x
+            x = g.node("Relu", [g.node("Add", [y, shortcut])])
+            cin = width * 4
+    x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
+    logits = g.node("Gemm", [x, g.weight((1000, cin), cin, gain=1.0), g.bias(1000)], transB=1)
+    return g.model("resnet50", (batch, 3, 224, 224), logits, (batch, 1000))
+
+
+def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
+    """MobileNet-v2 (width 1.0) as an ONNX graph: inverted residuals with ReLU6 (Clip).
+
+    Examples
+    --------
+    >>> model = mobilenet_v2_onnx()
+    >>> sum(any(a.name == "group" and a.i > 1 for a in n.attribute) for n in model.graph.node)  # depthwise
+    17
+    """
+    g = _OnnxGraph(seed)
+
+    def relu6(t):
+        return g.node("Clip", [t, g.scalar(0.0), g.scalar(6.0)])
+
+    x = relu6(g.conv("input", 3, 32, 3, stride=2))
+    cin = 32
+    for expand, cout, repeats, first_stride in (
+        (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)
+    ):
+        for index in range(repeats):
+            stride = first_stride if index == 0 else 1
+            hidden = cin * expand
+            y = relu6(g.conv(x, cin, hidden, 1)) if expand != 1 else x
+            y = relu6(g.conv(y, hidden, hidden, 3, stride=stride, group=hidden))
+            y = g.conv(y, hidden, cout, 1, scale=0.5)
+            x = g.node("Add", [x, y]) if stride == 1 and cin == cout else y
+            cin = cout
+    x = relu6(g.conv(x, cin, 1280, 1))
+    x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
+    logits = g.node("Gemm", [x, g.weight((1000, 1280), 1280, gain=1.0), g.bias(1000)], transB=1)
+    return g.model("mobilenet_v2", (batch, 3, 224, 224), logits, (batch, 1000))
+
+
+#: ONNX graphs built in code, by the zoo name that loads them imported into Relay.
+ONNX_BUILDERS: Dict[str, Callable] = {
+    "bert-tiny-onnx": bert_onnx,
+    "resnet-50-onnx": resnet50_onnx,
+    "mobilenet-v2-onnx": mobilenet_v2_onnx,
+}
+
+
+def onnx_model(name: str, batch_size: int = 1):
+    """The ONNX graph of a built-in ONNX model (:data:`ONNX_BUILDERS`).
+
+    Examples
+    --------
+    >>> onnx_model("bert-tiny-onnx").graph.input[0].name
+    'input'
+    """
+    if name not in ONNX_BUILDERS:
+        raise ModelError(f"unknown ONNX model {name!r}; built-in ONNX models: {', '.join(ONNX_BUILDERS)}")
+    return ONNX_BUILDERS[name](batch=batch_size)
+
+
+def _onnx_zoo_builder(name: str):
+    def build(batch: int, dtype: str):
+        if dtype != "float32":
+            raise ModelError(f"{name} is built in float32 only, not {dtype}")
+        try:
+            return relay.frontend.from_onnx(onnx_model(name, batch), freeze_params=True)
+        except ImportError:
+            raise ModelError(f"{name} needs the onnx package: pip install 'tvm-tcutils[ort]'") from None
+
+    return build
+
+
+ZOO.update({
+    "bert-tiny-onnx": ZooModel("bert-tiny-onnx", _onnx_zoo_builder("bert-tiny-onnx"), (128, 256),
+                               "BERT-like encoder (4 layers, hidden 256, 4 heads, seq 128) built as ONNX"),
+    "resnet-50-onnx": ZooModel("resnet-50-onnx", _onnx_zoo_builder("resnet-50-onnx"), _IMAGE,
+                               "ResNet-50 v1 built as ONNX (batch norm folded)"),
+    "mobilenet-v2-onnx": ZooModel("mobilenet-v2-onnx", _onnx_zoo_builder("mobilenet-v2-onnx"), _IMAGE,
+                                  "MobileNet-v2 built as ONNX"),
+})

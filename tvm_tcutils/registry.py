@@ -42,6 +42,7 @@ LEVEL = 20
 HOOK_PROVIDERS: Tuple[str, ...] = (
     "tvm_tcutils.passes.hooks",
     "tvm_tcutils.strategy.tensorcore",
+    "tvm_tcutils.strategy.collage_toolchains",
 )
 
 #: Attributes whose handlers share the ``(attrs, inputs, types, extra)`` calling

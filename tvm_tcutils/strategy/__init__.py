@@ -1,1 +1,1 @@
-"""Wiring: which compute and schedule for which op and target, plus alter-op and legalize hooks."""
+"""Wiring of the package's computations into TVM: strategies, alter-op/legalize hooks, toolchains."""

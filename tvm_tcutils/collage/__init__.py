@@ -1,0 +1,1 @@
+"""Collage: cost-driven partitioning of Relay models across toolchains."""

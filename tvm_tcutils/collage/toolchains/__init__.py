@@ -1,0 +1,1 @@
+"""Toolchains Collage partitions a model across."""

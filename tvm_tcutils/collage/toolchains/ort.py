@@ -1,0 +1,225 @@
+"""The ``tcutils_ort`` toolchain: ONNX Runtime as a BYOC compiler of Relay functions.
+
+A partition marked ``Compiler="tcutils_ort"`` is converted to ONNX
+(:mod:`.relay_to_onnx`) by the external codegen ``relay.ext.tcutils_ort``,
+which returns a runtime module (:class:`.packed_call.PackedToolchain`) whose
+function calls an onnxruntime ``InferenceSession`` (CPU provider, one per
+model and process, full graph optimizations) on the executor's own buffers
+through an ``IOBinding``: no tensor is copied on the way in or out. The model
+is embedded in the module, so ``export_library`` and loading elsewhere work.
+
+Settings (environment): ``TVM_NUM_THREADS`` also sets onnxruntime's intra-op
+threads; ``TVM_TCUTILS_ORT_SPIN=1`` lets onnxruntime's threads spin between
+runs (faster alone, but they then compete with TVM's threads in a mixed model).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from ..._tvm import tvm
+from tvm import relay
+from tvm.relay.dataflow_pattern import is_op, is_tuple, wildcard
+
+from ... import registry
+from . import relay_to_onnx
+from .packed_call import PackedToolchain, byoc_partition, data_pointer, function_of
+
+#: BYOC compiler name of this toolchain.
+COMPILER = "tcutils_ort"
+
+#: Python modules the toolchain needs.
+REQUIRED_MODULES = ("onnxruntime", "onnx")
+
+_MAX_BINDINGS = 8
+
+#: Operators whose operand is a tuple of tensors.
+_TUPLE_INPUT = frozenset({"concatenate"})
+
+
+def available() -> Tuple[bool, str]:
+    """Whether onnxruntime and onnx can be used here, and why not.
+
+    Returns
+    -------
+    (bool, str)
+        ``(True, "onnxruntime <version>")`` or ``(False, reason)``.
+
+    Examples
+    --------
+    >>> ok, reason = available()
+    >>> isinstance(reason, str)
+    True
+    """
+    if not _installed():
+        return False, _missing_reason()
+    try:
+        ort = importlib.import_module("onnxruntime")
+    except Exception as err:  # a broken install is as unusable as a missing one
+        return False, f"onnxruntime does not import ({err}); install it with: pip install 'tvm-tcutils[ort]'"
+    if "CPUExecutionProvider" not in ort.get_available_providers():
+        return False, "onnxruntime has no CPUExecutionProvider"
+    return True, f"onnxruntime {ort.__version__}"
+
+
+def _installed() -> bool:
+    """Cheap check (no import) that the required modules are present."""
+    for name in REQUIRED_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+        except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
+            return False
+    return True
+
+
+def _missing_reason() -> str:
+    missing = []
+    for name in REQUIRED_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            missing.append(name)
+    return f"{' and '.join(missing) or 'onnxruntime'} not installed; install with: pip install 'tvm-tcutils[ort]'"
+
+
+def _require() -> None:
+    ok, reason = available()
+    if not ok:
+        raise RuntimeError(f"toolchain {COMPILER} is unavailable: {reason}")
+
+
+def pattern_table() -> List[tuple]:
+    """One pattern per Relay operator the ONNX converter handles, with its predicate.
+
+    Names are ``tcutils_ort.<op name>``; each predicate is
+    :func:`relay_to_onnx.supported`, so a pattern claims exactly the calls
+    that convert.
+
+    Examples
+    --------
+    >>> names = [name for name, _, _ in pattern_table()]
+    >>> "tcutils_ort.nn.conv2d" in names
+    True
+    """
+    table = []
+    for op_name in sorted(relay_to_onnx.CONVERTERS):
+        if op_name in _TUPLE_INPUT:
+            # The tuple goes inside the composite: a tuple-typed composite parameter
+            # would reach type inference as an incomplete type and fail.
+            pattern = is_op(op_name)(is_tuple(None))
+        else:
+            arity = max(int(tvm.ir.Op.get(op_name).num_inputs), 1)
+            pattern = is_op(op_name)(*[wildcard() for _ in range(arity)])
+        table.append((f"{COMPILER}.{op_name}", pattern, relay_to_onnx.supported))
+    return table
+
+
+class _Session:
+    """An inference session for one embedded model, with its I/O bindings by buffer address."""
+
+    def __init__(self, payload: bytes):
+        ort = importlib.import_module("onnxruntime")
+        self.session = ort.InferenceSession(payload, _session_options(), providers=["CPUExecutionProvider"])
+        self.input_names = [arg.name for arg in self.session.get_inputs()]
+        self.output_names = [arg.name for arg in self.session.get_outputs()]
+        self.num_inputs = len(self.input_names)
+        # Executors reuse their buffers, so a binding made once serves every later run.
+        self.bindings: Dict[tuple, object] = {}
+
+    def binding(self, inputs: List["tvm.nd.NDArray"], outputs: List["tvm.nd.NDArray"]):
+        pointers = tuple(data_pointer(array) for array in inputs + outputs)
+        found = self.bindings.get(pointers)
+        if found is not None:
+            return found
+        binding = self.session.io_binding()
+        for name, array in zip(self.input_names, inputs):
+            binding.bind_input(name, "cpu", 0, np.dtype(str(array.dtype)), list(array.shape), data_pointer(array))
+        for name, array in zip(self.output_names, outputs):
+            binding.bind_output(name, "cpu", 0, np.dtype(str(array.dtype)), list(array.shape), data_pointer(array))
+        if len(self.bindings) >= _MAX_BINDINGS:
+            self.bindings.clear()
+        self.bindings[pointers] = binding
+        return binding
+
+
+def _session_options():
+    ort = importlib.import_module("onnxruntime")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    threads = os.environ.get("TVM_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        options.intra_op_num_threads = int(threads)
+    spin = "1" if os.environ.get("TVM_TCUTILS_ORT_SPIN", "0") == "1" else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    return options
+
+
+def _prepare(payload: bytes) -> _Session:
+    _require()
+    return _Session(payload)
+
+
+def _execute(state: _Session, inputs, outputs) -> None:
+    state.session.run_with_iobinding(state.binding(inputs, outputs))
+
+
+#: The packed functions ``tvm_tcutils.ort.run`` / ``tvm_tcutils.ort.load``.
+TOOLCHAIN = PackedToolchain("ort", _prepare, _execute)
+
+
+def compile_function(func: relay.Function) -> "tvm.runtime.Module":
+    """External codegen ``relay.ext.tcutils_ort``: a Relay function to a runtime module.
+
+    Parameters
+    ----------
+    func : relay.Function
+        A partition (``Primitive=1``, ``Compiler="tcutils_ort"``,
+        ``global_symbol``) of operators and composite functions that
+        :func:`relay_to_onnx.supported` accepts.
+
+    Returns
+    -------
+    tvm.runtime.Module
+        A module exporting the function's ``global_symbol``.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(1, 8))
+    >>> f = relay.Function([x], relay.tanh(x)).with_attr("global_symbol", "ort_0")
+    >>> mod = compile_function(f)
+    >>> mod.get_function("ort_0") is not None
+    True
+    """
+    _require()
+    func = function_of(func)
+    model = relay_to_onnx.to_onnx(func, name=str(func.attrs["global_symbol"]))
+    return TOOLCHAIN.build_module(func, model.SerializeToString())
+
+
+def partition_for(mod: tvm.IRModule, params=None) -> tvm.IRModule:
+    """Greedy BYOC partitioning: every maximal region of convertible operators goes to ``{COMPILER}``.
+
+    ``mod`` is not modified; ``params`` are bound as constants first.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(1, 8))
+    >>> mod = tvm.IRModule.from_expr(relay.tanh(relay.nn.relu(x)))
+    >>> [str(gv.name_hint) for gv in partition_for(mod).get_global_vars()]  # doctest: +SKIP
+    ['main', 'tvmgen_default_tcutils_ort_main_0']
+    """
+    return byoc_partition(mod, COMPILER, params, merge=True)
+
+
+def hooks() -> List[registry.Hook]:
+    """The codegen and packed functions (always, so that a missing onnxruntime is a
+    clear error) and the pattern table (only when onnxruntime is installed)."""
+    found = TOOLCHAIN.hooks(COMPILER, compile_function, "ONNX Runtime")
+    if _installed():
+        found.append(registry.pattern_table(COMPILER, pattern_table, "ops that convert to ONNX"))
+    return found
