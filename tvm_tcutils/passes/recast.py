@@ -21,10 +21,27 @@ def _cast_argument(arg: relay.Expr, dtype: str) -> relay.Expr:
     return relay.cast(arg, dtype)
 
 
-def _with_out_dtype(attrs: Optional[tvm.ir.Attrs], out_dtype: str) -> Optional[tvm.ir.Attrs]:
-    if attrs is None or "out_dtype" not in attrs.keys():
-        return attrs
-    return replace_attrs(attrs, out_dtype=out_dtype)
+class _AttrsWithOutDtype:
+    """Copies of op attributes with ``out_dtype`` replaced, made once per distinct attributes.
+
+    Reading attributes field by field costs tens of FFI calls; deep models
+    repeat a few distinct attribute values thousands of times.
+    """
+
+    def __init__(self, out_dtype: str):
+        self._out_dtype = out_dtype
+        self._made: Dict[int, list] = {}
+
+    def __call__(self, attrs: Optional[tvm.ir.Attrs]) -> Optional[tvm.ir.Attrs]:
+        if attrs is None:
+            return None
+        bucket = self._made.setdefault(tvm.ir.structural_hash(attrs), [])
+        for original, replaced in bucket:
+            if tvm.ir.structural_equal(original, attrs):
+                return replaced
+        replaced = replace_attrs(attrs, out_dtype=self._out_dtype) if "out_dtype" in attrs.keys() else attrs
+        bucket.append((attrs, replaced))
+        return replaced
 
 
 def _result_dtype(call: relay.Call) -> str:
@@ -39,20 +56,20 @@ def _result_dtype(call: relay.Call) -> str:
 class _Recaster(DFPatternCallback):
     """Rewrites each matching call that is not skipped; one pass, no fixpoint."""
 
-    def __init__(self, ops: Sequence[tvm.ir.Op], index: Dict[int, int], skip: FrozenSet[int], dtype: str, out_dtype: str):
+    def __init__(self, ops: Sequence[tvm.ir.Op], index: Dict[int, int], skip: FrozenSet[int], dtype: str, attrs: _AttrsWithOutDtype):
         super().__init__(require_type=False, rewrite_once=True)
         self.pattern = CallPattern(functools.reduce(lambda a, b: a | b, [is_op(op.name) for op in ops]), None)
         self._index = index
         self._skip = skip
         self._dtype = dtype
-        self._out_dtype = out_dtype
+        self._attrs = attrs
 
     def callback(self, pre, post, node_map):
         # ``pre`` is the node of the (typed) input graph, so its index and type are known.
         if self._index[node_key(pre)] in self._skip:
             return post
         args = [_cast_argument(arg, self._dtype) for arg in post.args]
-        new_call = relay.Call(post.op, args, _with_out_dtype(post.attrs, self._out_dtype), None, post.span)
+        new_call = relay.Call(post.op, args, self._attrs(post.attrs), None, post.span)
         return relay.cast(new_call, _result_dtype(pre))
 
 
@@ -111,11 +128,11 @@ def recast(
     source = typed(expr_or_mod)
     functions = function_layers(source, op_list)
     skip = resolve_skip_layers(skip_layers, sum(len(calls) for _, _, calls in functions))
-    rewritten, first = [], 0
+    rewritten, first, attrs = [], 0, _AttrsWithOutDtype(out_dtype)
     for global_var, function, calls in functions:
         # Indexed per function: functions may share nodes.
         index = {node_key(call): first + i for i, call in enumerate(calls)}
-        rewritten.append((global_var, rewrite(_Recaster(op_list, index, skip, dtype, out_dtype), function)))
+        rewritten.append((global_var, rewrite(_Recaster(op_list, index, skip, dtype, attrs), function)))
         first += len(calls)
     if not isinstance(source, tvm.IRModule):
         return rewritten[0][1]
