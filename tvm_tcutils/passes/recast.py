@@ -9,7 +9,7 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import CallPattern, DFPatternCallback, is_op, rewrite
 
 from ._graph import (
-    ExprOrMod, check_dtype, function_layers, node_key, replace_attrs, resolve_ops,
+    AttrsReplacer, ExprOrMod, check_dtype, function_layers, node_key, resolve_ops,
     resolve_skip_layers, typed,
 )
 
@@ -22,26 +22,16 @@ def _cast_argument(arg: relay.Expr, dtype: str) -> relay.Expr:
 
 
 class _AttrsWithOutDtype:
-    """Copies of op attributes with ``out_dtype`` replaced, made once per distinct attributes.
-
-    Reading attributes field by field costs tens of FFI calls; deep models
-    repeat a few distinct attribute values thousands of times.
-    """
+    """Attributes with ``out_dtype`` replaced (unchanged for ops without one)."""
 
     def __init__(self, out_dtype: str):
         self._out_dtype = out_dtype
-        self._made: Dict[int, list] = {}
+        self._replace = AttrsReplacer()
 
     def __call__(self, attrs: Optional[tvm.ir.Attrs]) -> Optional[tvm.ir.Attrs]:
-        if attrs is None:
-            return None
-        bucket = self._made.setdefault(tvm.ir.structural_hash(attrs), [])
-        for original, replaced in bucket:
-            if tvm.ir.structural_equal(original, attrs):
-                return replaced
-        replaced = replace_attrs(attrs, out_dtype=self._out_dtype) if "out_dtype" in attrs.keys() else attrs
-        bucket.append((attrs, replaced))
-        return replaced
+        if attrs is None or not hasattr(attrs, "out_dtype"):
+            return attrs
+        return self._replace(attrs, out_dtype=self._out_dtype)
 
 
 def _result_dtype(call: relay.Call) -> str:
