@@ -80,7 +80,10 @@ def check_dtype(dtype: str, arg: str) -> str:
     return dtype
 
 
-def relay_functions(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr]]:
+Functions = List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr]]
+
+
+def relay_functions(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> Functions:
     """``[(global_var or None, expr)]``: main first, then other Relay functions by name."""
     if isinstance(expr_or_mod, tvm.IRModule):
         pairs = [(gv, fn) for gv, fn in expr_or_mod.functions.items() if isinstance(fn, relay.Function)]
@@ -102,15 +105,16 @@ _CHILDREN = {
     relay.RefWrite: lambda n: [n.ref, n.value],
     relay.Match: lambda n: [n.data, *(clause.rhs for clause in n.clauses)],
 }
-"""Sub-expressions of each node kind, in the order TVM's ExprVisitor visits them;
-other kinds (Var, Constant, Op, GlobalVar, Constructor) are leaves."""
+"""Sub-expressions of each node kind, in the order TVM's ExprVisitor visits them."""
+_LEAVES = (relay.Var, relay.Constant, tvm.ir.Op, tvm.ir.GlobalVar, relay.Constructor)
+_CHILDREN.update({kind: lambda n: () for kind in _LEAVES})
 
 
 def _children(node) -> list:
     children = _CHILDREN.get(type(node))
-    if children is None:  # a subclass (for example relay.Function's) or a leaf
-        children = next((fn for kind, fn in _CHILDREN.items() if isinstance(node, kind)), None)
-    return children(node) if children is not None else []
+    if children is None:  # a subclass of a known kind
+        children = next((fn for kind, fn in _CHILDREN.items() if isinstance(node, kind)), lambda n: ())
+    return children(node)
 
 
 def post_order(expr: relay.Expr) -> Iterator[relay.Expr]:
@@ -137,15 +141,14 @@ def post_order(expr: relay.Expr) -> Iterator[relay.Expr]:
         stack.extend((child, False) for child in reversed(_children(node)))
 
 
-def function_layers(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr, List[relay.Call]]]:
+def function_layers(
+    expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]
+) -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr, List[relay.Call]]]:
     """Per Relay function, its calls to ``ops`` in layer order (numbering continues across functions)."""
-    wanted = {op.name for op in ops}
+    wanted = {node_key(op) for op in ops}  # ops are singletons: compare addresses
     result = []
     for global_var, expr in relay_functions(expr_or_mod):
-        calls = [
-            node for node in post_order(expr)
-            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted
-        ]
+        calls = [node for node in post_order(expr) if type(node) is relay.Call and node_key(node.op) in wanted]
         result.append((global_var, expr, calls))
     return result
 
@@ -160,7 +163,9 @@ def node_key(node: tvm.runtime.Object) -> int:
     return node.handle.value
 
 
-def resolve_skip_layers(skip_layers: Optional[Iterable[int]], num_layers: Optional[int], arg: str = "skip_layers") -> FrozenSet[int]:
+def resolve_skip_layers(
+    skip_layers: Optional[Iterable[int]], num_layers: Optional[int], arg: str = "skip_layers"
+) -> FrozenSet[int]:
     """Check layer indices and turn negative ones into positions.
 
     With ``num_layers`` None (unknown), negative indices are an error.

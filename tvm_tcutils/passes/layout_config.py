@@ -69,7 +69,8 @@ class LayoutConfig(metaclass=_CurrentScope):
     """
 
     def __init__(self, skip_layers: Optional[Iterable[int]] = None, num_layers: Optional[int] = None):
-        if num_layers is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0):
+        bad_count = isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0
+        if num_layers is not None and bad_count:
             raise TypeError(f"num_layers must be a non-negative int (from count_layers), got {num_layers!r}")
         self.skip_layers: FrozenSet[int] = resolve_skip_layers(skip_layers, num_layers)
         self.num_layers = num_layers
@@ -101,6 +102,14 @@ def next_layer_skipped(op_name: str) -> Optional[bool]:
 
     Returns None when no scope is active. Called by the ConvertLayout handlers
     once per call they see.
+
+    Examples
+    --------
+    >>> with LayoutConfig(skip_layers=[1]):
+    ...     [next_layer_skipped("nn.conv2d") for _ in range(3)]
+    [False, True, False]
+    >>> next_layer_skipped("nn.conv2d") is None
+    True
     """
     stack = _stack()
     if not stack:

@@ -46,7 +46,10 @@ def _result_dtype(call: relay.Call) -> str:
 class _Recaster(DFPatternCallback):
     """Rewrites each matching call that is not skipped; one pass, no fixpoint."""
 
-    def __init__(self, ops: Sequence[tvm.ir.Op], index: Dict[int, int], skip: FrozenSet[int], dtype: str, attrs: _AttrsWithOutDtype):
+    def __init__(
+        self, ops: Sequence[tvm.ir.Op], index: Dict[int, int], skip: FrozenSet[int], dtype: str,
+        attrs: _AttrsWithOutDtype,
+    ):
         super().__init__(require_type=False, rewrite_once=True)
         self.pattern = CallPattern(functools.reduce(lambda a, b: a | b, [is_op(op.name) for op in ops]), None)
         self._index = index
