@@ -38,7 +38,9 @@ class LayoutConfig(metaclass=_CurrentScope):
     Counting starts at 0 each time the scope is entered: run one
     ConvertLayout (of a single-function module) per ``with`` block. Scopes
     nest; the innermost one decides and, when it exits, the enclosing one
-    applies again with its own count. The scope is per thread.
+    applies again with its own count. The scope is per thread. Outside any
+    such scope, TVM's own ``relay.transform.LayoutConfig`` works as before;
+    inside one, this scope decides.
 
     Parameters
     ----------
