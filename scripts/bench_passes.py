@@ -37,7 +37,7 @@ sys.setrecursionlimit(10**7)
 threading.stack_size(1 << 30)
 import tvm
 from tvm import relay
-from scripts.bench_passes import workload
+from scripts.bench_passes import best_of, workload
 
 NAME, STEP = sys.argv[1], sys.argv[2]
 
@@ -54,10 +54,8 @@ STEPS = {
 
 def main():
     mod = relay.transform.InferType()(workload(NAME))
-    start = time.perf_counter()
     try:
-        STEPS[STEP](mod)
-        print(json.dumps({STEP: time.perf_counter() - start}), flush=True)
+        print(json.dumps({STEP: best_of(lambda: STEPS[STEP](mod))}), flush=True)
     except RecursionError:
         print(json.dumps({STEP: "RecursionError"}), flush=True)
 
@@ -65,6 +63,18 @@ thread = threading.Thread(target=main)
 thread.start()
 thread.join()
 """
+
+
+def best_of(run, again_below: float = 10.0) -> float:
+    """Seconds ``run()`` takes: the better of two runs when one is short (the machine is shared)."""
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+        if times[0] >= again_below:
+            break
+    return min(times)
 
 
 def workload(name: str):
@@ -107,17 +117,17 @@ def _tvm_time(name: str, step: str, cap: float):
     return f"crashed (status {proc.returncode})"
 
 
-def _our_times(name: str) -> tuple:
+def _our_steps(name: str) -> tuple:
+    """(conv2d layers, InferType seconds, {step: callable}) for tvm_tcutils' passes."""
     import tvm
     from tvm import relay
 
-    import tvm_tcutils
+    import tvm_tcutils  # noqa: F401  (installs the ConvertLayout hooks)
     from tvm_tcutils import LayoutConfig, count_layers, prepare_for_tensorcore, recast
 
     start = time.perf_counter()
     mod = relay.transform.InferType()(workload(name))
     infer = time.perf_counter() - start
-    layers = count_layers(mod, ["nn.conv2d"])
 
     def convert():
         with LayoutConfig(skip_layers=[0]), tvm.transform.PassContext(opt_level=3):
@@ -129,13 +139,7 @@ def _our_times(name: str) -> tuple:
         "convert_layout": convert,
         "prepare": lambda: prepare_for_tensorcore(mod, "int4", skip_layers=[0]),
     }
-    times = {}
-    for step in STEPS:
-        start = time.perf_counter()
-        steps[step]()
-        times[step] = time.perf_counter() - start
-    assert tvm_tcutils  # imported for its hooks
-    return layers, infer, times
+    return count_layers(mod, ["nn.conv2d"]), infer, steps
 
 
 def _cell(value) -> str:
@@ -150,11 +154,12 @@ def main() -> int:
     print(f"| workload | conv2d layers | InferType (s) | step | tvm_tcutils (s) | TVM 0.19 (s) | TVM / ours |")
     print("|---|---|---|---|---|---|---|")
     for name in args.workloads:
-        layers, infer, ours = _our_times(name)
-        theirs = {step: _tvm_time(name, step, args.cap) for step in STEPS}
-        for step in STEPS:
-            ratio = f"{theirs[step] / ours[step]:.1f}x" if isinstance(theirs[step], float) else "-"
-            print(f"| {name} | {layers} | {infer:.2f} | {step} | {ours[step]:.2f} | {_cell(theirs[step])} | {ratio} |", flush=True)
+        layers, infer, steps = _our_steps(name)
+        for step in STEPS:  # ours then TVM's, step by step, so both see the same machine load
+            ours = best_of(steps[step])
+            theirs = _tvm_time(name, step, args.cap)
+            ratio = f"{theirs / ours:.1f}x" if isinstance(theirs, float) else "-"
+            print(f"| {name} | {layers} | {infer:.2f} | {step} | {ours:.2f} | {_cell(theirs)} | {ratio} |", flush=True)
     return 0
 
 
