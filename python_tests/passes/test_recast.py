@@ -178,3 +178,10 @@ def test_numpy_integers_are_indices():
     mod = conv_chain(4)
     a = recast(mod, "int8", "int32", skip_layers=[np.int64(1)])
     assert _casted_layers(a, "int8") == [0, 2, 3]
+
+
+def test_ops_with_tuple_results_are_refused():
+    x = relay.var("x", shape=(1, 4, 4, 4))
+    mod = _typed(tvm.IRModule.from_expr(relay.Function([x], relay.split(x, 2, axis=1)[0])))
+    with pytest.raises(ValueError, match="split returns .* not one tensor"):
+        recast(mod, "float16", "float16", ops=["split"])
