@@ -48,7 +48,7 @@ class _Recaster(DFPatternCallback):
 
     def __init__(
         self, ops: Sequence[tvm.ir.Op], index: Dict[int, int], skip: FrozenSet[int], dtype: str,
-        attrs: _AttrsWithOutDtype,
+        attrs: _AttrsWithOutDtype, result_dtypes: Sequence[str],
     ):
         super().__init__(require_type=False, rewrite_once=True)
         self.pattern = CallPattern(functools.reduce(lambda a, b: a | b, [is_op(op.name) for op in ops]), None)
@@ -56,14 +56,16 @@ class _Recaster(DFPatternCallback):
         self._skip = skip
         self._dtype = dtype
         self._attrs = attrs
+        self._result_dtypes = result_dtypes
 
     def callback(self, pre, post, node_map):
-        # ``pre`` is the node of the (typed) input graph, so its index and type are known.
-        if self._index[node_key(pre)] in self._skip:
+        # ``pre`` is the node of the input graph, so its layer index is known.
+        index = self._index[node_key(pre)]
+        if index in self._skip:
             return post
         args = [_cast_argument(arg, self._dtype) for arg in post.args]
         new_call = relay.Call(post.op, args, self._attrs(post.attrs), None, post.span)
-        return relay.cast(new_call, _result_dtype(pre))
+        return relay.cast(new_call, self._result_dtypes[index])
 
 
 def recast(
@@ -119,13 +121,27 @@ def recast(
     check_dtype(dtype, "dtype")
     check_dtype(out_dtype, "out_dtype")
     source = typed(expr_or_mod)
-    functions = function_layers(source, op_list)
-    skip = resolve_skip_layers(skip_layers, sum(len(calls) for _, _, calls in functions))
+    layers = [call for _, _, calls in function_layers(source, op_list) for call in calls]
+    skip = resolve_skip_layers(skip_layers, len(layers))
+    return recast_layers(source, op_list, dtype, out_dtype, skip, [_result_dtype(call) for call in layers])
+
+
+def recast_layers(
+    source: ExprOrMod, ops: Sequence[tvm.ir.Op], dtype: str, out_dtype: str, skip: FrozenSet[int],
+    result_dtypes: Sequence[str],
+) -> ExprOrMod:
+    """:func:`recast` with checked arguments and the result type of every layer known.
+
+    ``source`` needs no types: ``prepare_for_tensorcore`` passes the layers'
+    result types from before layout conversion (which keeps them) and so
+    saves a type inference of the whole graph.
+    """
     rewritten, first, attrs = [], 0, _AttrsWithOutDtype(out_dtype)
-    for global_var, function, calls in functions:
+    for global_var, function, calls in function_layers(source, ops):
         # Indexed per function: functions may share nodes.
         index = {node_key(call): first + i for i, call in enumerate(calls)}
-        rewritten.append((global_var, rewrite(_Recaster(op_list, index, skip, dtype, attrs), function)))
+        recaster = _Recaster(ops, index, skip, dtype, attrs, result_dtypes)
+        rewritten.append((global_var, rewrite(recaster, function)))
         first += len(calls)
     if not isinstance(source, tvm.IRModule):
         return rewritten[0][1]
