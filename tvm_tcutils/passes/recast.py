@@ -135,6 +135,15 @@ def recast_layers(
     ``source`` needs no types: ``prepare_for_tensorcore`` passes the layers'
     result types from before layout conversion (which keeps them) and so
     saves a type inference of the whole graph.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> from tvm_tcutils.passes._graph import resolve_ops
+    >>> mod, _ = load_model("mlp")
+    >>> out = recast_layers(mod, resolve_ops("nn.dense", "ops"), "int8", "int32", frozenset({2}), ["float32"] * 3)
+    >>> out.astext().count("int8")
+    4
     """
     rewritten, first, attrs = [], 0, _AttrsWithOutDtype(out_dtype)
     for global_var, function, calls in function_layers(source, ops):
