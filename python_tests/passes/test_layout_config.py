@@ -201,3 +201,16 @@ def test_input_module_is_not_modified():
     with LayoutConfig(skip_layers=[0]):
         convert(mod, "HWNC")
     assert tvm.ir.save_json(mod) == before
+
+
+def test_qnn_conv2d_in_hwnc_computes_the_same():
+    import numpy as np
+
+    from conftest import build_and_run
+
+    mod = _qnn_net()
+    data = np.random.default_rng(0).integers(-5, 5, (1, 32, 8, 8)).astype("int8")
+    expected = build_and_run(mod, inputs={"data": data})[0]
+    with LayoutConfig(skip_layers=[1]):
+        out = convert(mod, "HWNC", op="qnn.conv2d")
+    np.testing.assert_array_equal(build_and_run(out, inputs={"data": data})[0], expected)

@@ -92,9 +92,13 @@ def test_bad_input(kwargs, error, words):
         prepare_for_tensorcore(small_conv_net(), **kwargs)
 
 
-def test_not_a_module():
+def test_not_a_module_or_not_type_correct():
     with pytest.raises(TypeError, match="IRModule"):
         prepare_for_tensorcore(small_conv_net()["main"])
+    x = relay.var("x", shape=(1, 3, 8, 8))
+    bad = tvm.IRModule.from_expr(relay.nn.conv2d(x, relay.var("w", shape=(4, 5, 3, 3))))
+    with pytest.raises(ValueError, match="mod does not type-check"):
+        prepare_for_tensorcore(bad)
 
 
 def test_count_layers_command():
@@ -139,3 +143,20 @@ def test_prepare_command_errors_write_nothing(tmp_path, args, words):
 def test_count_layers_command_rejects_unknown_ops():
     result = run_cli("count-layers", "mlp", "--ops", "nn.dens")
     assert result.returncode == 2 and "did you mean nn.dense" in result.stderr
+
+
+def test_demo_section_reports_skipped_layers_and_equal_outputs():
+    from tvm_tcutils.demo import SECTIONS
+    from tvm_tcutils.passes.demo import prepare_section
+
+    assert prepare_section in SECTIONS
+    lines = prepare_section("small", small_conv_net(channels=32), {})
+    assert lines[0].startswith("prepare_for_tensorcore(int4): 2 conv2d layers to HWNC/int4 in ")
+    assert lines[0].endswith(", 0 skipped")
+    assert float(lines[-1].split("max |diff| ")[1].split()[0]) < 1e-4
+    lines = prepare_section("small", small_conv_net(channels=4), {})
+    assert lines[0].endswith(", 2 skipped")
+    assert lines[1] == (
+        "  skipped layer 0: 4 input channels would be padded to 32 and 4 output channels would be padded to 8 "
+        "(+1500% work > 100% allowed)"
+    )

@@ -14,6 +14,8 @@ from tvm_tcutils.models import random_inputs
 
 @functools.lru_cache(maxsize=None)
 def model(name):
+    if name == "chain":
+        return relay.transform.InferType()(conv_chain(12)), {}
     return load_model(name)
 
 
@@ -25,7 +27,7 @@ def _typed(mod):
 # the longest chain of layers after it, so parallel layers share an index; the
 # lists avoid the layers after the first parallel branch (see the test below).
 ORACLE_CASES = [
-    ("vgg-11", [[], [0], [0, 1, 2], [-1], [-1, -3], [2, 5]]),
+    ("chain", [[], [0], [0, 1, 2], [-1], [-1, -3], [2, 5]]),
     ("mobilenet", [[], [0], [0, 1, 2], [-1, -2], [4, 10, -5]]),
     ("resnet-18", [[], [0], [0, 1], [-1], [-1, -2]]),
     ("squeezenet1.1", [[], [0], [0, 1], [-1]]),
@@ -176,3 +178,10 @@ def test_numpy_integers_are_indices():
     mod = conv_chain(4)
     a = recast(mod, "int8", "int32", skip_layers=[np.int64(1)])
     assert _casted_layers(a, "int8") == [0, 2, 3]
+
+
+def test_ops_with_tuple_results_are_refused():
+    x = relay.var("x", shape=(1, 4, 4, 4))
+    mod = _typed(tvm.IRModule.from_expr(relay.Function([x], relay.split(x, 2, axis=1)[0])))
+    with pytest.raises(ValueError, match="split returns .* not one tensor"):
+        recast(mod, "float16", "float16", ops=["split"])

@@ -80,7 +80,10 @@ def check_dtype(dtype: str, arg: str) -> str:
     return dtype
 
 
-def relay_functions(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr]]:
+Functions = List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr]]
+
+
+def relay_functions(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> Functions:
     """``[(global_var or None, expr)]``: main first, then other Relay functions by name."""
     if isinstance(expr_or_mod, tvm.IRModule):
         pairs = [(gv, fn) for gv, fn in expr_or_mod.functions.items() if isinstance(fn, relay.Function)]
@@ -90,29 +93,28 @@ def relay_functions(expr_or_mod: ExprOrMod, arg: str = "expr_or_mod") -> List[Tu
     raise TypeError(f"{arg} must be a tvm.IRModule or a relay.Expr, got {type(expr_or_mod).__name__}")
 
 
+_CHILDREN = {
+    relay.Call: lambda n: [n.op, *n.args],
+    relay.Tuple: lambda n: list(n.fields),
+    relay.TupleGetItem: lambda n: [n.tuple_value],
+    relay.Function: lambda n: [*n.params, n.body],
+    relay.Let: lambda n: [n.value, n.var, n.body],
+    relay.If: lambda n: [n.cond, n.true_branch, n.false_branch],
+    relay.RefCreate: lambda n: [n.value],
+    relay.RefRead: lambda n: [n.ref],
+    relay.RefWrite: lambda n: [n.ref, n.value],
+    relay.Match: lambda n: [n.data, *(clause.rhs for clause in n.clauses)],
+}
+"""Sub-expressions of each node kind, in the order TVM's ExprVisitor visits them."""
+_LEAVES = (relay.Var, relay.Constant, tvm.ir.Op, tvm.ir.GlobalVar, relay.Constructor)
+_CHILDREN.update({kind: lambda n: () for kind in _LEAVES})
+
+
 def _children(node) -> list:
-    """Sub-expressions of ``node`` in the order TVM's ExprVisitor visits them."""
-    if isinstance(node, relay.Call):
-        return [node.op, *node.args]
-    if isinstance(node, relay.Tuple):
-        return list(node.fields)
-    if isinstance(node, relay.TupleGetItem):
-        return [node.tuple_value]
-    if isinstance(node, relay.Function):
-        return [*node.params, node.body]
-    if isinstance(node, relay.Let):
-        return [node.value, node.var, node.body]
-    if isinstance(node, relay.If):
-        return [node.cond, node.true_branch, node.false_branch]
-    if isinstance(node, relay.RefCreate):
-        return [node.value]
-    if isinstance(node, relay.RefRead):
-        return [node.ref]
-    if isinstance(node, relay.RefWrite):
-        return [node.ref, node.value]
-    if isinstance(node, relay.Match):
-        return [node.data, *(clause.rhs for clause in node.clauses)]
-    return []  # Var, Constant, Op, GlobalVar, Constructor
+    children = _CHILDREN.get(type(node))
+    if children is None:  # a subclass of a known kind
+        children = next((fn for kind, fn in _CHILDREN.items() if isinstance(node, kind)), lambda n: ())
+    return children(node)
 
 
 def post_order(expr: relay.Expr) -> Iterator[relay.Expr]:
@@ -139,15 +141,14 @@ def post_order(expr: relay.Expr) -> Iterator[relay.Expr]:
         stack.extend((child, False) for child in reversed(_children(node)))
 
 
-def function_layers(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr, List[relay.Call]]]:
+def function_layers(
+    expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]
+) -> List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr, List[relay.Call]]]:
     """Per Relay function, its calls to ``ops`` in layer order (numbering continues across functions)."""
-    wanted = {op.name for op in ops}
+    wanted = {node_key(op) for op in ops}  # ops are singletons: compare addresses
     result = []
     for global_var, expr in relay_functions(expr_or_mod):
-        calls = [
-            node for node in post_order(expr)
-            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in wanted
-        ]
+        calls = [node for node in post_order(expr) if type(node) is relay.Call and node_key(node.op) in wanted]
         result.append((global_var, expr, calls))
     return result
 
@@ -162,7 +163,9 @@ def node_key(node: tvm.runtime.Object) -> int:
     return node.handle.value
 
 
-def resolve_skip_layers(skip_layers: Optional[Iterable[int]], num_layers: Optional[int], arg: str = "skip_layers") -> FrozenSet[int]:
+def resolve_skip_layers(
+    skip_layers: Optional[Iterable[int]], num_layers: Optional[int], arg: str = "skip_layers"
+) -> FrozenSet[int]:
     """Check layer indices and turn negative ones into positions.
 
     With ``num_layers`` None (unknown), negative indices are an error.
@@ -249,3 +252,27 @@ def replace_attrs(attrs: tvm.ir.Attrs, **changes) -> tvm.ir.Attrs:
     values = {str(key): attrs[key] for key in attrs.keys()}
     values.update(changes)
     return tvm.ir.make_node(attrs.type_key, **values)
+
+
+class AttrsReplacer:
+    """:func:`replace_attrs` made once per distinct (attributes, changes).
+
+    Reading attributes field by field costs tens of FFI calls; deep models
+    repeat a few distinct attribute values thousands of times, so a structural
+    hash finds the copy made before. At most ``limit`` copies are kept.
+    """
+
+    def __init__(self, limit: int = 4096):
+        self._made: Dict[tuple, list] = {}
+        self._limit = limit
+
+    def __call__(self, attrs: tvm.ir.Attrs, **changes) -> tvm.ir.Attrs:
+        if len(self._made) > self._limit:
+            self._made.clear()
+        bucket = self._made.setdefault((tvm.ir.structural_hash(attrs), tuple(sorted(changes.items()))), [])
+        for original, replaced in bucket:
+            if tvm.ir.structural_equal(original, attrs):
+                return replaced
+        replaced = replace_attrs(attrs, **changes)
+        bucket.append((attrs, replaced))
+        return replaced

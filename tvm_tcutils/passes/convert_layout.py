@@ -21,7 +21,7 @@ from typing import Callable, Dict, FrozenSet, Optional, Sequence
 from .._tvm import tvm
 from tvm import relay
 
-from ._graph import replace_attrs
+from ._graph import AttrsReplacer
 from .layout_config import next_layer_skipped
 
 #: Data layout -> kernel layout that ``"default"`` stands for.
@@ -34,6 +34,7 @@ TVM_HANDLES: Dict[str, FrozenSet[str]] = {
     "qnn.conv2d": frozenset({"NCHW", "NHWC"}),
 }
 _KERNEL_AXES = sorted("OIHW")
+_REPLACE_ATTRS = AttrsReplacer()
 
 
 def _channels(shape, layout: str, axis: str) -> int:
@@ -83,7 +84,7 @@ def _handler(op_name: str) -> Callable:
         in_scope = skipped is not None
         if data_layout not in DEFAULT_KERNEL_LAYOUTS or (not in_scope and data_layout in TVM_HANDLES[op_name]):
             return None
-        new_attrs = replace_attrs(
+        new_attrs = _REPLACE_ATTRS(
             attrs, data_layout=data_layout, kernel_layout=_kernel_layout(data_layout, kernel_layout, attrs, tinfos)
         )
         return relay.Call(op, list(inputs), new_attrs)

@@ -34,10 +34,17 @@ class Layer:
         out = "x".join(map(str, self.output_shape))
         layout = f"{self.data_layout}/{self.kernel_layout}" if self.data_layout else "-"
         verdict = "yes" if self.qualifies else f"no: {self.reason}"
-        return f"{self.index:>5}  {self.op:<12} {shape:<18} {self.input_dtypes[0] if self.input_dtypes else '-':<8} -> {out:<18} {self.output_dtype:<8} {layout:<10} {verdict}"
+        dtype = self.input_dtypes[0] if self.input_dtypes else "-"
+        return (
+            f"{self.index:>5}  {self.op:<12} {shape:<18} {dtype:<8} -> {out:<18} {self.output_dtype:<8} "
+            f"{layout:<10} {verdict}"
+        )
 
 
-HEADER = f"{'layer':>5}  {'op':<12} {'input':<18} {'dtype':<8}    {'output':<18} {'dtype':<8} {'layout':<10} HWNC tensor cores"
+HEADER = (
+    f"{'layer':>5}  {'op':<12} {'input':<18} {'dtype':<8}    {'output':<18} {'dtype':<8} {'layout':<10} "
+    "HWNC tensor cores"
+)
 
 
 def _shape(ttype) -> Tuple[int, ...]:
@@ -50,7 +57,9 @@ def _tensor_types(ttype) -> List[relay.TensorType]:
     return [ttype] if isinstance(ttype, relay.TensorType) else []
 
 
-def conv2d_verdict(call: relay.Call, dtype: str, out_dtype: str = "int32", pad_fraction: float = DEFAULT_PAD_FRACTION) -> Verdict:
+def conv2d_verdict(
+    call: relay.Call, dtype: str, out_dtype: str = "int32", pad_fraction: float = DEFAULT_PAD_FRACTION
+) -> Verdict:
     """Judge a typed conv2d call as it will be after conversion to HWNC and recasting to ``dtype``.
 
     A layer not yet in HWNC gets the HWOI kernel that conversion gives it; one

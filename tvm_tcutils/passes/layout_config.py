@@ -38,7 +38,9 @@ class LayoutConfig(metaclass=_CurrentScope):
     Counting starts at 0 each time the scope is entered: run one
     ConvertLayout (of a single-function module) per ``with`` block. Scopes
     nest; the innermost one decides and, when it exits, the enclosing one
-    applies again with its own count. The scope is per thread.
+    applies again with its own count. The scope is per thread. Outside any
+    such scope, TVM's own ``relay.transform.LayoutConfig`` works as before;
+    inside one, this scope decides.
 
     Parameters
     ----------
@@ -69,7 +71,8 @@ class LayoutConfig(metaclass=_CurrentScope):
     """
 
     def __init__(self, skip_layers: Optional[Iterable[int]] = None, num_layers: Optional[int] = None):
-        if num_layers is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0):
+        bad_count = isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0
+        if num_layers is not None and bad_count:
             raise TypeError(f"num_layers must be a non-negative int (from count_layers), got {num_layers!r}")
         self.skip_layers: FrozenSet[int] = resolve_skip_layers(skip_layers, num_layers)
         self.num_layers = num_layers
@@ -101,6 +104,14 @@ def next_layer_skipped(op_name: str) -> Optional[bool]:
 
     Returns None when no scope is active. Called by the ConvertLayout handlers
     once per call they see.
+
+    Examples
+    --------
+    >>> with LayoutConfig(skip_layers=[1]):
+    ...     [next_layer_skipped("nn.conv2d") for _ in range(3)]
+    [False, True, False]
+    >>> next_layer_skipped("nn.conv2d") is None
+    True
     """
     stack = _stack()
     if not stack:

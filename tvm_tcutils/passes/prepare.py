@@ -11,7 +11,7 @@ from ..tensorcore_rules import DATA_LAYOUT, DEFAULT_PAD_FRACTION, WMMA_SHAPES
 from ._graph import check_dtype, layer_calls, resolve_ops, resolve_skip_layers, typed
 from .layer_table import conv2d_verdict
 from .layout_config import LayoutConfig
-from .recast import recast
+from .recast import recast_layers
 
 CONV = "nn.conv2d"
 
@@ -103,7 +103,10 @@ def prepare_for_tensorcore(
         converted = relay.transform.ConvertLayout({CONV: [DATA_LAYOUT, "default"]})(mod)
     already = {i for i, call in enumerate(calls) if str(call.attrs.data_layout) == DATA_LAYOUT}
     _check_converted(converted, config, len(calls), (set(range(len(calls))) - set(skip)) | already)
-    return Prepared(relay.transform.InferType()(recast(converted, dtype, out_dtype, [CONV], skip)), skipped)
+    # ConvertLayout keeps every layer's result type: no type inference needed before recasting.
+    result_dtypes = [str(call.checked_type.dtype) for call in calls]
+    recast_mod = recast_layers(converted, resolve_ops(CONV, "ops"), dtype, out_dtype, frozenset(skip), result_dtypes)
+    return Prepared(relay.transform.InferType()(recast_mod), skipped)
 
 
 def _check_converted(mod: tvm.IRModule, config: LayoutConfig, num_layers: int, expected: set) -> None:

@@ -9,7 +9,7 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import CallPattern, DFPatternCallback, is_op, rewrite
 
 from ._graph import (
-    ExprOrMod, check_dtype, function_layers, node_key, replace_attrs, resolve_ops,
+    AttrsReplacer, ExprOrMod, check_dtype, function_layers, node_key, resolve_ops,
     resolve_skip_layers, typed,
 )
 
@@ -21,10 +21,17 @@ def _cast_argument(arg: relay.Expr, dtype: str) -> relay.Expr:
     return relay.cast(arg, dtype)
 
 
-def _with_out_dtype(attrs: Optional[tvm.ir.Attrs], out_dtype: str) -> Optional[tvm.ir.Attrs]:
-    if attrs is None or "out_dtype" not in attrs.keys():
-        return attrs
-    return replace_attrs(attrs, out_dtype=out_dtype)
+class _AttrsWithOutDtype:
+    """Attributes with ``out_dtype`` replaced (unchanged for ops without one)."""
+
+    def __init__(self, out_dtype: str):
+        self._out_dtype = out_dtype
+        self._replace = AttrsReplacer()
+
+    def __call__(self, attrs: Optional[tvm.ir.Attrs]) -> Optional[tvm.ir.Attrs]:
+        if attrs is None or not hasattr(attrs, "out_dtype"):
+            return attrs
+        return self._replace(attrs, out_dtype=self._out_dtype)
 
 
 def _result_dtype(call: relay.Call) -> str:
@@ -39,21 +46,26 @@ def _result_dtype(call: relay.Call) -> str:
 class _Recaster(DFPatternCallback):
     """Rewrites each matching call that is not skipped; one pass, no fixpoint."""
 
-    def __init__(self, ops: Sequence[tvm.ir.Op], index: Dict[int, int], skip: FrozenSet[int], dtype: str, out_dtype: str):
+    def __init__(
+        self, ops: Sequence[tvm.ir.Op], index: Dict[int, int], skip: FrozenSet[int], dtype: str,
+        attrs: _AttrsWithOutDtype, result_dtypes: Sequence[str],
+    ):
         super().__init__(require_type=False, rewrite_once=True)
         self.pattern = CallPattern(functools.reduce(lambda a, b: a | b, [is_op(op.name) for op in ops]), None)
         self._index = index
         self._skip = skip
         self._dtype = dtype
-        self._out_dtype = out_dtype
+        self._attrs = attrs
+        self._result_dtypes = result_dtypes
 
     def callback(self, pre, post, node_map):
-        # ``pre`` is the node of the (typed) input graph, so its index and type are known.
-        if self._index[node_key(pre)] in self._skip:
+        # ``pre`` is the node of the input graph, so its layer index is known.
+        index = self._index[node_key(pre)]
+        if index in self._skip:
             return post
         args = [_cast_argument(arg, self._dtype) for arg in post.args]
-        new_call = relay.Call(post.op, args, _with_out_dtype(post.attrs, self._out_dtype), None, post.span)
-        return relay.cast(new_call, _result_dtype(pre))
+        new_call = relay.Call(post.op, args, self._attrs(post.attrs), None, post.span)
+        return relay.cast(new_call, self._result_dtypes[index])
 
 
 def recast(
@@ -109,13 +121,36 @@ def recast(
     check_dtype(dtype, "dtype")
     check_dtype(out_dtype, "out_dtype")
     source = typed(expr_or_mod)
-    functions = function_layers(source, op_list)
-    skip = resolve_skip_layers(skip_layers, sum(len(calls) for _, _, calls in functions))
-    rewritten, first = [], 0
-    for global_var, function, calls in functions:
+    layers = [call for _, _, calls in function_layers(source, op_list) for call in calls]
+    skip = resolve_skip_layers(skip_layers, len(layers))
+    return recast_layers(source, op_list, dtype, out_dtype, skip, [_result_dtype(call) for call in layers])
+
+
+def recast_layers(
+    source: ExprOrMod, ops: Sequence[tvm.ir.Op], dtype: str, out_dtype: str, skip: FrozenSet[int],
+    result_dtypes: Sequence[str],
+) -> ExprOrMod:
+    """:func:`recast` with checked arguments and the result type of every layer known.
+
+    ``source`` needs no types: ``prepare_for_tensorcore`` passes the layers'
+    result types from before layout conversion (which keeps them) and so
+    saves a type inference of the whole graph.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> from tvm_tcutils.passes._graph import resolve_ops
+    >>> mod, _ = load_model("mlp")
+    >>> out = recast_layers(mod, resolve_ops("nn.dense", "ops"), "int8", "int32", frozenset({2}), ["float32"] * 3)
+    >>> out.astext().count("int8")
+    4
+    """
+    rewritten, first, attrs = [], 0, _AttrsWithOutDtype(out_dtype)
+    for global_var, function, calls in function_layers(source, ops):
         # Indexed per function: functions may share nodes.
         index = {node_key(call): first + i for i, call in enumerate(calls)}
-        rewritten.append((global_var, rewrite(_Recaster(op_list, index, skip, dtype, out_dtype), function)))
+        recaster = _Recaster(ops, index, skip, dtype, attrs, result_dtypes)
+        rewritten.append((global_var, rewrite(recaster, function)))
         first += len(calls)
     if not isinstance(source, tvm.IRModule):
         return rewritten[0][1]
