@@ -1,0 +1,1 @@
+"""Computes and schedules as plain functions (no registration here)."""
