@@ -70,6 +70,9 @@ class DotProductISA:
         Builds the TIR expression of one ``acc += dot4`` per lane.
     target_keys : tuple of str
         Target keys the ISA belongs to (for strategy / hook tables).
+    registers : int
+        Vector registers, which bound the accumulator tile of the fallback
+        schedules.
     reduce : int
         Products summed per lane (4 for every ISA here).
     """
@@ -80,6 +83,7 @@ class DotProductISA:
     supports: Callable[["tvm.target.Target"], bool]
     emitter: Emitter
     target_keys: Tuple[str, ...] = ("cpu",)
+    registers: int = 16
     reduce: int = 4
 
     @property

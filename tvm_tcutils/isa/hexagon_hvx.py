@@ -33,5 +33,6 @@ HEXAGON_HVX = DotProductISA(
     ),
     supports=_supports,
     emitter=_emit,
+    registers=32,
     target_keys=("hexagon",),
 )

@@ -51,5 +51,6 @@ X86_VNNI = DotProductISA(
     variants=(DotVariant("uint8", "int8", INTRINSIC), DotVariant("int8", "uint8", INTRINSIC, swap=True)),
     supports=_supports,
     emitter=_emit,
+    registers=32,
     target_keys=("cpu",),
 )
