@@ -191,8 +191,6 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     s[out].reorder(n, occ, oh_o, ow_o, oh_i, ow_i, oci)
     outer = [n, occ, oh_o][: cfg["par_depth"].val]
     s[out].parallel(s[out].fuse(*outer))
-    if cfg["par_depth"].val == 2:
-        pass  # oh_o stays a serial loop inside each parallel task
     if out.op != conv.op:
         s[conv].compute_at(s[out], ow_o)
         s[out].vectorize(oci)
