@@ -35,7 +35,7 @@ LEVEL = 20
 
 #: Modules whose ``hooks()`` function returns the package's hook declarations.
 #: Each capability adds its module here (and nowhere else registers anything).
-HOOK_PROVIDERS: Tuple[str, ...] = ()
+HOOK_PROVIDERS: Tuple[str, ...] = ("tvm_tcutils.strategy.dot_product",)
 
 #: Attributes whose handlers share the ``(attrs, inputs, types, extra)`` calling
 #: convention and whose "no change" answer is ``None``.

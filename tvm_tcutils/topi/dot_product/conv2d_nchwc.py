@@ -208,3 +208,87 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
         s[conv].unroll(r_kw)
     s[conv].tensorize(oc_l, intrin)
     return s
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="int32"):
+    """int8 conv2d on plain NCHW / OIHW tensors: packs both, runs :func:`conv2d_nchwc_dot`, unpacks.
+
+    Used where Relay did not alter the layout (opt_level < 3); channels that are
+    not multiples of 4 (data) or of the lane count (output) are zero-padded.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((1, 3, 8, 8), "uint8"); k = te.placeholder((5, 3, 3, 3), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     out = conv2d_nchw_dot(autotvm.get_config(), d, k, 1, 1, 1)
+    >>> [int(x) for x in out.shape]
+    [1, 5, 8, 8]
+    """
+    from .packing import channel_block
+
+    isa = current_isa(data.dtype, kernel.dtype)
+    (batch, chans, in_h, in_w), (out_c, k_c, k_h, k_w) = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
+    if k_c != chans:
+        raise ValueError(f"kernel has {k_c} input channels but data has {chans} (groups=1 only)")
+    ic_bn, oc_bn = channel_block(chans, isa.lanes), isa.lanes
+    chans_p, out_p = _round_up(chans, ic_bn), _round_up(out_c, oc_bn)
+    zero_d, zero_k = tvm.tir.const(0, data.dtype), tvm.tir.const(0, kernel.dtype)
+    data_p = te.compute(
+        (batch, chans_p // ic_bn, in_h, in_w, ic_bn),
+        lambda n, c, y, x, cb: tvm.tir.if_then_else(
+            c * ic_bn + cb < chans, data[n, tvm.te.min(c * ic_bn + cb, chans - 1), y, x], zero_d
+        ),
+        name="data_pack", tag="dot_pack",
+    )
+    kernel_p = te.compute(
+        (out_p // oc_bn, chans_p // ic_bn, k_h, k_w, ic_bn // 4, oc_bn, 4),
+        lambda o, c, y, x, cf, ob, cs: tvm.tir.if_then_else(
+            tvm.tir.all(o * oc_bn + ob < out_c, c * ic_bn + cf * 4 + cs < chans),
+            kernel[te.min(o * oc_bn + ob, out_c - 1), te.min(c * ic_bn + cf * 4 + cs, chans - 1), y, x],
+            zero_k,
+        ),
+        name="kernel_pack", tag="dot_pack",
+    )
+    conv = conv2d_nchwc_dot(cfg, data_p, kernel_p, strides, padding, dilation, "", "", out_dtype)
+    return te.compute(
+        (batch, out_c, conv.shape[2], conv.shape[3]),
+        lambda n, c, y, x: conv[n, c // oc_bn, y, x, c % oc_bn],
+        name="conv_unpack", tag="injective,dot_unpack",
+    )
+
+
+def schedule_conv2d_nchw_dot(cfg, outs, mode: str = "llvm"):
+    """Schedule :func:`conv2d_nchw_dot`: the packing stages, the conv, and the unpacked output.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((1, 3, 8, 8), "uint8"); k = te.placeholder((5, 3, 3, 3), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     cfg = autotvm.get_config()
+    ...     s = schedule_conv2d_nchw_dot(cfg, [conv2d_nchw_dot(cfg, d, k, 1, 1, 1)])
+    """
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    conv = find_op(outs, TAG)
+    if conv is None:
+        raise ValueError(f"no {TAG} op among the outputs")
+    # The conv is scheduled on its own (its output shape differs from the unpacked one).
+    s = schedule_conv2d_nchwc_dot(cfg, [conv] + outs, mode)
+    data = conv.op.input_tensors[0]
+    packs = [t for t in (data, *data.op.input_tensors, conv.op.input_tensors[1]) if t.op.tag == "dot_pack"]
+    for pack in packs:
+        axes = s[pack].op.axis
+        s[pack].parallel(s[pack].fuse(*axes[:3]))
+        s[pack].vectorize(axes[-1])
+    final = outs[0]
+    inline_between(s, outs, conv)
+    n, c, y, x = s[final].op.axis
+    s[final].parallel(s[final].fuse(n, c, y))
+    return s

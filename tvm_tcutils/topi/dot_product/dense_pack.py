@@ -133,3 +133,74 @@ def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
     s[dense].unroll(j_b)
     s[dense].tensorize(j_l, intrin)
     return s
+
+
+def dense_dot(cfg, data, weight, bias=None, out_dtype="int32"):
+    """int8 dense on a plain ``(N, K)`` weight: packs it, runs :func:`dense_pack_dot`, slices.
+
+    Used where Relay did not alter the layout (opt_level < 3); K is zero-padded
+    to a multiple of 4 and N to the lane count.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((2, 10), "uint8"); w = te.placeholder((5, 10), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     out = dense_dot(autotvm.get_config(), d, w)
+    >>> [int(x) for x in out.shape]
+    [2, 5]
+    """
+    isa = current_isa(data.dtype, weight.dtype)
+    (m, k), (n, k_w) = get_const_tuple(data.shape), get_const_tuple(weight.shape)
+    if k != k_w:
+        raise ValueError(f"data has K={k} but weight has K={k_w}")
+    lanes = isa.lanes
+    k_p, n_p = -(-k // 4) * 4, -(-n // lanes) * lanes
+    zero_d, zero_w = tvm.tir.const(0, data.dtype), tvm.tir.const(0, weight.dtype)
+    data_p = te.compute(
+        (m, k_p), lambda i, j: tvm.tir.if_then_else(j < k, data[i, te.min(j, k - 1)], zero_d),
+        name="data_pack", tag="dot_pack",
+    )
+    weight_p = te.compute(
+        (n_p // lanes, k_p // 4, lanes, 4),
+        lambda o, c, ol, cs: tvm.tir.if_then_else(
+            tvm.tir.all(o * lanes + ol < n, c * 4 + cs < k),
+            weight[te.min(o * lanes + ol, n - 1), te.min(c * 4 + cs, k - 1)], zero_w,
+        ),
+        name="weight_pack", tag="dot_pack",
+    )
+    out = dense_pack_dot(cfg, data_p, weight_p, None, out_dtype)
+    return te.compute(
+        (m, n),
+        lambda i, j: out[i, j] + (bias[j].astype("int32") if bias is not None else 0),
+        name="dense_slice", tag="injective,dot_unpack",
+    )
+
+
+def schedule_dense_dot(cfg, outs, mode: str = "llvm"):
+    """Schedule :func:`dense_dot` (packing stages, the dense, the sliced output).
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((2, 10), "uint8"); w = te.placeholder((5, 10), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     cfg = autotvm.get_config()
+    ...     s = schedule_dense_dot(cfg, [dense_dot(cfg, d, w)])
+    """
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    dense = find_op(outs, TAG)
+    if dense is None:
+        raise ValueError(f"no {TAG} op among the outputs")
+    s = schedule_dense_pack_dot(cfg, [dense] + outs, mode)
+    for pack in dense.op.input_tensors:
+        if pack.op.tag == "dot_pack":
+            axes = s[pack].op.axis
+            s[pack].parallel(axes[0])
+            s[pack].vectorize(axes[-1])
+    final = outs[0]
+    inline_between(s, outs, dense)
+    s[final].parallel(s[final].op.axis[0])
+    return s
