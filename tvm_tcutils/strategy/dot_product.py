@@ -28,7 +28,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from .._tvm import tvm
-from tvm import relay
+from tvm import autotvm, relay, te
 from tvm.relay.op import strategy as _strategy
 from tvm.topi.utils import get_const_tuple
 
@@ -104,6 +104,10 @@ def _conv_compensation(kernel: relay.Expr, k_shape, in_hw, out_hw, attrs, pads) 
     rows = window_mask(in_hw[0], k_h, s_h, d_h, pads[0], out_hw[0])  # (KH, OH)
     cols = window_mask(in_hw[1], k_w, s_w, d_w, pads[1], out_hw[1])  # (KW, OW)
     taps = np.einsum("ky,lx->yxkl", rows, cols).reshape(out_hw[0] * out_hw[1], k_h * k_w)
+    if isinstance(kernel, relay.Constant):
+        k_sum = kernel.data.numpy().astype("int64").sum(axis=1).reshape(out_c, k_h * k_w)
+        comp = (128 * k_sum @ taps.T.astype("int64")).astype("int32")
+        return relay.const(comp.reshape(1, out_c, out_hw[0], out_hw[1]))
     k_sum = relay.sum(relay.cast(kernel, "int32"), axis=[1])  # (O, KH, KW)
     comp = relay.nn.dense(relay.reshape(k_sum, (out_c, k_h * k_w)), relay.const(taps), out_dtype="int32")
     return relay.reshape(relay.multiply(comp, relay.const(128, "int32")), (1, out_c, out_hw[0], out_hw[1]))
@@ -176,7 +180,10 @@ def legalize_dense(attrs, inputs, types) -> Optional[relay.Expr]:
     if n_p != n:
         out = relay.strided_slice(out, begin=(0, 0), end=(d_shape[0], n))
     if shift:
-        comp = relay.multiply(relay.sum(relay.cast(weight, "int32"), axis=[1]), relay.const(128, "int32"))
+        if isinstance(weight, relay.Constant):
+            comp = relay.const((128 * weight.data.numpy().astype("int64").sum(axis=1)).astype("int32"))
+        else:
+            comp = relay.multiply(relay.sum(relay.cast(weight, "int32"), axis=[1]), relay.const(128, "int32"))
         out = relay.subtract(out, comp)
     return out
 
@@ -199,6 +206,26 @@ def _packable_conv(attrs, types, isa) -> Optional[Tuple[int, int]]:
     return channel_block(d_shape[1], isa.lanes), isa.lanes
 
 
+def _carry_tuned_config(old_task: str, old_args, new_task: str, new_args) -> None:
+    """Make a tuned config of the unpacked op's task apply to the packed op it became.
+
+    AutoTVM extracts and tunes tasks with AlterOpLayout disabled (the
+    unpacked ops); both templates define the same knobs, so the best config
+    found for the unpacked workload is registered for the packed one.
+    """
+    target = tvm.target.Target.current(allow_none=True)
+    dispatch = autotvm.task.DispatchContext.current
+    if target is None or dispatch is None:
+        return
+    cfg = dispatch.query(target, autotvm.task.args_to_workload(old_args, old_task))
+    if not cfg.is_fallback:
+        dispatch.update(target, autotvm.task.args_to_workload(new_args, new_task), cfg)
+
+
+def _placeholder(tensor_type, shape=None):
+    return te.placeholder(shape or _static(tensor_type.shape), dtype=str(tensor_type.dtype))
+
+
 def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     """Turn a legal 8-bit conv2d into ``contrib_conv2d_NCHWc`` with a dot-product kernel layout."""
     blocks = _packable_conv(attrs, list(types) + [out_type], _isa())
@@ -211,6 +238,16 @@ def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
         kernel_layout=f"OIHW{ic_bn // 4}i{oc_bn}o4i",
         out_layout=f"NCHW{oc_bn}c",
         out_dtype="int32",
+    )
+    (n, c, h, w), (o, _, kh, kw) = _static(types[0].shape), _static(types[1].shape)
+    conv_args = [get_const_tuple(attrs[key]) for key in ("strides", "padding", "dilation")]
+    _carry_tuned_config(
+        CONV2D_NCHW_TASK, [_placeholder(types[0]), _placeholder(types[1]), *conv_args, "int32"],
+        CONV2D_NCHWC_TASK, [
+            _placeholder(types[0], (n, c // ic_bn, h, w, ic_bn)),
+            _placeholder(types[1], (o // oc_bn, c // ic_bn, kh, kw, ic_bn // 4, oc_bn, 4)),
+            *conv_args, new_attrs["data_layout"], new_attrs["out_layout"], "int32",
+        ],
     )
     return relay.nn.contrib_conv2d_nchwc(*inputs, **new_attrs)
 
@@ -226,6 +263,12 @@ def alter_dense(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     w_shape = _static(weight_t.shape)
     if w_shape is None or w_shape[0] % isa.lanes or w_shape[1] % 4 or len(data_t.shape) != 2:
         return None
+    n, k = w_shape
+    _carry_tuned_config(
+        DENSE_TASK, [_placeholder(data_t), _placeholder(weight_t), None, "int32"],
+        DENSE_PACK_TASK,
+        [_placeholder(data_t), _placeholder(weight_t, (n // isa.lanes, k // 4, isa.lanes, 4)), None, "int32"],
+    )
     return relay.nn.contrib_dense_pack(inputs[0], inputs[1], f"NC{isa.lanes}n4c", None, "int32")
 
 

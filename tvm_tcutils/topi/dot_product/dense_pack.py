@@ -20,8 +20,8 @@ from .intrinsics import dot_product_intrin
 TAG = "dense_pack_dot"
 
 
-def _define_knobs(cfg, isa, m: int, n_blocks: int, k_quads: int) -> None:
-    budget = max(1, isa.registers * 3 // 4)
+def _define_knobs(cfg, isa, m: int, n_blocks: int, k_quads: int, block: int) -> None:
+    budget = max(1, isa.registers * 3 // 4 // (block // isa.lanes))
     cfg.define_knob("tile_m", divisors_up_to(m, budget))
     cfg.define_knob("tile_nb", divisors_up_to(n_blocks, budget))
     cfg.define_knob("tile_k", divisors_up_to(k_quads, 64)[-4:])
@@ -38,7 +38,7 @@ def dense_pack_dot(cfg, data, weight, bias=None, out_dtype="int32"):
     Parameters
     ----------
     cfg : ConfigSpace or ConfigEntity
-        AutoTVM configuration (knobs ``tile_m``, ``tile_nb``, ``tile_k``).
+        AutoTVM configuration (knobs ``tile_m``, ``tile_nb`` (weight blocks per tile), ``tile_k``).
     data : te.Tensor
         ``(M, K)`` uint8/int8, ``K`` a multiple of 4.
     weight : te.Tensor
@@ -68,7 +68,7 @@ def dense_pack_dot(cfg, data, weight, bias=None, out_dtype="int32"):
     if lanes % isa.lanes:
         raise ValueError(f"weight block {lanes} is not a multiple of {isa.name}'s {isa.lanes} lanes")
     n = w_shape[0] * lanes
-    _define_knobs(cfg, isa, m, n // isa.lanes, k // 4)
+    _define_knobs(cfg, isa, m, w_shape[0], k // 4, lanes)
     r_ko = te.reduce_axis((0, k // 4), name="k_outer")
     r_ki = te.reduce_axis((0, 4), name="k_inner")
     out = te.compute(
@@ -111,7 +111,9 @@ def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
     inline_between(s, outs, dense)
     if len(out.shape) != 2 or get_const_tuple(out.shape) != get_const_tuple(dense.shape):
         out = dense
-    tile_m, tile_n = cfg["tile_m"].val, cfg["tile_nb"].val * isa.lanes
+    # Tiles hold whole weight blocks, so j // block is the tile's block index plus a loop variable.
+    block = int(weight.shape[2])
+    tile_m, tile_n = cfg["tile_m"].val, cfg["tile_nb"].val * block
     i, j = s[out].op.axis
     i_o, i_i = s[out].split(i, factor=tile_m)
     j_o, j_i = s[out].split(j, factor=tile_n)
@@ -127,10 +129,11 @@ def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
         c_i, c_j = i_i, j_i
     r_ko, r_ki = s[dense].op.reduce_axis
     k_o, k_i = s[dense].split(r_ko, factor=cfg["tile_k"].val)
-    j_b, j_l = s[dense].split(c_j, factor=isa.lanes)
-    s[dense].reorder(k_o, k_i, c_i, j_b, j_l, r_ki)
-    s[dense].unroll(c_i)
-    s[dense].unroll(j_b)
+    j_b, j_w = s[dense].split(c_j, factor=block)
+    j_wo, j_l = s[dense].split(j_w, factor=isa.lanes)
+    s[dense].reorder(k_o, k_i, c_i, j_b, j_wo, j_l, r_ki)
+    for axis in (c_i, j_b, j_wo):
+        s[dense].unroll(axis)
     s[dense].tensorize(j_l, intrin)
     return s
 
