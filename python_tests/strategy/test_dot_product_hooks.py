@@ -60,7 +60,35 @@ def _quantized_net():
     return qmod, inputs
 
 
+def _qnn_net():
+    """qnn.quantize -> qnn.conv2d (3x3, 1x1 stride 2, int8 with zero points) + requantize -> qnn.dense."""
+    x = relay.var("x", shape=(1, 32, 14, 14), dtype="float32")
+    y = relay.qnn.op.quantize(x, relay.const(0.05), relay.const(3), out_dtype="int8")
+
+    def qconv(inp, cin, cout, k, stride, in_scale, out_scale, in_zp):
+        w_scale = RNG.uniform(0.002, 0.01, cout).astype("float32")
+        out = relay.qnn.op.conv2d(
+            inp, relay.const(_rand((cout, cin, k, k), "int8")), relay.const(in_zp), relay.const(0),
+            relay.const(in_scale), relay.const(w_scale), kernel_size=(k, k), channels=cout,
+            strides=(stride, stride), padding=(k // 2, k // 2), out_dtype="int32",
+        )
+        out = relay.nn.bias_add(out, relay.const(RNG.integers(-5000, 5000, cout).astype("int32")))
+        return relay.qnn.op.requantize(out, relay.const(in_scale * w_scale), relay.const(0),
+                                       relay.const(out_scale), relay.const(-2), axis=1, out_dtype="int8")
+
+    y = qconv(y, 32, 64, 3, 1, 0.05, 0.1, 3)
+    y = qconv(y, 64, 64, 1, 2, 0.1, 0.08, -2)
+    y = relay.qnn.op.dense(relay.reshape(y, (1, -1)), relay.const(_rand((16, 64 * 7 * 7), "int8")),
+                           relay.const(-2), relay.const(0), relay.const(0.08), relay.const(0.004),
+                           units=16, out_dtype="int32")
+    y = relay.qnn.op.requantize(y, relay.const(0.08 * 0.004), relay.const(0), relay.const(0.5),
+                                relay.const(1), out_dtype="int8")
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+    return mod, {"x": RNG.standard_normal((1, 32, 14, 14)).astype("float32") * 3}
+
+
 MODELS = {
+    "qnn": _qnn_net,
     "odd_int8": lambda: _odd_net("int8"),
     "odd_uint8": lambda: _odd_net("uint8"),
     "odd_int8_weights_as_inputs": lambda: _odd_net("int8", const_weights=False),
@@ -214,3 +242,25 @@ def test_legalize_delegates_what_it_does_not_handle():
         if call is not grouped and types[0].dtype == "float32":
             with tvm.target.Target("llvm -mcpu=znver4"):
                 assert dp.legalize_conv2d(call.attrs, call.args, types) is None
+
+
+def test_qnn_requantize_fused_into_packed_conv():
+    mod, _ = _qnn_net()
+    opt = _optimized(mod, "llvm -mcpu=znver4")
+    fused = []
+
+    def collect(node):
+        if isinstance(node, relay.Function) and node.attrs and "Primitive" in node.attrs:
+            ops = []
+            relay.analysis.post_order_visit(
+                node, lambda n: ops.append(n.op.name) if isinstance(n, relay.Call) and isinstance(n.op, tvm.ir.Op) else None
+            )
+            fused.append(ops)
+
+    relay.analysis.post_order_visit(opt["main"], collect)
+    convs = [ops for ops in fused if "nn.contrib_conv2d_NCHWc" in ops]
+    assert len(convs) == 2
+    # Each conv's group ends in the requantize (clip + cast to int8), in the conv's packed layout.
+    assert all("clip" in ops and ops[-1] in ("cast", "add") and "layout_transform" not in ops for ops in convs)
+    assert not any("qnn" in op for ops in fused for op in ops)
+    assert any("nn.contrib_dense_pack" in ops and "clip" in ops for ops in fused)

@@ -95,6 +95,17 @@ def test_conv2d_fused_epilogue_vectorized():
     assert "vpdpbusd" in func.get_source("asm")
 
 
+def test_conv2d_epilogue_store_is_a_vector():
+    d = te.placeholder((1, 1, 8, 8, 16), "uint8")
+    k = te.placeholder((1, 1, 3, 3, 4, 16, 4), "int8")
+    with tvm.target.Target("llvm -mcpu=znver4"):
+        cfg = autotvm.get_config()
+        out = conv2d_nchwc_dot(cfg, d, k, 1, 1, 1, "NCHW16c", "NCHW16c")
+        final = te.compute(out.shape, lambda *i: (out(*i) >> 3).astype("int8"), tag="elemwise")
+        script = tvm.lower(schedule_conv2d_nchwc_dot(cfg, [final]), [d, k, final]).script()
+    assert 'T.Cast("int8x16", T.shift_right(' in script  # 16 lanes per store, straight from the accumulator
+
+
 def test_conv2d_emits_vnni_instruction():
     _, _, func = _run_conv(dot_target("vnni"), CONV_SHAPES["dilation2"])
     asm = func.get_source("asm")
