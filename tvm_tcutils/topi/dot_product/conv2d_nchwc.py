@@ -154,7 +154,8 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
 def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     """Schedule :func:`conv2d_nchwc_dot` and the elementwise ops fused after it.
 
-    ``mode`` selects the tile's code (see :func:`~.intrinsics.dot_product_intrin`).
+    ``mode`` selects the tile's code (see :func:`~.intrinsics.dot_product_intrin`); with
+    ``"extern"`` nothing else is vectorized either, so TVM's C backend can print the nest.
 
     Examples
     --------
@@ -178,7 +179,8 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     if isinstance(data.op, te.ComputeOp) and "pad" in data.op.tag:
         n, c, h, w, cb = s[data].op.axis
         s[data].parallel(s[data].fuse(n, c, h))
-        s[data].vectorize(cb)
+        if mode == "llvm":
+            s[data].vectorize(cb)
 
     out = outs[0]
     inline_between(s, outs, conv)
@@ -193,10 +195,11 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     s[out].parallel(s[out].fuse(*outer))
     if out.op != conv.op:
         s[conv].compute_at(s[out], ow_o)
-        s[out].vectorize(oci)
+        if mode == "llvm":
+            s[out].vectorize(oci)
+            for tensor in outs[1:]:
+                vectorize_inner(s, tensor)
         _, _, c_oh, c_ow, c_oci = s[conv].op.axis
-        for tensor in outs[1:]:
-            vectorize_inner(s, tensor)
     else:
         c_oh, c_ow, c_oci = oh_i, ow_i, oci
     r_ic, r_kh, r_kw, r_icf, r_ics = s[conv].op.reduce_axis
@@ -286,7 +289,8 @@ def schedule_conv2d_nchw_dot(cfg, outs, mode: str = "llvm"):
     for pack in packs:
         axes = s[pack].op.axis
         s[pack].parallel(s[pack].fuse(*axes[:3]))
-        s[pack].vectorize(axes[-1])
+        if mode == "llvm":
+            s[pack].vectorize(axes[-1])
     final = outs[0]
     inline_between(s, outs, conv)
     n, c, y, x = s[final].op.axis

@@ -122,8 +122,8 @@ def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
     s[out].parallel(tile)
     if out.op != dense.op:
         s[dense].compute_at(s[out], tile)
-        j_vo, j_vi = s[out].split(j_i, factor=isa.lanes)
-        s[out].vectorize(j_vi)
+        if mode == "llvm":
+            s[out].vectorize(s[out].split(j_i, factor=isa.lanes)[1])
         c_i, c_j = s[dense].op.axis
     else:
         c_i, c_j = i_i, j_i
@@ -202,7 +202,8 @@ def schedule_dense_dot(cfg, outs, mode: str = "llvm"):
         if pack.op.tag == "dot_pack":
             axes = s[pack].op.axis
             s[pack].parallel(axes[0])
-            s[pack].vectorize(axes[-1])
+            if mode == "llvm":
+                s[pack].vectorize(axes[-1])
     final = outs[0]
     inline_between(s, outs, dense)
     s[final].parallel(s[final].op.axis[0])
