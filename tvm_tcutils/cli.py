@@ -17,6 +17,8 @@ from typing import List, Optional
 COMMANDS = {
     "info": "info",
     "demo": "demo",
+    "tune": "tune",
+    "bench": "bench",
 }
 
 #: Exit status for errors in the user's input.
