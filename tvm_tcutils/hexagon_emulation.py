@@ -37,8 +37,17 @@ TOOLS = ("clang", "lld", "qemu")
 
 _DL_CODES = {"int": 0, "uint": 1, "float": 2}
 
-#: C helpers the ``extern`` tensor intrinsics call: one ``acc[32] += dot4`` tile each.
-HELPERS = r"""
+#: HVX C intrinsic (clang's ``hvx_hexagon_protos.h``) of each LLVM intrinsic the ISA uses.
+C_INTRINSICS = {
+    "llvm.hexagon.V6.vrmpybusv.acc.128B": "Q6_Vw_vrmpyacc_VwVubVb",
+    "llvm.hexagon.V6.vrmpyubv.acc.128B": "Q6_Vuw_vrmpyacc_VuwVubVub",
+    "llvm.hexagon.V6.vrmpybv.acc.128B": "Q6_Vw_vrmpyacc_VwVbVb",
+}
+
+_C_TYPES = {"uint8": "uint8_t", "int8": "int8_t"}
+
+#: Shared part of the helpers: unaligned HVX loads/stores and the 4-byte broadcast.
+_HELPER_PRELUDE = r"""
 #include <hexagon_types.h>
 #include <hvx_hexagon_protos.h>
 typedef long HVX_UVector __attribute__((__vector_size__(128))) __attribute__((aligned(4)));
@@ -47,30 +56,38 @@ static inline HVX_Vector tcu_splat4(const void* p) {
   return Q6_V_vsplat_R((int)(b[0] | (b[1] << 8) | (b[2] << 16) | ((unsigned)b[3] << 24)));
 }
 #define TCU_LOAD(p) (*(const HVX_UVector*)(p))
-#define TCU_STORE(p, v) (*(HVX_UVector*)(p) = (v))
 int32_t tcu_zero_i32(int32_t* acc, int32_t lanes) {
   for (int32_t i = 0; i < lanes; i++) acc[i] = 0;
   return 0;
 }
-/* data u8 (broadcast) x kernel i8 */
-int32_t tcu_vrmpy_ub_b(int32_t* acc, uint8_t* data, int8_t* kernel) {
-  TCU_STORE(acc, Q6_Vw_vrmpyacc_VwVubVb(TCU_LOAD(acc), tcu_splat4(data), TCU_LOAD(kernel)));
-  return 0;
-}
-/* data i8 (broadcast) x kernel u8: the unsigned operand goes first */
-int32_t tcu_vrmpy_b_ub(int32_t* acc, int8_t* data, uint8_t* kernel) {
-  TCU_STORE(acc, Q6_Vw_vrmpyacc_VwVubVb(TCU_LOAD(acc), TCU_LOAD(kernel), tcu_splat4(data)));
-  return 0;
-}
-int32_t tcu_vrmpy_ub_ub(int32_t* acc, uint8_t* data, uint8_t* kernel) {
-  TCU_STORE(acc, Q6_Vuw_vrmpyacc_VuwVubVub(TCU_LOAD(acc), tcu_splat4(data), TCU_LOAD(kernel)));
-  return 0;
-}
-int32_t tcu_vrmpy_b_b(int32_t* acc, int8_t* data, int8_t* kernel) {
-  TCU_STORE(acc, Q6_Vw_vrmpyacc_VwVbVb(TCU_LOAD(acc), tcu_splat4(data), TCU_LOAD(kernel)));
-  return 0;
-}
 """
+
+
+def helpers_source(isa=None) -> str:
+    """C helpers the ``extern`` tensor intrinsics call: one ``acc[32] += dot4`` tile per variant.
+
+    Generated from the ISA description, so the operand order (``swap``) is the one the
+    LLVM path uses too.
+
+    Examples
+    --------
+    >>> "tcu_vrmpy_ub_b(" in helpers_source()
+    True
+    """
+    from .isa import HEXAGON_HVX
+
+    lines = [_HELPER_PRELUDE]
+    for var in (isa or HEXAGON_HVX).variants:
+        data, kernel = "tcu_splat4(data)", "TCU_LOAD(kernel)"
+        first, second = (kernel, data) if var.swap else (data, kernel)
+        lines.append(
+            f"int32_t {var.extern}(int32_t* acc, {_C_TYPES[var.data_dtype]}* data, "
+            f"{_C_TYPES[var.kernel_dtype]}* kernel) {{\n"
+            f"  *(HVX_UVector*)acc = {C_INTRINSICS[var.intrinsic]}(TCU_LOAD(acc), {first}, {second});\n"
+            f"  return 0;\n}}"
+        )
+    return "\n".join(lines) + "\n"
+
 
 #: Freestanding runtime: the few TVM backend calls generated C makes, memory helpers, syscalls.
 _RUNTIME = r"""
@@ -166,7 +183,7 @@ def harness_source(arrays: Sequence[np.ndarray], name: str = "tcu_kernel", arena
         '#include "tvm/runtime/c_runtime_api.h"',
         '#include "tvm/runtime/c_backend_api.h"',
         f"#define TCU_ARENA {arena}",
-        HELPERS,
+        helpers_source(),
         _RUNTIME,
         f"int32_t {name}(void*, int32_t*, int32_t, void*, int32_t*, void*);",
     ]

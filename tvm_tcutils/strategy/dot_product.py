@@ -113,21 +113,26 @@ def _conv_compensation(kernel: relay.Expr, k_shape, in_hw, out_hw, attrs, pads) 
     return relay.reshape(relay.multiply(comp, relay.const(128, "int32")), (1, out_c, out_hw[0], out_hw[1]))
 
 
+def _legal_plan(types) -> Optional[Tuple[DotProductISA, bool, List[Tuple[int, ...]]]]:
+    """(ISA, shift data by 128?, static shapes) for an 8-bit op on the current target, or None."""
+    isa = _isa()
+    if isa is None or not _int8_pair(types[0].dtype, types[1].dtype, types[-1].dtype):
+        return None
+    shapes = [_static(t.shape) for t in types]
+    pair = _legal_pair(isa, types[0].dtype, types[1].dtype)
+    if None in shapes or pair is None:
+        return None
+    return isa, pair[1], shapes
+
+
 def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
     """Fit an 8-bit NCHW conv2d to the target's dot-product instruction (dtype shift, channel padding)."""
-    isa = _isa()
-    data_t, kernel_t, out_t = types
-    if isa is None or not _int8_pair(data_t.dtype, kernel_t.dtype, out_t.dtype):
-        return None
     if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return None
-    d_shape, k_shape, o_shape = _static(data_t.shape), _static(kernel_t.shape), _static(out_t.shape)
-    if None in (d_shape, k_shape, o_shape) or attrs.out_layout not in ("", "NCHW"):
+    plan = _legal_plan(types)
+    if plan is None or attrs.out_layout not in ("", "NCHW"):
         return None
-    pair = _legal_pair(isa, data_t.dtype, kernel_t.dtype)
-    if pair is None:
-        return None
-    _, shift = pair
+    isa, shift, (d_shape, k_shape, o_shape) = plan
     data, kernel = inputs
     chans, out_c = d_shape[1], k_shape[0]
     chans_p, out_p = _round_up(chans, 4), _round_up(out_c, isa.lanes)
@@ -155,17 +160,10 @@ def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
 
 def legalize_dense(attrs, inputs, types) -> Optional[relay.Expr]:
     """Fit an 8-bit dense to the target's dot-product instruction (dtype shift, K / N padding)."""
-    isa = _isa()
-    data_t, weight_t, out_t = types
-    if isa is None or not _int8_pair(data_t.dtype, weight_t.dtype, out_t.dtype):
+    plan = _legal_plan(types)
+    if plan is None or len(plan[2][0]) != 2:
         return None
-    d_shape, w_shape = _static(data_t.shape), _static(weight_t.shape)
-    if d_shape is None or w_shape is None or len(d_shape) != 2:
-        return None
-    pair = _legal_pair(isa, data_t.dtype, weight_t.dtype)
-    if pair is None:
-        return None
-    _, shift = pair
+    isa, shift, (d_shape, w_shape, _) = plan
     data, weight = inputs
     (k, (n, _)) = d_shape[1], w_shape
     k_p, n_p = _round_up(k, 4), _round_up(n, isa.lanes)
