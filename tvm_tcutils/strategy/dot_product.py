@@ -35,7 +35,7 @@ from tvm.topi.utils import get_const_tuple
 from .. import registry
 from ..isa import DotProductISA, for_target
 from ..topi.dot_product import conv2d_nchwc, dense_pack
-from ..topi.dot_product.packing import channel_block
+from ..topi.dot_product.packing import channel_block, round_up
 
 #: Task names of the AutoTVM templates.
 CONV2D_NCHWC_TASK = "tcutils.conv2d_nchwc_dot"
@@ -47,10 +47,6 @@ DENSE_TASK = "tcutils.dense_dot"
 TARGET_KEYS = ("cpu", "hexagon")
 
 _INT8 = ("int8", "uint8")
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _isa() -> Optional[DotProductISA]:
@@ -135,7 +131,7 @@ def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
     isa, shift, (d_shape, k_shape, o_shape) = plan
     data, kernel = inputs
     chans, out_c = d_shape[1], k_shape[0]
-    chans_p, out_p = _round_up(chans, 4), _round_up(out_c, isa.lanes)
+    chans_p, out_p = round_up(chans, 4), round_up(out_c, isa.lanes)
     new_data = _shift_to_uint8(data) if shift else data
     new_kernel = kernel
     if chans_p != chans:
@@ -166,7 +162,7 @@ def legalize_dense(attrs, inputs, types) -> Optional[relay.Expr]:
     isa, shift, (d_shape, w_shape, _) = plan
     data, weight = inputs
     (k, (n, _)) = d_shape[1], w_shape
-    k_p, n_p = _round_up(k, 4), _round_up(n, isa.lanes)
+    k_p, n_p = round_up(k, 4), round_up(n, isa.lanes)
     new_data = _shift_to_uint8(data) if shift else data
     new_weight = weight
     if k_p != k:

@@ -221,10 +221,6 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     return s
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="int32"):
     """int8 conv2d on plain NCHW / OIHW tensors: packs both, runs :func:`conv2d_nchwc_dot`, unpacks.
 
@@ -241,14 +237,14 @@ def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
     >>> [int(x) for x in out.shape]
     [1, 5, 8, 8]
     """
-    from .packing import channel_block
+    from .packing import channel_block, round_up
 
     isa = current_isa(data.dtype, kernel.dtype)
     (batch, chans, in_h, in_w), (out_c, k_c, k_h, k_w) = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
     if k_c != chans:
         raise ValueError(f"kernel has {k_c} input channels but data has {chans} (groups=1 only)")
     ic_bn, oc_bn = channel_block(chans, isa.lanes), isa.lanes
-    chans_p, out_p = _round_up(chans, ic_bn), _round_up(out_c, oc_bn)
+    chans_p, out_p = round_up(chans, ic_bn), round_up(out_c, oc_bn)
     zero_d, zero_k = tvm.tir.const(0, data.dtype), tvm.tir.const(0, kernel.dtype)
     data_p = te.compute(
         (batch, chans_p // ic_bn, in_h, in_w, ic_bn),

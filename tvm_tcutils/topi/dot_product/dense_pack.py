@@ -15,6 +15,7 @@ from tvm.topi.utils import get_const_tuple
 
 from .common import current_isa, divisors_up_to, find_op, inline_between
 from .intrinsics import dot_product_intrin
+from .packing import round_up
 
 #: Tag of the dense op, used by the schedule to find it among fused ops.
 TAG = "dense_pack_dot"
@@ -159,7 +160,7 @@ def dense_dot(cfg, data, weight, bias=None, out_dtype="int32"):
     if k != k_w:
         raise ValueError(f"data has K={k} but weight has K={k_w}")
     lanes = isa.lanes
-    k_p, n_p = -(-k // 4) * 4, -(-n // lanes) * lanes
+    k_p, n_p = round_up(k, 4), round_up(n, lanes)
     zero_d, zero_w = tvm.tir.const(0, data.dtype), tvm.tir.const(0, weight.dtype)
     data_p = te.compute(
         (m, k_p), lambda i, j: tvm.tir.if_then_else(j < k, data[i, te.min(j, k - 1)], zero_d),

@@ -11,7 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def _round_up(value: int, multiple: int) -> int:
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` not below ``value``.
+
+    Examples
+    --------
+    >>> round_up(17, 4), round_up(16, 16)
+    (20, 16)
+    """
     return -(-value // multiple) * multiple
 
 
@@ -34,7 +41,7 @@ def pack_data_nchwc(data: np.ndarray, ic_bn: int) -> np.ndarray:
     if data.ndim != 4:
         raise ValueError(f"data must be NCHW (4-D), got shape {data.shape}")
     n, c, h, w = data.shape
-    data = _pad_axis(data, 1, _round_up(c, ic_bn))
+    data = _pad_axis(data, 1, round_up(c, ic_bn))
     return np.ascontiguousarray(data.reshape(n, -1, ic_bn, h, w).transpose(0, 1, 3, 4, 2))
 
 
@@ -49,7 +56,7 @@ def pack_kernel_oihw(kernel: np.ndarray, ic_bn: int, oc_bn: int) -> np.ndarray:
     if kernel.ndim != 4 or ic_bn % 4:
         raise ValueError(f"kernel must be OIHW and ic_bn a multiple of 4; got {kernel.shape}, {ic_bn}")
     o, i, kh, kw = kernel.shape
-    kernel = _pad_axis(_pad_axis(kernel, 0, _round_up(o, oc_bn)), 1, _round_up(i, ic_bn))
+    kernel = _pad_axis(_pad_axis(kernel, 0, round_up(o, oc_bn)), 1, round_up(i, ic_bn))
     blocks = kernel.reshape(-1, oc_bn, kernel.shape[1] // ic_bn, ic_bn // 4, 4, kh, kw)
     return np.ascontiguousarray(blocks.transpose(0, 2, 5, 6, 3, 1, 4))
 
@@ -76,7 +83,7 @@ def pack_dense_weight(weight: np.ndarray, lanes: int) -> np.ndarray:
     """
     if weight.ndim != 2:
         raise ValueError(f"weight must be (N, K), got shape {weight.shape}")
-    weight = _pad_axis(_pad_axis(weight, 0, _round_up(weight.shape[0], lanes)), 1, _round_up(weight.shape[1], 4))
+    weight = _pad_axis(_pad_axis(weight, 0, round_up(weight.shape[0], lanes)), 1, round_up(weight.shape[1], 4))
     n, k = weight.shape
     return np.ascontiguousarray(weight.reshape(n // lanes, lanes, k // 4, 4).transpose(0, 2, 1, 3))
 
@@ -89,7 +96,7 @@ def pad_dense_data(data: np.ndarray) -> np.ndarray:
     >>> pad_dense_data(np.zeros((2, 6), "uint8")).shape
     (2, 8)
     """
-    return np.ascontiguousarray(_pad_axis(data, 1, _round_up(data.shape[1], 4)))
+    return np.ascontiguousarray(_pad_axis(data, 1, round_up(data.shape[1], 4)))
 
 
 def channel_block(channels: int, lanes: int) -> int:
@@ -98,7 +105,7 @@ def channel_block(channels: int, lanes: int) -> int:
     Examples
     --------
     >>> channel_block(64, 16), channel_block(3, 16), channel_block(24, 16)
-    (16, 4, 8)
+    (16, 4, 12)
     """
-    padded = _round_up(channels, 4)
+    padded = round_up(channels, 4)
     return max(b for b in range(4, lanes + 1, 4) if padded % b == 0)
