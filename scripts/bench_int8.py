@@ -402,6 +402,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=0, help="only the first N conv layers (0: all)")
     parser.add_argument("--e2e", action="store_true", help="also int8 ResNet-50 end to end")
     parser.add_argument("--e2e-check", action="store_true", help="with --e2e: bit-exact check vs TVM generic")
+    parser.add_argument("--e2e-only", action="store_true", help="skip the per-layer table")
     args = parser.parse_args(argv)
     if for_target(TARGET) is None or for_target(TARGET).name != "x86_vnni":
         raise SystemExit(f"{TARGET} has no VNNI ISA here")
@@ -412,7 +413,7 @@ def main(argv=None) -> int:
         set_threads(n)
         peaks[n] = max(peak_gops(n) for _ in range(3))  # the best of three: the machine is shared
         print(f"measured int8 peak (register-only vpdpbusd loop), {n} thread(s): {peaks[n]:.0f} GOPS")
-    layers = resnet50_layers()
+    layers = [] if args.e2e_only else resnet50_layers()
     if args.layers:
         layers = layers[: args.layers]
     with tempfile.TemporaryDirectory(prefix="bench_int8_") as log_dir:
@@ -420,8 +421,9 @@ def main(argv=None) -> int:
             c, h, w, o, k, stride, pad = layer
             report(f"conv {k}x{k} {c}->{o} {h}x{w} s{stride}", bench_conv(layer, args.threads, args.trials, log_dir),
                    peaks)
-        report("dense 2048->1000", bench_dense(1, 2048, 1000, args.threads, args.trials, log_dir), peaks)
-    if args.e2e:
+        if not args.e2e_only:
+            report("dense 2048->1000", bench_dense(1, 2048, 1000, args.threads, args.trials, log_dir), peaks)
+    if args.e2e or args.e2e_only:
         bench_e2e(args.threads, args.e2e_check)
     return 0
 
