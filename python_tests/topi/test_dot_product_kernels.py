@@ -25,9 +25,26 @@ def _full_range(shape, dtype):
 
 
 def conv_reference(data, kernel, stride, pad, dil):
-    """int64 NCHW conv2d in numpy (TVM's testing reference on a dilated kernel)."""
-    kernel = dilate_python(kernel.astype("int64"), (1, 1, dil, dil))
-    return conv2d_nchw_python(data.astype("int64"), kernel, stride, pad)
+    """int64 NCHW conv2d in numpy: one channel contraction per kernel tap (fast for deep layers)."""
+    pad = (pad,) * 4 if isinstance(pad, int) else tuple(pad) * (2 if len(pad) == 2 else 1)
+    top, left, bottom, right = pad
+    padded = np.pad(data.astype("int64"), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    out_c, _, k_h, k_w = kernel.shape
+    out_h = (padded.shape[2] - (k_h - 1) * dil - 1) // stride + 1
+    out_w = (padded.shape[3] - (k_w - 1) * dil - 1) // stride + 1
+    out = np.zeros((data.shape[0], out_c, out_h, out_w), "int64")
+    for y in range(k_h):
+        for x in range(k_w):
+            patch = padded[:, :, y * dil: y * dil + stride * (out_h - 1) + 1: stride,
+                           x * dil: x * dil + stride * (out_w - 1) + 1: stride]
+            out += np.einsum("nchw,oc->nohw", patch, kernel[:, :, y, x].astype("int64"))
+    return out
+
+
+def test_conv_reference_matches_tvm_testing():
+    data, kernel = _full_range((1, 5, 9, 8), "uint8"), _full_range((3, 5, 3, 3), "int8")
+    ref = conv2d_nchw_python(data.astype("int64"), dilate_python(kernel.astype("int64"), (1, 1, 2, 2)), 2, 2)
+    np.testing.assert_array_equal(conv_reference(data, kernel, 2, 2, 2), ref)
 
 
 def _run_conv(target, shape, dtypes=("uint8", "int8"), fused=None):
