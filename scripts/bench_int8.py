@@ -13,7 +13,9 @@ thread count, in one process (ratios are measured side by side):
 * ``TVM fp32`` (TVM's own x86 schedule, same target) and ``ORT fp32`` (MLAS);
 * ``peak``: a register-only vpdpbusd loop (16 independent accumulator chains per thread).
 
-``--e2e`` adds int8 ResNet-50 (``relay.quantize``) built with the package vs TVM fp32, and
+``--e2e`` adds int8 ResNet-50 (``relay.quantize``) built with the package vs TVM fp32 and vs
+onnxruntime running the same network exported to ONNX (TVM's exporter) and quantized by
+``onnxruntime.quantization`` (QOperator: QLinearConv), and
 ``--e2e-check`` compares its output bit for bit with TVM's generic ``llvm`` build run in a
 subprocess that does not import the package.
 
@@ -347,6 +349,63 @@ assert "tvm_tcutils" not in sys.modules
 """
 
 
+def _onnx_mapping_shim() -> None:
+    """TVM 0.19's Relay-to-ONNX exporter reads ``onnx.mapping``, which onnx 1.23 removed."""
+    import types
+
+    import onnx
+    from onnx import helper
+
+    if hasattr(onnx, "mapping"):
+        return
+
+    class _ToTensor(dict):
+        def __missing__(self, key):
+            return helper.np_dtype_to_tensor_dtype(np.dtype(key))
+
+    class _ToNumpy(dict):
+        def __missing__(self, key):
+            return helper.tensor_dtype_to_np_dtype(key)
+
+    onnx.mapping = types.SimpleNamespace(NP_TYPE_TO_TENSOR_TYPE=_ToTensor(), TENSOR_TYPE_TO_NP_TYPE=_ToNumpy())
+
+
+def ort_resnet50(mod, params, tmp: str):
+    """fp32 ONNX of the same ResNet-50 (TVM's exporter) and its onnxruntime int8 QOperator version."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from tvm.contrib.target.onnx import to_onnx
+
+    _onnx_mapping_shim()
+    bound = relay.build_module.bind_params_by_name(mod["main"], params)
+    with tvm.transform.PassContext(opt_level=3):
+        simple = tvm.transform.Sequential([
+            relay.transform.InferType(), relay.transform.SimplifyInference(), relay.transform.FoldConstant(),
+            relay.transform.FoldScaleAxis(), relay.transform.FoldConstant(),
+        ])(tvm.IRModule.from_expr(bound))
+    model = to_onnx(simple, {}, "resnet50")
+    model.ir_version = min(model.ir_version, 8)
+    constants = {init.name for init in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in constants]  # weights are not inputs
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    fp32_path, int8_path = f"{tmp}/r50.onnx", f"{tmp}/r50_int8.onnx"
+    onnx.save(model, fp32_path)
+    name = inputs[0].name
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.left = 4
+
+        def get_next(self):
+            self.left -= 1
+            return {name: RNG.standard_normal((1, 3, 224, 224)).astype("float32")} if self.left >= 0 else None
+
+    quantize_static(fp32_path, int8_path, Calibration(), quant_format=QuantFormat.QOperator,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return name, onnx.load(fp32_path), onnx.load(int8_path)
+
+
 def bench_e2e(threads, check: bool, log: str = None):
     from tvm_tcutils.dot_product_tuning import build, quantize_int8
     from tvm_tcutils.models import random_inputs
@@ -360,11 +419,16 @@ def bench_e2e(threads, check: bool, log: str = None):
     print(f"int8 build with tvm-tcutils: {time.perf_counter() - start:.0f} s")
     fp32_lib = build(mod, params, TARGET)
     inputs = random_inputs(mod, params)
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_input, ort_fp32, ort_int8 = ort_resnet50(mod, params, tmp)
     for n in threads:
         set_threads(n)
         t8, t32 = time_graph(int8_lib, inputs), time_graph(fp32_lib, inputs)
-        print(f"ResNet-50 threads={n}: int8 (tvm-tcutils) {t8 * 1e3:.2f} ms, fp32 (TVM) {t32 * 1e3:.2f} ms, "
-              f"int8 speedup x{t32 / t8:.2f}")
+        feed = {onnx_input: inputs["data"]}
+        o8, o32 = time_ort(_ort_session(ort_int8, n), feed), time_ort(_ort_session(ort_fp32, n), feed)
+        print(f"ResNet-50 threads={n}: int8 tvm-tcutils {t8 * 1e3:.2f} ms | int8 ORT QOperator {o8 * 1e3:.2f} ms | "
+              f"fp32 TVM {t32 * 1e3:.2f} ms | fp32 ORT {o32 * 1e3:.2f} ms | ours vs ORT int8 x{o8 / t8:.2f}, "
+              f"vs TVM fp32 x{t32 / t8:.2f}", flush=True)
     if check:
         run = graph_executor.GraphModule(int8_lib["default"](tvm.cpu()))
         run.set_input(**inputs)
