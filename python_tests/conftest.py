@@ -90,6 +90,7 @@ def host_cpu_has(*features: str) -> bool:
 DOT_TARGETS = {
     "vnni": ("llvm -mcpu=znver4", "avx512vnni"),
     "avx2": ("llvm -mcpu=core-avx2", "avx2"),
+    "sse": ("llvm -mcpu=nehalem", "sse4.2"),
 }
 
 

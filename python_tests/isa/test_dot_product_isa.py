@@ -19,6 +19,8 @@ from tvm_tcutils.topi.dot_product.intrinsics import dot_product_intrin
         ("llvm -mattr=+avx512vnni", "x86_vnni"),
         ("llvm -mcpu=skylake-avx512", "x86_avx2"),
         ("llvm -mcpu=core-avx2", "x86_avx2"),
+        ("llvm -mcpu=nehalem", "x86_sse"),
+        ("llvm -mcpu=sandybridge", "x86_sse"),
         ("llvm", None),
         ("llvm -mtriple=aarch64-linux-gnu", None),
     ],
@@ -31,7 +33,7 @@ def test_for_target(target, expected):
 def test_hexagon_target_and_lanes():
     assert for_target(tvm.target.hexagon("v66")) is HEXAGON_HVX
     assert [(i.name, i.lanes, i.vector_bytes) for i in ISAS] == [
-        ("hexagon_hvx", 32, 128), ("x86_vnni", 16, 64), ("x86_avx2", 8, 32)
+        ("hexagon_hvx", 32, 128), ("x86_vnni", 16, 64), ("x86_avx2", 8, 32), ("x86_sse", 4, 16)
     ]
 
 

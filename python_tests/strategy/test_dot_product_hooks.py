@@ -140,7 +140,7 @@ def _build_run(mod, inputs, target, opt_level=3):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("target_name", ["vnni", "avx2"])
+@pytest.mark.parametrize("target_name", ["vnni", "avx2", "sse"])
 def test_int8_model_bit_exact_vs_tvm_generic(references, target_name, name):
     mod, inputs, ref = references[name]
     out, lib = _build_run(mod, inputs, dot_target(target_name))

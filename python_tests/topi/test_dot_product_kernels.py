@@ -93,9 +93,10 @@ def test_conv2d_avx2_bit_exact(name):
     np.testing.assert_array_equal(out, ref)
 
 
-@pytest.mark.parametrize("dtypes", [("int8", "int8"), ("uint8", "uint8"), ("int8", "uint8")])
-def test_conv2d_avx2_other_signedness(dtypes):
-    out, ref, _ = _run_conv(dot_target("avx2"), CONV_SHAPES["c17_o17"], dtypes)
+@pytest.mark.parametrize("target_name", ["avx2", "sse"])
+@pytest.mark.parametrize("dtypes", [("int8", "int8"), ("uint8", "uint8"), ("int8", "uint8"), ("uint8", "int8")])
+def test_conv2d_fallbacks_every_signedness(target_name, dtypes):
+    out, ref, _ = _run_conv(dot_target(target_name), CONV_SHAPES["c17_o17"], dtypes)
     np.testing.assert_array_equal(out, ref)
 
 
@@ -147,7 +148,7 @@ def test_avx2_fallback_does_not_saturate():
     assert "vpmaddubsw" not in func.get_source("asm")
 
 
-@pytest.mark.parametrize("target_name", ["vnni", "avx2"])
+@pytest.mark.parametrize("target_name", ["vnni", "avx2", "sse"])
 @pytest.mark.parametrize("m,k,n", [(1, 2048, 1000), (3, 30, 17)])
 def test_dense_bit_exact(target_name, m, k, n):
     target = dot_target(target_name)

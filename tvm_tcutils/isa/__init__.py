@@ -10,10 +10,11 @@ from typing import Optional, Tuple
 from .base import DotProductISA, DotVariant
 from .hexagon_hvx import HEXAGON_HVX
 from .x86_avx2 import X86_AVX2
+from .x86_sse import X86_SSE
 from .x86_vnni import X86_VNNI
 
 #: Every ISA, best first (a CPU with VNNI also has AVX2).
-ISAS: Tuple[DotProductISA, ...] = (HEXAGON_HVX, X86_VNNI, X86_AVX2)
+ISAS: Tuple[DotProductISA, ...] = (HEXAGON_HVX, X86_VNNI, X86_AVX2, X86_SSE)
 
 
 def for_target(target) -> Optional[DotProductISA]:
@@ -25,6 +26,8 @@ def for_target(target) -> Optional[DotProductISA]:
     'x86_vnni'
     >>> for_target("llvm -mcpu=core-avx2").name
     'x86_avx2'
+    >>> for_target("llvm -mcpu=nehalem").name
+    'x86_sse'
     >>> for_target("llvm") is None
     True
     """
@@ -54,4 +57,6 @@ def by_name(name: str) -> DotProductISA:
     raise ValueError(f"unknown dot-product ISA {name!r}; choose one of {[i.name for i in ISAS]}")
 
 
-__all__ = ["DotProductISA", "DotVariant", "ISAS", "HEXAGON_HVX", "X86_VNNI", "X86_AVX2", "for_target", "by_name"]
+__all__ = [
+    "DotProductISA", "DotVariant", "ISAS", "HEXAGON_HVX", "X86_VNNI", "X86_AVX2", "X86_SSE", "for_target", "by_name",
+]
