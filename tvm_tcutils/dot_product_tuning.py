@@ -30,6 +30,9 @@ logger = logging.getLogger("tvm_tcutils.tuning")
 def quantize_int8(mod: tvm.IRModule, params: Params) -> tvm.IRModule:
     """An int8 version of a float model (``relay.quantize``, weights bound as constants).
 
+    Convolutions become int8; relay.quantize may leave some dense layers in fp32 (it does so
+    for ResNet-50's final one).
+
     Uses a global activation scale and per-tensor max weight scales (TVM 0.19's
     default power-of-two weight calibration calls ``np.math``, gone in NumPy 2).
 

@@ -209,8 +209,8 @@ def _carry_tuned_config(old_task: str, old_args, new_task: str, new_args) -> Non
     """
     target = tvm.target.Target.current(allow_none=True)
     dispatch = autotvm.task.DispatchContext.current
-    if target is None or dispatch is None:
-        return
+    if target is None or dispatch is None or isinstance(dispatch, autotvm.task.FallbackContext):
+        return  # no tuning records: nothing to carry (and no "cannot find config" warning)
     cfg = dispatch.query(target, autotvm.task.args_to_workload(old_args, old_task))
     if not cfg.is_fallback:
         dispatch.update(target, autotvm.task.args_to_workload(new_args, new_task), cfg)
