@@ -367,7 +367,10 @@ def hooks() -> List[registry.Hook]:
     >>> sorted({h.kind for h in hooks()})
     ['autotvm_template', 'op_attr', 'strategy']
     """
-    out = [registry.autotvm_template(name, *pair) for name, pair in TEMPLATES.items()]
+    out = [
+        registry.autotvm_template(name, *pair, description=(pair[0].__doc__ or "").strip().splitlines()[0])
+        for name, pair in TEMPLATES.items()
+    ]
     out += [registry.op_attr(op, attr, fn, targets=TARGET_KEYS) for op, attr, fn in LAYOUT_HOOKS]
     out += [registry.strategy(op, [row], targets=TARGET_KEYS) for op, row in STRATEGY_ROWS]
     return out
