@@ -127,3 +127,25 @@ def small_bert_onnx():
     model = models.bert_onnx(layers=1, seq=16, hidden=32, heads=2)
     mod, params = relay.frontend.from_onnx(model, freeze_params=True)
     return model, relay.transform.InferType()(mod), params
+
+
+def host_cpu_has(*features: str) -> bool:
+    """Whether this machine's CPU (as LLVM sees it) has all ``features``."""
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    return bool(tvm.target.codegen.target_has_features(list(features), tvm.target.Target(f"llvm -mcpu={cpu}")))
+
+
+#: x86 dot-product targets to test, each with the CPU feature it needs to run here.
+DOT_TARGETS = {
+    "vnni": ("llvm -mcpu=znver4", "avx512vnni"),
+    "avx2": ("llvm -mcpu=core-avx2", "avx2"),
+    "sse": ("llvm -mcpu=nehalem", "sse4.2"),
+}
+
+
+def dot_target(name: str) -> str:
+    """The target string of a :data:`DOT_TARGETS` entry; skips when this CPU cannot run it."""
+    target, feature = DOT_TARGETS[name]
+    if not host_cpu_has(feature):
+        pytest.skip(f"this CPU has no {feature}: cannot run {target} code")
+    return target

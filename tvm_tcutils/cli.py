@@ -19,6 +19,8 @@ COMMANDS = {
     "demo": "demo",
     "count-layers": "count_layers",
     "prepare": "prepare",
+    "tune": "tune",
+    "bench": "bench",
 }
 
 #: Exit status for errors in the user's input.

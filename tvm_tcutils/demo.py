@@ -85,6 +85,7 @@ SECTIONS: List[str] = [
     "tvm_tcutils.passes.demo:prepare_section",
     "tvm_tcutils.strategy.tensorcore_demo:tensorcore_section",
     "tvm_tcutils.collage.toolchains.demo:toolchains_section",
+    "tvm_tcutils.strategy.dot_product_demo:int8_dot_product_section",
 ]
 
 

@@ -43,6 +43,7 @@ HOOK_PROVIDERS: Tuple[str, ...] = (
     "tvm_tcutils.passes.hooks",
     "tvm_tcutils.strategy.tensorcore",
     "tvm_tcutils.strategy.collage_toolchains",
+    "tvm_tcutils.strategy.dot_product",
 )
 
 #: Attributes whose handlers share the ``(attrs, inputs, types, extra)`` calling

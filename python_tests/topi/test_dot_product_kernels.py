@@ -1,0 +1,188 @@
+"""The dot-product conv2d / dense computes+schedules, built and run, bit-exact vs numpy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tvm
+from tvm import autotvm, te
+from tvm.topi.testing import conv2d_nchw_python, dilate_python
+
+from conftest import dot_target
+from tvm_tcutils.isa import for_target
+from tvm_tcutils.topi.dot_product import packing
+from tvm_tcutils.topi.dot_product.conv2d_nchwc import conv2d_nchwc_dot, schedule_conv2d_nchwc_dot
+from tvm_tcutils.topi.dot_product.dense_pack import dense_pack_dot, schedule_dense_pack_dot
+
+RNG = np.random.default_rng(7)
+
+
+def _full_range(shape, dtype):
+    info = np.iinfo(dtype)
+    out = RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+    out.flat[:4] = info.max  # make sure the extreme products (where int16 saturates) occur
+    return out
+
+
+def conv_reference(data, kernel, stride, pad, dil):
+    """int64 NCHW conv2d in numpy: one channel contraction per kernel tap (fast for deep layers)."""
+    pad = (pad,) * 4 if isinstance(pad, int) else tuple(pad) * (2 if len(pad) == 2 else 1)
+    top, left, bottom, right = pad
+    padded = np.pad(data.astype("int64"), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    out_c, _, k_h, k_w = kernel.shape
+    out_h = (padded.shape[2] - (k_h - 1) * dil - 1) // stride + 1
+    out_w = (padded.shape[3] - (k_w - 1) * dil - 1) // stride + 1
+    out = np.zeros((data.shape[0], out_c, out_h, out_w), "int64")
+    for y in range(k_h):
+        for x in range(k_w):
+            patch = padded[:, :, y * dil: y * dil + stride * (out_h - 1) + 1: stride,
+                           x * dil: x * dil + stride * (out_w - 1) + 1: stride]
+            out += np.einsum("nchw,oc->nohw", patch, kernel[:, :, y, x].astype("int64"))
+    return out
+
+
+def test_conv_reference_matches_tvm_testing():
+    data, kernel = _full_range((1, 5, 9, 8), "uint8"), _full_range((3, 5, 3, 3), "int8")
+    ref = conv2d_nchw_python(data.astype("int64"), dilate_python(kernel.astype("int64"), (1, 1, 2, 2)), 2, 2)
+    np.testing.assert_array_equal(conv_reference(data, kernel, 2, 2, 2), ref)
+
+
+def _run_conv(target, shape, dtypes=("uint8", "int8"), fused=None):
+    (n, c, h, w, o, k, stride, pad, dil) = shape
+    isa = for_target(target)
+    ic_bn, oc_bn = packing.channel_block(c, isa.lanes), isa.lanes
+    data, kernel = _full_range((n, c, h, w), dtypes[0]), _full_range((o, c, k, k), dtypes[1])
+    data_p, kernel_p = packing.pack_data_nchwc(data, ic_bn), packing.pack_kernel_oihw(kernel, ic_bn, oc_bn)
+    d = te.placeholder(data_p.shape, dtypes[0], name="d")
+    kk = te.placeholder(kernel_p.shape, dtypes[1], name="k")
+    with tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        out = conv2d_nchwc_dot(cfg, d, kk, stride, pad, dil, f"NCHW{ic_bn}c", f"NCHW{oc_bn}c")
+        final = out if fused is None else te.compute(out.shape, lambda *i: fused(out(*i)), tag="elemwise")
+        sched = schedule_conv2d_nchwc_dot(cfg, [final])
+        func = tvm.build(sched, [d, kk, final], target=target)
+    dev = tvm.cpu()
+    result = tvm.nd.empty([int(x) for x in final.shape], final.dtype, dev)
+    func(tvm.nd.array(data_p, dev), tvm.nd.array(kernel_p, dev), result)
+    ref = conv_reference(data, kernel, stride, pad, dil)
+    return packing.unpack_nchwc(result.numpy(), o), ref, func
+
+
+# (N, C, H, W, O, K, stride, pad, dilation): ResNet-50 layers and odd ones.
+CONV_SHAPES = {
+    "r50_3x3_56": (1, 64, 56, 56, 64, 3, 1, 1, 1),
+    "r50_3x3_14_s2": (1, 256, 28, 28, 256, 3, 2, 1, 1),
+    "r50_1x1_7": (1, 2048, 7, 7, 512, 1, 1, 0, 1),
+    "r50_1x1_28_s2": (1, 256, 56, 56, 128, 1, 2, 0, 1),
+    "stem_7x7_c3": (1, 3, 30, 30, 64, 7, 2, 3, 1),
+    "c17_o17": (1, 17, 9, 11, 17, 3, 1, 1, 1),
+    "dilation2": (1, 32, 16, 16, 48, 3, 1, 2, 2),
+    "asym_pad": (1, 8, 10, 10, 16, 3, 2, (0, 1, 2, 0), 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONV_SHAPES))
+def test_conv2d_vnni_bit_exact(name):
+    out, ref, _ = _run_conv(dot_target("vnni"), CONV_SHAPES[name])
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("name", ["r50_3x3_14_s2", "stem_7x7_c3", "c17_o17", "dilation2"])
+def test_conv2d_avx2_bit_exact(name):
+    out, ref, _ = _run_conv(dot_target("avx2"), CONV_SHAPES[name])
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("target_name", ["avx2", "sse"])
+@pytest.mark.parametrize("dtypes", [("int8", "int8"), ("uint8", "uint8"), ("int8", "uint8"), ("uint8", "int8")])
+def test_conv2d_fallbacks_every_signedness(target_name, dtypes):
+    out, ref, _ = _run_conv(dot_target(target_name), CONV_SHAPES["c17_o17"], dtypes)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_conv2d_vnni_swapped_operands():
+    out, ref, _ = _run_conv(dot_target("vnni"), CONV_SHAPES["c17_o17"], ("int8", "uint8"))
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_conv2d_fused_epilogue_vectorized():
+    target = dot_target("vnni")
+    requant = lambda x: te.max(te.min((x >> 9) + 3, 127), -128).astype("int8")  # noqa: E731
+    out, ref, func = _run_conv(target, CONV_SHAPES["c17_o17"], fused=requant)
+    np.testing.assert_array_equal(out, np.clip((ref >> 9) + 3, -128, 127).astype("int8"))
+    assert "vpdpbusd" in func.get_source("asm")
+
+
+def test_conv2d_epilogue_store_is_a_vector():
+    d = te.placeholder((1, 1, 8, 8, 16), "uint8")
+    k = te.placeholder((1, 1, 3, 3, 4, 16, 4), "int8")
+    with tvm.target.Target("llvm -mcpu=znver4"):
+        cfg = autotvm.get_config()
+        out = conv2d_nchwc_dot(cfg, d, k, 1, 1, 1, "NCHW16c", "NCHW16c")
+        final = te.compute(out.shape, lambda *i: (out(*i) >> 3).astype("int8"), tag="elemwise")
+        script = tvm.lower(schedule_conv2d_nchwc_dot(cfg, [final]), [d, k, final]).script()
+    assert 'T.Cast("int8x16", T.shift_right(' in script  # 16 lanes per store, straight from the accumulator
+
+
+def test_conv2d_emits_vnni_instruction():
+    _, _, func = _run_conv(dot_target("vnni"), CONV_SHAPES["dilation2"])
+    asm = func.get_source("asm")
+    assert "vpdpbusd" in asm and "zmm" in asm
+
+
+def test_avx2_fallback_does_not_saturate():
+    # All-255 data x all-127 kernel: every vpmaddubsw pair would clip at 32767.
+    target = dot_target("avx2")
+    data = np.full((1, 8, 4, 4), 255, "uint8")
+    kernel = np.full((8, 8, 1, 1), 127, "int8")
+    ic_bn = 8
+    d = te.placeholder((1, 1, 4, 4, 8), "uint8")
+    k = te.placeholder((1, 1, 1, 1, 2, 8, 4), "int8")
+    with tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        out = conv2d_nchwc_dot(cfg, d, k, 1, 0, 1, "NCHW8c", "NCHW8c")
+        func = tvm.build(schedule_conv2d_nchwc_dot(cfg, [out]), [d, k, out], target=target)
+    res = tvm.nd.empty((1, 1, 4, 4, 8), "int32")
+    func(tvm.nd.array(packing.pack_data_nchwc(data, ic_bn)), tvm.nd.array(packing.pack_kernel_oihw(kernel, 8, 8)), res)
+    assert (res.numpy() == 255 * 127 * 8).all()
+    assert "vpmaddubsw" not in func.get_source("asm")
+
+
+@pytest.mark.parametrize("target_name", ["vnni", "avx2", "sse"])
+@pytest.mark.parametrize("m,k,n", [(1, 2048, 1000), (3, 30, 17)])
+def test_dense_bit_exact(target_name, m, k, n):
+    target = dot_target(target_name)
+    lanes = for_target(target).lanes
+    data, weight = _full_range((m, k), "uint8"), _full_range((n, k), "int8")
+    bias = RNG.integers(-(2**20), 2**20, n).astype("int32")
+    weight_p, data_p = packing.pack_dense_weight(weight, lanes), packing.pad_dense_data(data)
+    d = te.placeholder(data_p.shape, "uint8")
+    w = te.placeholder(weight_p.shape, "int8")
+    b = te.placeholder((weight_p.shape[0] * lanes,), "int32")
+    with tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        out = dense_pack_dot(cfg, d, w, b)
+        func = tvm.build(schedule_dense_pack_dot(cfg, [out]), [d, w, b, out], target=target)
+    res = tvm.nd.empty([int(x) for x in out.shape], "int32")
+    bias_p = np.pad(bias, (0, int(b.shape[0]) - n))
+    func(tvm.nd.array(data_p), tvm.nd.array(weight_p), tvm.nd.array(bias_p), res)
+    ref = data.astype("int64") @ weight.astype("int64").T + bias
+    np.testing.assert_array_equal(res.numpy()[:, :n], ref)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with tvm.target.Target("llvm -mcpu=znver4"):
+        cfg = autotvm.get_config()
+        with pytest.raises(ValueError, match="native pairs"):
+            conv2d_nchwc_dot(cfg, te.placeholder((1, 1, 4, 4, 4), "int8"),
+                             te.placeholder((1, 1, 1, 1, 1, 16, 4), "int8"), 1, 0, 1, "", "")
+        with pytest.raises(ValueError, match="OIHW"):
+            conv2d_nchwc_dot(cfg, te.placeholder((1, 4, 4, 4), "uint8"),
+                             te.placeholder((1, 1, 1, 1, 1, 16, 4), "int8"), 1, 0, 1, "", "")
+        with pytest.raises(ValueError, match="lanes"):
+            conv2d_nchwc_dot(cfg, te.placeholder((1, 1, 4, 4, 4), "uint8"),
+                             te.placeholder((1, 1, 1, 1, 1, 8, 4), "int8"), 1, 0, 1, "", "")
+    with tvm.target.Target("llvm"):
+        with pytest.raises(ValueError, match="no 4-way dot-product"):
+            dense_pack_dot(autotvm.get_config(), te.placeholder((1, 4), "uint8"),
+                           te.placeholder((1, 1, 16, 4), "int8"))

@@ -1,0 +1,496 @@
+#!/usr/bin/env python
+"""Benchmark the int8 dot-product conv2d / dense against the CPU's int8 peak, onnxruntime and fp32.
+
+For every distinct ResNet-50 3x3 and 1x1 conv layer and the final dense, at each
+thread count, in one process (ratios are measured side by side):
+
+* ``ours op``: the tensorized packed kernel alone (NCHW16c data, packed weights, int32 out),
+  untuned (fallback config) and, with ``--trials N``, after N XGBTuner trials;
+* ``ours graph``: a one-conv Relay model (u8 NCHW in, int32 NCHW out) built with the
+  package's hooks, layout transforms included;
+* ``ORT QLinearConv`` (NCHW, ONNX op) and ``ORT NHWC`` (``com.microsoft.QLinearConv``,
+  ``channels_last=1``), whole op with requantize; QLinearMatMul for the dense;
+* ``TVM fp32`` (TVM's own x86 schedule, same target) and ``ORT fp32`` (MLAS);
+* ``peak``: a register-only vpdpbusd loop (16 independent accumulator chains per thread).
+
+``--e2e`` adds int8 ResNet-50 (``relay.quantize``) built with the package vs TVM fp32 and vs
+onnxruntime running the same network exported to ONNX (TVM's exporter) and quantized by
+``onnxruntime.quantization`` (QOperator: QLinearConv), and
+``--e2e-check`` compares its output bit for bit with TVM's generic ``llvm`` build run in a
+subprocess that does not import the package.
+
+Usage::
+
+    TOPHUB_LOCATION=NONE PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TOPHUB_LOCATION", "NONE")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
+import tvm  # noqa: E402
+from tvm import autotvm, relay, te, tir  # noqa: E402
+from tvm.contrib import graph_executor  # noqa: E402
+
+from tvm_tcutils.isa import for_target  # noqa: E402
+from tvm_tcutils.models import load_model  # noqa: E402
+from tvm_tcutils.strategy.dot_product import CONV2D_NCHWC_TASK, DENSE_PACK_TASK  # noqa: E402
+from tvm_tcutils.topi.dot_product import packing  # noqa: E402
+
+TARGET = "llvm -mcpu=znver4"
+RNG = np.random.default_rng(0)
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+def set_threads(n: int) -> None:
+    tvm.get_global_func("runtime.config_threadpool")(1, n)
+
+
+def timeit(func, *args, min_ms: int = 200, repeat: int = 5) -> float:
+    """Median seconds per call of a TVM function."""
+    evaluator = func.time_evaluator(func.entry_name, tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=min_ms)
+    return float(np.median(evaluator(*args).results))
+
+
+def time_ort(sess, feeds, min_s: float = 0.2, repeat: int = 5) -> float:
+    sess.run(None, feeds)
+    times = []
+    for _ in range(repeat):
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < min_s:
+            sess.run(None, feeds)
+            count += 1
+        times.append((time.perf_counter() - start) / count)
+    return float(np.median(times))
+
+
+def time_graph(lib, inputs, repeat: int = 5) -> float:
+    run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    run.set_input(**inputs)
+    run.run()
+    return float(np.median(run.module.time_evaluator("run", tvm.cpu(), number=1, repeat=repeat,
+                                                     min_repeat_ms=200)().results))
+
+
+def nd(array):
+    return tvm.nd.array(array, tvm.cpu())
+
+
+# --------------------------------------------------------------------------
+# Peak
+# --------------------------------------------------------------------------
+def peak_gops(tasks: int, chains: int = 16, iters: int = 100_000) -> float:
+    """GOPS of ``chains`` independent dot-product accumulator chains per thread, all in registers.
+
+    ``C[t, r, :] = sum_i dot4(A, B)``: every step is one instruction on loop-invariant operands,
+    through the package's own tensor intrinsic (so this is the instruction the kernels use).
+    """
+    from tvm_tcutils.topi.dot_product.intrinsics import dot_product_intrin
+
+    isa = for_target(TARGET)
+    lanes = isa.lanes
+    a = te.placeholder((4,), "uint8", name="A")
+    b = te.placeholder((lanes, 4), "int8", name="B")
+    i, k = te.reduce_axis((0, iters), "i"), te.reduce_axis((0, 4), "k")
+    c = te.compute((tasks, chains, lanes), lambda t, r, l: te.sum(
+        a[k].astype("int32") * b[l, k].astype("int32"), axis=[i, k]), name="C")
+    s = te.create_schedule(c.op)
+    t, r, l = s[c].op.axis
+    s[c].reorder(t, i, r, l, k)
+    s[c].unroll(r)
+    s[c].parallel(t)
+    s[c].tensorize(l, dot_product_intrin(isa, "uint8", "int8"))
+    lib = tvm.build(s, [a, b, c], target=TARGET)
+    args = [nd(np.ones(4, "uint8")), nd(np.ones((lanes, 4), "int8")), nd(np.zeros((tasks, chains, lanes), "int32"))]
+    seconds = timeit(lib, *args, min_ms=100)
+    return tasks * iters * chains * lanes * 4 * 2 / seconds / 1e9
+
+
+# --------------------------------------------------------------------------
+# Layers
+# --------------------------------------------------------------------------
+def resnet50_layers():
+    """Distinct (C, H, W, O, K, stride, pad) of ResNet-50's 1x1 and 3x3 convs, in order."""
+    mod, _ = load_model("resnet-50")
+    mod = relay.transform.InferType()(mod)
+    layers = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name == "nn.conv2d":
+            _, c, h, w = (int(x) for x in node.args[0].checked_type.shape)
+            o, _, k, _ = (int(x) for x in node.args[1].checked_type.shape)
+            key = (c, h, w, o, k, int(node.attrs.strides[0]), int(node.attrs.padding[0]))
+            if k in (1, 3) and key not in layers:
+                layers.append(key)
+
+    relay.analysis.post_order_visit(mod["main"], visit)
+    return layers
+
+
+def _build(task, log=None):
+    """Build an AutoTVM task with its best config in ``log``, or the template's fallback config.
+
+    Returns the function and its argument tensors (AutoTVM orders them output first).
+    """
+    target = tvm.target.Target(TARGET)
+    if log:
+        with autotvm.apply_history_best(log), target:
+            sched, args = task.instantiate(autotvm.DispatchContext.current.query(target, task.workload))
+    else:
+        with target:
+            sched, args = task.instantiate(autotvm.task.space.FallbackConfigEntity())
+    return tvm.build(sched, args, target=TARGET), args
+
+
+def _tune(task, trials: int, log_dir: str) -> str:
+    log = os.path.join(log_dir, f"{task.name}_{abs(hash(task.workload))}.log")
+    measure = autotvm.measure_option(builder=autotvm.LocalBuilder(),
+                                     runner=autotvm.LocalRunner(number=3, repeat=1, min_repeat_ms=50, timeout=20))
+    tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
+    tuner.tune(n_trial=min(trials, len(task.config_space)), measure_option=measure,
+               callbacks=[autotvm.callback.log_to_file(log)])
+    return log
+
+
+def ours(task_name: str, args, arrays, out_shape, trials: int, log_dir: str):
+    """Build a template (untuned, and tuned when ``trials``); return a timer ``() -> {variant: s}``."""
+    task = autotvm.task.create(task_name, args=args, target=TARGET)
+    funcs = {"untuned": _build(task)}
+    if trials:
+        funcs["tuned"] = _build(task, _tune(task, trials, log_dir))
+    by_type = {(a.shape, str(a.dtype)): nd(a) for a in arrays}
+    by_type[(tuple(out_shape), "int32")] = nd(np.zeros(out_shape, "int32"))
+
+    def buffers(tensors):
+        return [by_type[(tuple(int(d) for d in t.shape), str(t.dtype))] for t in tensors]
+
+    return lambda: {name: timeit(f, *buffers(tensors)) for name, (f, tensors) in funcs.items()}
+
+
+def ours_conv(layer, data, kernel, trials, log_dir):
+    c, h, w, o, k, stride, pad = layer
+    lanes = for_target(TARGET).lanes
+    ic_bn = packing.channel_block(c, lanes)
+    d_p, k_p = packing.pack_data_nchwc(data, ic_bn), packing.pack_kernel_oihw(kernel, ic_bn, lanes)
+    args = (te.placeholder(d_p.shape, "uint8"), te.placeholder(k_p.shape, "int8"), (stride, stride),
+            (pad, pad, pad, pad), (1, 1), f"NCHW{ic_bn}c", f"NCHW{lanes}c", "int32")
+    h_o, w_o = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    return ours(CONV2D_NCHWC_TASK, args, [d_p, k_p], (1, -(-o // lanes), h_o, w_o, lanes), trials, log_dir)
+
+
+def _relay_conv(layer, dtype: str):
+    c, h, w, o, k, stride, pad = layer
+    x = relay.var("x", shape=(1, c, h, w), dtype=dtype)
+    weight = RNG.integers(-128, 128, (o, c, k, k)).astype("int8" if dtype == "uint8" else dtype)
+    y = relay.nn.conv2d(x, relay.const(weight), strides=(stride, stride), padding=(pad, pad), channels=o,
+                        kernel_size=(k, k), out_dtype="int32" if dtype == "uint8" else "")
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], y)), target=TARGET)
+    data = RNG.integers(0, 256, (1, c, h, w)).astype("uint8") if dtype == "uint8" else \
+        RNG.standard_normal((1, c, h, w)).astype(dtype)
+    return lib, {"x": data}
+
+
+def _ort_session(model, threads: int):
+    import onnxruntime as ort
+
+    model.ir_version = min(model.ir_version, 8)  # onnx 1.23 writes IR 14, newer than this ORT reads
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _ort_qlinearconv(layer, data, kernel, threads: int, nhwc: bool):
+    from onnx import TensorProto, helper, numpy_helper
+
+    c, h, w, o, k, stride, pad = layer
+    scalars = [numpy_helper.from_array(np.array(v, dtype=d), n) for n, v, d in (
+        ("xs", 0.05, "float32"), ("xz", 0, "uint8"), ("ws", 0.01, "float32"), ("wz", 0, "int8"),
+        ("ys", 0.5, "float32"), ("yz", 0, "uint8"))]
+    weights = numpy_helper.from_array(kernel, "w")
+    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
+    if nhwc:
+        attrs["channels_last"] = 1
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"],
+                            domain="com.microsoft" if nhwc else "", **attrs)
+    x_shape = [1, h, w, c] if nhwc else [1, c, h, w]
+    graph = helper.make_graph([node], "qconv", [helper.make_tensor_value_info("x", TensorProto.UINT8, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+                              initializer=[weights, *scalars])
+    opsets = [helper.make_opsetid("", 13)] + ([helper.make_opsetid("com.microsoft", 1)] if nhwc else [])
+    sess = _ort_session(helper.make_model(graph, opset_imports=opsets), threads)
+    feed = np.ascontiguousarray(data.transpose(0, 2, 3, 1)) if nhwc else data
+    return time_ort(sess, {"x": feed})
+
+
+def _ort_fp32_conv(layer, threads: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    c, h, w, o, k, stride, pad = layer
+    weights = numpy_helper.from_array(RNG.standard_normal((o, c, k, k)).astype("float32"), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[weights])
+    sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
+    return time_ort(sess, {"x": RNG.standard_normal((1, c, h, w)).astype("float32")})
+
+
+def bench_conv(layer, threads, trials, log_dir):
+    """GOPS of every contender on one conv layer, per thread count."""
+    c, h, w, o, k, stride, pad = layer
+    h_o, w_o = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    gop = 2 * c * o * k * k * h_o * w_o / 1e9
+    data = RNG.integers(0, 256, (1, c, h, w)).astype("uint8")
+    kernel = RNG.integers(-128, 128, (o, c, k, k)).astype("int8")
+    timer = ours_conv(layer, data, kernel, trials, log_dir)
+    graph_lib, graph_in = _relay_conv(layer, "uint8")
+    fp32_lib, fp32_in = _relay_conv(layer, "float32")
+    rows = []
+    for n in threads:
+        set_threads(n)
+        row = {f"ours {name}": gop / s for name, s in timer().items()}
+        row["ours graph"] = gop / time_graph(graph_lib, graph_in)
+        row["ORT QLinearConv"] = gop / _ort_qlinearconv(layer, data, kernel, n, nhwc=False)
+        row["ORT NHWC"] = gop / _ort_or_nan(_ort_qlinearconv, layer, data, kernel, n, nhwc=True)
+        row["TVM fp32"] = gop / time_graph(fp32_lib, fp32_in)
+        row["ORT fp32"] = gop / _ort_fp32_conv(layer, n)
+        rows.append((n, row))
+    return rows
+
+
+def _ort_or_nan(fn, *args, **kwargs) -> float:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as err:  # e.g. a contrib op missing from this ORT build
+        print(f"  ({fn.__name__} failed: {str(err).splitlines()[0][:100]})")
+        return float("nan")
+
+
+def _ort_qlinearmatmul(data, weight, threads: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.ascontiguousarray(weight.T), "w")] + [
+        numpy_helper.from_array(np.array(v, dtype=d), n) for n, v, d in (
+            ("as", 0.05, "float32"), ("az", 0, "uint8"), ("ws", 0.01, "float32"), ("wz", 0, "int8"),
+            ("ys", 0.5, "float32"), ("yz", 0, "uint8"))]
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "w", "ws", "wz", "ys", "yz"], ["y"])
+    graph = helper.make_graph([node], "qmm", [helper.make_tensor_value_info("a", TensorProto.UINT8, list(data.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializer=inits)
+    sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
+    return time_ort(sess, {"a": data})
+
+
+def _ort_fp32_gemm(m, k, n, threads):
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(RNG.standard_normal((n, k)).astype("float32"), "w")
+    node = helper.make_node("Gemm", ["a", "w"], ["y"], transB=1)
+    graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[weight])
+    sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
+    return time_ort(sess, {"a": RNG.standard_normal((m, k)).astype("float32")})
+
+
+def bench_dense(m, k, n, threads, trials, log_dir):
+    """GOPS of the final ResNet-50 dense (m x k by n x k)."""
+    lanes = for_target(TARGET).lanes
+    gop = 2 * m * k * n / 1e9
+    data = RNG.integers(0, 256, (m, k)).astype("uint8")
+    weight = RNG.integers(-128, 128, (n, k)).astype("int8")
+    w_p = packing.pack_dense_weight(weight, lanes)
+    args = (te.placeholder(data.shape, "uint8"), te.placeholder(w_p.shape, "int8"), None, "int32")
+    timer = ours(DENSE_PACK_TASK, args, [data, w_p], (m, w_p.shape[0] * lanes), trials, log_dir)
+    x = relay.var("x", shape=(m, k))
+    fp32_lib = _build_relay(relay.nn.dense(x, relay.const(RNG.standard_normal((n, k)).astype("float32"))), x)
+    rows = []
+    for t in threads:
+        set_threads(t)
+        row = {f"ours {name}": gop / s for name, s in timer().items()}
+        row["ORT QLinearMatMul"] = gop / _ort_or_nan(_ort_qlinearmatmul, data, weight, t)
+        row["TVM fp32"] = gop / time_graph(fp32_lib, {"x": RNG.standard_normal((m, k)).astype("float32")})
+        row["ORT fp32"] = gop / _ort_fp32_gemm(m, k, n, t)
+        rows.append((t, row))
+    return rows
+
+
+def _build_relay(expr, *params):
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.build(tvm.IRModule.from_expr(relay.Function(list(params), expr)), target=TARGET)
+
+
+# --------------------------------------------------------------------------
+# End to end
+# --------------------------------------------------------------------------
+_REFERENCE = """
+import sys, numpy as np, tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+mod = tvm.ir.load_json(open(sys.argv[1]).read())
+with tvm.transform.PassContext(opt_level=3):
+    lib = relay.build(mod, target="llvm")
+run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+run.set_input(**dict(np.load(sys.argv[2])))
+run.run()
+np.save(sys.argv[3], run.get_output(0).numpy())
+assert "tvm_tcutils" not in sys.modules
+"""
+
+
+def _onnx_mapping_shim() -> None:
+    """TVM 0.19's Relay-to-ONNX exporter reads ``onnx.mapping``, which onnx 1.23 removed."""
+    import types
+
+    import onnx
+    from onnx import helper
+
+    if hasattr(onnx, "mapping"):
+        return
+
+    class _ToTensor(dict):
+        def __missing__(self, key):
+            return helper.np_dtype_to_tensor_dtype(np.dtype(key))
+
+    class _ToNumpy(dict):
+        def __missing__(self, key):
+            return helper.tensor_dtype_to_np_dtype(key)
+
+    onnx.mapping = types.SimpleNamespace(NP_TYPE_TO_TENSOR_TYPE=_ToTensor(), TENSOR_TYPE_TO_NP_TYPE=_ToNumpy())
+
+
+def ort_resnet50(mod, params, tmp: str):
+    """fp32 ONNX of the same ResNet-50 (TVM's exporter) and its onnxruntime int8 QOperator version."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from tvm.contrib.target.onnx import to_onnx
+
+    _onnx_mapping_shim()
+    bound = relay.build_module.bind_params_by_name(mod["main"], params)
+    with tvm.transform.PassContext(opt_level=3):
+        simple = tvm.transform.Sequential([
+            relay.transform.InferType(), relay.transform.SimplifyInference(), relay.transform.FoldConstant(),
+            relay.transform.FoldScaleAxis(), relay.transform.FoldConstant(),
+        ])(tvm.IRModule.from_expr(bound))
+    model = to_onnx(simple, {}, "resnet50")
+    model.ir_version = min(model.ir_version, 8)
+    constants = {init.name for init in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in constants]  # weights are not inputs
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    fp32_path, int8_path = f"{tmp}/r50.onnx", f"{tmp}/r50_int8.onnx"
+    onnx.save(model, fp32_path)
+    name = inputs[0].name
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.left = 4
+
+        def get_next(self):
+            self.left -= 1
+            return {name: RNG.standard_normal((1, 3, 224, 224)).astype("float32")} if self.left >= 0 else None
+
+    quantize_static(fp32_path, int8_path, Calibration(), quant_format=QuantFormat.QOperator,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return name, onnx.load(fp32_path), onnx.load(int8_path)
+
+
+def bench_e2e(threads, check: bool, log: str = None):
+    from tvm_tcutils.dot_product_tuning import build, quantize_int8
+    from tvm_tcutils.models import random_inputs
+
+    mod, params = load_model("resnet-50")
+    start = time.perf_counter()
+    qmod = quantize_int8(mod, params)
+    print(f"relay.quantize: {time.perf_counter() - start:.0f} s")
+    start = time.perf_counter()
+    int8_lib = build(qmod, {}, TARGET, log)
+    print(f"int8 build with tvm-tcutils: {time.perf_counter() - start:.0f} s")
+    fp32_lib = build(mod, params, TARGET)
+    inputs = random_inputs(mod, params)
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_input, ort_fp32, ort_int8 = ort_resnet50(mod, params, tmp)
+    for n in threads:
+        set_threads(n)
+        t8, t32 = time_graph(int8_lib, inputs), time_graph(fp32_lib, inputs)
+        feed = {onnx_input: inputs["data"]}
+        o8, o32 = time_ort(_ort_session(ort_int8, n), feed), time_ort(_ort_session(ort_fp32, n), feed)
+        print(f"ResNet-50 threads={n}: int8 tvm-tcutils {t8 * 1e3:.2f} ms | int8 ORT QOperator {o8 * 1e3:.2f} ms | "
+              f"fp32 TVM {t32 * 1e3:.2f} ms | fp32 ORT {o32 * 1e3:.2f} ms | ours vs ORT int8 x{o8 / t8:.2f}, "
+              f"vs TVM fp32 x{t32 / t8:.2f}", flush=True)
+    if check:
+        run = graph_executor.GraphModule(int8_lib["default"](tvm.cpu()))
+        run.set_input(**inputs)
+        run.run()
+        ours_out = run.get_output(0).numpy()
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(f"{tmp}/m.json", "w") as f:
+                f.write(tvm.ir.save_json(qmod))
+            np.savez(f"{tmp}/in.npz", **inputs)
+            env = dict(os.environ, PYTHONPATH="")
+            subprocess.run([sys.executable, "-c", _REFERENCE, f"{tmp}/m.json", f"{tmp}/in.npz", f"{tmp}/ref.npy"],
+                           check=True, env=env)
+            ref = np.load(f"{tmp}/ref.npy")
+        print(f"ResNet-50 int8 output bit-exact vs TVM generic llvm (no tvm_tcutils): {np.array_equal(ours_out, ref)}"
+              f" (max abs diff {np.abs(ours_out.astype(float) - ref).max()})")
+
+
+# --------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------
+def report(name, rows, peaks):
+    for n, row in rows:
+        peak = peaks[n]
+        best_ours = max(v for key, v in row.items() if key.startswith("ours") and key != "ours graph")
+        ort = row.get("ORT QLinearConv", row.get("ORT QLinearMatMul"))
+        cells = "  ".join(f"{key} {value:7.1f}" for key, value in row.items())
+        print(f"{name:<34} t={n}  {cells}  | ours/peak {best_ours / peak:5.1%}  ours/ORT x{best_ours / ort:4.2f}"
+              f"  graph/ORT x{row.get('ours graph', best_ours) / ort:4.2f}", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--trials", type=int, default=0, help="XGBTuner trials per layer (0: untuned only)")
+    parser.add_argument("--layers", type=int, default=0, help="only the first N conv layers (0: all)")
+    parser.add_argument("--e2e", action="store_true", help="also int8 ResNet-50 end to end")
+    parser.add_argument("--e2e-check", action="store_true", help="with --e2e: bit-exact check vs TVM generic")
+    parser.add_argument("--e2e-only", action="store_true", help="skip the per-layer table")
+    args = parser.parse_args(argv)
+    if for_target(TARGET) is None or for_target(TARGET).name != "x86_vnni":
+        raise SystemExit(f"{TARGET} has no VNNI ISA here")
+    print(f"host: {os.cpu_count()} logical CPUs; other processes may load the machine: compare ratios, "
+          f"not absolute numbers (all columns GOPS)")
+    peaks = {}
+    for n in args.threads:
+        set_threads(n)
+        peaks[n] = max(peak_gops(n) for _ in range(3))  # the best of three: the machine is shared
+        print(f"measured int8 peak (register-only vpdpbusd loop), {n} thread(s): {peaks[n]:.0f} GOPS")
+    layers = [] if args.e2e_only else resnet50_layers()
+    if args.layers:
+        layers = layers[: args.layers]
+    with tempfile.TemporaryDirectory(prefix="bench_int8_") as log_dir:
+        for layer in layers:
+            c, h, w, o, k, stride, pad = layer
+            report(f"conv {k}x{k} {c}->{o} {h}x{w} s{stride}", bench_conv(layer, args.threads, args.trials, log_dir),
+                   peaks)
+        if not args.e2e_only:
+            report("dense 2048->1000", bench_dense(1, 2048, 1000, args.threads, args.trials, log_dir), peaks)
+    if args.e2e or args.e2e_only:
+        bench_e2e(args.threads, args.e2e_check)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

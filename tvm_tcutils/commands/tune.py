@@ -1,0 +1,35 @@
+"""``tvm-tcutils tune``: AutoTVM (XGBTuner) tuning of a model's tasks, resumable from its log."""
+from __future__ import annotations
+
+import argparse
+
+from .. import cli
+
+HELP = "tune a model's AutoTVM tasks (int8 dot-product templates included) with XGBTuner"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    cli.add_model_argument(parser)
+    parser.add_argument("--target", default="llvm -mcpu=znver4", help="TVM target (default: %(default)s)")
+    parser.add_argument("--trials", type=int, default=32, help="measurements per task, log included")
+    parser.add_argument("--log", required=True, help="AutoTVM log file: appended to, and resumed from")
+    parser.add_argument("--dtype", choices=["int8", "float32"], default="int8",
+                        help="tune the int8-quantized model (default) or the float one")
+    parser.add_argument("--no-progress", action="store_true", help="no per-task progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..dot_product_tuning import prepare, tune
+
+    if args.trials < 1:
+        raise cli.CommandError(f"--trials must be at least 1, got {args.trials}")
+    mod, params = prepare(*cli.load_model_arg(args), args.dtype)
+
+    def announce(index, total, task, todo):
+        state = f"{todo} new trials" if todo else "done (in the log)"
+        print(f"task {index + 1}/{total} {task.name}: {state}", flush=True)
+
+    summary = tune(mod, params, args.target, args.trials, args.log, progress=not args.no_progress,
+                   on_task=announce)
+    print(f"tuned {len(summary)} tasks, {sum(n for _, n in summary)} new trials; log: {args.log}")
+    return 0

@@ -1,0 +1,56 @@
+"""x86 AVX-512 VNNI: ``vpdpbusd`` on 512-bit registers (16 int32 lanes, u8 x i8).
+
+LLVM changed the intrinsic's operand types: up to LLVM 21 the byte operands
+are declared as ``<16 x i32>``; LLVM 22 declares them ``<64 x i8>`` and an IR
+call with the old types aborts LLVM ("Calling a function with a bad
+signature!"). The emitter reads the LLVM version TVM was built with and
+passes the operands with the types that LLVM declares.
+"""
+from __future__ import annotations
+
+from .base import (
+    DotProductISA, DotVariant, as_i32_vector, llvm_intrin, llvm_major, ordered, reinterpret, target_has,
+)
+
+INTRINSIC = "llvm.x86.avx512.vpdpbusd.512"
+
+#: First LLVM major whose vpdpbusd intrinsics take byte vectors.
+BYTE_OPERANDS_SINCE = 22
+
+
+def operand_types(llvm_major_version: int):
+    """The (acc, a, b) LLVM vector types of :data:`INTRINSIC` in an LLVM version.
+
+    Examples
+    --------
+    >>> operand_types(22)
+    ('int32x16', 'int8x64', 'int8x64')
+    >>> operand_types(17)
+    ('int32x16', 'int32x16', 'int32x16')
+    """
+    if llvm_major_version >= BYTE_OPERANDS_SINCE:
+        return ("int32x16", "int8x64", "int8x64")
+    return ("int32x16", "int32x16", "int32x16")
+
+
+def _emit(isa, variant, acc, data, kernel):
+    a, b = ordered(variant, data, kernel)
+    _, a_type, b_type = operand_types(llvm_major())
+    a = reinterpret(a, a_type) if a_type.startswith("int8") else as_i32_vector(a)
+    b = reinterpret(b, b_type) if b_type.startswith("int8") else as_i32_vector(b)
+    return llvm_intrin("int32x16", variant.intrinsic, acc, a, b)
+
+
+def _supports(target) -> bool:
+    return target_has(target, "avx512vnni")
+
+
+X86_VNNI = DotProductISA(
+    name="x86_vnni",
+    lanes=16,
+    variants=(DotVariant("uint8", "int8", INTRINSIC), DotVariant("int8", "uint8", INTRINSIC, swap=True)),
+    supports=_supports,
+    emitter=_emit,
+    registers=32,
+    target_keys=("cpu",),
+)

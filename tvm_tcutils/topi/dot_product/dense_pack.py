@@ -1,0 +1,211 @@
+"""int8 dense with a packed weight, tensorized with a 4-way dot-product instruction.
+
+Layouts (``L`` = lanes of the target's ISA): data ``(M, K)`` uint8/int8 with
+``K`` a multiple of 4; weight ``NC{L}n4c``: ``(N/L, K/4, L, 4)``, so each
+``L x 4`` block is contiguous; output ``(M, N)`` int32. The schedule keeps a
+``tile_m x tile_nb`` block of ``L``-lane accumulators in registers while it
+walks ``K`` four at a time, and fuses following elementwise ops per tile.
+"""
+from __future__ import annotations
+
+from ..._tvm import tvm  # noqa: F401  (TVM checked first)
+from tvm import te
+from tvm.autotvm.task.space import OtherOptionEntity
+from tvm.topi.utils import get_const_tuple
+
+from .common import current_isa, divisors_up_to, find_op, inline_between
+from .intrinsics import dot_product_intrin
+from .packing import round_up
+
+#: Tag of the dense op, used by the schedule to find it among fused ops.
+TAG = "dense_pack_dot"
+
+
+def _define_knobs(cfg, isa, m: int, n_blocks: int, k_quads: int, block: int) -> None:
+    budget = max(1, isa.registers * 3 // 4 // (block // isa.lanes))
+    cfg.define_knob("tile_m", divisors_up_to(m, budget))
+    cfg.define_knob("tile_nb", divisors_up_to(n_blocks, budget))
+    cfg.define_knob("tile_k", divisors_up_to(k_quads, 64)[-4:])
+    if cfg.is_fallback:
+        tile_m = divisors_up_to(m, 4)[-1]
+        cfg["tile_m"] = OtherOptionEntity(tile_m)
+        cfg["tile_nb"] = OtherOptionEntity(divisors_up_to(n_blocks, max(1, budget // tile_m // 2))[-1])
+        cfg["tile_k"] = OtherOptionEntity(divisors_up_to(k_quads, 64)[-1])
+
+
+def dense_pack_dot(cfg, data, weight, bias=None, out_dtype="int32"):
+    """Compute int8 dense ``data @ unpack(weight).T`` on a ``NC{L}n4c`` packed weight.
+
+    Parameters
+    ----------
+    cfg : ConfigSpace or ConfigEntity
+        AutoTVM configuration (knobs ``tile_m``, ``tile_nb`` (weight blocks per tile), ``tile_k``).
+    data : te.Tensor
+        ``(M, K)`` uint8/int8, ``K`` a multiple of 4.
+    weight : te.Tensor
+        ``(N/L, K/4, L, 4)`` int8/uint8.
+    bias : te.Tensor, optional
+        ``(N,)`` int32, added to the result.
+    out_dtype : str
+        Must be ``"int32"``.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((2, 64), "uint8"); w = te.placeholder((4, 16, 16, 4), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     out = dense_pack_dot(autotvm.get_config(), d, w)
+    >>> [int(x) for x in out.shape]
+    [2, 64]
+    """
+    if out_dtype not in ("int32", None, ""):
+        raise ValueError(f"out_dtype must be 'int32' for dot-product dense, got {out_dtype!r}")
+    isa = current_isa(data.dtype, weight.dtype)
+    (m, k), w_shape = get_const_tuple(data.shape), get_const_tuple(weight.shape)
+    if len(w_shape) != 4 or w_shape[1] * 4 != k or w_shape[3] != 4:
+        raise ValueError(f"weight must be (N/L, {k // 4}, L, 4) for data (M, {k}); got {w_shape}")
+    lanes = w_shape[2]
+    if lanes % isa.lanes:
+        raise ValueError(f"weight block {lanes} is not a multiple of {isa.name}'s {isa.lanes} lanes")
+    n = w_shape[0] * lanes
+    _define_knobs(cfg, isa, m, w_shape[0], k // 4, lanes)
+    r_ko = te.reduce_axis((0, k // 4), name="k_outer")
+    r_ki = te.reduce_axis((0, 4), name="k_inner")
+    out = te.compute(
+        (m, n),
+        lambda i, j: te.sum(
+            data[i, r_ko * 4 + r_ki].astype("int32")
+            * weight[j // lanes, r_ko, j % lanes, r_ki].astype("int32"),
+            axis=[r_ko, r_ki],
+        ),
+        name="dense_pack_dot",
+        tag=TAG,
+    )
+    cfg.add_flop(2 * m * n * k)
+    if bias is not None:
+        out = te.compute((m, n), lambda i, j: out[i, j] + bias[j].astype("int32"), tag="injective,bias")
+    return out
+
+
+def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
+    """Schedule :func:`dense_pack_dot` and the elementwise ops fused after it.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((2, 64), "uint8"); w = te.placeholder((4, 16, 16, 4), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     cfg = autotvm.get_config()
+    ...     s = schedule_dense_pack_dot(cfg, [dense_pack_dot(cfg, d, w)])
+    """
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    s = te.create_schedule([t.op for t in outs])
+    dense = find_op(outs, TAG)
+    if dense is None:
+        raise ValueError(f"no {TAG} op among the outputs")
+    data, weight = dense.op.input_tensors
+    isa = current_isa(data.dtype, weight.dtype)
+    intrin = dot_product_intrin(isa, str(data.dtype), str(weight.dtype), mode)
+    out = outs[0]
+    inline_between(s, outs, dense)
+    if len(out.shape) != 2 or get_const_tuple(out.shape) != get_const_tuple(dense.shape):
+        out = dense
+    # Tiles hold whole weight blocks, so j // block is the tile's block index plus a loop variable.
+    block = int(weight.shape[2])
+    tile_m, tile_n = cfg["tile_m"].val, cfg["tile_nb"].val * block
+    i, j = s[out].op.axis
+    i_o, i_i = s[out].split(i, factor=tile_m)
+    j_o, j_i = s[out].split(j, factor=tile_n)
+    s[out].reorder(i_o, j_o, i_i, j_i)
+    tile = s[out].fuse(i_o, j_o)
+    s[out].parallel(tile)
+    if out.op != dense.op:
+        s[dense].compute_at(s[out], tile)
+        if mode == "llvm":
+            s[out].vectorize(s[out].split(j_i, factor=isa.lanes)[1])
+        c_i, c_j = s[dense].op.axis
+    else:
+        c_i, c_j = i_i, j_i
+    r_ko, r_ki = s[dense].op.reduce_axis
+    k_o, k_i = s[dense].split(r_ko, factor=cfg["tile_k"].val)
+    j_b, j_w = s[dense].split(c_j, factor=block)
+    j_wo, j_l = s[dense].split(j_w, factor=isa.lanes)
+    s[dense].reorder(k_o, k_i, c_i, j_b, j_wo, j_l, r_ki)
+    for axis in (c_i, j_b, j_wo):
+        s[dense].unroll(axis)
+    s[dense].tensorize(j_l, intrin)
+    return s
+
+
+def dense_dot(cfg, data, weight, bias=None, out_dtype="int32"):
+    """int8 dense on a plain ``(N, K)`` weight: packs it, runs :func:`dense_pack_dot`, slices.
+
+    Used where Relay did not alter the layout (opt_level < 3); K is zero-padded
+    to a multiple of 4 and N to the lane count.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((2, 10), "uint8"); w = te.placeholder((5, 10), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     out = dense_dot(autotvm.get_config(), d, w)
+    >>> [int(x) for x in out.shape]
+    [2, 5]
+    """
+    isa = current_isa(data.dtype, weight.dtype)
+    (m, k), (n, k_w) = get_const_tuple(data.shape), get_const_tuple(weight.shape)
+    if k != k_w:
+        raise ValueError(f"data has K={k} but weight has K={k_w}")
+    lanes = isa.lanes
+    k_p, n_p = round_up(k, 4), round_up(n, lanes)
+    zero_d, zero_w = tvm.tir.const(0, data.dtype), tvm.tir.const(0, weight.dtype)
+    data_p = te.compute(
+        (m, k_p), lambda i, j: tvm.tir.if_then_else(j < k, data[i, te.min(j, k - 1)], zero_d),
+        name="data_pack", tag="dot_pack",
+    )
+    weight_p = te.compute(
+        (n_p // lanes, k_p // 4, lanes, 4),
+        lambda o, c, ol, cs: tvm.tir.if_then_else(
+            tvm.tir.all(o * lanes + ol < n, c * 4 + cs < k),
+            weight[te.min(o * lanes + ol, n - 1), te.min(c * 4 + cs, k - 1)], zero_w,
+        ),
+        name="weight_pack", tag="dot_pack",
+    )
+    out = dense_pack_dot(cfg, data_p, weight_p, None, out_dtype)
+    return te.compute(
+        (m, n),
+        lambda i, j: out[i, j] + (bias[j].astype("int32") if bias is not None else 0),
+        name="dense_slice", tag="injective,dot_unpack",
+    )
+
+
+def schedule_dense_dot(cfg, outs, mode: str = "llvm"):
+    """Schedule :func:`dense_dot` (packing stages, the dense, the sliced output).
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((2, 10), "uint8"); w = te.placeholder((5, 10), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     cfg = autotvm.get_config()
+    ...     s = schedule_dense_dot(cfg, [dense_dot(cfg, d, w)])
+    """
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    dense = find_op(outs, TAG)
+    if dense is None:
+        raise ValueError(f"no {TAG} op among the outputs")
+    s = schedule_dense_pack_dot(cfg, [dense] + outs, mode)
+    for pack in dense.op.input_tensors:
+        if pack.op.tag == "dot_pack":
+            axes = s[pack].op.axis
+            s[pack].parallel(axes[0])
+            if mode == "llvm":
+                s[pack].vectorize(axes[-1])
+    final = outs[0]
+    inline_between(s, outs, dense)
+    s[final].parallel(s[final].op.axis[0])
+    return s
