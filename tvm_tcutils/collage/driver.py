@@ -1,0 +1,297 @@
+"""The Collage driver: prepare, enumerate candidates, estimate, search, outline.
+
+:class:`CollagePartitioner` is a Relay module pass (usable in
+``tvm.transform.Sequential``); :func:`partition` and :func:`build` wrap it.
+The result is an ordinary IRModule in which every partition chosen for a
+BYOC-style toolchain is a global function carrying ``Compiler``,
+``Primitive`` and ``global_symbol`` (as ``PartitionGraph`` leaves them), and
+everything chosen for TVM stays in ``main``. ``relay.build`` /
+``relay.vm.compile`` build it as is, also after ``models.save_model`` and
+``models.load_model``, with no new search.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from typing import Dict, List, Optional, Sequence, Union
+
+from .._tvm import tvm
+from tvm import relay
+
+from .candidates import Candidate, enumerate_candidates
+from .cost.base import CostEstimator, CostRequest
+from .outline import partitioned_module
+from .search import SearchResult, partition_order, search
+from .subgraph import IndexedGraph, checked_main
+from .toolchains import Toolchain, resolve
+
+logger = logging.getLogger("tvm_tcutils.collage")
+
+ToolchainSpec = Union[None, str, Sequence[Union[str, Toolchain]]]
+
+
+@dataclasses.dataclass
+class Partition:
+    """One chosen partition, as reported in tables."""
+
+    toolchain: str
+    ops: List[str]
+    estimated_ms: float
+    function: Optional[str]
+    label: str
+
+
+@dataclasses.dataclass
+class CollageResult:
+    """What a Collage run produced.
+
+    Attributes
+    ----------
+    mod : IRModule
+        The partitioned module.
+    params : dict
+        Parameters still free in ``mod`` (the ones given were bound as constants).
+    partitions : list of Partition
+        The chosen partitions (host glue left out), in dataflow order.
+    estimated_ms : float
+        Sum of the chosen partitions' estimated latencies.
+    single_toolchain_ms : dict
+        Estimated latency when only TVM, or TVM plus one other toolchain, may be used.
+    candidates, states : int
+        How many candidates were enumerated and how many search states expanded.
+    seconds : dict
+        Time spent enumerating, estimating and searching.
+    """
+
+    mod: tvm.IRModule
+    params: Dict
+    partitions: List[Partition]
+    estimated_ms: float
+    single_toolchain_ms: Dict[str, float]
+    candidates: int
+    states: int
+    seconds: Dict[str, float]
+
+
+def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
+    """The module as Collage partitions it: parameters bound, inference simplified, constants folded.
+
+    These are the passes ``relay.build`` would run first anyway; ``mod`` is
+    not changed.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> len(prepare(mod, params)["main"].params)
+    1
+    """
+    main = checked_main(mod)
+    if params:
+        unknown = sorted(set(params) - {p.name_hint for p in main.params})
+        if unknown:
+            raise ValueError(f"params: {unknown[:3]} are not parameters of main")
+        main = relay.build_module.bind_params_by_name(main, dict(params))
+    new = tvm.IRModule({gv: mod[gv] for gv in mod.get_global_vars() if gv.name_hint != "main"})
+    new["main"] = main
+    seq = tvm.transform.Sequential([
+        relay.transform.InferType(),
+        relay.transform.SimplifyInference(),
+        relay.transform.FoldConstant(),
+        relay.transform.FoldScaleAxis(),
+        relay.transform.FoldConstant(),
+    ])
+    with tvm.transform.PassContext(opt_level=3):
+        return seq(new)
+
+
+def _estimate(graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict[str, Toolchain],
+              estimator: CostEstimator) -> List[float]:
+    costs = [0.0] * len(cands)
+    todo = [k for k, c in enumerate(cands) if not c.host]
+    requests = [CostRequest(graph, cands[k], toolchains[cands[k].toolchain]) for k in todo]
+    for k, cost in zip(todo, estimator.estimate(requests)):
+        costs[k] = float(cost)
+    return costs
+
+
+def _search_valid(graph: IndexedGraph, cands, costs, toolchains) -> SearchResult:
+    result = search(graph, cands, costs)
+    external = [c.mask for c in result.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
+    if partition_order(graph, external) is None:
+        logger.info("partitions of the best cover depend on each other; searching again with cycle checks")
+        result = search(graph, cands, costs, check_cycles=True)
+    return result
+
+
+class _Partitioner:
+    """The module pass behind :class:`CollagePartitioner` (see there)."""
+
+    def __init__(self, toolchains: ToolchainSpec = None, cost_estimator: Optional[CostEstimator] = None,
+                 params: Optional[Dict] = None, compare_single: bool = True):
+        self.toolchains = resolve(toolchains)
+        if cost_estimator is not None and not isinstance(cost_estimator, CostEstimator):
+            raise TypeError(
+                f"cost_estimator must be a CostEstimator, got {type(cost_estimator).__name__}"
+            )
+        self.cost_estimator = cost_estimator
+        self.params = dict(params or {})
+        self.compare_single = compare_single
+        self.last_result: Optional[CollageResult] = None
+
+    def run(self, mod: tvm.IRModule) -> CollageResult:
+        seconds: Dict[str, float] = {}
+        start = time.perf_counter()
+        prepared = prepare(mod, self.params)
+        graph = IndexedGraph(prepared["main"])
+        by_name = {tc.name: tc for tc in self.toolchains}
+        cands = enumerate_candidates(graph, self.toolchains)
+        seconds["enumerate"] = time.perf_counter() - start
+
+        estimator = self.cost_estimator
+        if estimator is None:
+            from .cost.measured import MeasuredCostEstimator
+
+            estimator = MeasuredCostEstimator()
+        start = time.perf_counter()
+        if hasattr(estimator, "search"):
+            # Estimators that interleave measuring and searching (the learned one).
+            result, costs = estimator.search(graph, cands, by_name)
+        else:
+            costs = _estimate(graph, cands, by_name, estimator)
+            result = None
+        seconds["estimate"] = time.perf_counter() - start
+        start = time.perf_counter()
+        if result is None:
+            result = _search_valid(graph, cands, costs, by_name)
+        seconds["search"] = time.perf_counter() - start
+
+        single = {}
+        if self.compare_single:
+            for tc in self.toolchains:
+                allowed = {"tvm", tc.name}
+                sub = [k for k, c in enumerate(cands) if c.toolchain in allowed]
+                try:
+                    single[tc.name] = search(graph, [cands[k] for k in sub], [costs[k] for k in sub]).cost
+                except RuntimeError:
+                    single[tc.name] = math.inf
+
+        compilers = {name: tc.compiler for name, tc in by_name.items()}
+        out, symbols = partitioned_module(graph, result.chosen, compilers, prepared)
+        partitions = [
+            Partition(cand.toolchain, graph.op_names(cand.mask), cost, symbols.get(cand.mask), cand.label)
+            for cand, cost in result.non_host()
+        ]
+        self.last_result = CollageResult(
+            out, {}, partitions, result.cost, single, len(cands), result.states, seconds)
+        logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
+                    len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
+        return self.last_result
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        return self.run(mod).mod
+
+
+CollagePartitioner = tvm.transform.module_pass(opt_level=0, name="CollagePartitioner")(_Partitioner)
+CollagePartitioner.__doc__ = """Collage as a Relay module pass.
+
+Parameters
+----------
+toolchains : str or list, optional
+    Toolchain names (``"tvm,ort,blas"``) or :class:`~.toolchains.Toolchain`
+    objects; see :func:`~.toolchains.resolve`. TVM is always included.
+cost_estimator : CostEstimator, optional
+    How candidates are costed; default :class:`~.cost.measured.MeasuredCostEstimator`.
+params : dict, optional
+    Parameters to bind into ``main`` before partitioning.
+compare_single : bool
+    Also compute each single toolchain's estimated latency (for reports).
+
+The pass object forwards attribute access to the partitioner, so
+``pass_.last_result`` is the :class:`CollageResult` of the last run.
+
+Examples
+--------
+>>> from tvm_tcutils.collage.cost import MockCostEstimator
+>>> from tvm_tcutils.models import load_model
+>>> mod, params = load_model("mlp")
+>>> collage = CollagePartitioner("tvm", MockCostEstimator({"tvm": 1.0}), params=params)
+>>> out = tvm.transform.Sequential([collage])(mod)
+>>> collage.last_result.estimated_ms > 0
+True
+"""
+
+
+def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
+              cost_estimator: Optional[CostEstimator] = None, compare_single: bool = True) -> CollageResult:
+    """Partition ``mod`` across ``toolchains`` at minimum estimated latency.
+
+    Parameters
+    ----------
+    mod : IRModule
+        The model (not changed).
+    params : dict, optional
+        Its parameters; they are bound into the result as constants.
+    toolchains : str or list, optional
+        See :func:`~.toolchains.resolve`.
+    cost_estimator : CostEstimator, optional
+        Default: :class:`~.cost.measured.MeasuredCostEstimator`.
+    compare_single : bool
+        Also estimate each single toolchain's latency.
+
+    Returns
+    -------
+    CollageResult
+        ``result.mod`` is the partitioned module.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.cost import MockCostEstimator
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> result = partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}))
+    >>> result.mod["main"].checked_type.ret_type.shape[1]
+    10
+    """
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
+    return _Partitioner(toolchains, cost_estimator, params, compare_single).run(mod)
+
+
+def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
+          cost_estimator: Optional[CostEstimator] = None, target: str = "llvm", executor: str = "graph"):
+    """Partition with Collage, then build with ``relay.build`` (``"graph"``) or ``relay.vm.compile`` (``"vm"``).
+
+    Returns
+    -------
+    (built, CollageResult)
+        The graph-executor factory module or VM executable, and the search result.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.cost import MockCostEstimator
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> lib, result = build(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}))
+    """
+    result = partition(mod, params, toolchains, cost_estimator, compare_single=False)
+    return build_partitioned(result.mod, target=target, executor=executor), result
+
+
+def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: str = "llvm",
+                      executor: str = "graph"):
+    """Build an already partitioned module (for example one loaded from disk); no search.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> lib = build_partitioned(*load_model("mlp"))
+    """
+    if executor not in ("graph", "vm"):
+        raise ValueError(f"executor must be one of ['graph', 'vm'], got {executor!r}")
+    with tvm.transform.PassContext(opt_level=3):
+        if executor == "graph":
+            return relay.build(mod, target=target, params=params)
+        return relay.vm.compile(mod, target=target, params=params)
