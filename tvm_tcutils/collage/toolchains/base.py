@@ -32,6 +32,9 @@ class Toolchain:
         codegen is ``relay.ext.<compiler>``); None for TVM itself.
     pattern_table : str, optional
         Name of the BYOC pattern table holding its patterns.
+    patterns : tuple, optional
+        Pattern-table entries given directly (``(label, pattern)`` or
+        ``(label, pattern, predicate)``), for toolchains described in code.
     op_predicates : str, optional
         ``<name>`` of ``target.<name>`` operator predicates that claim single ops.
     fusion : bool
@@ -56,6 +59,7 @@ class Toolchain:
     name: str
     compiler: Optional[str]
     pattern_table: Optional[str] = None
+    patterns: Optional[Tuple] = None
     op_predicates: Optional[str] = None
     fusion: bool = False
     combine: bool = False
@@ -83,7 +87,7 @@ class Toolchain:
             return True, ""
         if self.pattern_table and relay.op.contrib.get_pattern_table(self.pattern_table) is None:
             return False, f"no pattern table {self.pattern_table!r} is registered"
-        if not (self.pattern_table or self.op_predicates):
+        if not (self.pattern_table or self.patterns or self.op_predicates):
             return False, "has no source of partition rules"
         return True, ""
 
@@ -108,6 +112,8 @@ class Toolchain:
         if self.pattern_table:
             entries = relay.op.contrib.get_pattern_table(self.pattern_table) or []
             sources.append(rules.pattern_table_rule(self.pattern_table, entries))
+        if self.patterns:
+            sources.append(rules.pattern_table_rule(self.name, self.patterns))
         if self.op_predicates:
             sources.append(rules.OpPredicateRule(self.op_predicates))
         if not sources:
