@@ -31,7 +31,7 @@ def rebuild_node(graph: IndexedGraph, index: int, value: Dict[int, relay.Expr]) 
     node = graph.nodes[index]
     expr = node.expr
     if node.kind == "call":
-        return relay.Call(expr.op, [value[i] for i in node.inputs], expr.attrs, expr.type_args, expr.span)
+        return relay.Call(expr.op, [value[i] for i in node.inputs], expr.attrs, None, expr.span)
     if node.kind == "tuple":
         return relay.Tuple([value[i] for i in node.inputs], expr.span)
     if node.kind == "getitem":
@@ -62,16 +62,20 @@ def _body(graph: IndexedGraph, mask: int, value: Dict[int, relay.Expr], composit
         for j in bits(inner):
             inner_value[j] = rebuild_node(graph, j, inner_value)
         pattern_ops = "".join(f"{n}_" for n in graph.op_names(inner))
-        func = relay.Function([inner_value[j] for j in inputs], inner_value[i])
+        func = relay.Function([inner_value[j] for j in inputs], inner_value[i], graph.nodes[i].expr.checked_type)
         func = func.with_attr("Composite", label).with_attr("PartitionedFromPattern", pattern_ops)
         value[i] = relay.Call(func, [value[j] for j in inputs])
         done += 1
 
 
 def extract(
-    graph: IndexedGraph, mask: int, composites: Sequence[Tuple[str, int]] = (), prefix: str = "p"
+    graph: IndexedGraph, mask: int, composites: Sequence[Tuple[str, int]] = (), prefix: str = "p",
+    constants_as_params: bool = False,
 ) -> Tuple[relay.Function, List[int], List[int]]:
     """The nodes of ``mask`` as a function of the values they read from outside.
+
+    Constants stay inside unless ``constants_as_params`` (used for cache
+    keys: weights do not change latency).
 
     Returns
     -------
@@ -89,14 +93,19 @@ def extract(
     >>> ins, outs
     ([0], [2])
     """
-    inputs = [i for i in graph.inputs_of(mask) if graph.nodes[i].kind != "const"]
+    inputs = [i for i in graph.inputs_of(mask) if constants_as_params or graph.nodes[i].kind != "const"]
     value: Dict[int, relay.Expr] = {i: _param(graph, i, f"{prefix}_i{k}") for k, i in enumerate(inputs)}
     for i in graph.inputs_of(mask):
         value.setdefault(i, graph.nodes[i].expr)
     _body(graph, mask, value, composites, prefix)
     outputs = graph.outputs_of(mask)
-    body = value[outputs[0]] if len(outputs) == 1 else relay.Tuple([value[o] for o in outputs])
-    return relay.Function([value[i] for i in inputs], body), inputs, outputs
+    types = [graph.nodes[o].expr.checked_type for o in outputs]
+    if len(outputs) == 1:
+        body, ret_type = value[outputs[0]], types[0]
+    else:
+        body, ret_type = relay.Tuple([value[o] for o in outputs]), relay.TupleType(types)
+    # Global functions need their result type: callers are typed before callees.
+    return relay.Function([value[i] for i in inputs], body, ret_type), inputs, outputs
 
 
 def external_function(func: relay.Function, compiler: str, symbol: str) -> relay.Function:

@@ -10,7 +10,7 @@ from ..._tvm import tvm
 from tvm import relay
 
 from ..candidates import Candidate
-from ..outline import candidate_module
+from ..outline import candidate_module, extract
 from ..subgraph import IndexedGraph, shape_signature
 
 
@@ -38,7 +38,9 @@ class CostRequest:
     def key(self) -> str:
         """Cache key: structure (constants by shape only), input shapes and toolchain version."""
         if self._key is None:
-            func, _, _ = _structure(self.graph, self.candidate)
+            func, _, _ = extract(self.graph, self.candidate.mask, self.candidate.composites,
+                                 constants_as_params=True)
+            func = relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"]
             digest = {
                 "hash": int(tvm.ir.structural_hash(func, map_free_vars=True)) & (2**64 - 1),
                 "text": hashlib.sha1(func.astext(show_meta_data=False).encode()).hexdigest(),
@@ -53,19 +55,6 @@ class CostRequest:
     def ops(self) -> List[str]:
         """Operator names of the candidate, in dataflow order."""
         return self.graph.op_names(self.candidate.mask)
-
-
-def _structure(graph: IndexedGraph, cand: Candidate):
-    """The candidate as a function whose constants are parameters (weights do not change latency)."""
-    from ..outline import extract
-
-    func, _, _ = extract(graph, cand.mask, cand.composites)
-    consts: List[relay.Constant] = []
-    relay.analysis.post_order_visit(func, lambda e: consts.append(e) if isinstance(e, relay.Constant) else None)
-    binds = {c: relay.var(f"c{k}", shape=c.data.shape, dtype=c.data.dtype) for k, c in enumerate(consts)}
-    body = relay.bind(func.body, binds) if binds else func.body
-    new = relay.Function(list(func.params) + list(binds.values()), body)
-    return relay.transform.InferType()(tvm.IRModule.from_expr(new))["main"], func, binds
 
 
 class CostEstimator:
