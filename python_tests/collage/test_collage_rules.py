@@ -154,9 +154,13 @@ def test_ort_needs_onnxruntime(monkeypatch):
     assert not ok and "onnxruntime" in reason
 
 
-def test_tvm_rule_covers_every_operator(resnet18_model):
-    mod, params = resnet18_model
-    graph = IndexedGraph(prepare(mod, params)["main"])
+def test_tvm_rule_covers_every_operator(mlp_model, small_conv):
+    mod, params = mlp_model
+    _check_covers(IndexedGraph(prepare(mod, params)["main"]))
+    _check_covers(IndexedGraph(prepare(small_conv)["main"]))
+
+
+def _check_covers(graph):
     cands = enumerate_candidates(graph, [TVM])
     covered = 0
     for cand in cands:

@@ -47,7 +47,11 @@ class Candidate:
         return (self.mask & -self.mask).bit_length() - 1
 
     def sort_key(self) -> Tuple:
-        return (self.first, popcount(self.mask), self.mask, self.toolchain, self.label, self.composites)
+        """Order of candidates (and so of ties in the search): by first node and size, and for
+        the same nodes the form with the most composite functions first (what BYOC codegens expect)."""
+        comp_nodes = sum(popcount(m) for _, m in self.composites)
+        return (self.first, popcount(self.mask), self.mask, self.toolchain, -comp_nodes, self.label,
+                self.composites)
 
 
 def enumerate_candidates(graph: IndexedGraph, toolchains: Sequence) -> List[Candidate]:
@@ -63,8 +67,8 @@ def enumerate_candidates(graph: IndexedGraph, toolchains: Sequence) -> List[Cand
     Returns
     -------
     list of Candidate
-        Without duplicates (same toolchain, nodes and composites), sorted by
-        first node, size, nodes, toolchain and label.
+        Without duplicates (same toolchain, nodes and composites), in the
+        order of :meth:`Candidate.sort_key`.
 
     Examples
     --------

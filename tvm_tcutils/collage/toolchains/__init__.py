@@ -57,7 +57,7 @@ def known() -> Dict[str, Toolchain]:
         if name in compilers or name in table:
             continue
         table[name] = Toolchain(
-            name, name, pattern_table=name, combine=name in GRAPH_STYLE,
+            name, name, pattern_table=name, op_predicates=name, combine=name in GRAPH_STYLE,
             max_depth=6 if name in GRAPH_STYLE else 3,
             description=f"BYOC {name} (pattern table in relay.op.contrib)",
         )
