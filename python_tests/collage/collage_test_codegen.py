@@ -61,16 +61,18 @@ _REGISTRY.add(*HOOKS)
 _REGISTRY.register()
 
 
-def elementwise_patterns(prefix):
+ELEMENTWISE = {"add": 2, "multiply": 2, "nn.relu": 1, "exp": 1, "tanh": 1, "subtract": 2, "negative": 1}
+
+
+def elementwise_patterns(prefix, ops=None):
     """Single-op patterns for the elementwise ops the test codegen runs."""
     return tuple(
-        (f"{prefix}.{name}", dfp.is_op(name)(*[dfp.wildcard() for _ in range(arity)]))
-        for name, arity in [("add", 2), ("multiply", 2), ("nn.relu", 1), ("exp", 1), ("tanh", 1),
-                            ("subtract", 2), ("negative", 1)]
+        (f"{prefix}.{name}", dfp.is_op(name)(*[dfp.wildcard() for _ in range(ELEMENTWISE[name])]))
+        for name in (ops or ELEMENTWISE)
     )
 
 
-def toolchain(compiler="tcutils_test", name=None, combine=True, max_depth=3):
-    """A toolchain for ``compiler`` claiming elementwise ops."""
-    return Toolchain(name or compiler, compiler, patterns=elementwise_patterns(compiler),
+def toolchain(compiler="tcutils_test", name=None, combine=True, max_depth=3, ops=None):
+    """A toolchain for ``compiler`` claiming elementwise ops (all, or ``ops``)."""
+    return Toolchain(name or compiler, compiler, patterns=elementwise_patterns(compiler, ops),
                      combine=combine, max_depth=max_depth)
