@@ -17,6 +17,7 @@ from typing import List, Optional
 COMMANDS = {
     "info": "info",
     "demo": "demo",
+    "collage": "collage",
 }
 
 #: Exit status for errors in the user's input.

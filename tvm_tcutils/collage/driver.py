@@ -63,6 +63,12 @@ class CollageResult:
         How many candidates were enumerated and how many search states expanded.
     seconds : dict
         Time spent enumerating, estimating and searching.
+    graph : IndexedGraph
+        The prepared ``main`` the partitions refer to.
+    chosen : list of Candidate
+        The chosen candidates, host glue included.
+    prepared : IRModule
+        The module as partitioned (parameters bound, constants folded).
     """
 
     mod: tvm.IRModule
@@ -73,6 +79,9 @@ class CollageResult:
     candidates: int
     states: int
     seconds: Dict[str, float]
+    graph: IndexedGraph
+    chosen: List[Candidate]
+    prepared: tvm.IRModule
 
 
 def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
@@ -184,7 +193,8 @@ class _Partitioner:
             for cand, cost in result.non_host()
         ]
         self.last_result = CollageResult(
-            out, {}, partitions, result.cost, single, len(cands), result.states, seconds)
+            out, {}, partitions, result.cost, single, len(cands), result.states, seconds, graph,
+            result.chosen, prepared)
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
         return self.last_result
@@ -294,3 +304,28 @@ def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: 
         if executor == "graph":
             return relay.build(mod, target=target, params=params)
         return relay.vm.compile(mod, target=target, params=params)
+
+
+def greedy_partition(mod: tvm.IRModule, params: Optional[Dict], toolchain: Union[str, Toolchain]) -> tvm.IRModule:
+    """BYOC's usual greedy partitioning for one toolchain, for comparison with Collage.
+
+    ``MergeComposite`` (its patterns) -> ``AnnotateTarget`` -> ``MergeCompilerRegions`` ->
+    ``PartitionGraph`` on the prepared module: the largest supported regions go
+    to the toolchain whatever they cost.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> out = greedy_partition(mod, params, "dnnl")
+    """
+    (tc,) = [t for t in resolve([toolchain]) if not t.is_tvm] or [None]
+    if tc is None:
+        raise ValueError("toolchain: greedy partitioning needs a BYOC toolchain, not tvm")
+    entries = list(tc.patterns or ()) + list(
+        (relay.op.contrib.get_pattern_table(tc.pattern_table) or []) if tc.pattern_table else [])
+    seq = [relay.transform.MergeComposite(entries)] if entries else []
+    seq += [relay.transform.AnnotateTarget(tc.compiler), relay.transform.MergeCompilerRegions(),
+            relay.transform.PartitionGraph(), relay.transform.InferType()]
+    with tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(seq)(prepare(mod, params))

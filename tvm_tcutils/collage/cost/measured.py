@@ -70,7 +70,7 @@ def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_rep
 
     from ...models import random_inputs
 
-    mod = tvm.ir.load_json(mod_json)
+    mod = relay.transform.InferType()(tvm.ir.load_json(mod_json))
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target)
     dev = tvm.cpu()
@@ -116,8 +116,15 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str]) -> None:
             ms = measure_module(*payload)
             outbox.send((task_id, {"ms": ms, "seconds": time.perf_counter() - start}))
         except Exception as err:  # a failed build or run costs this candidate only
-            message = " ".join(str(err).split())[-400:]
+            message = _error_line(err)
             outbox.send((task_id, {"ms": math.inf, "error": f"{type(err).__name__}: {message}"}))
+
+
+def _error_line(err: BaseException) -> str:
+    """The informative line of a TVM error (the last one naming an error or a failed check)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    useful = [line for line in lines if "rror" in line or "Check failed" in line]
+    return (useful[-1] if useful else (lines[-1] if lines else ""))[:300]
 
 
 class _Worker:
@@ -394,9 +401,14 @@ class MeasuredCostEstimator(CostEstimator):
         return None if entry is None else _ms(entry)
 
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
+        unbuildable = sorted({r.toolchain.name for r in requests if not r.toolchain.buildable()})
+        for name in unbuildable:
+            logger.warning("toolchain %s cannot be built here (no relay.ext codegen): its candidates cost inf", name)
         todo: Dict[str, CostRequest] = {}
         for req in requests:
-            if self.lookup(req) is None and req.key not in todo:
+            if req.toolchain.name in unbuildable:
+                self._memory[req.key] = {"ms": None, "error": "no codegen"}
+            elif self.lookup(req) is None and req.key not in todo:
                 todo[req.key] = req
         self.stats["cached"] += sum(1 for r in requests if r.key not in todo)
         if todo:
