@@ -125,6 +125,7 @@ class XGBoostCostEstimator(CostEstimator):
         self.max_rounds = max_rounds
         self.seed = seed
         self.stats = {"candidates": 0, "measured": 0, "predicted": 0, "rounds": 0}
+        self._rows = None  # features of the last request list (the search loop reuses it)
 
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
         """Costs of ``requests``: measured where cached or sampled, predicted elsewhere."""
@@ -191,9 +192,13 @@ class XGBoostCostEstimator(CostEstimator):
         return known
 
     def _predict(self, requests: List[CostRequest], known: Dict[str, float]) -> List[float]:
-        toolchains = sorted({r.toolchain.name for r in requests})
-        vocabulary = sorted({n for r in requests for n in r.ops})
-        rows = np.array([features(r, toolchains, vocabulary) for r in requests], dtype="float64")
+        cache_key = id(requests[0]) if requests else None
+        if self._rows is None or self._rows[0] != cache_key:
+            toolchains = sorted({r.toolchain.name for r in requests})
+            vocabulary = sorted({n for r in requests for n in r.ops})
+            rows = np.array([features(r, toolchains, vocabulary) for r in requests], dtype="float64")
+            self._rows = (cache_key, rows)
+        rows = self._rows[1]
         train = [n for n, r in enumerate(requests) if r.key in known and math.isfinite(known[r.key])]
         out = []
         model = None

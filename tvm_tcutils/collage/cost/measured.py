@@ -394,6 +394,7 @@ class MeasuredCostEstimator(CostEstimator):
         self.log_file = log_file
         self.stats = {"cached": 0, "measured": 0, "failed": 0}
         self._memory: Dict[str, dict] = {}
+        self._unbuildable: set = set()
 
     def lookup(self, request: CostRequest) -> Optional[float]:
         """The cached cost of ``request``, or None when it was never measured."""
@@ -401,14 +402,9 @@ class MeasuredCostEstimator(CostEstimator):
         return None if entry is None else _ms(entry)
 
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
-        unbuildable = sorted({r.toolchain.name for r in requests if not r.toolchain.buildable()})
-        for name in unbuildable:
-            logger.warning("toolchain %s cannot be built here (no relay.ext codegen): its candidates cost inf", name)
         todo: Dict[str, CostRequest] = {}
         for req in requests:
-            if req.toolchain.name in unbuildable:
-                self._memory[req.key] = {"ms": None, "error": "no codegen"}
-            elif self.lookup(req) is None and req.key not in todo:
+            if self.lookup(req) is None and req.key not in todo:
                 todo[req.key] = req
         self.stats["cached"] += sum(1 for r in requests if r.key not in todo)
         if todo:
@@ -418,6 +414,17 @@ class MeasuredCostEstimator(CostEstimator):
     def _measure(self, requests: List[CostRequest]) -> None:
         import tvm
 
+        buildable = []
+        for req in requests:
+            if req.toolchain.buildable():
+                buildable.append(req)
+                continue
+            if req.toolchain.name not in self._unbuildable:
+                self._unbuildable.add(req.toolchain.name)
+                logger.warning("toolchain %s cannot be built here (no relay.ext.%s): its candidates cost inf",
+                               req.toolchain.name, req.toolchain.compiler)
+            self._memory[req.key] = {"ms": None, "error": "no codegen"}
+        requests = buildable
         target, repeat, warmup, min_repeat_ms = self.settings
         payloads = [(tvm.ir.save_json(r.module), target, repeat, warmup, min_repeat_ms) for r in requests]
         bar = Progress(len(requests), self.progress)
