@@ -94,7 +94,8 @@ def conv_bias_relu_net():
 
 def test_dnnl_pattern_table_candidates_are_composites(small_conv):
     # The residual add of small_conv is not a bias: DNNL's predicate rejects it.
-    assert enumerate_candidates(IndexedGraph(prepare(small_conv)["main"]), [known()["dnnl"]]) == []
+    found = enumerate_candidates(IndexedGraph(prepare(small_conv)["main"]), [known()["dnnl"]])
+    assert found and not any(c.composites for c in found)  # only single ops, through target.dnnl
     graph = IndexedGraph(prepare(conv_bias_relu_net())["main"])
     dnnl = known()["dnnl"]
     cands = enumerate_candidates(graph, [dnnl])
@@ -102,6 +103,7 @@ def test_dnnl_pattern_table_candidates_are_composites(small_conv):
     assert "dnnl.conv2d_bias_relu" in labels
     for cand in cands:
         assert cand.toolchain == "dnnl"
+        assert cand.label.startswith(("dnnl.", "target.dnnl."))
         for label, inner in cand.composites:
             assert inner & ~cand.mask == 0 and label.startswith("dnnl.")
 
@@ -169,3 +171,21 @@ def _check_covers(graph):
     assert covered == graph.covered_mask
     assert all(graph.is_convex(c.mask) for c in cands)
     assert max(len(list(bits(c.mask))) for c in cands) > 1
+
+
+@pytest.mark.parametrize("table", ["dnnl", "cutlass", "tensorrt", "arm_compute_lib", "clml", "bnns"])
+def test_python_matcher_agrees_with_tvm_matcher(table, small_conv, mlp_model):
+    """Our matcher (linear) accepts exactly what DFPattern.match (C++) accepts, on every node."""
+    entries = get_pattern_table(table)
+    graphs = [IndexedGraph(prepare(small_conv)["main"]), IndexedGraph(prepare(conv_bias_relu_net())["main"]),
+              IndexedGraph(prepare(*mlp_model)["main"])]
+    checked = 0
+    for graph in graphs:
+        for node in graph.nodes:
+            if node.kind not in ("call", "tuple", "getitem"):
+                continue
+            for entry in entries:
+                ours = rules.matched_nodes(entry[1], node.expr, graph)
+                assert (ours is not None) == bool(entry[1].match(node.expr)), (table, entry[0], node.op_name)
+                checked += ours is not None
+    assert table in ("bnns", "clml", "arm_compute_lib") or checked > 0

@@ -75,27 +75,153 @@ def _root_ops(pattern: dfp.DFPattern) -> Optional[Set[str]]:
     return names
 
 
-def _call_args_order(pat: dfp.CallPattern, expr: relay.Call) -> Optional[List[Tuple]]:
-    args = list(pat.args) if pat.args is not None else []
-    if not args:
-        return []
-    if len(args) != len(expr.args):
-        return None
-    pairs = list(zip(args, expr.args))
-    if all(p.match(e) for p, e in pairs):
-        return pairs
-    if len(args) == 2 and expr.op.name in _COMMUTATIVE:
-        swapped = list(zip(args, reversed(list(expr.args))))
-        if all(p.match(e) for p, e in swapped):
-            return swapped
-    return None
+class _Unsupported(Exception):
+    """A pattern kind the Python matcher leaves to TVM's matcher."""
+
+
+def _plain(value):
+    if isinstance(value, (tvm.tir.IntImm, tvm.tir.FloatImm)):
+        return value.value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (list, tuple, tvm.ir.container.Array)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _attrs_match(pat: dfp.AttrPattern, expr: relay.Expr) -> bool:
+    wanted = pat.attrs
+    for key in wanted.keys():
+        if isinstance(expr, relay.Call) and expr.attrs is not None and key in expr.attrs.keys():
+            have = expr.attrs[key]
+        elif isinstance(expr, tvm.ir.Op):
+            have = expr.get_attr(key)
+        else:
+            raise _Unsupported(key)
+        want = wanted[key]
+        if isinstance(have, tvm.runtime.Object) and isinstance(want, tvm.runtime.Object) and not isinstance(
+                have, (tvm.tir.IntImm, tvm.tir.FloatImm, tvm.ir.container.Array)):
+            if not tvm.ir.structural_equal(have, want):
+                return False
+        elif _plain(have) != _plain(want):
+            return False
+    return True
+
+
+class _Matcher:
+    """Matches a dataflow pattern at one node and collects the matched nodes.
+
+    TVM's own matcher (``DFPattern.match``) indexes the whole graph upstream of
+    the node on every call, which makes scanning a large model quadratic; this
+    one only walks the pattern. The same pattern node must match the same
+    expression everywhere (as in TVM); ``AltPattern`` and commutative calls
+    backtrack. Pattern kinds it does not know raise :class:`_Unsupported`.
+    """
+
+    def __init__(self, graph: IndexedGraph):
+        self.graph = graph
+
+    def match(self, pat: dfp.DFPattern, expr: relay.Expr) -> Optional[int]:
+        bound: Dict = {}
+        mask = self._match(pat, expr, bound)
+        return mask
+
+    def _match(self, pat, expr, bound) -> Optional[int]:
+        if pat in bound:
+            return 0 if bound[pat].same_as(expr) else None
+        mask = self._new(pat, expr, bound)
+        if mask is not None:
+            bound[pat] = expr
+        return mask
+
+    def _bit(self, expr) -> int:
+        return 1 << self.graph.index_of(expr) if self.graph.contains(expr) else 0
+
+    def _new(self, pat, expr, bound) -> Optional[int]:
+        if isinstance(pat, dfp.WildcardPattern):
+            return 0
+        if isinstance(pat, dfp.ExprPattern):
+            target = pat.expr
+            if isinstance(target, tvm.ir.Op):
+                return 0 if isinstance(expr, tvm.ir.Op) and expr.name == target.name else None
+            return 0 if target.same_as(expr) or tvm.ir.structural_equal(target, expr) else None
+        if isinstance(pat, dfp.ConstantPattern):
+            return 0 if isinstance(expr, relay.Constant) else None
+        if isinstance(pat, dfp.VarPattern):
+            ok = isinstance(expr, relay.Var) and (not pat.name_hint or pat.name_hint == expr.name_hint)
+            return 0 if ok else None
+        if isinstance(pat, dfp.AltPattern):
+            trial = dict(bound)
+            mask = self._match(pat.left, expr, trial)
+            if mask is None:
+                trial = dict(bound)
+                mask = self._match(pat.right, expr, trial)
+            if mask is not None:
+                bound.update(trial)
+            return mask
+        if isinstance(pat, dfp.AttrPattern):
+            mask = self._match(pat.pattern, expr, bound)
+            return mask if mask is not None and _attrs_match(pat, expr) else None
+        if isinstance(pat, dfp.DataTypePattern):
+            mask = self._match(pat.pattern, expr, bound)
+            ok = mask is not None and isinstance(expr.checked_type, relay.TensorType) and \
+                str(expr.checked_type.dtype) == str(pat.dtype)
+            return mask if ok else None
+        if isinstance(pat, dfp.ShapePattern):
+            mask = self._match(pat.pattern, expr, bound)
+            ok = mask is not None and isinstance(expr.checked_type, relay.TensorType) and \
+                _plain(list(expr.checked_type.shape)) == _plain(list(pat.shape))
+            return mask if ok else None
+        if isinstance(pat, dfp.TypePattern):
+            mask = self._match(pat.pattern, expr, bound)
+            return mask if mask is not None and tvm.ir.structural_equal(expr.checked_type, pat.type) else None
+        if isinstance(pat, dfp.CallPattern):
+            if not isinstance(expr, relay.Call) or self._match(pat.op, expr.op, bound) is None:
+                return None
+            return self._args(pat, expr, bound)
+        if isinstance(pat, dfp.TuplePattern):
+            if not isinstance(expr, relay.Tuple):
+                return None
+            return self._seq(pat.fields, expr.fields, bound, self._bit(expr))
+        if isinstance(pat, dfp.TupleGetItemPattern):
+            if not isinstance(expr, relay.TupleGetItem) or pat.index not in (-1, expr.index):
+                return None
+            inner = self._match(pat.tuple, expr.tuple_value, bound)
+            return None if inner is None else inner | self._bit(expr)
+        raise _Unsupported(type(pat).__name__)
+
+    def _seq(self, pats, exprs, bound, mask) -> Optional[int]:
+        if pats is None:
+            return mask
+        if len(pats) != len(exprs):
+            return None
+        for p, e in zip(pats, exprs):
+            inner = self._match(p, e, bound)
+            if inner is None:
+                return None
+            mask |= inner
+        return mask
+
+    def _args(self, pat, expr, bound) -> Optional[int]:
+        own = self._bit(expr)
+        pats = list(pat.args) if pat.args is not None else None
+        trial = dict(bound)
+        mask = self._seq(pats, list(expr.args), trial, own)
+        if mask is None and pats is not None and len(pats) == 2 and isinstance(expr.op, tvm.ir.Op) \
+                and expr.op.name in _COMMUTATIVE:
+            trial = dict(bound)
+            mask = self._seq(pats, list(expr.args)[::-1], trial, own)
+        if mask is not None:
+            bound.update(trial)
+        return mask
 
 
 def matched_nodes(pattern: dfp.DFPattern, expr: relay.Expr, graph: IndexedGraph) -> Optional[int]:
     """Nodes of ``graph`` matched by the non-wildcard parts of ``pattern`` at ``expr``.
 
-    Returns None when ``pattern`` does not match at ``expr`` or uses a pattern
-    kind whose matched nodes cannot be told apart (dominator, function, if, let).
+    Returns None when ``pattern`` does not match at ``expr``. Pattern kinds
+    whose matched nodes cannot be told apart (dominator, function, if, let)
+    are checked by TVM's matcher and, when they match, claim the root only.
 
     Examples
     --------
@@ -105,33 +231,12 @@ def matched_nodes(pattern: dfp.DFPattern, expr: relay.Expr, graph: IndexedGraph)
     >>> matched_nodes(pat, g.nodes[-1].expr, g)
     6
     """
-    if not pattern.match(expr):
+    try:
+        mask = _Matcher(graph).match(pattern, expr)
+    except _Unsupported:
+        mask = (1 << graph.index_of(expr)) if pattern.match(expr) else None
+    if mask is None:
         return None
-    mask = 0
-    stack = [(pattern, expr)]
-    while stack:
-        pat, node = stack.pop()
-        if isinstance(pat, (dfp.WildcardPattern, dfp.VarPattern, dfp.ConstantPattern, dfp.ExprPattern)):
-            continue
-        if isinstance(pat, dfp.AltPattern):
-            stack.append((pat.left if pat.left.match(node) else pat.right, node))
-        elif isinstance(pat, (dfp.AttrPattern, dfp.TypePattern, dfp.DataTypePattern, dfp.ShapePattern)):
-            stack.append((pat.pattern, node))
-        elif isinstance(pat, dfp.CallPattern) and isinstance(node, relay.Call):
-            pairs = _call_args_order(pat, node)
-            if pairs is None:
-                return None
-            mask |= 1 << graph.index_of(node)
-            stack.extend(pairs)
-        elif isinstance(pat, dfp.TuplePattern) and isinstance(node, relay.Tuple):
-            mask |= 1 << graph.index_of(node)
-            if pat.fields is not None:
-                stack.extend(zip(pat.fields, node.fields))
-        elif isinstance(pat, dfp.TupleGetItemPattern) and isinstance(node, relay.TupleGetItem):
-            mask |= 1 << graph.index_of(node)
-            stack.append((pat.tuple, node.tuple_value))
-        else:
-            return None
     return mask & graph.covered_mask or None
 
 

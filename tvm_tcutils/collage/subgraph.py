@@ -34,13 +34,13 @@ class Node:
     kind: str
     inputs: Tuple[int, ...]
     outputs: List[int] = dataclasses.field(default_factory=list)
+    #: The operator's name for calls, else the kind (``tuple``, ``var``...); kept
+    #: here because reading it from the expression crosses into C++ each time.
+    op_name: str = ""
 
-    @property
-    def op_name(self) -> str:
-        """The operator's name for calls, else the kind (``tuple``, ``var``...)."""
-        if self.kind == "call":
-            return self.expr.op.name
-        return self.kind
+    def __post_init__(self):
+        if not self.op_name:
+            self.op_name = self.expr.op.name if self.kind == "call" else self.kind
 
 
 def bits(mask: int) -> Iterator[int]:
