@@ -9,6 +9,11 @@ and times the search alone (the issue's target: under 1 s) and the
 enumeration. It runs the 24-layer encoder and, when that has fewer than
 ``--min-ops`` operators, a deeper one that has at least that many.
 
+Peer: TVM 0.19's own CollagePartition (C++) partitions a smaller encoder
+(``--peer-layers``) for TVM plus ``example_target_hook`` (the only BYOC target
+kind registered in this build) with the same Python cost function as ours;
+the script prints both wall times, their ratio and both total costs.
+
     PYTHONPATH=. python scripts/bench_collage_search.py --layers 24
 """
 from __future__ import annotations
@@ -125,13 +130,80 @@ def synthetic_costs():
     )
 
 
+HOOK = "example_target_hook"
+
+
+def _peer_cost(mod, toolchain: str) -> float:
+    """Per-partition overhead plus per-op costs (ms), on every op call of a candidate module."""
+    ops = []
+    for func in mod.functions.values():
+        relay.analysis.post_order_visit(
+            func, lambda e: ops.append(e.op.name) if isinstance(e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    table = synthetic_costs().costs["tvm" if toolchain == "tvm" else "ortlike"]
+    overhead = 0.002 if toolchain == "tvm" else 0.02
+    return overhead + sum(table.get(op, table["*"]) for op in ops)
+
+
+def _peer(layers: int, depth: int = 3) -> None:
+    """Both Collage implementations on one encoder with one cost function: times and totals."""
+    import dataclasses
+    import re
+    import tempfile
+
+    from tvm_tcutils import registry
+    from tvm_tcutils.collage import CustomCostEstimator, partition
+
+    mod = encoder(layers)
+    patterns = [(f"{HOOK}.{name}", pat, lambda e: True) for name, pat in
+                [(label.split(".", 1)[1], pat) for label, pat in mock_toolchains()[1].patterns]]
+    reg = registry.Registry()
+    reg.add(registry.pattern_table(HOOK, lambda: patterns),
+            registry.packed_func("tvm_tcutils.bench.collage_cost",
+                                 lambda m, target: 1e-3 * _peer_cost(m, "tvm" if target.kind.name == "llvm" else HOOK)))
+    reg.register()
+    try:
+        ours_tc = [dataclasses.replace(TVM, max_depth=depth),
+                   Toolchain(HOOK, HOOK, pattern_table=HOOK, combine=True, max_depth=depth)]
+        start = time.perf_counter()
+        ours = partition(mod, None, ours_tc, CustomCostEstimator(_peer_cost), compare_single=False)
+        t_ours = time.perf_counter() - start
+
+        targets = [tvm.target.Target("llvm"), tvm.target.Target(HOOK)]
+        config = {"relay.collage.tvm_max_depth": depth, "relay.collage.byoc_max_depth": depth}
+        log = tempfile.TemporaryFile()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)  # TVM's pass logs every candidate on stderr; keep its total only
+        try:
+            with tvm.transform.PassContext(config=config):
+                compilation = tvm.target.make_compilation_config(tvm.transform.PassContext.current(), targets)
+                estimator = relay.collage.CustomCostEstimator("tvm_tcutils.bench.collage_cost")
+                start = time.perf_counter()
+                relay.transform.CollagePartition(compilation, estimator)(mod)
+                t_tvm = time.perf_counter() - start
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        found = re.findall(rb"Estimated overall cost is ([0-9.]+)us", log.read())
+        tvm_cost = float(found[-1]) / 1000 if found else float("nan")
+    finally:
+        reg.unregister()
+    print(f"peer (encoder {layers} layers, {operator_count(mod)} operators, max depth {depth}, "
+          f"same cost function): ours {t_ours:.2f} s, TVM 0.19 CollagePartition {t_tvm:.2f} s "
+          f"(TVM/ours {t_tvm / t_ours:.2f}x); total cost ours {ours.estimated_ms:.3f} ms, TVM {tvm_cost:.3f} ms")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--min-ops", type=int, default=2000,
                         help="add layers until the encoder has at least this many operators")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--peer-layers", type=int, default=2,
+                        help="encoder layers for the comparison with TVM's CollagePartition (0: skip)")
     args = parser.parse_args(argv)
+    if args.peer_layers:
+        _peer(args.peer_layers)
     for layers in sorted({args.layers, _layers_for(args.min_ops, args.layers)}):
         _run(layers, args.repeat)
     return 0
