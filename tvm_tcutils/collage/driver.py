@@ -164,9 +164,9 @@ class _Partitioner:
 
             estimator = MeasuredCostEstimator()
         start = time.perf_counter()
-        if hasattr(estimator, "search"):
-            # Estimators that interleave measuring and searching (the learned one).
-            result, costs = estimator.search(graph, cands, by_name)
+        interleaved = estimator.search(graph, cands, by_name)
+        if interleaved is not None:
+            result, costs = interleaved
         else:
             costs = _estimate(graph, cands, by_name, estimator)
             result = None

@@ -20,7 +20,7 @@ count limits), so that it is linear in the graph for fixed limits.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set
 
 from .._tvm import tvm
 from tvm import relay
@@ -490,8 +490,8 @@ class OnlyValidRule(PartitionRule):
     max_depth : int
         Longest chain of operators allowed in one partition.
     allow_tuple_outputs : bool
-        Whether a partition may export a tuple-typed value (TVM itself can;
-        external codegens get flat outputs only).
+        Whether a partition may read or export a tuple-typed value (TVM
+        itself can; external codegens get flat tensors only).
     """
 
     def __init__(self, rule: PartitionRule, max_depth: int, allow_tuple_outputs: bool = True):
@@ -514,8 +514,8 @@ class OnlyValidRule(PartitionRule):
             if len(graph.outputs_of(inner)) != 1:
                 return False
         if not self.allow_tuple_outputs:
-            for i in graph.outputs_of(cand.mask):
-                if isinstance(graph.nodes[i].expr.checked_type, relay.TupleType):
+            for i in graph.outputs_of(cand.mask) + graph.inputs_of(cand.mask):
+                if graph.is_tuple_typed(i):
                     return False
         return True
 

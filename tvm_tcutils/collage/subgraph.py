@@ -115,6 +115,7 @@ class IndexedGraph:
         for node in self.nodes:
             for i in sorted(set(node.inputs)):
                 self.nodes[i].outputs.append(node.index)
+        self._tuple_typed: Dict[int, bool] = {}
         self.covered_mask = mask_of(n.index for n in self.nodes if n.kind in COVERED_KINDS)
         self._closures()
 
@@ -236,6 +237,14 @@ class IndexedGraph:
             for j in node.outputs:
                 near |= 1 << j
         return near & ~mask & self.covered_mask
+
+    def is_tuple_typed(self, index: int) -> bool:
+        """Whether node ``index`` has a tuple type (remembered: reading types crosses into C++)."""
+        known = self._tuple_typed.get(index)
+        if known is None:
+            known = isinstance(self.nodes[index].expr.checked_type, relay.TupleType)
+            self._tuple_typed[index] = known
+        return known
 
     def op_names(self, mask: int) -> List[str]:
         """Operator names of the call nodes of ``mask``, in index order."""

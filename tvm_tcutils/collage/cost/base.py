@@ -64,5 +64,13 @@ class CostEstimator:
         """One cost per request (``inf``: the candidate cannot be used)."""
         raise NotImplementedError
 
+    def search(self, graph, candidates, toolchains):
+        """Estimators that interleave estimating and searching return ``(SearchResult, costs)``.
+
+        The default (None) lets the driver estimate every candidate once with
+        :meth:`estimate` and search after.
+        """
+        return None
+
     def close(self) -> None:
         """Release worker processes or files (no-op by default)."""

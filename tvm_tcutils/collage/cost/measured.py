@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from .base import CostEstimator, CostRequest
 
