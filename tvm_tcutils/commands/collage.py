@@ -15,6 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--toolchains", default=None,
                         help="comma-separated toolchains (default: tvm,ort,blas where installed); "
                              "'tvm-tcutils collage --list' shows them")
+    parser.add_argument("--max-depth", default="",
+                        help="longest operator chain per partition, e.g. 'ort=6,tvm=3' (defaults: tvm 4, ort 4, blas 2)")
     parser.add_argument("-o", "--output", help="write the partitioned module (.json/.relay) here")
     parser.add_argument("--dot", help="write the partitioned graph as Graphviz (.dot, or .svg/.png with Graphviz)")
     parser.add_argument("--estimator", choices=["measured", "learned"], default="measured",
@@ -46,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import load_model_arg
     from ..collage import driver, report
     from ..collage.cost.measured import MeasuredCostEstimator, WorkerPool
-    from ..collage.toolchains import resolve
+    from ..collage.toolchains import resolve, with_max_depth
     from ..models import save_model
 
-    toolchains = resolve(args.toolchains)
+    toolchains = with_max_depth(resolve(args.toolchains), args.max_depth)
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     mod, params = load_model_arg(args)

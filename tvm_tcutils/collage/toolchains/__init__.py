@@ -27,7 +27,7 @@ logger = logging.getLogger("tvm_tcutils.collage")
 PACKAGE_TOOLCHAINS: Dict[str, Toolchain] = {
     "tvm": TVM,
     "ort": Toolchain(
-        "ort", "tcutils_ort", pattern_table="tcutils_ort", combine=True, max_depth=6,
+        "ort", "tcutils_ort", pattern_table="tcutils_ort", combine=True, max_depth=4,
         requires=("onnxruntime", "onnx"), description="ONNX Runtime (CPU provider), graph style",
     ),
     "blas": Toolchain(
@@ -73,6 +73,28 @@ def available() -> List[str]:
     True
     """
     return [name for name, tc in known().items() if tc.availability()[0]]
+
+
+def with_max_depth(toolchains: Sequence[Toolchain], spec: str) -> List[Toolchain]:
+    """``toolchains`` with maximum depths changed by a ``"name=N,name=N"`` spec.
+
+    Examples
+    --------
+    >>> [tc.max_depth for tc in with_max_depth(resolve("tvm"), "tvm=2")]
+    [2]
+    """
+    import dataclasses
+
+    depths: Dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = item.partition("=")
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"max depth: expected NAME=N with N >= 1, got {item!r}")
+        depths[name.strip()] = int(value)
+    unknown = sorted(set(depths) - {tc.name for tc in toolchains})
+    if unknown:
+        raise ValueError(f"max depth: {unknown} are not among the toolchains {[tc.name for tc in toolchains]}")
+    return [dataclasses.replace(tc, max_depth=depths.get(tc.name, tc.max_depth)) for tc in toolchains]
 
 
 def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> List[Toolchain]:
@@ -134,4 +156,4 @@ def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> 
     return chosen
 
 
-__all__ = ["Toolchain", "TVM", "known", "available", "resolve", "PACKAGE_TOOLCHAINS", "DEFAULT"]
+__all__ = ["Toolchain", "TVM", "known", "available", "resolve", "with_max_depth", "PACKAGE_TOOLCHAINS", "DEFAULT"]
