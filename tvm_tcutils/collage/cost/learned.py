@@ -110,10 +110,10 @@ class XGBoostCostEstimator(CostEstimator):
 
     Examples
     --------
-    >>> est = XGBoostCostEstimator(MeasuredCostEstimator(cache_dir=""), sample=0.1)
+    >>> est = XGBoostCostEstimator(MeasuredCostEstimator(cache_dir=""), sample=0.05)
     """
 
-    def __init__(self, measured: MeasuredCostEstimator, sample: float = 0.1, min_sample: int = 16,
+    def __init__(self, measured: MeasuredCostEstimator, sample: float = 0.05, min_sample: int = 8,
                  max_rounds: int = 30, seed: int = 0):
         if not isinstance(measured, MeasuredCostEstimator):
             raise TypeError(f"measured must be a MeasuredCostEstimator, got {type(measured).__name__}")
@@ -197,27 +197,63 @@ class XGBoostCostEstimator(CostEstimator):
             toolchains = sorted({r.toolchain.name for r in requests})
             vocabulary = sorted({n for r in requests for n in r.ops})
             rows = np.array([features(r, toolchains, vocabulary) for r in requests], dtype="float64")
-            self._rows = (cache_key, rows)
-        rows = self._rows[1]
+            design = np.array([additive_terms(r, vocabulary) for r in requests], dtype="float64")
+            self._rows = (cache_key, rows, design)
+        _, rows, design = self._rows
         train = [n for n, r in enumerate(requests) if r.key in known and math.isfinite(known[r.key])]
-        out = []
-        model = None
-        if len(train) >= 2:
+        baseline = _additive_baseline(requests, design, train, [known.get(r.key) for r in requests])
+        guesses = baseline
+        if len(train) >= 4:
             import xgboost
 
+            # Boost on top of the additive baseline (its log is the margin): trees learn the
+            # corrections (fusion, shapes, caches) from few samples. The core API: the
+            # scikit-learn wrapper would need scikit-learn installed.
             target = np.log(np.array([max(known[requests[n].key], 1e-6) for n in train]))
-            # The core API: the scikit-learn wrapper would need scikit-learn installed.
+            margin = np.log(baseline)
+            train_set = xgboost.DMatrix(rows[train], label=target, base_margin=margin[train])
             model = xgboost.train(
-                {"max_depth": 4, "eta": 0.1, "seed": self.seed, "nthread": 1, "objective": "reg:squarederror"},
-                xgboost.DMatrix(rows[train], label=target), num_boost_round=200,
+                {"max_depth": 3, "eta": 0.1, "seed": self.seed, "nthread": 1, "objective": "reg:squarederror"},
+                train_set, num_boost_round=100,
             )
-        guesses = np.exp(model.predict(xgboost.DMatrix(rows))) if model is not None else None
-        for n, req in enumerate(requests):
-            if req.key in known:
-                out.append(known[req.key])
-            elif guesses is not None:
-                out.append(float(guesses[n]))
-            else:
-                # Nothing to learn from: a size-proportional guess keeps the search going.
-                out.append(float(rows[n][-2]))
-        return out
+            guesses = np.exp(model.predict(xgboost.DMatrix(rows, base_margin=margin)))
+        return [known[r.key] if r.key in known else float(guesses[n]) for n, r in enumerate(requests)]
+
+
+def additive_terms(req: CostRequest, vocabulary: Sequence[str]) -> List[float]:
+    """Per op kind: how many calls and how many GFLOPs; then a constant (the per-partition overhead).
+
+    Examples
+    --------
+    >>> additive_terms  # doctest: +ELLIPSIS
+    <function additive_terms at ...>
+    """
+    graph = req.graph
+    counts = dict.fromkeys(vocabulary, 0.0)
+    flops = dict.fromkeys(vocabulary, 0.0)
+    for i in bits(req.candidate.mask):
+        name = graph.nodes[i].op_name
+        if name in counts:
+            counts[name] += 1.0
+            flops[name] += node_flops(graph, i) * 1e-9
+    return [counts[v] for v in vocabulary] + [flops[v] for v in vocabulary] + [1.0]
+
+
+def _additive_baseline(requests, design: np.ndarray, train: List[int], known: List) -> np.ndarray:
+    """Ridge fit, per toolchain, of latency as a sum of per-op-kind and per-GFLOP costs plus an overhead."""
+    out = np.ones(len(requests))
+    names = [r.toolchain.name for r in requests]
+    for toolchain in sorted(set(names)):
+        rows = [n for n, name in enumerate(names) if name == toolchain]
+        fit = [n for n in train if names[n] == toolchain]
+        if not fit:
+            # Nothing measured for this toolchain yet: a size-proportional guess.
+            out[rows] = [max(design[n][:-1].sum(), 1.0) * 0.01 for n in rows]
+            continue
+        a = design[fit]
+        y = np.array([known[n] for n in fit])
+        ridge = 1e-3 * max(float(np.trace(a.T @ a)), 1e-9) / a.shape[1]
+        weights = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ y)
+        floor = 0.1 * float(y.min()) if y.min() > 0 else 1e-6
+        out[rows] = np.maximum(design[rows] @ weights, floor)
+    return out
