@@ -41,6 +41,7 @@ from tvm_tcutils import collage  # noqa: E402
 from tvm_tcutils.collage.cost.learned import XGBoostCostEstimator  # noqa: E402
 from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator, WorkerPool  # noqa: E402
 from tvm_tcutils.collage.driver import greedy_partition  # noqa: E402
+from tvm_tcutils.models import save_model  # noqa: E402
 
 
 def load(name: str):
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
     others = [tc for tc in toolchains if not tc.is_tvm and tc.buildable()]
     pool = WorkerPool(1, 1800.0)
     header = ["model", "tvm ms"] + [f"{tc.name} greedy" for tc in others] + [
-        "collage ms", "vs best", "search s", "measured"]
+        "collage ms", "loaded ms", "vs best", "search s", "measured"]
     if not args.no_learned:
         header += ["learned ms", "vs coll.", "search s", "measured"]
     rows = []
@@ -96,7 +97,10 @@ def main(argv=None) -> int:
             result = collage.partition(prepared, None, toolchains, measured, compare_single=False)
             t_measured = time.perf_counter() - start
             measured.close()
-            variants.append(result.mod)
+            # Saved and loaded again, the partitioned module must build to the same latency, no search.
+            saved = os.path.join(args.cache_dir, f"{name}-collage.json")
+            save_model(saved, result.mod)
+            variants += [result.mod, tvm_tcutils.load_model(saved)[0]]
             if not args.no_learned:
                 inner = MeasuredCostEstimator(cache_dir=os.path.join(args.cache_dir, f"learned-{name}"),
                                               progress=True)
@@ -107,9 +111,10 @@ def main(argv=None) -> int:
                 inner.close()
                 variants.append(lresult.mod)
             times = interleaved_ms(pool, variants, args.repeat, args.rounds)
-            tvm_ms, greedy, collage_ms = times[0], times[1:1 + len(others)], times[1 + len(others)]
+            tvm_ms, greedy = times[0], times[1:1 + len(others)]
+            collage_ms, loaded_ms = times[1 + len(others)], times[2 + len(others)]
             best_single = min([tvm_ms, *greedy])
-            row = [name, f"{tvm_ms:.2f}", *[f"{g:.2f}" for g in greedy], f"{collage_ms:.2f}",
+            row = [name, f"{tvm_ms:.2f}", *[f"{g:.2f}" for g in greedy], f"{collage_ms:.2f}", f"{loaded_ms:.2f}",
                    f"{collage_ms / best_single:.3f}", f"{t_measured:.0f}",
                    f"{measured.stats['measured'] + measured.stats['failed']}/{result.candidates}"]
             if not args.no_learned:
@@ -126,6 +131,7 @@ def main(argv=None) -> int:
     for row in rows:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
     print("vs best: Collage / best single toolchain (TVM alone or a greedy BYOC partitioning); "
+          "loaded: Collage's module saved and loaded (no search); "
           "vs coll.: learned / measured Collage; measured: candidates measured (cache misses) / candidates; "
           "whole models timed round-robin, median of rounds")
     return 0
