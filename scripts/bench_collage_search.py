@@ -163,7 +163,7 @@ def _peer(layers: int, depth: int = 3) -> None:
     reg.register()
     try:
         ours_tc = [dataclasses.replace(TVM, max_depth=depth),
-                   Toolchain(HOOK, HOOK, pattern_table=HOOK, combine=True, max_depth=depth)]
+                   Toolchain(HOOK, HOOK, pattern_table=HOOK, combine=True, max_depth=depth, greedy_regions=False)]
         start = time.perf_counter()
         ours = partition(mod, None, ours_tc, CustomCostEstimator(_peer_cost), compare_single=False)
         t_ours = time.perf_counter() - start

@@ -18,7 +18,7 @@ from tvm_tcutils import load_model, save_model  # noqa: E402
 from tvm_tcutils.collage import (  # noqa: E402
     CollagePartitioner, CustomCostEstimator, MockCostEstimator, Toolchain, build, build_partitioned, partition,
 )
-from tvm_tcutils.collage.driver import prepare  # noqa: E402
+from tvm_tcutils.collage.driver import greedy_partition, prepare  # noqa: E402
 
 from test_collage_rules import conv_bias_relu_net  # noqa: E402
 
@@ -143,3 +143,15 @@ def test_bad_input():
         MockCostEstimator([1.0])
     with pytest.raises(ValueError, match="executor must be one of"):
         build_partitioned(elementwise_net(), executor="aot")
+
+
+def test_greedy_byoc_partitioning_is_always_a_choice():
+    """Beyond its depth limit, a graph-style toolchain still offers the greedy BYOC region."""
+    mod = elementwise_net()
+    shallow = test_codegen.toolchain(max_depth=1)
+    costs = MockCostEstimator({"tvm": 1.0, "tcutils_test": 0.1}, overhead={"tcutils_test": 1.0})
+    result = partition(mod, None, ["tvm", shallow], costs)
+    [row] = [p for p in result.partitions if p.toolchain == "tcutils_test"]
+    assert row.ops == ["exp", "tanh", "add", "multiply"] and row.label == "maximal_region"
+    greedy = greedy_partition(mod, None, shallow)
+    assert tvm.ir.structural_equal(result.mod, greedy, map_free_vars=True)

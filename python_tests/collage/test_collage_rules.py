@@ -76,8 +76,11 @@ def test_combine_rule_grows_adjacent_within_depth():
     base = rules.PatternRule(dfp.is_op("exp")(dfp.wildcard()))
     cands = rules.CombineRule(base, max_depth=3).candidates(graph, "t")
     sizes = sorted({bin(c.mask).count("1") for c in cands})
-    assert sizes == [1, 2, 3]
-    assert len(cands) == 6 + 5 + 4  # every chain window of length 1..3
+    assert sizes == [1, 2, 3, 6]
+    assert len(cands) == 6 + 5 + 4 + 1  # every chain window of length 1..3, and the whole chain
+    [whole] = [c for c in cands if c.label == rules.MAXIMAL]
+    assert whole.mask == graph.covered_mask  # the greedy BYOC region, beyond the depth limit
+    assert rules.OnlyValidRule(rules.UnionRule([]), max_depth=3).valid(graph, whole)
 
 
 def conv_bias_relu_net():

@@ -418,18 +418,28 @@ class CompositeRule(PartitionRule):
         ]
 
 
+#: Label of the maximal regions :class:`CombineRule` adds; :class:`OnlyValidRule`
+#: exempts them from the depth limit.
+MAXIMAL = "maximal_region"
+
+
 class CombineRule(PartitionRule):
     """Unions of adjacent sub-rule candidates (graph-style toolchains such as TensorRT or ORT).
 
     Starting from the sub-rule's candidates (plus tuples and projections next
     to them), adds one adjacent piece at a time while the union stays convex
-    and within ``max_depth``; each union is kept once.
+    and within ``max_depth``; each union is kept once. It also adds the
+    maximal regions, whatever their depth: each connected set of claimed
+    nodes, as BYOC's greedy ``MergeCompilerRegions`` would make it, so that the
+    greedy partitioning is always among the choices (Collage then never
+    estimates worse than it).
     """
 
-    def __init__(self, rule: PartitionRule, max_depth: int, limit: int = MAX_COMBINED):
+    def __init__(self, rule: PartitionRule, max_depth: int, limit: int = MAX_COMBINED, maximal: bool = True):
         self.rule = rule
         self.max_depth = max_depth
         self.limit = limit
+        self.maximal = maximal
         self.name = f"combine({rule.name}, depth<={max_depth})"
 
     def candidates(self, graph: IndexedGraph, toolchain: str) -> List[Candidate]:
@@ -465,8 +475,43 @@ class CombineRule(PartitionRule):
             frontier = nxt
         if len(out) >= self.limit:
             logger.warning("%s: stopped at %d candidates (limit)", self.name, self.limit)
+        if self.maximal:
+            out.extend(c for c in _maximal_regions(graph, toolchain, base, pieces) if (c.mask, c.composites) not in seen)
         # A union made only of glue is not worth a partition.
         return [c for c in out if any(graph.nodes[i].kind == "call" for i in bits(c.mask))]
+
+
+def _maximal_regions(graph: IndexedGraph, toolchain: str, base: List[Candidate], pieces) -> List[Candidate]:
+    """Connected, convex sets of claimed nodes, composites chosen largest first without overlap."""
+    chosen: List[Candidate] = []
+    taken = 0
+    for cand in sorted(base, key=lambda c: (-popcount(c.mask), c.sort_key())):
+        if not cand.mask & taken:
+            chosen.append(cand)
+            taken |= cand.mask
+    glue = 0
+    for i, found in pieces.items():
+        if any(p.label == "glue" for p in found):
+            glue |= 1 << i
+    claimed = taken | glue
+    out = []
+    seen = 0
+    for start in bits(claimed):
+        if (seen >> start) & 1:
+            continue
+        region, todo = 0, [start]
+        while todo:
+            i = todo.pop()
+            if (region >> i) & 1:
+                continue
+            region |= 1 << i
+            todo.extend(bits(graph.neighbours(1 << i) & claimed & ~region))
+        seen |= region
+        composites = tuple(sorted(((label, m) for c in chosen if c.mask & region for label, m in c.composites),
+                                  key=lambda c: c[1]))
+        if popcount(region & ~glue) > 1 and graph.is_convex(region):
+            out.append(Candidate(toolchain, region, MAXIMAL, composites))
+    return out
 
 
 class PrimitiveRule(PartitionRule):
@@ -506,7 +551,7 @@ class OnlyValidRule(PartitionRule):
     def valid(self, graph: IndexedGraph, cand: Candidate) -> bool:
         if not cand.mask or cand.mask & ~graph.covered_mask:
             return False
-        if not cand.host and graph.depth(cand.mask) > self.max_depth:
+        if not cand.host and cand.label != MAXIMAL and graph.depth(cand.mask) > self.max_depth:
             return False
         if not graph.is_convex(cand.mask):
             return False

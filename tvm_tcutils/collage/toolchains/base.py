@@ -44,6 +44,9 @@ class Toolchain:
         bigger partitions (up to ``max_depth``); library-style otherwise.
     max_depth : int
         Longest chain of operators in one partition.
+    greedy_regions : bool
+        Graph style only: also offer each maximal region of claimed operators
+        (what BYOC's greedy partitioning makes), whatever its depth.
     requires : tuple of str
         Python modules that must be importable for the toolchain to work.
     description : str
@@ -64,6 +67,7 @@ class Toolchain:
     fusion: bool = False
     combine: bool = False
     max_depth: int = 4
+    greedy_regions: bool = True
     requires: Tuple[str, ...] = ()
     description: str = ""
 
@@ -120,7 +124,7 @@ class Toolchain:
             raise ValueError(f"toolchain {self.name!r} has no source of partition rules")
         rule: rules.PartitionRule = sources[0] if len(sources) == 1 else rules.UnionRule(sources)
         if self.combine:
-            rule = rules.CombineRule(rule, self.max_depth)
+            rule = rules.CombineRule(rule, self.max_depth, maximal=self.greedy_regions)
         return rules.OnlyValidRule(rules.PrimitiveRule(rule), self.max_depth, allow_tuple_outputs=False)
 
     def cache_tag(self) -> str:
