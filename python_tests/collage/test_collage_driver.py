@@ -155,3 +155,48 @@ def test_greedy_byoc_partitioning_is_always_a_choice():
     assert row.ops == ["exp", "tanh", "add", "multiply"] and row.label == "maximal_region"
     greedy = greedy_partition(mod, None, shallow)
     assert tvm.ir.structural_equal(result.mod, greedy, map_free_vars=True)
+
+
+class CrossingCosts(MockCostEstimator):
+    """Mock costs, and 'whole-model timings' that charge each call into an external partition."""
+
+    def __init__(self, costs, overhead, crossing_ms):
+        super().__init__(costs, overhead)
+        self.crossing_ms = crossing_ms
+        self.timed = 0
+
+    def measure_whole(self, mod):
+        self.timed += 1
+        total, calls = 0.0, 0
+        for gvar, func in mod.functions.items():
+            ops = []
+            relay.analysis.post_order_visit(
+                func, lambda e: ops.append(e.op.name) if isinstance(e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
+            toolchain = "tvm" if gvar.name_hint == "main" else "tcutils_test"
+            if toolchain != "tvm":
+                calls += 1
+            total += self.cost_of(toolchain, ops) - (self.overhead.get(toolchain, 0.0) if toolchain == "tvm" else 0.0)
+        return total + self.crossing_ms * calls
+
+
+def branchy_net():
+    """Elementwise ops the test toolchain runs, split by ops only TVM runs (softmax)."""
+    x = relay.var("x", shape=(4, 8))
+    y = x
+    for _ in range(3):
+        y = relay.nn.softmax(relay.tanh(relay.exp(y)))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+
+
+def test_validation_learns_the_crossing_cost_and_keeps_the_fastest():
+    mod = branchy_net()
+    # Alone the test toolchain is cheaper for exp and tanh; each call into it costs 3 ms more in a whole model.
+    est = CrossingCosts({"tvm": 1.0, "tcutils_test": 0.5}, {"tcutils_test": 0.1}, crossing_ms=3.0)
+    quick = partition(mod, None, ["tvm", test_codegen.toolchain()], est, validate_rounds=0)
+    assert any(p.toolchain == "tcutils_test" for p in quick.partitions) and quick.measured_ms is None
+    checked = partition(mod, None, ["tvm", test_codegen.toolchain()], est, validate_rounds=2)
+    labels = [t[0] for t in checked.trials]
+    assert labels[0] == "collage" and labels[1].startswith("collage, 3000 us per crossing")
+    assert checked.measured_ms == min(t[2] for t in checked.trials)
+    assert all(p.toolchain == "tvm" for p in checked.partitions)  # 3 ms per crossing outweighs 1.5 ms saved
+    assert checked.measured_ms == pytest.approx(9.0)

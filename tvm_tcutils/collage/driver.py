@@ -69,6 +69,11 @@ class CollageResult:
         The chosen candidates, host glue included.
     prepared : IRModule
         The module as partitioned (parameters bound, constants folded).
+    measured_ms : float or None
+        End-to-end latency of ``mod`` when the estimator measures whole models.
+    trials : list of (str, float, float)
+        Partitionings built and timed whole during validation: label,
+        estimated ms, measured ms (the fastest one is the result).
     """
 
     mod: tvm.IRModule
@@ -82,6 +87,8 @@ class CollageResult:
     graph: IndexedGraph
     chosen: List[Candidate]
     prepared: tvm.IRModule
+    measured_ms: Optional[float] = None
+    trials: List = dataclasses.field(default_factory=list)
 
 
 def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
@@ -134,11 +141,76 @@ def _search_valid(graph: IndexedGraph, cands, costs, toolchains) -> SearchResult
     return result
 
 
+class _Validation:
+    """Builds and times whole-model partitionings; learns the cost of crossing between toolchains.
+
+    Candidates are measured alone, so their sum misses what a partitioning
+    pays at each boundary between toolchains (thread pools waking up, caches,
+    the call itself). When the estimator can time whole models, the chosen
+    partitioning is built and timed; the gap between that and its estimate,
+    spread over its external partitions, becomes a per-crossing penalty, and
+    the search runs again with it (``rounds`` times). Each single-toolchain
+    answer is timed too, and the fastest partitioning measured wins.
+    """
+
+    def __init__(self, graph, cands, costs, toolchains, prepared, estimator):
+        self.graph, self.cands, self.costs = graph, cands, costs
+        self.toolchains, self.prepared, self.estimator = toolchains, prepared, estimator
+        self.compilers = {name: tc.compiler for name, tc in toolchains.items()}
+        self.trials: List = []
+        self._measured: Dict[frozenset, float] = {}
+
+    def _external(self, cand: Candidate) -> bool:
+        return not cand.host and not self.toolchains[cand.toolchain].is_tvm
+
+    @staticmethod
+    def _key(result: SearchResult) -> frozenset:
+        return frozenset((c.toolchain, c.mask, c.composites) for c in result.chosen if not c.host)
+
+    def measured_of(self, result: SearchResult) -> Optional[float]:
+        return self._measured.get(self._key(result))
+
+    def _time(self, result: SearchResult, label: str) -> Optional[float]:
+        key = self._key(result)
+        if key not in self._measured:
+            mod, _ = partitioned_module(self.graph, result.chosen, self.compilers, self.prepared)
+            ms = self.estimator.measure_whole(mod)
+            if ms is None:
+                return None
+            self._measured[key] = ms
+            self.trials.append((label, result.cost, ms))
+            logger.info("validation: %s estimated %.3f ms, measured %.3f ms", label, result.cost, ms)
+        return self._measured[key]
+
+    def run(self, result: SearchResult, rounds: int, singles: Dict[str, SearchResult]) -> SearchResult:
+        if rounds == 0 or self._time(result, "collage") is None:
+            return result
+        tried = [result]
+        penalty = 0.0
+        current = result
+        for _ in range(rounds):
+            crossings = sum(1 for c in current.chosen if self._external(c))
+            if not crossings:
+                break
+            gap = self._measured[self._key(current)] - current.cost
+            penalty = max(0.0, penalty + gap / crossings)
+            costs = [x + penalty if self._external(c) else x for c, x in zip(self.cands, self.costs)]
+            current = _search_valid(self.graph, self.cands, costs, self.toolchains)
+            if self._key(current) in self._measured:
+                break
+            self._time(current, f"collage, {penalty * 1e3:.0f} us per crossing")
+            tried.append(current)
+        for name, single in singles.items():
+            self._time(single, "tvm alone" if self.toolchains[name].is_tvm else f"{name} + tvm")
+            tried.append(single)
+        return min(tried, key=lambda r: self._measured.get(self._key(r), math.inf))
+
+
 class _Partitioner:
     """The module pass behind :class:`CollagePartitioner` (see there)."""
 
     def __init__(self, toolchains: ToolchainSpec = None, cost_estimator: Optional[CostEstimator] = None,
-                 params: Optional[Dict] = None, compare_single: bool = True):
+                 params: Optional[Dict] = None, compare_single: bool = True, validate_rounds: int = 2):
         self.toolchains = resolve(toolchains)
         if cost_estimator is not None and not isinstance(cost_estimator, CostEstimator):
             raise TypeError(
@@ -147,6 +219,9 @@ class _Partitioner:
         self.cost_estimator = cost_estimator
         self.params = dict(params or {})
         self.compare_single = compare_single
+        if validate_rounds < 0:
+            raise ValueError(f"validate_rounds must be >= 0, got {validate_rounds}")
+        self.validate_rounds = validate_rounds
         self.last_result: Optional[CollageResult] = None
 
     def run(self, mod: tvm.IRModule) -> CollageResult:
@@ -176,17 +251,23 @@ class _Partitioner:
             result = _search_valid(graph, cands, costs, by_name)
         seconds["search"] = time.perf_counter() - start
 
-        single = {}
+        single, single_results = {}, {}
         if self.compare_single:
             for tc in self.toolchains:
                 allowed = {"tvm", tc.name}
                 sub = [k for k, c in enumerate(cands) if c.toolchain in allowed]
                 try:
-                    single[tc.name] = search(graph, [cands[k] for k in sub], [costs[k] for k in sub]).cost
+                    single_results[tc.name] = search(graph, [cands[k] for k in sub], [costs[k] for k in sub])
+                    single[tc.name] = single_results[tc.name].cost
                 except RuntimeError:
                     single[tc.name] = math.inf
 
         compilers = {name: tc.compiler for name, tc in by_name.items()}
+        start = time.perf_counter()
+        validation = _Validation(graph, cands, costs, by_name, prepared, estimator)
+        result = validation.run(result, self.validate_rounds, single_results)
+        if validation.trials:
+            seconds["validate"] = time.perf_counter() - start
         out, symbols = partitioned_module(graph, result.chosen, compilers, prepared)
         partitions = [
             Partition(cand.toolchain, graph.op_names(cand.mask), cost, symbols.get(cand.mask), cand.label)
@@ -194,7 +275,7 @@ class _Partitioner:
         ]
         self.last_result = CollageResult(
             out, {}, partitions, result.cost, single, len(cands), result.states, seconds, graph,
-            result.chosen, prepared)
+            result.chosen, prepared, validation.measured_of(result), validation.trials)
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
         return self.last_result
@@ -217,6 +298,8 @@ params : dict, optional
     Parameters to bind into ``main`` before partitioning.
 compare_single : bool
     Also compute each single toolchain's estimated latency (for reports).
+validate_rounds : int
+    See :func:`partition`.
 
 The pass object forwards attribute access to the partitioner, so
 ``pass_.last_result`` is the :class:`CollageResult` of the last run.
@@ -234,7 +317,8 @@ True
 
 
 def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
-              cost_estimator: Optional[CostEstimator] = None, compare_single: bool = True) -> CollageResult:
+              cost_estimator: Optional[CostEstimator] = None, compare_single: bool = True,
+              validate_rounds: int = 2) -> CollageResult:
     """Partition ``mod`` across ``toolchains`` at minimum estimated latency.
 
     Parameters
@@ -249,6 +333,11 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
         Default: :class:`~.cost.measured.MeasuredCostEstimator`.
     compare_single : bool
         Also estimate each single toolchain's latency.
+    validate_rounds : int
+        With an estimator that times whole models (measured, learned): how
+        many times to re-search with the measured cost of crossing between
+        toolchains (0: trust the sum of candidate costs). The fastest
+        partitioning timed whole, single-toolchain answers included, is kept.
 
     Returns
     -------
@@ -266,7 +355,7 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
-    return _Partitioner(toolchains, cost_estimator, params, compare_single).run(mod)
+    return _Partitioner(toolchains, cost_estimator, params, compare_single, validate_rounds).run(mod)
 
 
 def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,

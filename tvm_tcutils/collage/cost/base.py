@@ -72,5 +72,9 @@ class CostEstimator:
         """
         return None
 
+    def measure_whole(self, mod: tvm.IRModule) -> Optional[float]:
+        """End-to-end latency (ms) of a whole partitioned module, or None if this estimator does not time."""
+        return None
+
     def close(self) -> None:
         """Release worker processes or files (no-op by default)."""

@@ -127,6 +127,10 @@ class XGBoostCostEstimator(CostEstimator):
         self.stats = {"candidates": 0, "measured": 0, "predicted": 0, "rounds": 0}
         self._rows = None  # features of the last request list (the search loop reuses it)
 
+    def measure_whole(self, mod):
+        """Whole models are timed by the measuring estimator."""
+        return self.measured.measure_whole(mod)
+
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
         """Costs of ``requests``: measured where cached or sampled, predicted elsewhere."""
         known = self._initial(list(requests))

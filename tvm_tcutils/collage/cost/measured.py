@@ -450,6 +450,16 @@ class MeasuredCostEstimator(CostEstimator):
 
         self.pool.run(payloads, record)
 
+    def measure_whole(self, mod) -> Optional[float]:
+        """Build and time a whole module in a worker (``inf`` if it fails)."""
+        import tvm
+
+        target, repeat, warmup, _ = self.settings
+        [result] = self.pool.run([(tvm.ir.save_json(mod), target, max(repeat, 10), warmup, 50)])
+        if result.get("error"):
+            logger.warning("whole-model measurement failed: %s", result["error"])
+        return _ms(result)
+
     def close(self) -> None:
         self.pool.close()
 
