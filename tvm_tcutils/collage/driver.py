@@ -238,6 +238,13 @@ class _Partitioner:
             from .cost.measured import MeasuredCostEstimator
 
             estimator = MeasuredCostEstimator()
+            try:
+                return self._run(mod, prepared, graph, by_name, cands, estimator, seconds)
+            finally:
+                estimator.close()  # its worker processes; a given estimator stays the caller's
+        return self._run(mod, prepared, graph, by_name, cands, estimator, seconds)
+
+    def _run(self, mod, prepared, graph, by_name, cands, estimator, seconds) -> CollageResult:
         start = time.perf_counter()
         interleaved = estimator.search(graph, cands, by_name)
         if interleaved is not None:
