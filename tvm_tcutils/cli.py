@@ -21,6 +21,7 @@ COMMANDS = {
     "prepare": "prepare",
     "tune": "tune",
     "bench": "bench",
+    "collage": "collage",
 }
 
 #: Exit status for errors in the user's input.

@@ -86,6 +86,7 @@ SECTIONS: List[str] = [
     "tvm_tcutils.strategy.tensorcore_demo:tensorcore_section",
     "tvm_tcutils.collage.toolchains.demo:toolchains_section",
     "tvm_tcutils.strategy.dot_product_demo:int8_dot_product_section",
+    "tvm_tcutils.collage.demo:collage_section",
 ]
 
 

@@ -1,1 +1,31 @@
-"""Collage: cost-driven partitioning of Relay models across toolchains."""
+"""Collage: cost-driven partitioning of a Relay model across TVM and other toolchains.
+
+The flow: rules (:mod:`.rules`, from pattern tables, operator predicates and
+TVM's fusion kinds) -> candidates (:mod:`.candidates`) -> costs
+(:mod:`.cost`) -> search (:mod:`.search`, shortest path over covered nodes)
+-> partitioned IRModule (:mod:`.outline`, :mod:`.driver`) -> any Relay
+executor builds it.
+
+Example
+-------
+>>> from tvm_tcutils import collage, load_model
+>>> mod, params = load_model("mlp")
+>>> result = collage.partition(mod, params, toolchains="tvm",
+...                            cost_estimator=collage.MockCostEstimator({"tvm": 1.0}))
+>>> lib = collage.build_partitioned(result.mod)
+"""
+from __future__ import annotations
+
+from .cost import CostEstimator, CustomCostEstimator, MockCostEstimator  # noqa: F401
+from .driver import (  # noqa: F401
+    CollagePartitioner, CollageResult, Partition, build, build_partitioned, partition, prepare,
+)
+from .toolchains import Toolchain, available, resolve  # noqa: F401
+
+
+def __getattr__(name):
+    if name in ("MeasuredCostEstimator", "XGBoostCostEstimator"):
+        from . import cost
+
+        return getattr(cost, name)
+    raise AttributeError(name)

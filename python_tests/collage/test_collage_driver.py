@@ -1,0 +1,202 @@
+"""The Collage driver: output shape like PartitionGraph's, building, saving, the pass, bad input."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+from tvm.relay.op.contrib import get_pattern_table
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import collage_test_codegen as test_codegen  # noqa: E402
+
+from tvm_tcutils import load_model, save_model  # noqa: E402
+from tvm_tcutils.collage import (  # noqa: E402
+    CollagePartitioner, CustomCostEstimator, MockCostEstimator, Toolchain, build, build_partitioned, partition,
+)
+from tvm_tcutils.collage.driver import greedy_partition, prepare  # noqa: E402
+
+from test_collage_rules import conv_bias_relu_net  # noqa: E402
+
+
+def elementwise_net():
+    """dense, then a block of elementwise ops the test codegen runs, then softmax."""
+    x = relay.var("x", shape=(4, 8))
+    w = relay.const(np.random.default_rng(0).standard_normal((8, 8)).astype("float32"))
+    y = relay.nn.dense(x, w)
+    z = relay.add(relay.exp(y), relay.tanh(y))
+    out = relay.nn.softmax(relay.multiply(z, z))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], out)))
+
+
+def run_graph(lib, inputs):
+    module = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    module.set_input(**inputs)
+    module.run()
+    return module.get_output(0).numpy()
+
+
+def reference(mod, inputs):
+    return relay.create_executor("graph", mod=mod, target="llvm").evaluate()(**inputs).numpy()
+
+
+CHEAP_TEST = MockCostEstimator({"tvm": 1.0, "tcutils_test": 0.3}, overhead={"tcutils_test": 0.5})
+
+
+def test_output_matches_partition_graph_for_the_same_choice():
+    """With DNNL (graph style) cheapest for all it claims, the result is what BYOC's greedy flow makes."""
+    mod = conv_bias_relu_net()
+    costs = MockCostEstimator({"tvm": 1.0, "dnnl": 0.1}, overhead={"dnnl": 1.0})
+    dnnl = Toolchain("dnnl", "dnnl", pattern_table="dnnl", op_predicates="dnnl", combine=True)
+    result = partition(mod, None, ["tvm", dnnl], costs)
+    oracle = prepare(mod)
+    for p in [relay.transform.MergeComposite(get_pattern_table("dnnl")), relay.transform.AnnotateTarget("dnnl"),
+              relay.transform.MergeCompilerRegions(), relay.transform.PartitionGraph()]:
+        oracle = p(oracle)
+    assert tvm.ir.structural_equal(result.mod, relay.transform.InferType()(oracle), map_free_vars=True)
+    [row] = [p for p in result.partitions if p.toolchain == "dnnl"]
+    assert row.function == "tvmgen_default_dnnl_main_0" and row.ops == ["nn.conv2d", "add", "nn.relu", "add"]
+    assert result.estimated_ms == pytest.approx(1.0 + 4 * 0.1)
+
+
+def test_costs_decide_the_toolchain():
+    mod = conv_bias_relu_net()
+    result = partition(mod, None, "tvm,dnnl", MockCostEstimator({"tvm": 0.1, "dnnl": 1.0}))
+    assert {p.toolchain for p in result.partitions} == {"tvm"}
+    assert len(result.mod.get_global_vars()) == 1
+    assert result.single_toolchain_ms["tvm"] == pytest.approx(result.estimated_ms)
+
+
+def test_input_module_is_not_mutated():
+    mod = elementwise_net()
+    before = mod.astext(show_meta_data=True)
+    params = {"unused": tvm.nd.array(np.zeros(1, "float32"))}
+    with pytest.raises(ValueError, match="params"):
+        partition(mod, params, ["tvm", test_codegen.toolchain()], CHEAP_TEST)
+    partition(mod, None, ["tvm", test_codegen.toolchain()], CHEAP_TEST)
+    assert mod.astext(show_meta_data=True) == before
+
+
+def test_end_to_end_build_save_load_and_vm(tmp_path):
+    mod = elementwise_net()
+    lib, result = build(mod, None, ["tvm", test_codegen.toolchain()], CHEAP_TEST)
+    [row] = [p for p in result.partitions if p.toolchain == "tcutils_test"]
+    assert row.ops == ["exp", "tanh", "add", "multiply"]
+    inputs = {"x": np.random.default_rng(1).standard_normal((4, 8)).astype("float32")}
+    expected = reference(mod, inputs)
+    np.testing.assert_allclose(run_graph(lib, inputs), expected, rtol=1e-5, atol=1e-6)
+
+    # Saved and loaded, the partitioned module builds with no search and computes the same.
+    path = str(tmp_path / "partitioned.json")
+    save_model(path, result.mod)
+    loaded, _ = load_model(path)
+    assert tvm.ir.structural_equal(loaded, result.mod)
+    np.testing.assert_allclose(run_graph(build_partitioned(loaded), inputs), expected, rtol=1e-5, atol=1e-6)
+
+    exe = build_partitioned(loaded, executor="vm")
+    vm = tvm.runtime.vm.VirtualMachine(exe, tvm.cpu())
+    np.testing.assert_allclose(vm.invoke("main", inputs["x"]).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_pass_in_sequential_and_params_bound():
+    mod, params = load_model("mlp")
+    collage = CollagePartitioner("tvm", MockCostEstimator({"tvm": 1.0}), params=params)
+    out = tvm.transform.Sequential([relay.transform.InferType(), collage])(mod)
+    assert [p.name_hint for p in out["main"].params] == ["data"]
+    assert collage.last_result.estimated_ms > 0
+    inputs = {"data": np.random.default_rng(0).standard_normal((1, 1, 28, 28)).astype("float32")}
+    with tvm.transform.PassContext(opt_level=3):
+        expected_lib = relay.build(mod, target="llvm", params=params)
+    np.testing.assert_allclose(run_graph(build_partitioned(out), inputs), run_graph(expected_lib, inputs),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_custom_estimator_sees_modules_and_failures_cost_infinity():
+    seen = []
+
+    def cost(module, toolchain):
+        seen.append((toolchain, module))
+        if toolchain == "tcutils_test":
+            raise RuntimeError("this toolchain cannot run here")
+        return 1.0
+
+    result = partition(elementwise_net(), None, ["tvm", test_codegen.toolchain()], CustomCostEstimator(cost))
+    assert {p.toolchain for p in result.partitions} == {"tvm"}
+    byoc = [m for tc, m in seen if tc == "tcutils_test"]
+    assert byoc and all(
+        any(f.attrs and f.attrs.get("Compiler") == "tcutils_test" for f in m.functions.values()) for m in byoc
+    )
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="mod must be a tvm.IRModule"):
+        partition("resnet", None, "tvm", MockCostEstimator({"tvm": 1.0}))
+    with pytest.raises(TypeError, match="cost_estimator must be a CostEstimator"):
+        partition(elementwise_net(), None, "tvm", lambda m, t: 1.0)
+    with pytest.raises(ValueError, match="unknown toolchain 'nope'"):
+        partition(elementwise_net(), None, "tvm,nope", MockCostEstimator({"tvm": 1.0}))
+    with pytest.raises(TypeError, match="costs must be a mapping"):
+        MockCostEstimator([1.0])
+    with pytest.raises(ValueError, match="executor must be one of"):
+        build_partitioned(elementwise_net(), executor="aot")
+
+
+def test_greedy_byoc_partitioning_is_always_a_choice():
+    """Beyond its depth limit, a graph-style toolchain still offers the greedy BYOC region."""
+    mod = elementwise_net()
+    shallow = test_codegen.toolchain(max_depth=1)
+    costs = MockCostEstimator({"tvm": 1.0, "tcutils_test": 0.1}, overhead={"tcutils_test": 1.0})
+    result = partition(mod, None, ["tvm", shallow], costs)
+    [row] = [p for p in result.partitions if p.toolchain == "tcutils_test"]
+    assert row.ops == ["exp", "tanh", "add", "multiply"] and row.label == "maximal_region"
+    greedy = greedy_partition(mod, None, shallow)
+    assert tvm.ir.structural_equal(result.mod, greedy, map_free_vars=True)
+
+
+class CrossingCosts(MockCostEstimator):
+    """Mock costs, and 'whole-model timings' that charge each call into an external partition."""
+
+    def __init__(self, costs, overhead, crossing_ms):
+        super().__init__(costs, overhead)
+        self.crossing_ms = crossing_ms
+        self.timed = 0
+
+    def measure_whole(self, mod):
+        self.timed += 1
+        total, calls = 0.0, 0
+        for gvar, func in mod.functions.items():
+            ops = []
+            relay.analysis.post_order_visit(
+                func, lambda e: ops.append(e.op.name) if isinstance(e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
+            toolchain = "tvm" if gvar.name_hint == "main" else "tcutils_test"
+            if toolchain != "tvm":
+                calls += 1
+            total += self.cost_of(toolchain, ops) - (self.overhead.get(toolchain, 0.0) if toolchain == "tvm" else 0.0)
+        return total + self.crossing_ms * calls
+
+
+def branchy_net():
+    """Elementwise ops the test toolchain runs, split by ops only TVM runs (softmax)."""
+    x = relay.var("x", shape=(4, 8))
+    y = x
+    for _ in range(3):
+        y = relay.nn.softmax(relay.tanh(relay.exp(y)))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+
+
+def test_validation_learns_the_crossing_cost_and_keeps_the_fastest():
+    mod = branchy_net()
+    # Alone the test toolchain is cheaper for exp and tanh; each call into it costs 3 ms more in a whole model.
+    est = CrossingCosts({"tvm": 1.0, "tcutils_test": 0.5}, {"tcutils_test": 0.1}, crossing_ms=3.0)
+    quick = partition(mod, None, ["tvm", test_codegen.toolchain()], est, validate_rounds=0)
+    assert any(p.toolchain == "tcutils_test" for p in quick.partitions) and quick.measured_ms is None
+    checked = partition(mod, None, ["tvm", test_codegen.toolchain()], est, validate_rounds=2)
+    labels = [t[0] for t in checked.trials]
+    assert labels[0] == "collage" and labels[1].startswith("collage, 3000 us per crossing")
+    assert checked.measured_ms == min(t[2] for t in checked.trials)
+    assert all(p.toolchain == "tvm" for p in checked.partitions)  # 3 ms per crossing outweighs 1.5 ms saved
+    assert checked.measured_ms == pytest.approx(9.0)

@@ -1,0 +1,69 @@
+"""The learned estimator: close to the fully measured answer with a fraction of the measurements."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tvm_tcutils.collage import partition
+from tvm_tcutils.collage.cost.learned import XGBoostCostEstimator, node_flops
+from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator
+from tvm_tcutils.collage.cost.mock import MockCostEstimator
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from bench_collage_search import encoder, mock_toolchains, synthetic_costs  # noqa: E402
+
+
+class SyntheticMeasured(MeasuredCostEstimator):
+    """A MeasuredCostEstimator whose 'measurement' is a deterministic formula (no worker processes)."""
+
+    def __init__(self, truth: MockCostEstimator):
+        super().__init__(cache_dir="", progress=False)
+        self.truth = truth
+        self.measured_keys = set()
+        self.requests = []
+
+    def lookup(self, request):
+        self.requests.append(request)
+        return super().lookup(request)
+
+    def _measure(self, requests):
+        for req, cost in zip(requests, self.truth.estimate(requests)):
+            self.measured_keys.add(req.key)
+            self._memory[req.key] = {"ms": cost}
+
+
+def test_learned_is_close_with_fewer_measurements():
+    mod = encoder(2, hidden=64, heads=2, seq=16)
+    toolchains = mock_toolchains()
+    truth = synthetic_costs()
+    full = partition(mod, None, toolchains, truth)
+    fake = SyntheticMeasured(truth)
+    learned_est = XGBoostCostEstimator(fake, sample=0.05, min_sample=8)
+    learned = partition(mod, None, toolchains, learned_est, validate_rounds=0)
+    # Every chosen candidate was measured: its estimate is the truth.
+    assert learned.estimated_ms == pytest.approx(sum(p.estimated_ms for p in learned.partitions))
+    assert learned.estimated_ms <= full.estimated_ms * 1.05
+    assert learned.estimated_ms >= full.estimated_ms - 1e-9
+    assert learned_est.stats["predicted"] > 0
+    distinct = len({r.key for r in fake.requests})
+    assert len(fake.measured_keys) < 0.3 * distinct
+
+
+def test_flops_and_arguments():
+    from tvm import relay
+    import tvm
+
+    x = relay.var("x", shape=(2, 3, 8, 8))
+    w = relay.var("w", shape=(4, 3, 3, 3))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(
+        relay.Function([x, w], relay.nn.conv2d(x, w, padding=(1, 1)))))
+    from tvm_tcutils.collage.subgraph import IndexedGraph
+
+    graph = IndexedGraph(mod["main"])
+    assert node_flops(graph, 2) == 2.0 * (2 * 4 * 8 * 8) * (3 * 3 * 3)
+    with pytest.raises(TypeError, match="measured must be a MeasuredCostEstimator"):
+        XGBoostCostEstimator(MockCostEstimator({"tvm": 1.0}))
+    with pytest.raises(ValueError, match="sample must be in"):
+        XGBoostCostEstimator(SyntheticMeasured(MockCostEstimator({"tvm": 1.0})), sample=0)

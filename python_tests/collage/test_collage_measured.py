@@ -1,0 +1,80 @@
+"""Measured costs: worker processes, crashes and hangs, the on-disk cache, the log."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import collage_test_codegen as test_codegen  # noqa: E402
+
+from tvm_tcutils.collage import partition  # noqa: E402
+from tvm_tcutils.collage.cost.measured import CostCache, MeasuredCostEstimator, WorkerPool  # noqa: E402
+
+from test_collage_driver import elementwise_net  # noqa: E402
+
+
+def two_layer_net(seed: int = 0):
+    x = relay.var("x", shape=(8, 16))
+    w = relay.const(np.random.default_rng(seed).standard_normal((16, 16)).astype("float32"))
+    y = relay.nn.relu(relay.nn.dense(x, w))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(y))))
+
+
+def test_measures_once_then_reuses_the_cache(tmp_path):
+    log = tmp_path / "measure.log"
+    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=3, log_file=str(log), progress=False)
+    try:
+        first = partition(two_layer_net(0), None, "tvm", est)
+    finally:
+        est.close()
+    assert est.stats["measured"] > 0 and est.stats["failed"] == 0
+    assert math.isfinite(first.estimated_ms) and first.estimated_ms > 0
+    lines = log.read_text().splitlines()
+    assert len(lines) == est.stats["measured"] and any("nn.dense" in line for line in lines)
+    entries = [json.loads(line) for line in (tmp_path / "costs.jsonl").read_text().splitlines()]
+    assert all(e["toolchain"] == "tvm" and e["ms"] > 0 for e in entries)
+
+    # Another model with the same structure but other weights: everything comes from the cache.
+    again = MeasuredCostEstimator(cache_dir=str(tmp_path), progress=False)
+    second = partition(two_layer_net(1), None, "tvm", again)
+    assert again.stats == {"cached": again.stats["cached"], "measured": 0, "failed": 0}
+    assert again.stats["cached"] > 0
+    assert second.estimated_ms == pytest.approx(first.estimated_ms)
+
+
+def test_crashing_and_hanging_toolchains_cost_infinity(tmp_path, caplog):
+    crash = test_codegen.toolchain("tcutils_test_abort", combine=False, ops=["tanh"])
+    hang = test_codegen.toolchain("tcutils_test_hang", combine=False, ops=["exp"])
+    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, timeout=10, progress=False,
+                                worker_imports=["collage_test_codegen"])
+    with caplog.at_level(logging.WARNING, logger="tvm_tcutils.collage"):
+        try:
+            result = partition(elementwise_net(), None, ["tvm", crash, hang, test_codegen.toolchain()], est)
+        finally:
+            est.close()
+    assert {p.toolchain for p in result.partitions} <= {"tvm", "tcutils_test"}
+    assert math.isfinite(result.estimated_ms)
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "killed by signal 6" in messages  # SIGABRT: the worker died, not the search
+    assert "timed out" in messages
+    cache = CostCache(str(tmp_path))
+    failed = [e for e in cache.entries.values() if e["ms"] is None]
+    assert {e["toolchain"] for e in failed} == {"tcutils_test_abort", "tcutils_test_hang"}
+    assert all(e["error"] for e in failed)
+
+
+def test_worker_pool_and_estimator_arguments():
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        WorkerPool(0)
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        WorkerPool(1, 0)
+    with pytest.raises(ValueError, match="repeat must be at least 1"):
+        MeasuredCostEstimator(cache_dir="", repeat=0)

@@ -1,0 +1,188 @@
+"""The Collage search: optimal against brute force, deterministic, valid partitions."""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+from tvm_tcutils.collage.candidates import Candidate
+from tvm_tcutils.collage.search import NoCoverError, partition_order, search
+from tvm_tcutils.collage.subgraph import IndexedGraph, bits, mask_of
+
+
+def random_graph(seed: int, ops: int = 7) -> IndexedGraph:
+    """A random DAG of unary/binary elementwise ops (some nodes feed several others)."""
+    rng = random.Random(seed)
+    x = relay.var("x", shape=(4,))
+    values = [x]
+    for _ in range(ops):
+        if len(values) > 1 and rng.random() < 0.5:
+            a, b = rng.sample(values, 2)
+            values.append(relay.add(a, b))
+        else:
+            values.append(relay.exp(rng.choice(values[-3:])))
+    used = set()
+    relay.analysis.post_order_visit(values[-1], lambda e: used.add(e))
+    dangling = [v for v in values[1:] if v not in used]
+    body = relay.Tuple([values[-1], *dangling]) if dangling else values[-1]
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], body)))
+    return IndexedGraph(mod["main"])
+
+
+def random_candidates(graph: IndexedGraph, seed: int):
+    """Every singleton (toolchain a) plus random convex connected sets of up to 3 nodes (a or b)."""
+    rng = random.Random(seed)
+    covered = list(bits(graph.covered_mask))
+    cands, costs = [], []
+    for i in covered:
+        cands.append(Candidate("a", 1 << i, "single"))
+        costs.append(round(rng.uniform(1, 3), 3))
+    seen = set()
+    for _ in range(40):
+        mask = 1 << rng.choice(covered)
+        for _ in range(rng.randint(1, 2)):
+            near = list(bits(graph.neighbours(mask)))
+            if near:
+                mask |= 1 << rng.choice(near)
+        if mask in seen or not graph.is_convex(mask) or mask & (mask - 1) == 0:
+            continue
+        seen.add(mask)
+        cands.append(Candidate(rng.choice("ab"), mask, "group"))
+        costs.append(round(rng.uniform(0.5, 4), 3))
+    order = sorted(range(len(cands)), key=lambda k: cands[k].sort_key())
+    return [cands[k] for k in order], [costs[k] for k in order]
+
+
+def brute_force(graph: IndexedGraph, cands, costs) -> float:
+    """Minimum cost over every exact cover, enumerated exhaustively."""
+    best = [math.inf]
+    full = graph.covered_mask
+
+    def covers(covered, chosen_cost, start):
+        if chosen_cost >= best[0]:
+            return
+        if covered == full:
+            best[0] = chosen_cost
+            return
+        lowest = next(i for i in bits(full & ~covered))
+        for k, cand in enumerate(cands):
+            if (cand.mask >> lowest) & 1 and not cand.mask & covered:
+                covers(covered | cand.mask, chosen_cost + costs[k], 0)
+
+    covers(0, 0.0, 0)
+    return best[0]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_search_matches_brute_force(seed):
+    graph = random_graph(seed)
+    cands, costs = random_candidates(graph, seed)
+    result = search(graph, cands, costs)
+    assert result.cost == pytest.approx(brute_force(graph, cands, costs), abs=1e-9)
+    # The chosen candidates are an exact cover and their costs add up.
+    union = 0
+    for cand in result.chosen:
+        assert not union & cand.mask
+        union |= cand.mask
+    assert union == graph.covered_mask
+    assert sum(result.costs) == pytest.approx(result.cost)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_is_deterministic_and_order_independent(seed):
+    graph = random_graph(seed, ops=9)
+    cands, costs = random_candidates(graph, seed)
+    first = search(graph, cands, costs)
+    again = search(graph, cands, costs)
+    assert [c.mask for c in first.chosen] == [c.mask for c in again.chosen]
+    shuffled = list(range(len(cands)))
+    random.Random(seed).shuffle(shuffled)
+    other = search(graph, [cands[k] for k in shuffled], [costs[k] for k in shuffled])
+    assert other.cost == pytest.approx(first.cost)
+
+
+def test_ties_prefer_fewer_partitions():
+    x = relay.var("x", shape=(2,))
+    graph = IndexedGraph(relay.Function([x], relay.nn.relu(relay.exp(x))))
+    cands = [Candidate("a", 0b010, "exp"), Candidate("a", 0b100, "relu"), Candidate("b", 0b110, "both")]
+    result = search(graph, cands, [1.0, 1.0, 2.0])
+    assert [c.label for c in result.chosen] == ["both"]
+
+
+def _cycle_graph():
+    """a1 -> a2, a1 -> b1, b2 -> b1, b2 -> a2: {a1, a2} and {b1, b2} are convex but depend on each other."""
+    x = relay.var("x", shape=(2,))
+    a1 = relay.exp(x)
+    b2 = relay.negative(x)
+    a2 = relay.add(a1, b2)
+    b1 = relay.subtract(b2, a1)
+    graph = IndexedGraph(relay.Function([x], relay.Tuple([a2, b1])))
+    idx = {name: graph.index_of(e) for name, e in [("a1", a1), ("a2", a2), ("b1", b1), ("b2", b2)]}
+    return graph, idx
+
+
+def test_cycle_between_partitions_is_detected_and_avoided():
+    graph, idx = _cycle_graph()
+    a = mask_of([idx["a1"], idx["a2"]])
+    b = mask_of([idx["b1"], idx["b2"]])
+    assert graph.is_convex(a) and graph.is_convex(b)
+    assert partition_order(graph, [a, b]) is None
+    cands = [Candidate("t", 1 << i, "single") for i in bits(graph.covered_mask)]
+    cands += [Candidate("t", a, "A"), Candidate("t", b, "B")]
+    cands.sort(key=Candidate.sort_key)
+    costs = [0.5 if c.label in ("A", "B") else 1.0 for c in cands]
+    unchecked = search(graph, cands, costs)
+    assert {c.label for c in unchecked.chosen} >= {"A", "B"}  # cheapest, but cyclic
+    checked = search(graph, cands, costs, check_cycles=True)
+    masks = [c.mask for c in checked.chosen if c.mask & (c.mask - 1)]
+    assert partition_order(graph, masks) is not None
+    assert checked.cost == pytest.approx(0.5 + 3 * 1.0)  # one of A, B plus three singletons
+
+
+def test_no_cover_and_bad_costs():
+    x = relay.var("x", shape=(2,))
+    graph = IndexedGraph(relay.Function([x], relay.nn.relu(relay.exp(x))))
+    cands = [Candidate("a", 0b010, "exp"), Candidate("a", 0b100, "relu")]
+    with pytest.raises(NoCoverError, match="nn.relu"):
+        search(graph, cands, [1.0, math.inf])
+    with pytest.raises(ValueError, match="costs: expected 2"):
+        search(graph, cands, [1.0])
+    with pytest.raises(ValueError, match="invalid cost"):
+        search(graph, cands, [1.0, float("nan")])
+
+
+def test_graph_indexing_and_convexity():
+    x = relay.var("x", shape=(2,))
+    a = relay.exp(x)
+    b = relay.negative(a)
+    c = relay.add(a, b)
+    graph = IndexedGraph(relay.Function([x], c))
+    assert [n.op_name for n in graph.nodes] == ["var", "exp", "negative", "add"]
+    assert not graph.is_convex(mask_of([1, 3]))
+    assert graph.is_convex(mask_of([1, 2, 3])) and graph.is_convex(mask_of([2, 3]))
+    assert graph.depth(mask_of([1, 2, 3])) == 3
+    assert graph.inputs_of(mask_of([2, 3])) == [1]
+    assert graph.outputs_of(mask_of([1, 2])) == [1, 2]
+
+
+def test_deep_graph_needs_no_recursion():
+    x = relay.var("x", shape=(2,))
+    y = x
+    for _ in range(5000):
+        y = relay.negative(y)
+    graph = IndexedGraph(relay.Function([x], y))
+    cands = [Candidate("a", 1 << i, "n") for i in bits(graph.covered_mask)]
+    assert search(graph, cands, [1.0] * len(cands)).cost == pytest.approx(5000.0)
+
+
+def test_rejects_non_dataflow():
+    x = relay.var("x", shape=(2,))
+    f = relay.Function([x], relay.exp(x))
+    with pytest.raises(ValueError, match="dataflow"):
+        IndexedGraph(relay.Function([x], relay.Call(f, [x])))
+    with pytest.raises(TypeError, match="relay.Function"):
+        IndexedGraph(np.zeros(2))

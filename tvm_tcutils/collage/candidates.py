@@ -1,0 +1,89 @@
+"""Candidate partitions: a set of nodes that one toolchain would run as one unit.
+
+Each toolchain's partition rule (see :mod:`.rules`) is applied once to the
+indexed graph; :func:`enumerate_candidates` collects the results of all
+toolchains, removes duplicates and orders them deterministically, so that the
+search (:mod:`.search`) and every cost estimator see the same list.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Dict, List, Sequence, Tuple
+
+from .subgraph import IndexedGraph, popcount
+
+logger = logging.getLogger("tvm_tcutils.collage")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A candidate partition.
+
+    Attributes
+    ----------
+    toolchain : str
+        Name of the toolchain that would run it (``"tvm"`` for TVM itself).
+    mask : int
+        Its nodes, as a bitset over :class:`~.subgraph.IndexedGraph` indices.
+    label : str
+        Which rule made it (for example ``"dnnl.conv2d_relu"`` or ``"tvm.fused"``).
+    composites : tuple of (str, int)
+        Sub-sets wrapped as composite functions (``Composite=<label>``) inside
+        the partition, as BYOC's ``MergeComposite`` makes them.
+    host : bool
+        Glue (tuples, projections) left in ``main`` at no cost.
+    """
+
+    toolchain: str
+    mask: int
+    label: str
+    composites: Tuple[Tuple[str, int], ...] = ()
+    host: bool = False
+
+    @property
+    def first(self) -> int:
+        """Lowest node index (the search uses candidates at their first node)."""
+        return (self.mask & -self.mask).bit_length() - 1
+
+    def sort_key(self) -> Tuple:
+        """Order of candidates (and so of ties in the search): by first node and size, and for
+        the same nodes the form with the most composite functions first (what BYOC codegens expect)."""
+        comp_nodes = sum(popcount(m) for _, m in self.composites)
+        return (self.first, popcount(self.mask), self.mask, self.toolchain, -comp_nodes, self.label,
+                self.composites)
+
+
+def enumerate_candidates(graph: IndexedGraph, toolchains: Sequence) -> List[Candidate]:
+    """All candidates of all ``toolchains`` on ``graph``, each rule applied once.
+
+    Parameters
+    ----------
+    graph : IndexedGraph
+        The model's ``main`` function.
+    toolchains : sequence of Toolchain
+        Toolchains whose rules to apply (see :mod:`.toolchains`).
+
+    Returns
+    -------
+    list of Candidate
+        Without duplicates (same toolchain, nodes and composites), in the
+        order of :meth:`Candidate.sort_key`.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.toolchains import resolve
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, _ = load_model("mlp")
+    >>> cands = enumerate_candidates(IndexedGraph(mod["main"]), resolve(["tvm"]))
+    >>> all(c.toolchain == "tvm" for c in cands)
+    True
+    """
+    found: Dict[Tuple, Candidate] = {}
+    for toolchain in toolchains:
+        rule = toolchain.rule()
+        produced = rule.candidates(graph, toolchain.name)
+        logger.info("rule %s: %d candidates", rule.name, len(produced))
+        for cand in produced:
+            found.setdefault((cand.toolchain, cand.mask, cand.composites, cand.host), cand)
+    return sorted(found.values(), key=Candidate.sort_key)

@@ -1,0 +1,33 @@
+"""Cost estimators: how long a candidate partition runs on its toolchain (milliseconds).
+
+Every estimator takes a list of :class:`CostRequest` and returns one cost per
+request; ``inf`` marks a candidate that cannot be used (it failed to build or
+run). Estimators:
+
+* :class:`~.mock.MockCostEstimator`: a table of per-operator costs (tests);
+* :class:`~.custom.CustomCostEstimator`: any callable on (module, toolchain);
+* :class:`~.measured.MeasuredCostEstimator`: build and time each candidate in
+  worker processes, with a persistent on-disk cache;
+* :class:`~.learned.XGBoostCostEstimator`: measure some, predict the rest.
+"""
+from __future__ import annotations
+
+from .base import CostEstimator, CostRequest
+from .custom import CustomCostEstimator
+from .mock import MockCostEstimator
+
+__all__ = ["CostEstimator", "CostRequest", "CustomCostEstimator", "MockCostEstimator",
+           "MeasuredCostEstimator", "XGBoostCostEstimator"]
+
+
+def __getattr__(name):
+    # The measuring estimators pull in multiprocessing and xgboost: load them on first use.
+    if name == "MeasuredCostEstimator":
+        from .measured import MeasuredCostEstimator
+
+        return MeasuredCostEstimator
+    if name == "XGBoostCostEstimator":
+        from .learned import XGBoostCostEstimator
+
+        return XGBoostCostEstimator
+    raise AttributeError(name)

@@ -1,0 +1,427 @@
+"""The Collage driver: prepare, enumerate candidates, estimate, search, outline.
+
+:class:`CollagePartitioner` is a Relay module pass (usable in
+``tvm.transform.Sequential``); :func:`partition` and :func:`build` wrap it.
+The result is an ordinary IRModule in which every partition chosen for a
+BYOC-style toolchain is a global function carrying ``Compiler``,
+``Primitive`` and ``global_symbol`` (as ``PartitionGraph`` leaves them), and
+everything chosen for TVM stays in ``main``. ``relay.build`` /
+``relay.vm.compile`` build it as is, also after ``models.save_model`` and
+``models.load_model``, with no new search.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from typing import Dict, List, Optional, Sequence, Union
+
+from .._tvm import tvm
+from tvm import relay
+
+from .candidates import Candidate, enumerate_candidates
+from .cost.base import CostEstimator, CostRequest
+from .outline import partitioned_module
+from .search import SearchResult, partition_order, search
+from .subgraph import IndexedGraph, checked_main
+from .toolchains import Toolchain, resolve
+
+logger = logging.getLogger("tvm_tcutils.collage")
+
+ToolchainSpec = Union[None, str, Sequence[Union[str, Toolchain]]]
+
+
+@dataclasses.dataclass
+class Partition:
+    """One chosen partition, as reported in tables."""
+
+    toolchain: str
+    ops: List[str]
+    estimated_ms: float
+    function: Optional[str]
+    label: str
+
+
+@dataclasses.dataclass
+class CollageResult:
+    """What a Collage run produced.
+
+    Attributes
+    ----------
+    mod : IRModule
+        The partitioned module.
+    params : dict
+        Parameters still free in ``mod`` (the ones given were bound as constants).
+    partitions : list of Partition
+        The chosen partitions (host glue left out), in dataflow order.
+    estimated_ms : float
+        Sum of the chosen partitions' estimated latencies.
+    single_toolchain_ms : dict
+        Estimated latency when only TVM, or TVM plus one other toolchain, may be used.
+    candidates, states : int
+        How many candidates were enumerated and how many search states expanded.
+    seconds : dict
+        Time spent enumerating, estimating and searching.
+    graph : IndexedGraph
+        The prepared ``main`` the partitions refer to.
+    chosen : list of Candidate
+        The chosen candidates, host glue included.
+    prepared : IRModule
+        The module as partitioned (parameters bound, constants folded).
+    measured_ms : float or None
+        End-to-end latency of ``mod`` when the estimator measures whole models.
+    trials : list of (str, float, float)
+        Partitionings built and timed whole during validation: label,
+        estimated ms, measured ms (the fastest one is the result).
+    """
+
+    mod: tvm.IRModule
+    params: Dict
+    partitions: List[Partition]
+    estimated_ms: float
+    single_toolchain_ms: Dict[str, float]
+    candidates: int
+    states: int
+    seconds: Dict[str, float]
+    graph: IndexedGraph
+    chosen: List[Candidate]
+    prepared: tvm.IRModule
+    measured_ms: Optional[float] = None
+    trials: List = dataclasses.field(default_factory=list)
+
+
+def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
+    """The module as Collage partitions it: parameters bound, inference simplified, constants folded.
+
+    These are passes ``relay.build`` runs first anyway (``FoldScaleAxis`` is
+    left to it: it doubles the time and TVM's fusion absorbs the scales);
+    ``mod`` is not changed.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> len(prepare(mod, params)["main"].params)
+    1
+    """
+    main = checked_main(mod)
+    if params:
+        unknown = sorted(set(params) - {p.name_hint for p in main.params})
+        if unknown:
+            raise ValueError(f"params: {unknown[:3]} are not parameters of main")
+        main = relay.build_module.bind_params_by_name(main, dict(params))
+    new = tvm.IRModule({gv: mod[gv] for gv in mod.get_global_vars() if gv.name_hint != "main"})
+    new["main"] = main
+    seq = tvm.transform.Sequential([
+        relay.transform.InferType(),
+        relay.transform.SimplifyInference(),
+        relay.transform.FoldConstant(),
+    ])
+    with tvm.transform.PassContext(opt_level=3):
+        return seq(new)
+
+
+def _estimate(graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict[str, Toolchain],
+              estimator: CostEstimator) -> List[float]:
+    costs = [0.0] * len(cands)
+    todo = [k for k, c in enumerate(cands) if not c.host]
+    requests = [CostRequest(graph, cands[k], toolchains[cands[k].toolchain]) for k in todo]
+    for k, cost in zip(todo, estimator.estimate(requests)):
+        costs[k] = float(cost)
+    return costs
+
+
+def _search_valid(graph: IndexedGraph, cands, costs, toolchains) -> SearchResult:
+    result = search(graph, cands, costs)
+    external = [c.mask for c in result.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
+    if partition_order(graph, external) is None:
+        logger.info("partitions of the best cover depend on each other; searching again with cycle checks")
+        result = search(graph, cands, costs, check_cycles=True)
+    return result
+
+
+class _Validation:
+    """Builds and times whole-model partitionings; learns the cost of crossing between toolchains.
+
+    Candidates are measured alone, so their sum misses what a partitioning
+    pays at each boundary between toolchains (thread pools waking up, caches,
+    the call itself). When the estimator can time whole models, the chosen
+    partitioning is built and timed; the gap between that and its estimate,
+    spread over its external partitions, becomes a per-crossing penalty, and
+    the search runs again with it (``rounds`` times). Each single-toolchain
+    answer is timed too, and the fastest partitioning measured wins.
+    """
+
+    def __init__(self, graph, cands, costs, toolchains, prepared, estimator):
+        self.graph, self.cands, self.costs = graph, cands, costs
+        self.toolchains, self.prepared, self.estimator = toolchains, prepared, estimator
+        self.compilers = {name: tc.compiler for name, tc in toolchains.items()}
+        self.trials: List = []
+        self._measured: Dict[frozenset, float] = {}
+
+    def _external(self, cand: Candidate) -> bool:
+        return not cand.host and not self.toolchains[cand.toolchain].is_tvm
+
+    @staticmethod
+    def _key(result: SearchResult) -> frozenset:
+        return frozenset((c.toolchain, c.mask, c.composites) for c in result.chosen if not c.host)
+
+    def measured_of(self, result: SearchResult) -> Optional[float]:
+        return self._measured.get(self._key(result))
+
+    def _time(self, result: SearchResult, label: str) -> Optional[float]:
+        key = self._key(result)
+        if key not in self._measured:
+            mod, _ = partitioned_module(self.graph, result.chosen, self.compilers, self.prepared)
+            ms = self.estimator.measure_whole(mod)
+            if ms is None:
+                return None
+            self._measured[key] = ms
+            self.trials.append((label, result.cost, ms))
+            logger.info("validation: %s estimated %.3f ms, measured %.3f ms", label, result.cost, ms)
+        return self._measured[key]
+
+    def run(self, result: SearchResult, rounds: int, singles: Dict[str, SearchResult]) -> SearchResult:
+        if rounds == 0 or self._time(result, "collage") is None:
+            return result
+        tried = [result]
+        penalty = 0.0
+        current = result
+        for _ in range(rounds):
+            crossings = sum(1 for c in current.chosen if self._external(c))
+            if not crossings:
+                break
+            gap = self._measured[self._key(current)] - current.cost
+            penalty = max(0.0, penalty + gap / crossings)
+            costs = [x + penalty if self._external(c) else x for c, x in zip(self.cands, self.costs)]
+            current = _search_valid(self.graph, self.cands, costs, self.toolchains)
+            if self._key(current) in self._measured:
+                break
+            self._time(current, f"collage, {penalty * 1e3:.0f} us per crossing")
+            tried.append(current)
+        for name, single in singles.items():
+            self._time(single, "tvm alone" if self.toolchains[name].is_tvm else f"{name} + tvm")
+            tried.append(single)
+        return min(tried, key=lambda r: self._measured.get(self._key(r), math.inf))
+
+
+class _Partitioner:
+    """The module pass behind :class:`CollagePartitioner` (see there)."""
+
+    def __init__(self, toolchains: ToolchainSpec = None, cost_estimator: Optional[CostEstimator] = None,
+                 params: Optional[Dict] = None, compare_single: bool = True, validate_rounds: int = 2):
+        self.toolchains = resolve(toolchains)
+        if cost_estimator is not None and not isinstance(cost_estimator, CostEstimator):
+            raise TypeError(
+                f"cost_estimator must be a CostEstimator, got {type(cost_estimator).__name__}"
+            )
+        self.cost_estimator = cost_estimator
+        self.params = dict(params or {})
+        self.compare_single = compare_single
+        if validate_rounds < 0:
+            raise ValueError(f"validate_rounds must be >= 0, got {validate_rounds}")
+        self.validate_rounds = validate_rounds
+        self.last_result: Optional[CollageResult] = None
+
+    def run(self, mod: tvm.IRModule) -> CollageResult:
+        seconds: Dict[str, float] = {}
+        start = time.perf_counter()
+        prepared = prepare(mod, self.params)
+        graph = IndexedGraph(prepared["main"])
+        by_name = {tc.name: tc for tc in self.toolchains}
+        cands = enumerate_candidates(graph, self.toolchains)
+        seconds["enumerate"] = time.perf_counter() - start
+
+        estimator = self.cost_estimator
+        if estimator is None:
+            from .cost.measured import MeasuredCostEstimator
+
+            estimator = MeasuredCostEstimator()
+            try:
+                return self._run(mod, prepared, graph, by_name, cands, estimator, seconds)
+            finally:
+                estimator.close()  # its worker processes; a given estimator stays the caller's
+        return self._run(mod, prepared, graph, by_name, cands, estimator, seconds)
+
+    def _run(self, mod, prepared, graph, by_name, cands, estimator, seconds) -> CollageResult:
+        start = time.perf_counter()
+        interleaved = estimator.search(graph, cands, by_name)
+        if interleaved is not None:
+            result, costs = interleaved
+        else:
+            costs = _estimate(graph, cands, by_name, estimator)
+            result = None
+        seconds["estimate"] = time.perf_counter() - start
+        start = time.perf_counter()
+        if result is None:
+            result = _search_valid(graph, cands, costs, by_name)
+        seconds["search"] = time.perf_counter() - start
+
+        single, single_results = {}, {}
+        if self.compare_single:
+            for tc in self.toolchains:
+                allowed = {"tvm", tc.name}
+                sub = [k for k, c in enumerate(cands) if c.toolchain in allowed]
+                try:
+                    single_results[tc.name] = search(graph, [cands[k] for k in sub], [costs[k] for k in sub])
+                    single[tc.name] = single_results[tc.name].cost
+                except RuntimeError:
+                    single[tc.name] = math.inf
+
+        compilers = {name: tc.compiler for name, tc in by_name.items()}
+        start = time.perf_counter()
+        validation = _Validation(graph, cands, costs, by_name, prepared, estimator)
+        result = validation.run(result, self.validate_rounds, single_results)
+        if validation.trials:
+            seconds["validate"] = time.perf_counter() - start
+        out, symbols = partitioned_module(graph, result.chosen, compilers, prepared)
+        partitions = [
+            Partition(cand.toolchain, graph.op_names(cand.mask), cost, symbols.get(cand.mask), cand.label)
+            for cand, cost in result.non_host()
+        ]
+        self.last_result = CollageResult(
+            out, {}, partitions, result.cost, single, len(cands), result.states, seconds, graph,
+            result.chosen, prepared, validation.measured_of(result), validation.trials)
+        logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
+                    len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
+        return self.last_result
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        return self.run(mod).mod
+
+
+CollagePartitioner = tvm.transform.module_pass(opt_level=0, name="CollagePartitioner")(_Partitioner)
+CollagePartitioner.__doc__ = """Collage as a Relay module pass.
+
+Parameters
+----------
+toolchains : str or list, optional
+    Toolchain names (``"tvm,ort,blas"``) or :class:`~.toolchains.Toolchain`
+    objects; see :func:`~.toolchains.resolve`. TVM is always included.
+cost_estimator : CostEstimator, optional
+    How candidates are costed; default :class:`~.cost.measured.MeasuredCostEstimator`.
+params : dict, optional
+    Parameters to bind into ``main`` before partitioning.
+compare_single : bool
+    Also compute each single toolchain's estimated latency (for reports).
+validate_rounds : int
+    See :func:`partition`.
+
+The pass object forwards attribute access to the partitioner, so
+``pass_.last_result`` is the :class:`CollageResult` of the last run.
+
+Examples
+--------
+>>> from tvm_tcutils.collage.cost import MockCostEstimator
+>>> from tvm_tcutils.models import load_model
+>>> mod, params = load_model("mlp")
+>>> collage = CollagePartitioner("tvm", MockCostEstimator({"tvm": 1.0}), params=params)
+>>> out = tvm.transform.Sequential([collage])(mod)
+>>> collage.last_result.estimated_ms > 0
+True
+"""
+
+
+def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
+              cost_estimator: Optional[CostEstimator] = None, compare_single: bool = True,
+              validate_rounds: int = 2) -> CollageResult:
+    """Partition ``mod`` across ``toolchains`` at minimum estimated latency.
+
+    Parameters
+    ----------
+    mod : IRModule
+        The model (not changed).
+    params : dict, optional
+        Its parameters; they are bound into the result as constants.
+    toolchains : str or list, optional
+        See :func:`~.toolchains.resolve`.
+    cost_estimator : CostEstimator, optional
+        Default: :class:`~.cost.measured.MeasuredCostEstimator`.
+    compare_single : bool
+        Also estimate each single toolchain's latency.
+    validate_rounds : int
+        With an estimator that times whole models (measured, learned): how
+        many times to re-search with the measured cost of crossing between
+        toolchains (0: trust the sum of candidate costs). The fastest
+        partitioning timed whole, single-toolchain answers included, is kept.
+
+    Returns
+    -------
+    CollageResult
+        ``result.mod`` is the partitioned module.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.cost import MockCostEstimator
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> result = partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}))
+    >>> result.mod["main"].checked_type.ret_type.shape[1]
+    10
+    """
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
+    return _Partitioner(toolchains, cost_estimator, params, compare_single, validate_rounds).run(mod)
+
+
+def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
+          cost_estimator: Optional[CostEstimator] = None, target: str = "llvm", executor: str = "graph"):
+    """Partition with Collage, then build with ``relay.build`` (``"graph"``) or ``relay.vm.compile`` (``"vm"``).
+
+    Returns
+    -------
+    (built, CollageResult)
+        The graph-executor factory module or VM executable, and the search result.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.cost import MockCostEstimator
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> lib, result = build(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}))
+    """
+    result = partition(mod, params, toolchains, cost_estimator, compare_single=False)
+    return build_partitioned(result.mod, target=target, executor=executor), result
+
+
+def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: str = "llvm",
+                      executor: str = "graph"):
+    """Build an already partitioned module (for example one loaded from disk); no search.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> lib = build_partitioned(*load_model("mlp"))
+    """
+    if executor not in ("graph", "vm"):
+        raise ValueError(f"executor must be one of ['graph', 'vm'], got {executor!r}")
+    with tvm.transform.PassContext(opt_level=3):
+        if executor == "graph":
+            return relay.build(mod, target=target, params=params)
+        return relay.vm.compile(mod, target=target, params=params)
+
+
+def greedy_partition(mod: tvm.IRModule, params: Optional[Dict], toolchain: Union[str, Toolchain]) -> tvm.IRModule:
+    """BYOC's usual greedy partitioning for one toolchain, for comparison with Collage.
+
+    ``MergeComposite`` (its patterns) -> ``AnnotateTarget`` -> ``MergeCompilerRegions`` ->
+    ``PartitionGraph`` on the prepared module: the largest supported regions go
+    to the toolchain whatever they cost.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> out = greedy_partition(mod, params, "dnnl")
+    """
+    (tc,) = [t for t in resolve([toolchain]) if not t.is_tvm] or [None]
+    if tc is None:
+        raise ValueError("toolchain: greedy partitioning needs a BYOC toolchain, not tvm")
+    entries = list(tc.patterns or ()) + list(
+        (relay.op.contrib.get_pattern_table(tc.pattern_table) or []) if tc.pattern_table else [])
+    seq = [relay.transform.MergeComposite(entries)] if entries else []
+    seq += [relay.transform.AnnotateTarget(tc.compiler), relay.transform.MergeCompilerRegions(),
+            relay.transform.PartitionGraph(), relay.transform.InferType()]
+    with tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(seq)(prepare(mod, params))

@@ -1,0 +1,235 @@
+"""The search: a minimum-cost cover of the graph by candidate partitions.
+
+As in the Collage paper and RFC, a search state is the set of covered nodes
+(a bitset). From a state, the transitions are the candidates whose first
+node is the state's lowest uncovered node (in post-order) and that do not
+overlap what is covered; the cost of a transition is the candidate's
+estimated latency. The cheapest path from "nothing covered" to "everything
+covered" is the partitioning. The shortest path is found with A*: the
+heuristic gives each uncovered node the smallest share of a candidate's cost
+it could be covered for (cost / number of nodes), which never over-estimates
+and is consistent, so the answer is exactly that of Dijkstra's algorithm.
+
+Ties are broken deterministically: lower cost, then fewer partitions, then
+the order in which states were reached (candidates are sorted, see
+:func:`~.candidates.enumerate_candidates`).
+
+Two candidates that are each convex can still depend on each other through
+other partitions (a cycle between partitions). :func:`partition_order`
+detects that in a result; :func:`search` with ``check_cycles=True`` then
+rejects transitions that would close such a cycle given the partitions on
+the path to the state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .candidates import Candidate
+from .subgraph import IndexedGraph, bits, popcount
+
+
+@dataclasses.dataclass
+class SearchResult:
+    """The chosen candidates (in dataflow order), their costs and the total."""
+
+    chosen: List[Candidate]
+    costs: List[float]
+    cost: float
+    states: int
+
+    def non_host(self) -> List[Tuple[Candidate, float]]:
+        """Chosen partitions other than free host glue, with their costs."""
+        return [(c, x) for c, x in zip(self.chosen, self.costs) if not c.host]
+
+
+class NoCoverError(RuntimeError):
+    """No combination of finite-cost candidates covers the graph."""
+
+
+def search(
+    graph: IndexedGraph,
+    candidates: Sequence[Candidate],
+    costs: Sequence[float],
+    check_cycles: bool = False,
+) -> SearchResult:
+    """Find the cheapest cover of ``graph`` by non-overlapping ``candidates``.
+
+    Parameters
+    ----------
+    graph : IndexedGraph
+        The graph to cover (every call, tuple and projection node).
+    candidates : sequence of Candidate
+        Candidate partitions (from :func:`~.candidates.enumerate_candidates`).
+    costs : sequence of float
+        Estimated cost of each candidate (same order); ``inf`` means unusable.
+    check_cycles : bool
+        Reject transitions that would make partitions depend on each other
+        cyclically (slower; see the module docstring).
+
+    Returns
+    -------
+    SearchResult
+
+    Raises
+    ------
+    NoCoverError
+        When some node is not covered by any finite-cost candidate.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(2,))
+    >>> g = IndexedGraph(relay.Function([x], relay.nn.relu(relay.exp(x))))
+    >>> a = Candidate("tvm", 0b010, "exp"); b = Candidate("tvm", 0b100, "relu"); ab = Candidate("tvm", 0b110, "f")
+    >>> search(g, [a, b, ab], [1.0, 1.0, 1.5]).cost
+    1.5
+    """
+    if len(candidates) != len(costs):
+        raise ValueError(f"costs: expected {len(candidates)} values (one per candidate), got {len(costs)}")
+    full = (1 << len(graph)) - 1
+    start = full & ~graph.covered_mask
+    masks = [c.mask for c in candidates]
+    by_first: Dict[int, List[Tuple[float, int]]] = {}
+    share = [math.inf] * len(graph)
+    for idx, (cand, cost) in enumerate(zip(candidates, costs)):
+        cost = float(cost)
+        if math.isnan(cost) or cost < 0:
+            raise ValueError(f"costs: candidate {idx} ({cand.label}) has an invalid cost {cost}")
+        if math.isinf(cost):
+            continue
+        by_first.setdefault(cand.first, []).append((cost, idx))
+        per_node = cost / popcount(cand.mask)
+        for i in bits(cand.mask):
+            if per_node < share[i]:
+                share[i] = per_node
+    missing = [i for i in bits(graph.covered_mask) if math.isinf(share[i])]
+    if missing:
+        node = graph.nodes[missing[0]]
+        raise NoCoverError(
+            f"no finite-cost candidate covers node {node.index} ({node.op_name}) "
+            f"and {len(missing) - 1} other node(s)"
+        )
+    gain = [sum(share[i] for i in bits(m)) for m in masks]
+    h0 = sum(share[i] for i in bits(graph.covered_mask))
+
+    # best[state] = (cost, partitions); parent[state] = (previous state, candidate index)
+    best: Dict[int, Tuple[float, int]] = {start: (0.0, 0)}
+    parent: Dict[int, Tuple[int, int]] = {}
+    chains: Dict[int, Optional[tuple]] = {start: None}
+    heap = [(h0, 0.0, 0, 0, start)]
+    seq = 0
+    popped = 0
+    h_of = {start: h0}
+    while heap:
+        _, cost, parts, _, state = heapq.heappop(heap)
+        if best[state] != (cost, parts):
+            continue
+        popped += 1
+        if state == full:
+            break
+        lowest = ((state + 1) & ~state).bit_length() - 1
+        h_state = h_of[state]
+        for c_cost, idx in by_first.get(lowest, ()):
+            mask = masks[idx]
+            if mask & state:
+                continue
+            new = state | mask
+            key = (cost + c_cost, parts + 1)
+            old = best.get(new)
+            if old is not None and old <= key:
+                continue
+            if check_cycles and mask & (mask - 1) and _closes_cycle(graph, mask, chains[state]):
+                continue
+            best[new] = key
+            parent[new] = (state, idx)
+            if check_cycles:
+                chains[new] = (mask, chains[state]) if mask & (mask - 1) else chains[state]
+            h_new = max(h_state - gain[idx], 0.0)
+            h_of[new] = h_new
+            seq += 1
+            heapq.heappush(heap, (key[0] + h_new, key[0], key[1], seq, new))
+    if full not in best:
+        raise NoCoverError("no cover of the graph by the candidates (their partitions depend on each other)")
+    chosen: List[int] = []
+    state = full
+    while state != start:
+        state, idx = parent[state]
+        chosen.append(idx)
+    chosen.reverse()
+    return SearchResult(
+        [candidates[i] for i in chosen], [float(costs[i]) for i in chosen], best[full][0], popped
+    )
+
+
+def _closes_cycle(graph: IndexedGraph, mask: int, chain: Optional[tuple]) -> bool:
+    """Whether adding partition ``mask`` to the partitions in ``chain`` makes a cycle.
+
+    Follows what is reachable from ``mask`` in the graph where every chosen
+    partition is one node: reaching part of a partition reaches all of it.
+    """
+    parts = []
+    while chain is not None:
+        parts.append(chain[0])
+        chain = chain[1]
+    reach, _ = graph.reach(mask)
+    changed = True
+    while changed:
+        changed = False
+        for part in parts:
+            if part & reach and part & ~reach:
+                down, _ = graph.reach(part)
+                reach |= part | down
+                changed = True
+        if reach & mask:
+            return True
+    return False
+
+
+def partition_order(graph: IndexedGraph, masks: Sequence[int]) -> Optional[List[int]]:
+    """All units (the partitions ``masks`` and every other node alone) in a dataflow order.
+
+    Returns the units as bitsets, each after the units it reads from, or None
+    when the partitions depend on each other cyclically.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(2,))
+    >>> g = IndexedGraph(relay.Function([x], relay.nn.relu(relay.exp(x))))
+    >>> partition_order(g, [0b110])
+    [1, 6]
+    """
+    owner: Dict[int, int] = {}
+    units: List[int] = []
+    for mask in masks:
+        for i in bits(mask):
+            owner[i] = len(units)
+        units.append(mask)
+    for node in graph.nodes:
+        if node.index not in owner:
+            owner[node.index] = len(units)
+            units.append(1 << node.index)
+    preds: List[set] = [set() for _ in units]
+    for node in graph.nodes:
+        me = owner[node.index]
+        preds[me].update(owner[i] for i in node.inputs if owner[i] != me)
+    succs: List[List[int]] = [[] for _ in units]
+    for unit, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(unit)
+    indeg = [len(ps) for ps in preds]
+    # Order ready units by their first node, so the order follows the model's.
+    ready = [((m & -m).bit_length(), u) for u, m in enumerate(units) if indeg[u] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, unit = heapq.heappop(ready)
+        order.append(units[unit])
+        for s in succs[unit]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, ((units[s] & -units[s]).bit_length(), s))
+    return order if len(order) == len(units) else None

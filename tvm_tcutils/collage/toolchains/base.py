@@ -1,0 +1,138 @@
+"""What Collage needs to know about a toolchain.
+
+A :class:`Toolchain` names a way of running part of a model: TVM's own
+lowering (``compiler`` is None) or a BYOC-style compiler reached through an
+external codegen ``relay.ext.<compiler>``. It says where the toolchain's
+partition rules come from (a pattern table, ``target.<name>`` operator
+predicates, TVM's fusion kinds), how deep its partitions may be, and whether
+it is available here (with the reason when it is not).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import Optional, Tuple
+
+from ..._tvm import tvm
+from tvm import relay
+
+from .. import rules
+
+
+@dataclasses.dataclass(frozen=True)
+class Toolchain:
+    """A toolchain Collage can give partitions to.
+
+    Parameters
+    ----------
+    name : str
+        Short name used on the command line (``tvm``, ``ort``, ``dnnl``).
+    compiler : str or None
+        Value of the ``Compiler`` attribute of its partitions (its external
+        codegen is ``relay.ext.<compiler>``); None for TVM itself.
+    pattern_table : str, optional
+        Name of the BYOC pattern table holding its patterns.
+    patterns : tuple, optional
+        Pattern-table entries given directly (``(label, pattern)`` or
+        ``(label, pattern, predicate)``), for toolchains described in code.
+    op_predicates : str, optional
+        ``<name>`` of ``target.<name>`` operator predicates that claim single ops.
+    fusion : bool
+        Rules come from TVM's fusion kinds (TVM itself).
+    combine : bool
+        Graph-style toolchain: adjacent claimed pieces are combined into
+        bigger partitions (up to ``max_depth``); library-style otherwise.
+    max_depth : int
+        Longest chain of operators in one partition.
+    greedy_regions : bool
+        Graph style only: also offer each maximal region of claimed operators
+        (what BYOC's greedy partitioning makes), whatever its depth.
+    requires : tuple of str
+        Python modules that must be importable for the toolchain to work.
+    description : str
+        One line for listings.
+
+    Examples
+    --------
+    >>> tc = Toolchain("dnnl", "dnnl", pattern_table="dnnl")
+    >>> tc.is_tvm
+    False
+    """
+
+    name: str
+    compiler: Optional[str]
+    pattern_table: Optional[str] = None
+    patterns: Optional[Tuple] = None
+    op_predicates: Optional[str] = None
+    fusion: bool = False
+    combine: bool = False
+    max_depth: int = 4
+    greedy_regions: bool = True
+    requires: Tuple[str, ...] = ()
+    description: str = ""
+
+    @property
+    def is_tvm(self) -> bool:
+        """Whether this is TVM's own lowering (partitions stay in ``main``)."""
+        return self.compiler is None
+
+    def availability(self) -> Tuple[bool, str]:
+        """``(True, "")`` when usable for the search, else ``(False, reason)``.
+
+        Examples
+        --------
+        >>> Toolchain("x", "x", requires=("no_such_module_xyz",)).availability()
+        (False, 'needs the Python module no_such_module_xyz')
+        """
+        for module in self.requires:
+            if importlib.util.find_spec(module) is None:
+                return False, f"needs the Python module {module}"
+        if self.is_tvm:
+            return True, ""
+        if self.pattern_table and relay.op.contrib.get_pattern_table(self.pattern_table) is None:
+            return False, f"no pattern table {self.pattern_table!r} is registered"
+        if not (self.pattern_table or self.patterns or self.op_predicates):
+            return False, "has no source of partition rules"
+        return True, ""
+
+    def buildable(self) -> bool:
+        """Whether partitions can be built here (TVM, or ``relay.ext.<compiler>`` registered)."""
+        if self.is_tvm:
+            return True
+        return tvm.get_global_func(f"relay.ext.{self.compiler}", allow_missing=True) is not None
+
+    def rule(self) -> rules.PartitionRule:
+        """The toolchain's partition rule, composed from its sources.
+
+        Examples
+        --------
+        >>> Toolchain("dnnl", "dnnl", pattern_table="dnnl").rule().name.startswith("only_valid(primitive(")
+        True
+        """
+        if self.is_tvm:
+            source = rules.UnionRule([rules.FusionKindRule(self.max_depth), rules.HostGlueRule()])
+            return rules.OnlyValidRule(source, self.max_depth)
+        sources = []
+        if self.pattern_table:
+            entries = relay.op.contrib.get_pattern_table(self.pattern_table) or []
+            sources.append(rules.pattern_table_rule(self.pattern_table, entries))
+        if self.patterns:
+            sources.append(rules.pattern_table_rule(self.name, self.patterns))
+        if self.op_predicates:
+            sources.append(rules.OpPredicateRule(self.op_predicates))
+        if not sources:
+            raise ValueError(f"toolchain {self.name!r} has no source of partition rules")
+        rule: rules.PartitionRule = sources[0] if len(sources) == 1 else rules.UnionRule(sources)
+        if self.combine:
+            rule = rules.CombineRule(rule, self.max_depth, maximal=self.greedy_regions)
+        return rules.OnlyValidRule(rules.PrimitiveRule(rule), self.max_depth, allow_tuple_outputs=False)
+
+    def cache_tag(self) -> str:
+        """Identifies the toolchain's version in cost-cache keys."""
+        versions = []
+        for module in self.requires:
+            try:
+                versions.append(f"{module}-{importlib.import_module(module).__version__}")
+            except Exception:
+                versions.append(module)
+        return "/".join([self.name, self.compiler or "tvm", tvm.__version__, *versions])

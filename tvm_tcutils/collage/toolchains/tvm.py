@@ -1,0 +1,23 @@
+"""TVM's own lowering as a Collage toolchain.
+
+Its partitions are the groups TVM's ``FuseOps`` could form, enumerated from
+the operators' ``TOpPattern`` fusion kinds (:class:`~..rules.FusionKindRule`),
+plus free host glue (tuples, projections). Partitions chosen for TVM stay in
+``main``; ``relay.build`` fuses and lowers them (with the package's own
+schedules where registered).
+"""
+from __future__ import annotations
+
+from .base import Toolchain
+
+#: Longest operator chain of a TVM candidate: an anchor (conv2d, dense) with a
+#: short elementwise epilogue, as ``FuseOps`` typically makes them.
+MAX_DEPTH = 4
+
+TVM = Toolchain(
+    name="tvm",
+    compiler=None,
+    fusion=True,
+    max_depth=MAX_DEPTH,
+    description="TVM's own lowering for the host (llvm), fused by TOpPattern kinds",
+)

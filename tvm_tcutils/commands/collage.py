@@ -1,0 +1,105 @@
+"""``tvm-tcutils collage``: partition a model across toolchains by cost, report and save it."""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import List, Optional
+
+HELP = "partition a model across TVM, ONNX Runtime, BLAS (and BYOC toolchains) at minimum latency"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..cli import add_model_argument
+
+    add_model_argument(parser)
+    parser.add_argument("--toolchains", default=None,
+                        help="comma-separated toolchains (default: tvm,ort,blas where installed); "
+                             "'tvm-tcutils collage --list' shows them")
+    parser.add_argument("--max-depth", default="",
+                        help="longest operator chain per partition, e.g. 'ort=6,tvm=3' (defaults: tvm 4, ort 4, blas 2)")
+    parser.add_argument("-o", "--output", help="write the partitioned module (.json/.relay) here")
+    parser.add_argument("--dot", help="write the partitioned graph as Graphviz (.dot, or .svg/.png with Graphviz)")
+    parser.add_argument("--estimator", choices=["measured", "learned"], default="measured",
+                        help="measure every candidate, or learn from some (XGBoost) and measure the rest "
+                             "only where they can change the answer")
+    parser.add_argument("--cache-dir", default=None, help="cost cache directory (default ~/.cache/tvm-tcutils/collage)")
+    parser.add_argument("--workers", type=int, default=1, help="measuring worker processes")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per candidate build and run")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per candidate (median)")
+    parser.add_argument("--no-compare", action="store_true",
+                        help="skip measuring the whole model for each single toolchain")
+    parser.add_argument("--log", help="append one line per measurement to this file")
+
+
+def _measure_whole(pool, mod, repeat: int) -> float:
+    import tvm
+
+    [result] = pool.run([(tvm.ir.save_json(mod), "llvm", repeat, 2, 20)])
+    return float(result.get("ms", math.inf)) if result.get("ms") is not None else math.inf
+
+
+def _fmt(ms: Optional[float]) -> str:
+    if ms is None:
+        return "n/a"
+    return "failed" if not math.isfinite(ms) else f"{ms:.3f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import load_model_arg
+    from ..collage import driver, report
+    from ..collage.cost.measured import MeasuredCostEstimator, WorkerPool
+    from ..collage.toolchains import resolve, with_max_depth
+    from ..models import save_model
+
+    toolchains = with_max_depth(resolve(args.toolchains), args.max_depth)
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    mod, params = load_model_arg(args)
+    measured = MeasuredCostEstimator(cache_dir=args.cache_dir, workers=args.workers, timeout=args.timeout,
+                                     repeat=args.repeat, log_file=args.log)
+    estimator = measured
+    if args.estimator == "learned":
+        from ..collage.cost.learned import XGBoostCostEstimator
+
+        estimator = XGBoostCostEstimator(measured)
+    try:
+        result = driver.partition(mod, params, toolchains, estimator)
+    finally:
+        measured.close()
+    print(f"Collage on {args.model}: toolchains {', '.join(tc.name for tc in toolchains)}; "
+          f"{result.candidates} candidates, {result.states} search states; "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items()))
+    for line in report.partition_table(result):
+        print(line)
+    if args.output:
+        save_model(args.output, result.mod)
+        print(f"wrote {args.output}")
+    if args.dot:
+        print(f"wrote {report.write_picture(result, args.dot)}")
+
+    if result.trials:
+        print("validation (whole models built and timed; the fastest is kept):")
+        for label, est, ms in result.trials:
+            print(f"  {label:<36} estimated {_fmt(est):>9} ms  measured {_fmt(ms):>9} ms")
+    rows: List[tuple] = [("collage", result.estimated_ms, result.mod)]
+    for tc in toolchains:
+        if tc.is_tvm:
+            rows.append(("tvm alone", result.single_toolchain_ms.get("tvm"), result.prepared))
+            continue
+        greedy = driver.greedy_partition(result.prepared, None, tc) if tc.buildable() else None
+        rows.append((f"{tc.name} (+tvm)", result.single_toolchain_ms.get(tc.name), greedy))
+    print(f"{'':<14} {'estimated ms':>13} {'measured ms':>12}")
+    pool = None if args.no_compare else WorkerPool(1, max(args.timeout, 600.0))
+    try:
+        for name, est, module in rows:
+            if name == "collage" and result.measured_ms is not None:
+                ms = result.measured_ms
+            else:
+                ms = _measure_whole(pool, module, args.repeat) if pool and module is not None else None
+            print(f"{name:<14} {_fmt(est):>13} {_fmt(ms):>12}")
+    finally:
+        if pool:
+            pool.close()
+    print("estimated: Collage's search restricted to those toolchains; measured: the whole model built "
+          "(single toolchains: BYOC's greedy partitioning)")
+    return 0
