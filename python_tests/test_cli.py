@@ -35,3 +35,12 @@ def test_cli_sets_offline_tophub(monkeypatch):
     assert result.returncode == 0
     # No download attempt is logged when TopHub is offline.
     assert "Failed to download" not in result.stderr
+
+
+def test_every_demo_section_resolves_to_a_documented_function():
+    from tvm_tcutils import demo
+
+    assert len(demo.SECTIONS) == len(set(demo.SECTIONS))
+    for spec in demo.SECTIONS:
+        section = demo._resolve(spec)
+        assert callable(section) and (section.__doc__ or "").strip(), spec
