@@ -19,7 +19,8 @@ from tvm.relay.testing import resnet
 import tvm_tcutils
 from tvm_tcutils import registry
 from tvm_tcutils.strategy import tensorcore as tc
-from tvm_tcutils.topi.tensorcore import conv2d_hwnc, rules
+from tvm_tcutils import tensorcore_rules as rules
+from tvm_tcutils.topi.tensorcore import conv2d_hwnc
 
 SM80 = "cuda -arch=sm_80"
 CONV2D = relay.op.get("nn.conv2d")
@@ -232,13 +233,13 @@ def test_legalize_moves_expensive_padding_to_nhwc_and_says_why(caplog):
 
 
 def test_pad_limit_scope_and_setting():
-    assert tc.max_pad_fraction() == tc.DEFAULT_MAX_PAD_FRACTION
+    assert tc.max_pad_fraction() == tc.DEFAULT_PAD_FRACTION
     with tc.pad_limit(0.5):
         assert tc.max_pad_fraction() == 0.5
         with tc.pad_limit(0):
             assert tc.max_pad_fraction() == 0
         assert tc.max_pad_fraction() == 0.5
-    assert tc.max_pad_fraction() == tc.DEFAULT_MAX_PAD_FRACTION
+    assert tc.max_pad_fraction() == tc.DEFAULT_PAD_FRACTION
     for bad in (-0.1, "0.3", None, float("nan")):
         with pytest.raises(ValueError, match="max_pad_fraction"):
             tc.set_max_pad_fraction(bad)
