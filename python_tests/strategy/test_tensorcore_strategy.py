@@ -1,10 +1,10 @@
 """Relay-level wiring of the tensor-core kernels for CUDA (strategy, legalize, alter-op, AutoTVM).
 
-The HWNC models are prepared with TVM's own tools (``ConvertLayout`` to HWNC
-under ``LayoutConfig(skip_layers=[0])`` and ``relay.transform.recast``), the
-workflow of apache/tvm#6748, until the package's ``prepare_for_tensorcore``
-lands. No CUDA code is generated: strategy selection, Relay passes and
-AutoTVM task extraction need none.
+The HWNC models are prepared with the package's ``prepare_for_tensorcore``;
+TVM's own tools (``ConvertLayout`` to HWNC under ``LayoutConfig(skip_layers=[0])``
+and ``relay.transform.recast``, the workflow of apache/tvm#6748) serve as the
+oracle of one test. No CUDA code is generated: strategy selection, Relay passes
+and AutoTVM task extraction need none.
 """
 import collections
 import logging
@@ -26,8 +26,15 @@ SM80 = "cuda -arch=sm_80"
 CONV2D = relay.op.get("nn.conv2d")
 
 
-def prepare_hwnc(mod, dtype, skip_layers=(0,)):
-    """HWNC layout and ``dtype`` for every conv2d but ``skip_layers`` (TVM's own passes)."""
+def prepare_hwnc(mod, dtype):
+    """HWNC layout and ``dtype`` for every conv2d that qualifies (the package's preparation, 'auto')."""
+    prepared, skipped = tvm_tcutils.prepare_for_tensorcore(mod, dtype, "int32")
+    assert [layer.index for layer in skipped] == [0]  # ResNet's 3-channel stem
+    return prepared
+
+
+def tvm_prepare_hwnc(mod, dtype, skip_layers=(0,)):
+    """The same with TVM's own passes (apache/tvm#6748), skipping ``skip_layers``: the oracle."""
     with relay.transform.LayoutConfig(skip_layers=list(skip_layers)):
         with tvm.transform.PassContext(opt_level=3):
             mod = relay.transform.ConvertLayout({"nn.conv2d": ["HWNC", "default"]})(mod)
@@ -104,6 +111,17 @@ def test_resnet50_hwnc_layers_select_tensorcore_and_first_layer_does_not(resnet5
             assert call.attrs.data_layout == "HWNC" and call.args[0].checked_type.dtype == dtype
             assert name == tc.CONV2D_IMPL, (index, name)
     assert names[tc.CONV2D_IMPL] == 52
+
+
+@pytest.mark.parametrize("dtype", ["int4", "int8"])
+def test_tvm_own_preparation_gives_the_same_strategy_choices(resnet50, dtype):
+    """Oracle: TVM's LayoutConfig/ConvertLayout/recast workflow, skipping the stem, picks the same per layer."""
+    ours = prepare_hwnc(resnet50[0], dtype)
+    theirs = tvm_prepare_hwnc(resnet50[0], dtype)
+    rows = tc.implementations(ours, SM80)
+    assert len(rows) == 54 and rows[-1][0] == "nn.dense"
+    assert rows == tc.implementations(theirs, SM80)
+    assert sum(row[3] == tc.CONV2D_IMPL for row in rows) == 52
 
 
 def test_autotvm_extracts_one_task_per_distinct_hwnc_layer(resnet50):
