@@ -405,12 +405,16 @@ def test_implementations_reports_per_layer_after_legalization_without_mutating()
         tc.implementations(mod, SM80, ops="nn.conv2d")
 
 
-def test_demo_section_reports_tensorcore_layers():
+def test_demo_section_reports_tensorcore_layers(resnet18_model):
     from conftest import small_conv_net
     from tvm_tcutils.strategy.tensorcore_demo import tensorcore_section
 
+    lines = tensorcore_section("resnet-18", *resnet18_model)
+    assert lines[0] == "resnet-18 re-batched from 1 to 8"
+    for line, dtype in zip(lines[1:], ("int4", "int8")):
+        # The 3-channel stem is skipped by prepare_for_tensorcore and stays on TVM's float NCHW schedule.
+        assert line.startswith(f"{dtype}: 20/21 conv2d layers on {tc.CONV2D_IMPL}, others on conv2d_nchw.cuda;")
+        assert "; 11 AutoTVM tasks" in line and line.endswith("prepare_for_tensorcore skipped [0]")
     lines = tensorcore_section("small", small_conv_net(channels=32), {})
     assert lines[0] == "small re-batched from 1 to 8"
-    assert lines[1].startswith(f"int4: 1/2 conv2d layers on {tc.CONV2D_IMPL}, others on conv2d_nchw")
-    assert lines[2].startswith(f"int8: 1/2 conv2d layers on {tc.CONV2D_IMPL}")
-    assert "1 AutoTVM tasks" in lines[1]
+    assert lines[1].startswith(f"int4: 2/2 conv2d layers on {tc.CONV2D_IMPL}, others on -; 1 AutoTVM tasks")
