@@ -407,8 +407,10 @@ def test_implementations_reports_per_layer_after_legalization_without_mutating()
 
 def test_demo_section_reports_tensorcore_layers(resnet18_model):
     from conftest import small_conv_net
+    from tvm_tcutils.demo import SECTIONS
     from tvm_tcutils.strategy.tensorcore_demo import tensorcore_section
 
+    assert f"{tensorcore_section.__module__}:{tensorcore_section.__name__}" in SECTIONS
     lines = tensorcore_section("resnet-18", *resnet18_model)
     assert lines[0] == "resnet-18 re-batched from 1 to 8"
     for line, dtype in zip(lines[1:], ("int4", "int8")):
