@@ -29,7 +29,7 @@ os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
 import tvm_tcutils  # noqa: E402
 import tvm  # noqa: E402
-from tvm import autotvm, relay  # noqa: E402
+from tvm import autotvm  # noqa: E402
 from tvm.relay.testing import resnet  # noqa: E402
 
 from tvm_tcutils.strategy import tensorcore  # noqa: E402
@@ -40,10 +40,7 @@ TVM_TASK = "conv2d_HWNCnc_tensorcore.cuda"
 
 def _layers(dtype: str, batch: int):
     mod, _ = resnet.get_workload(num_layers=50, batch_size=batch)
-    with relay.transform.LayoutConfig(skip_layers=[0]):
-        with tvm.transform.PassContext(opt_level=3):
-            mod = relay.transform.ConvertLayout({"nn.conv2d": ["HWNC", "default"]})(mod)
-    mod = relay.transform.recast(mod, dtype, "int32", skip_layers=[0])
+    mod, _ = tvm_tcutils.prepare_for_tensorcore(mod, dtype, "int32")  # skips the 3-channel stem
     return sorted({row[4] for row in tensorcore.implementations(mod, _target(), ("nn.conv2d",))
                    if row[3] == tensorcore.CONV2D_IMPL}, key=str)
 

@@ -149,7 +149,7 @@ def test_demo_section_reports_skipped_layers_and_equal_outputs():
     from tvm_tcutils.demo import SECTIONS
     from tvm_tcutils.passes.demo import prepare_section
 
-    assert "tvm_tcutils.passes.demo:prepare_section" in SECTIONS
+    assert f"{prepare_section.__module__}:{prepare_section.__name__}" in SECTIONS
     lines = prepare_section("small", small_conv_net(channels=32), {})
     assert lines[0].startswith("prepare_for_tensorcore(int4): 2 conv2d layers to HWNC/int4 in ")
     assert lines[0].endswith(", 0 skipped")

@@ -1,7 +1,10 @@
 """The HWNC tensor-core qualification rules."""
 import pytest
+import tvm
 
-from tvm_tcutils.tensorcore_rules import WMMA_SHAPES, hwnc_conv2d_qualifies
+from tvm_tcutils.tensorcore_rules import (
+    DEFAULT_PAD_FRACTION, WMMA_SHAPES, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
+)
 
 
 @pytest.mark.parametrize(
@@ -79,3 +82,42 @@ def test_output_channel_rule(dtype):
 def test_bad_sizes_raise(args, kwargs):
     with pytest.raises(ValueError):
         hwnc_conv2d_qualifies(*args, **kwargs)
+
+
+def test_default_pad_fraction_is_the_package_setting():
+    # 48 -> 64 input channels: +33% work.
+    assert hwnc_conv2d_qualifies(8, 48, 64, "int4")  # default 1.0
+    with pad_limit(0.25):
+        verdict = hwnc_conv2d_qualifies(8, 48, 64, "int4")
+        assert not verdict and verdict.reason.endswith("(+33% work > 25% allowed)")
+        assert hwnc_conv2d_qualifies(8, 48, 64, "int4", pad_fraction=0.5)  # an explicit value wins
+    assert max_pad_fraction() == DEFAULT_PAD_FRACTION == 1.0
+
+
+def test_batch_padding_is_not_counted_as_work():
+    verdict = hwnc_conv2d_qualifies(1, 60, 30, "int8", pad_fraction=0.15)
+    # Channels 60x30 -> 64x32 (+13.8%); the tile with the least batch padding among those.
+    assert verdict and verdict.wmma_shape == (8, 32, 16) and verdict.padded == (8, 64, 32)
+    assert verdict.pad_fraction == pytest.approx(64 * 32 / (60 * 30) - 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(kernel_dtype="int4"), "data int8 and kernel int4 differ"),
+        (dict(target="llvm"), "is not cuda"),
+        (dict(target="cuda -arch=sm_70"), "int8 tensor cores need sm_72 or newer, target has sm_70"),
+    ],
+)
+def test_kernel_type_and_target_rules(kwargs, words):
+    if "target" in kwargs:
+        kwargs["target"] = tvm.target.Target(kwargs["target"])
+    verdict = hwnc_conv2d_qualifies(8, 64, 64, "int8", **kwargs)
+    assert not verdict and words in verdict.reason
+    assert hwnc_conv2d_qualifies(8, 64, 64, "int8", target=tvm.target.Target("cuda -arch=sm_72"))
+
+
+def test_fitting_shapes_are_the_exact_tiles_in_preference_order():
+    assert fitting_shapes("int8", 32, 16, 32) == ((16, 16, 16), (32, 8, 16), (8, 32, 16))
+    assert fitting_shapes("int8", 8, 16, 8) == ()
+    assert fitting_shapes("float16", 16, 16, 16) == ()

@@ -1,10 +1,10 @@
 """Relay-level wiring of the tensor-core kernels for CUDA (strategy, legalize, alter-op, AutoTVM).
 
-The HWNC models are prepared with TVM's own tools (``ConvertLayout`` to HWNC
-under ``LayoutConfig(skip_layers=[0])`` and ``relay.transform.recast``), the
-workflow of apache/tvm#6748, until the package's ``prepare_for_tensorcore``
-lands. No CUDA code is generated: strategy selection, Relay passes and
-AutoTVM task extraction need none.
+The HWNC models are prepared with the package's ``prepare_for_tensorcore``;
+TVM's own tools (``ConvertLayout`` to HWNC under ``LayoutConfig(skip_layers=[0])``
+and ``relay.transform.recast``, the workflow of apache/tvm#6748) serve as the
+oracle of one test. No CUDA code is generated: strategy selection, Relay passes
+and AutoTVM task extraction need none.
 """
 import collections
 import logging
@@ -19,14 +19,22 @@ from tvm.relay.testing import resnet
 import tvm_tcutils
 from tvm_tcutils import registry
 from tvm_tcutils.strategy import tensorcore as tc
-from tvm_tcutils.topi.tensorcore import conv2d_hwnc, rules
+from tvm_tcutils import tensorcore_rules as rules
+from tvm_tcutils.topi.tensorcore import conv2d_hwnc
 
 SM80 = "cuda -arch=sm_80"
 CONV2D = relay.op.get("nn.conv2d")
 
 
-def prepare_hwnc(mod, dtype, skip_layers=(0,)):
-    """HWNC layout and ``dtype`` for every conv2d but ``skip_layers`` (TVM's own passes)."""
+def prepare_hwnc(mod, dtype):
+    """HWNC layout and ``dtype`` for every conv2d that qualifies (the package's preparation, 'auto')."""
+    prepared, skipped = tvm_tcutils.prepare_for_tensorcore(mod, dtype, "int32")
+    assert [layer.index for layer in skipped] == [0]  # ResNet's 3-channel stem
+    return prepared
+
+
+def tvm_prepare_hwnc(mod, dtype, skip_layers=(0,)):
+    """The same with TVM's own passes (apache/tvm#6748), skipping ``skip_layers``: the oracle."""
     with relay.transform.LayoutConfig(skip_layers=list(skip_layers)):
         with tvm.transform.PassContext(opt_level=3):
             mod = relay.transform.ConvertLayout({"nn.conv2d": ["HWNC", "default"]})(mod)
@@ -103,6 +111,17 @@ def test_resnet50_hwnc_layers_select_tensorcore_and_first_layer_does_not(resnet5
             assert call.attrs.data_layout == "HWNC" and call.args[0].checked_type.dtype == dtype
             assert name == tc.CONV2D_IMPL, (index, name)
     assert names[tc.CONV2D_IMPL] == 52
+
+
+@pytest.mark.parametrize("dtype", ["int4", "int8"])
+def test_tvm_own_preparation_gives_the_same_strategy_choices(resnet50, dtype):
+    """Oracle: TVM's LayoutConfig/ConvertLayout/recast workflow, skipping the stem, picks the same per layer."""
+    ours = prepare_hwnc(resnet50[0], dtype)
+    theirs = tvm_prepare_hwnc(resnet50[0], dtype)
+    rows = tc.implementations(ours, SM80)
+    assert len(rows) == 54 and rows[-1][0] == "nn.dense"
+    assert rows == tc.implementations(theirs, SM80)
+    assert sum(row[3] == tc.CONV2D_IMPL for row in rows) == 52
 
 
 def test_autotvm_extracts_one_task_per_distinct_hwnc_layer(resnet50):
@@ -232,13 +251,13 @@ def test_legalize_moves_expensive_padding_to_nhwc_and_says_why(caplog):
 
 
 def test_pad_limit_scope_and_setting():
-    assert tc.max_pad_fraction() == tc.DEFAULT_MAX_PAD_FRACTION
+    assert tc.max_pad_fraction() == tc.DEFAULT_PAD_FRACTION
     with tc.pad_limit(0.5):
         assert tc.max_pad_fraction() == 0.5
         with tc.pad_limit(0):
             assert tc.max_pad_fraction() == 0
         assert tc.max_pad_fraction() == 0.5
-    assert tc.max_pad_fraction() == tc.DEFAULT_MAX_PAD_FRACTION
+    assert tc.max_pad_fraction() == tc.DEFAULT_PAD_FRACTION
     for bad in (-0.1, "0.3", None, float("nan")):
         with pytest.raises(ValueError, match="max_pad_fraction"):
             tc.set_max_pad_fraction(bad)
@@ -386,12 +405,18 @@ def test_implementations_reports_per_layer_after_legalization_without_mutating()
         tc.implementations(mod, SM80, ops="nn.conv2d")
 
 
-def test_demo_section_reports_tensorcore_layers():
+def test_demo_section_reports_tensorcore_layers(resnet18_model):
     from conftest import small_conv_net
+    from tvm_tcutils.demo import SECTIONS
     from tvm_tcutils.strategy.tensorcore_demo import tensorcore_section
 
+    assert f"{tensorcore_section.__module__}:{tensorcore_section.__name__}" in SECTIONS
+    lines = tensorcore_section("resnet-18", *resnet18_model)
+    assert lines[0] == "resnet-18 re-batched from 1 to 8"
+    for line, dtype in zip(lines[1:], ("int4", "int8")):
+        # The 3-channel stem is skipped by prepare_for_tensorcore and stays on TVM's float NCHW schedule.
+        assert line.startswith(f"{dtype}: 20/21 conv2d layers on {tc.CONV2D_IMPL}, others on conv2d_nchw.cuda;")
+        assert "; 11 AutoTVM tasks" in line and line.endswith("prepare_for_tensorcore skipped [0]")
     lines = tensorcore_section("small", small_conv_net(channels=32), {})
     assert lines[0] == "small re-batched from 1 to 8"
-    assert lines[1].startswith(f"int4: 1/2 conv2d layers on {tc.CONV2D_IMPL}, others on conv2d_nchw")
-    assert lines[2].startswith(f"int8: 1/2 conv2d layers on {tc.CONV2D_IMPL}")
-    assert "1 AutoTVM tasks" in lines[1]
+    assert lines[1].startswith(f"int4: 2/2 conv2d layers on {tc.CONV2D_IMPL}, others on -; 1 AutoTVM tasks")

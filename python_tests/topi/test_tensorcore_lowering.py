@@ -35,7 +35,8 @@ import tvm
 from tvm import autotvm, te
 
 import tvm_tcutils  # noqa: F401  (registers the templates)
-from tvm_tcutils.topi.tensorcore import conv2d_hwnc, dense, rules, tiled_mma, wmma
+from tvm_tcutils import tensorcore_rules as rules
+from tvm_tcutils.topi.tensorcore import conv2d_hwnc, dense, tiled_mma, wmma
 
 KB = 1024
 GPU_LIMITS = {

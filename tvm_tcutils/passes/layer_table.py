@@ -7,7 +7,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 from .._tvm import tvm
 from tvm import relay
 
-from ..tensorcore_rules import DATA_LAYOUT, DEFAULT_PAD_FRACTION, KERNEL_LAYOUT, Verdict, hwnc_conv2d_qualifies
+from ..tensorcore_rules import DATA_LAYOUT, KERNEL_LAYOUT, Verdict, hwnc_conv2d_qualifies
 from ._graph import ExprOrMod, check_dtype, layer_calls, resolve_ops, typed
 
 #: Ops that have HWNC tensor-core schedules.
@@ -58,7 +58,7 @@ def _tensor_types(ttype) -> List[relay.TensorType]:
 
 
 def conv2d_verdict(
-    call: relay.Call, dtype: str, out_dtype: str = "int32", pad_fraction: float = DEFAULT_PAD_FRACTION
+    call: relay.Call, dtype: str, out_dtype: str = "int32", pad_fraction: Optional[float] = None
 ) -> Verdict:
     """Judge a typed conv2d call as it will be after conversion to HWNC and recasting to ``dtype``.
 
@@ -96,7 +96,7 @@ def layer_table(
     valid_ops: Union[str, Iterable[str]] = ("nn.conv2d",),
     dtype: str = "int4",
     out_dtype: str = "int32",
-    pad_fraction: float = DEFAULT_PAD_FRACTION,
+    pad_fraction: Optional[float] = None,
 ) -> List[Layer]:
     """Describe every layer of ``valid_ops``, numbered as by :func:`count_layers`.
 
@@ -108,8 +108,10 @@ def layer_table(
         Op names whose calls are layers.
     dtype, out_dtype : str
         The types the layers would be recast to, for the tensor-core verdict.
-    pad_fraction : float
-        Channel-padding tolerance of the verdict (see :mod:`tvm_tcutils.tensorcore_rules`).
+    pad_fraction : float, optional
+        Channel-padding tolerance of the verdict; default: the current setting
+        that the tensor-core legalization also reads
+        (:func:`tvm_tcutils.tensorcore_rules.max_pad_fraction`, 1.0 unless changed).
 
     Returns
     -------

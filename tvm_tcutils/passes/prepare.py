@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, List, NamedTuple, Union
+from typing import Iterable, List, NamedTuple, Optional, Union
 
 from .._tvm import tvm
 from tvm import relay
 
-from ..tensorcore_rules import DATA_LAYOUT, DEFAULT_PAD_FRACTION, WMMA_SHAPES
+from ..tensorcore_rules import DATA_LAYOUT, WMMA_SHAPES
 from ._graph import check_dtype, layer_calls, resolve_ops, resolve_skip_layers, typed
 from .layer_table import conv2d_verdict
 from .layout_config import LayoutConfig
@@ -39,7 +39,7 @@ def prepare_for_tensorcore(
     dtype: str = "int4",
     out_dtype: str = "int32",
     skip_layers: Union[str, Iterable[int]] = "auto",
-    pad_fraction: float = DEFAULT_PAD_FRACTION,
+    pad_fraction: Optional[float] = None,
 ) -> Prepared:
     """Convert conv2d layers to HWNC and recast them to int4/int8, skipping those that cannot use tensor cores.
 
@@ -60,8 +60,13 @@ def prepare_for_tensorcore(
         tensor-core schedules (:func:`tvm_tcutils.tensorcore_rules.hwnc_conv2d_qualifies`),
         for example ResNet's first conv with 3 input channels; a list skips
         those layer indices (negative from the end) like the manual workflow.
-    pad_fraction : float
-        Channel-padding tolerance for ``"auto"``.
+        With the same pad fraction, ``"auto"`` skips exactly the layers the
+        tensor-core strategy would not put on tensor cores.
+    pad_fraction : float, optional
+        Channel-padding tolerance for ``"auto"``; default: the current setting
+        that the tensor-core legalization also reads
+        (:func:`tvm_tcutils.tensorcore_rules.max_pad_fraction`, 1.0 unless
+        changed with ``pad_limit``/``set_max_pad_fraction``).
 
     Returns
     -------

@@ -6,11 +6,12 @@ What :func:`hooks` declares (all for the ``cuda``/``gpu`` target keys):
   ``tcutils.dense_tensorcore.cuda``;
 * strategy rows: ``nn.conv2d`` in HWNC layout and ``nn.dense``, both with
   int4/uint4/int8/uint8 operands and int32 output, when
-  :func:`tvm_tcutils.topi.tensorcore.rules.qualifies` says so;
-* ``FTVMLegalize`` for ``nn.conv2d``: an HWNC layer whose batch or channels do
-  not fit a WMMA tile is zero-padded (and its output sliced) when the extra
-  multiply-adds stay within :func:`max_pad_fraction`; otherwise, and for HWNC
-  layers tensor cores cannot run (float types, an old ``-arch``), the layer is
+  :func:`tvm_tcutils.tensorcore_rules.hwnc_conv2d_qualifies` says so and a
+  WMMA tile fits the sizes exactly;
+* ``FTVMLegalize`` for ``nn.conv2d``: an HWNC layer that qualifies but whose
+  batch or channels do not fit a WMMA tile is zero-padded to the verdict's
+  sizes (and its output sliced); an HWNC layer that does not qualify (channel
+  padding above :func:`max_pad_fraction`, float types, an old ``-arch``) is
   rewritten to NHWC, which TVM's own CUDA schedules compile, and a log line
   says why;
 * ``FTVMAlterOpLayout`` for ``nn.conv2d``: when our conv2d implementation is
@@ -22,18 +23,17 @@ to TVM's original hooks.
 
 Setting
 -------
-``max_pad_fraction`` (default :data:`DEFAULT_MAX_PAD_FRACTION`): the largest
-fraction of extra multiply-adds zero padding may add to a layer. Change it for a
-scope with ``with pad_limit(0.5): relay.build(...)`` or for the process with
-:func:`set_max_pad_fraction` (TVM's ``PassContext`` config keys cannot be
-registered from Python, hence a module setting).
+``max_pad_fraction`` (default :data:`DEFAULT_PAD_FRACTION`): the largest
+fraction of extra work channel padding may add to a layer, the same setting
+``prepare_for_tensorcore(skip_layers="auto")`` reads (see
+:mod:`tvm_tcutils.tensorcore_rules`). Change it for a scope with
+``with pad_limit(0.5): relay.build(...)`` or for the process with
+:func:`set_max_pad_fraction`.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from .._tvm import tvm
 from tvm import autotvm, relay, te
@@ -41,14 +41,13 @@ from tvm.relay.op.strategy.generic import wrap_compute_conv2d, wrap_topi_schedul
 from tvm.topi.utils import get_const_tuple
 
 from .. import registry
-from ..topi.tensorcore import conv2d_hwnc, dense, rules, wmma
+from ..tensorcore_rules import (  # noqa: F401  (the setting, re-exported beside the hooks it steers)
+    DEFAULT_PAD_FRACTION, Verdict, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
+    set_max_pad_fraction,
+)
+from ..topi.tensorcore import conv2d_hwnc, dense, wmma
 
 logger = logging.getLogger("tvm_tcutils.tensorcore")
-
-#: Default of the ``max_pad_fraction`` setting: 25% extra work at most.
-DEFAULT_MAX_PAD_FRACTION = 0.25
-
-_MAX_PAD_FRACTION = [DEFAULT_MAX_PAD_FRACTION]
 
 TARGETS = ("cuda", "gpu")
 CONV2D_IMPL = "tcutils.conv2d_hwnc_tensorcore.cuda"
@@ -58,56 +57,6 @@ _PLEVEL = 25  # above TVM's own tensor-core rows (20)
 # asserts a local GPU (``tvm.cuda(0).compute_version``), so a tuning log that
 # preferred it would crash compilation on a GPU-less build machine; one row
 # also gives one AutoTVM task per layer.
-
-
-# --------------------------------------------------------------------------
-# The padding setting.
-# --------------------------------------------------------------------------
-def max_pad_fraction() -> float:
-    """Current limit on the extra multiply-adds zero padding may add (0.25 = 25%).
-
-    Examples
-    --------
-    >>> max_pad_fraction() >= 0
-    True
-    """
-    return _MAX_PAD_FRACTION[-1]
-
-
-def _check_fraction(fraction: float) -> float:
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not fraction >= 0:
-        raise ValueError(f"max_pad_fraction must be a number >= 0 (0.25 = 25% extra work), got {fraction!r}")
-    return float(fraction)
-
-
-def set_max_pad_fraction(fraction: float) -> None:
-    """Set the padding limit for the rest of the process (outside any :func:`pad_limit` scope).
-
-    Examples
-    --------
-    >>> set_max_pad_fraction(DEFAULT_MAX_PAD_FRACTION)
-    """
-    _MAX_PAD_FRACTION[0] = _check_fraction(fraction)
-
-
-@contextlib.contextmanager
-def pad_limit(fraction: float) -> Iterator[None]:
-    """Scope in which HWNC layers may be zero-padded by up to ``fraction`` extra work.
-
-    ``0`` never pads (layers that do not fit go to the non-tensor-core path);
-    ``float('inf')`` always pads.
-
-    Examples
-    --------
-    >>> with pad_limit(0.5):
-    ...     max_pad_fraction()
-    0.5
-    """
-    _MAX_PAD_FRACTION.append(_check_fraction(fraction))
-    try:
-        yield
-    finally:
-        _MAX_PAD_FRACTION.pop()
 
 
 # --------------------------------------------------------------------------
@@ -141,36 +90,41 @@ def _out_dtype(attrs, fallback: str) -> str:
     return attrs.out_dtype if attrs.out_dtype not in ("", "same") else fallback
 
 
-def _conv2d_verdict(attrs, data_type, kernel_type, target) -> rules.Verdict:
+def _conv2d_verdict(attrs, data_type, kernel_type, target) -> Tuple[Verdict, Optional[tuple]]:
+    """The package's verdict on an HWNC conv2d and its (batch, in, out) sizes (None for other layouts)."""
     dims = _conv2d_dims(attrs, data_type, kernel_type)
     if dims is None:
-        return rules.Verdict(None, f"layouts {attrs.data_layout}/{attrs.kernel_layout} are not HWNC/HWOI")
+        return Verdict(False, f"layouts {attrs.data_layout}/{attrs.kernel_layout} are not HWNC/HWOI"), None
     batch, in_channels, out_channels, packed_n = dims
-    verdict = rules.qualifies(
-        data_type.dtype, kernel_type.dtype, _out_dtype(attrs, data_type.dtype),
-        batch, in_channels, out_channels, target, int(attrs.groups),
+    verdict = hwnc_conv2d_qualifies(
+        batch, in_channels, out_channels, data_type.dtype, kernel_dtype=kernel_type.dtype,
+        groups=int(attrs.groups), out_dtype=_out_dtype(attrs, data_type.dtype), target=target,
     )
     if verdict and packed_n is not None:
-        fits = rules.fitting_shapes(data_type.dtype, batch, in_channels, out_channels)
-        verdict = rules.Verdict(next((s for s in fits if s.n == packed_n), None), "kernel packed for other tiles")
-    return verdict
+        if not any(s.n == packed_n for s in fitting_shapes(data_type.dtype, batch, in_channels, out_channels)):
+            verdict = Verdict(False, "kernel packed for other tiles")
+    return verdict, (batch, in_channels, out_channels)
+
+
+def _fits_as_is(verdict: Verdict, sizes: Optional[tuple]) -> bool:
+    """Qualifies without padding: the kernels themselves only take exact tiles (legalization pads)."""
+    return bool(verdict) and verdict.padded == sizes
 
 
 def _conv2d_applies(attrs, inputs, out_type, target) -> bool:
-    return bool(_conv2d_verdict(attrs, inputs[0], inputs[1], target))
+    return _fits_as_is(*_conv2d_verdict(attrs, inputs[0], inputs[1], target))
 
 
 def _dense_applies(attrs, inputs, out_type, target) -> bool:
     data, weight = inputs
     if len(data.shape) != 2 or len(weight.shape) != 2 or data.dtype not in wmma.WMMA_SHAPES:
         return False
-    batch, in_features = get_const_tuple(data.shape)
-    return bool(
-        rules.qualifies(
-            data.dtype, weight.dtype, _out_dtype(attrs, data.dtype),
-            batch, in_features, get_const_tuple(weight.shape)[0], target,
-        )
+    # The same GEMM as an HWNC conv2d's pixel: batch x out_features x in_features, never padded.
+    sizes = (*get_const_tuple(data.shape), get_const_tuple(weight.shape)[0])
+    verdict = hwnc_conv2d_qualifies(
+        *sizes, data.dtype, kernel_dtype=weight.dtype, out_dtype=_out_dtype(attrs, data.dtype), target=target,
     )
+    return _fits_as_is(verdict, sizes)
 
 
 # --------------------------------------------------------------------------
@@ -195,20 +149,6 @@ def _schedule_of(task: str):
 # --------------------------------------------------------------------------
 # Legalize: pad to the tile, or leave the layer to a non-tensor-core path.
 # --------------------------------------------------------------------------
-def _padding_plan(dtype: str, batch: int, in_channels: int, out_channels: int):
-    """The WMMA shape needing the least extra work, with its padded sizes and that extra fraction."""
-    best = None
-    for shape in wmma.WMMA_SHAPES[dtype]:
-        sizes = tuple(
-            int(math.ceil(v / t)) * t
-            for v, t in ((batch, shape.m), (in_channels, shape.k), (out_channels, shape.n))
-        )
-        extra = sizes[0] * sizes[1] * sizes[2] / float(batch * in_channels * out_channels) - 1.0
-        if best is None or extra < best[2]:
-            best = (shape, sizes, extra)
-    return best
-
-
 def _conv2d_attrs(attrs, **changes) -> dict:
     new = {key: attrs[key] for key in attrs.keys()}
     new.update(changes)
@@ -246,32 +186,26 @@ def _legalize_conv2d(attrs, inputs, types):
     data, kernel = inputs
     data_type, kernel_type, out_type = types[0], types[1], types[-1]
     name = f"conv2d HWNC {get_const_tuple(data_type.shape)} x {get_const_tuple(kernel_type.shape)} {data_type.dtype}"
-    verdict = _conv2d_verdict(attrs, data_type, kernel_type, target)  # raises MissingArchError without -arch
-    if verdict:
-        # Fits a WMMA shape as it is. Returning the same call (not None) keeps
-        # TVM's CUDA legalization, which knows only its own tile shapes, from
-        # padding it anyway (for example int8 16x64->16 to 32 output channels).
+    # The package's one verdict (raises MissingArchError without -arch), so
+    # that this decides exactly what prepare_for_tensorcore(skip_layers="auto") does.
+    verdict, sizes = _conv2d_verdict(attrs, data_type, kernel_type, target)
+    if _fits_as_is(verdict, sizes):
+        # Returning the same call (not None) keeps TVM's CUDA legalization,
+        # which knows only its own tile shapes, from padding it anyway (for
+        # example int8 16x64->16 to 32 output channels).
         return relay.nn.conv2d(data, kernel, **_conv2d_attrs(attrs))
-    _, _, batch, in_channels = get_const_tuple(data_type.shape)
-    out_channels = get_const_tuple(kernel_type.shape)[2]
-    if data_type.dtype in wmma.WMMA_SHAPES:
-        shape, sizes, extra = _padding_plan(data_type.dtype, batch, in_channels, out_channels)
-        padded = rules.qualifies(
-            data_type.dtype, kernel_type.dtype, _out_dtype(attrs, data_type.dtype), *sizes, target, int(attrs.groups)
+    if verdict:
+        logger.info(
+            "%s: zero-padded to batch=%d, in=%d, out=%d for WMMA %s (+%.0f%% channel work, "
+            "max_pad_fraction=%g)", name, *verdict.padded, verdict.wmma_shape.name, 100 * verdict.pad_fraction,
+            max_pad_fraction(),
         )
-        if padded and extra <= max_pad_fraction():
-            logger.info(
-                "%s: zero-padded to batch=%d, in=%d, out=%d for WMMA %s (%.0f%% extra work)",
-                name, *sizes, shape.name, 100 * extra,
-            )
-            return _pad_to_tiles(attrs, data, kernel, sizes, in_channels, get_const_tuple(out_type.shape))
-        if padded:
-            verdict = rules.Verdict(None, (
-                f"padding to WMMA {shape.name} adds {100 * extra:.0f}% work, above "
-                f"max_pad_fraction={max_pad_fraction():g}"
-            ))
+        return _pad_to_tiles(attrs, data, kernel, verdict.padded, sizes[1], get_const_tuple(out_type.shape))
     # A warning: the layer loses tensor cores, which users should see without configuring logging.
-    logger.warning("%s: not on tensor cores (%s); using the NHWC CUDA path", name, verdict.reason)
+    logger.warning(
+        "%s: not on tensor cores (%s; max_pad_fraction=%g); using the NHWC CUDA path",
+        name, verdict.reason, max_pad_fraction(),
+    )
     return _to_nhwc(attrs, data, kernel)
 
 

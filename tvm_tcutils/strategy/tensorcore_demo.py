@@ -11,6 +11,7 @@ def tensorcore_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
     """Tensor cores: int4/int8 HWNC layers on WMMA kernels for cuda -arch=sm_80 (strategy and AutoTVM)"""
     from tvm import autotvm
 
+    from ..passes import prepare_for_tensorcore
     from . import tensorcore
 
     lines = []
@@ -26,13 +27,10 @@ def tensorcore_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
         )
         lines.append(f"{name} re-batched from {shape[0]} to {batch}")
     except Exception as err:  # models with a hard-coded batch keep theirs
-        lines.append(f"{name} keeps its batch ({type(err).__name__}); layers that do not fit go to NHWC")
+        lines.append(f"{name} keeps its batch ({type(err).__name__}); legalization pads it to the tiles")
     for dtype in ("int4", "int8"):
-        # TVM's own preparation passes (apache/tvm#6748); the first layer stays float NCHW.
-        with relay.transform.LayoutConfig(skip_layers=[0]):
-            with tvm.transform.PassContext(opt_level=3):
-                hwnc = relay.transform.ConvertLayout({"nn.conv2d": ["HWNC", "default"]})(mod)
-        hwnc = relay.transform.recast(hwnc, dtype, "int32", skip_layers=[0])
+        # The layers that do not qualify (e.g. a 3-channel stem) stay float NCHW.
+        hwnc, skipped = prepare_for_tensorcore(mod, dtype, "int32")
         rows = tensorcore.implementations(hwnc, "cuda -arch=sm_80", ops=("nn.conv2d",))
         ours = [row for row in rows if row[3] == tensorcore.CONV2D_IMPL]
         others = sorted({row[3] for row in rows if row[3] != tensorcore.CONV2D_IMPL})
@@ -41,6 +39,7 @@ def tensorcore_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
         lines.append(
             f"{dtype}: {len(ours)}/{len(rows)} conv2d layers on {tensorcore.CONV2D_IMPL}, others on "
             f"{', '.join(others) or '-'}; {len(workloads)} AutoTVM tasks, config spaces "
-            f"{min(sizes, default=0)}-{max(sizes, default=0)}"
+            f"{min(sizes, default=0)}-{max(sizes, default=0)}; prepare_for_tensorcore skipped "
+            f"{[layer.index for layer in skipped]}"
         )
     return lines

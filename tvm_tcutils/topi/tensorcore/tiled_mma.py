@@ -39,7 +39,8 @@ from ..._tvm import tvm
 from tvm import autotvm, te
 from tvm.autotvm.task.space import OtherOptionEntity
 
-from . import rules, wmma
+from ...tensorcore_rules import fitting_shapes
+from . import wmma
 
 #: Tag of the packed GEMM stage the schedule looks for.
 PACKED_GEMM_TAG = "tcutils_packed_gemm"
@@ -132,7 +133,7 @@ def resolve_shape(
     if out_dtype != wmma.ACCUMULATOR_DTYPE:
         raise ValueError(f"out_dtype must be {wmma.ACCUMULATOR_DTYPE} for tensor cores, got {out_dtype!r}")
     if shape is None:
-        fits = rules.fitting_shapes(dtypes[0], rows, red, cols)
+        fits = fitting_shapes(dtypes[0], rows, red, cols)
         if not fits:
             raise ValueError(f"no WMMA shape of {dtypes[0]} tiles batch={rows}, in={red}, out={cols}")
         shape = fits[0]
@@ -158,7 +159,7 @@ def choose_shape(
     >>> choose_shape(cfg, "int8", 32, 64, 64)
     (WmmaShape(m=16, n=16, k=16), (32, 32))
     """
-    fits = rules.fitting_shapes(dtype, rows, red, cols)
+    fits = fitting_shapes(dtype, rows, red, cols)
     if not fits:
         raise ValueError(f"no WMMA shape of {dtype} tiles batch={rows}, in={red}, out={cols}")
     cfg.define_knob("wmma_m", [s.m for s in fits])

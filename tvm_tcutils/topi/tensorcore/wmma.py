@@ -16,53 +16,17 @@ Tile conventions used throughout :mod:`tvm_tcutils.topi.tensorcore`:
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 from ..._tvm import tvm
 from tvm import te
 
+# The tile shapes, minimum archs and accumulator type are the package's rules
+# (one source for the passes and the schedules); re-exported for the kernels.
+from ...tensorcore_rules import ACCUMULATOR_DTYPE, MIN_ARCH, WMMA_SHAPES, WmmaShape  # noqa: F401
+
 #: Storage scopes of the three fragment kinds, as TVM's CUDA backend names them.
 FRAGMENT_SCOPES = {"a": "wmma.matrix_a", "b": "wmma.matrix_b", "acc": "wmma.accumulator"}
-
-#: Operand types with integer tensor-core support and the accumulator they use.
-ACCUMULATOR_DTYPE = "int32"
-
-
-@dataclasses.dataclass(frozen=True)
-class WmmaShape:
-    """One ``m x n x k`` WMMA shape.
-
-    ``m`` tiles the rows of A (the batch), ``n`` the columns of B (the output
-    channels) and ``k`` the reduction (the input channels).
-
-    Examples
-    --------
-    >>> WmmaShape(16, 16, 16).name
-    '16x16x16'
-    """
-
-    m: int
-    n: int
-    k: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}"
-
-
-#: WMMA shapes CUDA offers per operand type (first entry: the preferred one).
-WMMA_SHAPES: Dict[str, Tuple[WmmaShape, ...]] = {
-    "int4": (WmmaShape(8, 8, 32),),
-    "uint4": (WmmaShape(8, 8, 32),),
-    "int8": (WmmaShape(16, 16, 16), WmmaShape(32, 8, 16), WmmaShape(8, 32, 16)),
-    "uint8": (WmmaShape(16, 16, 16), WmmaShape(32, 8, 16), WmmaShape(8, 32, 16)),
-}
-
-#: Minimum compute capability (``sm_XY`` as the integer ``XY``) per operand type:
-#: integer WMMA appeared with sm_72 (8-bit) and sm_75 (4-bit, experimental sub-byte).
-MIN_ARCH: Dict[str, int] = {"int4": 75, "uint4": 75, "int8": 72, "uint8": 72}
-
 
 def shape_for(dtype: str, m: Optional[int] = None, n: Optional[int] = None) -> WmmaShape:
     """The WMMA shape of ``dtype`` with the given ``m`` (or ``n``), else the preferred one.
