@@ -150,8 +150,8 @@ class _Validation:
     partitioning is built and timed; the gap between that and its estimate,
     spread over its external partitions, becomes a per-crossing penalty, and
     the search runs again with it (``rounds`` times). Each single-toolchain
-    answer is timed too, and BYOC's greedy partitioning of each graph-style
-    toolchain (its maximal regions, TVM for the rest): the fastest
+    answer is timed too, and BYOC's greedy partitioning of each BYOC
+    toolchain (its largest candidates, TVM for the rest): the fastest
     partitioning measured wins, so Collage is never measured slower than
     these in its own run.
     """
@@ -229,7 +229,7 @@ def _greedy_answers(graph: IndexedGraph, cands: List[Candidate], costs: List[flo
         if tc.is_tvm:
             continue
         own = sorted((k for k, c in enumerate(cands) if c.toolchain == name and not c.host and math.isfinite(costs[k])),
-                     key=lambda k: (-bin(cands[k].mask).count("1"), k))
+                     key=lambda k: (-cands[k].mask.bit_count(), k))
         largest: List[int] = []
         for k in own:
             mask = cands[k].mask
@@ -244,9 +244,12 @@ def _greedy_answers(graph: IndexedGraph, cands: List[Candidate], costs: List[flo
         sub = [k for k, c in enumerate(cands)
                if k in keep or c.host or (toolchains[c.toolchain].is_tvm and not c.mask & claimed)]
         try:
-            out[name] = search(graph, [cands[k] for k in sub], [costs[k] for k in sub])
+            answer = search(graph, [cands[k] for k in sub], [costs[k] for k in sub])
         except RuntimeError:  # overlapping largest candidates can leave nodes without a cover
             continue
+        external = [c.mask for c in answer.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
+        if partition_order(graph, external) is not None:  # regions depending on each other cyclically: skip
+            out[name] = answer
     return out
 
 
