@@ -2,23 +2,29 @@
 
 For each model: TVM alone, BYOC's greedy partitioning for each other
 toolchain (``partition_for_<toolchain>``-style: MergeComposite, AnnotateTarget,
-MergeCompilerRegions, PartitionGraph), Collage with measured costs and
-Collage with the learned (XGBoost) estimator. Every whole model is built and
-timed in the same worker process (same threads, median of repeats), the
-variants round-robin over ``--rounds`` rounds (the median is reported), so
-the ratios printed are measured side by side in one run. Also printed: the
-search time (candidates measured or predicted) and how many candidates each
-estimator measured.
+MergeCompilerRegions, PartitionGraph), Collage with measured costs (its
+module also saved and loaded again, no new search) and Collage with the
+learned (XGBoost) estimator. Every whole-model variant is built once in this
+process and then timed round-robin over ``--rounds`` rounds (same threads,
+median of ``--repeat`` runs each round, the median of rounds is reported), so
+the ratios printed are measured side by side in one run; the load average is
+printed with each row. Also printed: the search time and how many candidates
+each estimator measured (cache misses).
 
     TVM_NUM_THREADS=2 PYTHONPATH=. python scripts/bench_collage_models.py \\
-        --models encoder,resnet-50,mobilenet,squeezenet1.0,inception_v3 --toolchains tvm,ort,blas
+        --models bert-tiny-onnx,squeezenet,mobilenet --learned-only squeezenet,mobilenet
+
+Models in ``--learned-only`` (those whose fully measured search would take
+too long) get only the learned estimator: their "collage" columns are its
+result, and the measured-search columns show "-".
 
 ``encoder`` is a BERT-like encoder (4 layers, hidden 256, 4 heads, sequence
 128) built in Relay the way an ONNX import shapes it; other names go to
 ``tvm_tcutils.load_model`` (zoo names with He-style weights, .onnx files).
-The measured estimator's cache (``--cache-dir``) makes re-runs cheap; the
-learned estimator uses a cache of its own so that its measurement count is
-honest.
+The measured estimator's cache (``--cache-dir``) makes re-runs cheap (its
+"measured" count says how many candidates were cache misses); the learned
+estimator uses a fresh cache of its own per run so that its measurement count
+and search time are those of a cold search.
 """
 from __future__ import annotations
 
@@ -39,9 +45,9 @@ import tvm  # noqa: E402
 import tvm_tcutils  # noqa: E402
 from tvm_tcutils import collage  # noqa: E402
 from tvm_tcutils.collage.cost.learned import XGBoostCostEstimator  # noqa: E402
-from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator, WorkerPool  # noqa: E402
+from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator  # noqa: E402
 from tvm_tcutils.collage.driver import greedy_partition  # noqa: E402
-from tvm_tcutils.models import save_model  # noqa: E402
+from tvm_tcutils.models import random_inputs, save_model  # noqa: E402
 
 
 def load(name: str):
@@ -52,79 +58,107 @@ def load(name: str):
     return tvm_tcutils.load_model(name)
 
 
-def whole_ms(pool: WorkerPool, mod, repeat: int) -> float:
-    [result] = pool.run([(tvm.ir.save_json(mod), "llvm", repeat, 3, 50)])
-    return math.inf if result.get("ms") is None else float(result["ms"])
+def runner(mod, repeat: int):
+    """Build ``mod`` once (graph executor, host CPU) and return a timer of one whole run (ms)."""
+    from tvm import relay
+    from tvm.contrib import graph_executor
+
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target="llvm")
+    dev = tvm.cpu()
+    module = graph_executor.GraphModule(lib["default"](dev))
+    module.set_input(**random_inputs(mod))
+    for _ in range(3):
+        module.run()
+    timer = module.module.time_evaluator("run", dev, number=1, repeat=repeat, min_repeat_ms=50)
+    return lambda: float(np.median(timer().results) * 1e3)
 
 
-def interleaved_ms(pool: WorkerPool, mods, repeat: int, rounds: int):
-    """Median over ``rounds`` of each module's latency, the modules timed in turn each round.
+def interleaved_ms(timers, rounds: int):
+    """Median over ``rounds`` of each variant's latency, the variants timed in turn each round.
 
     The machine's load drifts; timing the variants round-robin keeps the ratios fair.
     """
-    times = [[] for _ in mods]
+    times = [[] for _ in timers]
     for _ in range(rounds):
-        for k, mod in enumerate(mods):
-            times[k].append(whole_ms(pool, mod, repeat))
+        for k, timer in enumerate(timers):
+            times[k].append(timer())
     return [float(np.median(t)) for t in times]
+
+
+def search(prepared, toolchains, estimator, inner):
+    """Collage on ``prepared`` with ``estimator``; (result, seconds, "measured/candidates")."""
+    start = time.perf_counter()
+    try:
+        # The library defaults: validation also times each single toolchain's answer.
+        result = collage.partition(prepared, None, toolchains, estimator)
+    finally:
+        inner.close()
+    seconds = time.perf_counter() - start
+    return result, seconds, f"{inner.stats['measured'] + inner.stats['failed']}/{result.candidates}"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="encoder,resnet-50,mobilenet,squeezenet1.0,inception_v3")
+    parser.add_argument("--models", default="bert-tiny-onnx,squeezenet1.0,mobilenet,mobilenet-v2-onnx,resnet-50,resnet-50-onnx,inception_v3")
     parser.add_argument("--toolchains", default="tvm,ort,blas")
     parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "tcutils-collage-bench"))
-    parser.add_argument("--repeat", type=int, default=20, help="timed runs of each whole model (median)")
-    parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds of whole-model timing")
+    parser.add_argument("--repeat", type=int, default=20, help="timed runs of each whole model per round (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds of whole-model timing")
     parser.add_argument("--no-learned", action="store_true", help="skip the learned estimator")
+    parser.add_argument("--learned-only", default="",
+                        help="models searched only with the learned estimator (comma-separated)")
     args = parser.parse_args(argv)
     toolchains = collage.resolve(args.toolchains)
     others = [tc for tc in toolchains if not tc.is_tvm and tc.buildable()]
-    pool = WorkerPool(1, 1800.0)
+    learned_only = set(filter(None, args.learned_only.split(",")))
     header = ["model", "tvm ms"] + [f"{tc.name} greedy" for tc in others] + [
-        "collage ms", "loaded ms", "vs best", "search s", "measured"]
+        "collage ms", "loaded ms", "vs best", "measured: search s", "measured"]
     if not args.no_learned:
-        header += ["learned ms", "vs coll.", "search s", "measured"]
+        header += ["learned ms", "vs coll.", "learned: search s", "measured "]
+    header += ["load avg"]
     rows = []
-    try:
-        for name in args.models.split(","):
-            mod, params = load(name)
-            prepared = collage.prepare(mod, params)
-            variants = [prepared] + [greedy_partition(prepared, None, tc) for tc in others]
-
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    for name in args.models.split(","):
+        mod, params = load(name)
+        prepared = collage.prepare(mod, params)
+        variants = [prepared] + [greedy_partition(prepared, None, tc) for tc in others]
+        row_search = ["-", "-"]
+        if name not in learned_only:
             measured = MeasuredCostEstimator(cache_dir=args.cache_dir, progress=True)
-            start = time.perf_counter()
-            result = collage.partition(prepared, None, toolchains, measured, compare_single=False)
-            t_measured = time.perf_counter() - start
-            measured.close()
-            # Saved and loaded again, the partitioned module must build to the same latency, no search.
-            saved = os.path.join(args.cache_dir, f"{name}-collage.json")
-            save_model(saved, result.mod)
-            variants += [result.mod, tvm_tcutils.load_model(saved)[0]]
-            if not args.no_learned:
-                inner = MeasuredCostEstimator(cache_dir=os.path.join(args.cache_dir, f"learned-{name}"),
-                                              progress=True)
-                start = time.perf_counter()
-                lresult = collage.partition(prepared, None, toolchains, XGBoostCostEstimator(inner),
-                                            compare_single=False)
-                t_learned = time.perf_counter() - start
-                inner.close()
-                variants.append(lresult.mod)
-            times = interleaved_ms(pool, variants, args.repeat, args.rounds)
-            tvm_ms, greedy = times[0], times[1:1 + len(others)]
-            collage_ms, loaded_ms = times[1 + len(others)], times[2 + len(others)]
-            best_single = min([tvm_ms, *greedy])
-            row = [name, f"{tvm_ms:.2f}", *[f"{g:.2f}" for g in greedy], f"{collage_ms:.2f}", f"{loaded_ms:.2f}",
-                   f"{collage_ms / best_single:.3f}", f"{t_measured:.0f}",
-                   f"{measured.stats['measured'] + measured.stats['failed']}/{result.candidates}"]
-            if not args.no_learned:
-                learned_ms = times[-1]
-                row += [f"{learned_ms:.2f}", f"{learned_ms / collage_ms:.3f}", f"{t_learned:.0f}",
-                        f"{inner.stats['measured'] + inner.stats['failed']}/{lresult.candidates}"]
-            rows.append(row)
-            print("  ".join(row), flush=True)
-    finally:
-        pool.close()
+            result, t_measured, count = search(prepared, toolchains, measured, measured)
+            row_search = [f"{t_measured:.0f}", count]
+        lresult = None
+        if not args.no_learned or name in learned_only:
+            inner = MeasuredCostEstimator(cache_dir=tempfile.mkdtemp(prefix=f"learned-{name}-", dir=args.cache_dir),
+                                          progress=True)
+            lresult, t_learned, lcount = search(prepared, toolchains, XGBoostCostEstimator(inner), inner)
+            if name in learned_only:
+                result = lresult
+        # Saved and loaded again, the partitioned module must build to the same latency, no search.
+        saved = os.path.join(args.cache_dir, f"{name}-collage.json")
+        save_model(saved, result.mod)
+        variants += [result.mod, tvm_tcutils.load_model(saved)[0]]
+        if lresult is not None and name not in learned_only:
+            variants.append(lresult.mod)
+        times = interleaved_ms([runner(v, args.repeat) for v in variants], args.rounds)
+        tvm_ms, greedy = times[0], times[1:1 + len(others)]
+        collage_ms, loaded_ms = times[1 + len(others)], times[2 + len(others)]
+        best_single = min([tvm_ms, *greedy])
+        row = [name, f"{tvm_ms:.2f}", *[f"{g:.2f}" for g in greedy], f"{collage_ms:.2f}", f"{loaded_ms:.2f}",
+               f"{collage_ms / best_single:.3f}", *row_search]
+        if not args.no_learned:
+            if name in learned_only:
+                row += ["(=collage)", "-", f"{t_learned:.0f}", lcount]
+            else:
+                row += [f"{times[-1]:.2f}", f"{times[-1] / collage_ms:.3f}", f"{t_learned:.0f}", lcount]
+        row.append(f"{os.getloadavg()[0]:.2f}")
+        rows.append(row)
+        print("  ".join(row), flush=True)
+        print(f"  {name}: {len(result.partitions)} partitions "
+              f"({', '.join(f'{k} {v}' for k, v in sorted(_count(result.partitions).items()))}); "
+              f"validation trials: {[(label, round(est, 2), round(ms, 2)) for label, est, ms in result.trials]}",
+              flush=True)
     widths = [max(len(h), *(len(r[k]) for r in rows if k < len(r))) for k, h in enumerate(header)]
     print()
     print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
@@ -133,8 +167,15 @@ def main(argv=None) -> int:
     print("vs best: Collage / best single toolchain (TVM alone or a greedy BYOC partitioning); "
           "loaded: Collage's module saved and loaded (no search); "
           "vs coll.: learned / measured Collage; measured: candidates measured (cache misses) / candidates; "
-          "whole models timed round-robin, median of rounds")
+          "whole models built once, timed round-robin, median of rounds; load avg: 1-minute, after the row")
     return 0
+
+
+def _count(partitions):
+    counts = {}
+    for part in partitions:
+        counts[part.toolchain] = counts.get(part.toolchain, 0) + 1
+    return counts
 
 
 if __name__ == "__main__":

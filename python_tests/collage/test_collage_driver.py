@@ -200,3 +200,35 @@ def test_validation_learns_the_crossing_cost_and_keeps_the_fastest():
     assert checked.measured_ms == min(t[2] for t in checked.trials)
     assert all(p.toolchain == "tvm" for p in checked.partitions)  # 3 ms per crossing outweighs 1.5 ms saved
     assert checked.measured_ms == pytest.approx(9.0)
+
+
+class FusingWholeModel(CrossingCosts):
+    """Whole-model timings in which one big external partition (4+ ops) runs at half its
+    isolated cost (a graph toolchain's own fusion), which isolated candidate costs cannot see."""
+
+    def measure_whole(self, mod):
+        saved = 0.0
+        for gvar, func in mod.functions.items():
+            ops = []
+            relay.analysis.post_order_visit(
+                func, lambda e: ops.append(e.op.name) if isinstance(e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
+            if gvar.name_hint != "main" and len(ops) >= 4:
+                saved += self.cost_of("tcutils_test", ops) / 2
+        return super().measure_whole(mod) - saved
+
+
+def test_validation_times_the_greedy_partitioning_and_keeps_it_when_faster():
+    mod = elementwise_net()
+    # Isolated costs favour TVM for add (a mix of two external partitions); whole, the one greedy region is faster.
+    est = FusingWholeModel({"tvm": {"add": 0.1, "*": 3.0}, "tcutils_test": 0.5}, {}, crossing_ms=0.0)
+    toolchains = ["tvm", test_codegen.toolchain()]
+    result = partition(mod, None, toolchains, est)
+    labels = [t[0] for t in result.trials]
+    assert labels[0] == "collage" and "tcutils_test greedy" in labels
+    assert result.trials[labels.index("tcutils_test greedy")][2] < result.trials[0][2]
+    assert result.measured_ms == min(t[2] for t in result.trials)
+    greedy = greedy_partition(mod, None, test_codegen.toolchain())
+    assert tvm.ir.structural_equal(result.mod, greedy, map_free_vars=True)
+    # Without the single-toolchain comparisons, the measured mix stays.
+    mixed = partition(mod, None, toolchains, est, compare_single=False)
+    assert [p.ops for p in mixed.partitions if p.toolchain == "tcutils_test"] == [["exp"], ["tanh"], ["multiply"]]

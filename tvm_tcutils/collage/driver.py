@@ -150,7 +150,10 @@ class _Validation:
     partitioning is built and timed; the gap between that and its estimate,
     spread over its external partitions, becomes a per-crossing penalty, and
     the search runs again with it (``rounds`` times). Each single-toolchain
-    answer is timed too, and the fastest partitioning measured wins.
+    answer is timed too, and BYOC's greedy partitioning of each BYOC
+    toolchain (its largest candidates, TVM for the rest): the fastest
+    partitioning measured wins, so Collage is never measured slower than
+    these in its own run.
     """
 
     def __init__(self, graph, cands, costs, toolchains, prepared, estimator):
@@ -182,7 +185,8 @@ class _Validation:
             logger.info("validation: %s estimated %.3f ms, measured %.3f ms", label, result.cost, ms)
         return self._measured[key]
 
-    def run(self, result: SearchResult, rounds: int, singles: Dict[str, SearchResult]) -> SearchResult:
+    def run(self, result: SearchResult, rounds: int, singles: Dict[str, SearchResult],
+            greedy: Optional[Dict[str, SearchResult]] = None) -> SearchResult:
         if rounds == 0 or self._time(result, "collage") is None:
             return result
         tried = [result]
@@ -203,7 +207,50 @@ class _Validation:
         for name, single in singles.items():
             self._time(single, "tvm alone" if self.toolchains[name].is_tvm else f"{name} + tvm")
             tried.append(single)
+        for name, answer in (greedy or {}).items():
+            self._time(answer, f"{name} greedy")
+            tried.append(answer)
         return min(tried, key=lambda r: self._measured.get(self._key(r), math.inf))
+
+
+def _greedy_answers(graph: IndexedGraph, cands: List[Candidate], costs: List[float],
+                    toolchains: Dict[str, Toolchain]) -> Dict[str, SearchResult]:
+    """BYOC's greedy partitioning of each BYOC toolchain, as a search answer.
+
+    The toolchain's largest candidates (those inside no other of its
+    candidates: for a graph-style toolchain its maximal regions, as
+    ``MergeCompilerRegions`` makes them) are forced, TVM candidates touching
+    them are left out, and TVM covers the rest. Timed whole in validation: the
+    isolated costs of a fine-grained mix can miss what one big region gains in
+    a whole model (the toolchain's own fusion, fewer calls).
+    """
+    out: Dict[str, SearchResult] = {}
+    for name, tc in toolchains.items():
+        if tc.is_tvm:
+            continue
+        own = sorted((k for k, c in enumerate(cands) if c.toolchain == name and not c.host and math.isfinite(costs[k])),
+                     key=lambda k: (-cands[k].mask.bit_count(), k))
+        largest: List[int] = []
+        for k in own:
+            mask = cands[k].mask
+            if not any(mask & cands[j].mask == mask for j in largest):
+                largest.append(k)
+        if not largest:
+            continue
+        claimed = 0
+        for k in largest:
+            claimed |= cands[k].mask
+        keep = set(largest)
+        sub = [k for k, c in enumerate(cands)
+               if k in keep or c.host or (toolchains[c.toolchain].is_tvm and not c.mask & claimed)]
+        try:
+            answer = search(graph, [cands[k] for k in sub], [costs[k] for k in sub])
+        except RuntimeError:  # overlapping largest candidates can leave nodes without a cover
+            continue
+        external = [c.mask for c in answer.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
+        if partition_order(graph, external) is not None:  # regions depending on each other cyclically: skip
+            out[name] = answer
+    return out
 
 
 class _Partitioner:
@@ -258,8 +305,9 @@ class _Partitioner:
             result = _search_valid(graph, cands, costs, by_name)
         seconds["search"] = time.perf_counter() - start
 
-        single, single_results = {}, {}
+        single, single_results, greedy = {}, {}, {}
         if self.compare_single:
+            greedy = _greedy_answers(graph, cands, costs, by_name)
             for tc in self.toolchains:
                 allowed = {"tvm", tc.name}
                 sub = [k for k, c in enumerate(cands) if c.toolchain in allowed]
@@ -272,7 +320,7 @@ class _Partitioner:
         compilers = {name: tc.compiler for name, tc in by_name.items()}
         start = time.perf_counter()
         validation = _Validation(graph, cands, costs, by_name, prepared, estimator)
-        result = validation.run(result, self.validate_rounds, single_results)
+        result = validation.run(result, self.validate_rounds, single_results, greedy)
         if validation.trials:
             seconds["validate"] = time.perf_counter() - start
         out, symbols = partitioned_module(graph, result.chosen, compilers, prepared)

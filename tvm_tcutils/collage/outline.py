@@ -132,7 +132,7 @@ def candidate_module(graph: IndexedGraph, cand: Candidate, compiler: Optional[st
     """
     func, inputs, _ = extract(graph, cand.mask, cand.composites, prefix=f"{compiler or 'tvm'}_0")
     if compiler is None:
-        return relay.transform.InferType()(tvm.IRModule.from_expr(func))
+        return relay.transform.InferType()(tvm.IRModule.from_expr(_tensor_params(func)))
     symbol = f"tvmgen_default_{compiler}_main_0"
     mod = tvm.IRModule()
     gvar = relay.GlobalVar(symbol)
@@ -140,6 +140,28 @@ def candidate_module(graph: IndexedGraph, cand: Candidate, compiler: Optional[st
     params = [relay.var(f"input{k}", type_annotation=graph.nodes[i].expr.checked_type) for k, i in enumerate(inputs)]
     mod["main"] = relay.Function(params, relay.Call(gvar, params))
     return relay.transform.InferType()(mod)
+
+
+def _tensor_params(func: relay.Function) -> relay.Function:
+    """``func`` with each tuple-typed parameter split into one parameter per field.
+
+    A TVM candidate may read a tuple built outside it (a lone ``concatenate``
+    whose tuple is host glue); the graph executor cannot take a tuple as a
+    model input, so the measured module takes the fields and builds the tuple
+    itself (free: in the whole model TVM fuses it with its consumer).
+    """
+    params: List[relay.Var] = []
+    binds: Dict[relay.Var, relay.Expr] = {}
+    for param in func.params:
+        ttype = param.type_annotation
+        # Nested tuples stay (their build fails and the candidate costs inf, logged).
+        if not isinstance(ttype, relay.TupleType) or any(isinstance(f, relay.TupleType) for f in ttype.fields):
+            params.append(param)
+            continue
+        fields = [relay.var(f"{param.name_hint}_{n}", type_annotation=f) for n, f in enumerate(ttype.fields)]
+        params.extend(fields)
+        binds[param] = relay.Tuple(fields)
+    return relay.Function(params, relay.bind(func.body, binds), func.ret_type) if binds else func
 
 
 def partitioned_module(
