@@ -59,12 +59,12 @@ def load(name: str):
 
 
 def runner(mod, repeat: int):
-    """Build ``mod`` once (graph executor, host CPU) and return a timer of one whole run (ms)."""
+    """Build ``mod`` once (graph executor, ``host_target()``: the host CPU's vector ISA) and return a timer of one whole run (ms)."""
     from tvm import relay
     from tvm.contrib import graph_executor
 
     with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target="llvm")
+        lib = relay.build(mod, target=tvm_tcutils.host_target())
     dev = tvm.cpu()
     module = graph_executor.GraphModule(lib["default"](dev))
     module.set_input(**random_inputs(mod))

@@ -50,6 +50,32 @@ def test_measures_once_then_reuses_the_cache(tmp_path):
     assert second.estimated_ms == pytest.approx(first.estimated_ms)
 
 
+def test_costs_are_taken_for_the_host_cpu_and_cached_per_target(tmp_path):
+    import tvm_tcutils
+
+    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False)
+    try:
+        partition(two_layer_net(0), None, "tvm", est)
+    finally:
+        est.close()
+    # Plain "llvm" is baseline SSE2 code, several times slower than what ORT/BLAS get on this CPU.
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    assert est.settings[0] == tvm_tcutils.host_target() == f"llvm -mcpu={cpu}"
+    assert est.stats["measured"] > 0
+
+    same = MeasuredCostEstimator(cache_dir=str(tmp_path), progress=False)
+    other = MeasuredCostEstimator(cache_dir=str(tmp_path), progress=False, target="llvm")
+    try:
+        partition(two_layer_net(0), None, "tvm", same)
+        partition(two_layer_net(0), None, "tvm", other)
+    finally:
+        same.close()
+        other.close()
+    assert same.stats["measured"] == 0
+    # A cost measured for another target is not reused.
+    assert other.stats["measured"] == est.stats["measured"] and other.stats["cached"] == 0
+
+
 def test_crashing_and_hanging_toolchains_cost_infinity(tmp_path, caplog):
     crash = test_codegen.toolchain("tcutils_test_abort", combine=False, ops=["tanh"])
     hang = test_codegen.toolchain("tcutils_test_hang", combine=False, ops=["exp"])

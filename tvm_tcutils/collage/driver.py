@@ -17,7 +17,7 @@ import math
 import time
 from typing import Dict, List, Optional, Sequence, Union
 
-from .._tvm import tvm
+from .._tvm import host_target, tvm
 from tvm import relay
 
 from .candidates import Candidate, enumerate_candidates
@@ -414,8 +414,11 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
 
 
 def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
-          cost_estimator: Optional[CostEstimator] = None, target: str = "llvm", executor: str = "graph"):
+          cost_estimator: Optional[CostEstimator] = None, target: Optional[str] = None, executor: str = "graph"):
     """Partition with Collage, then build with ``relay.build`` (``"graph"``) or ``relay.vm.compile`` (``"vm"``).
+
+    ``target`` defaults to :func:`tvm_tcutils.host_target` (this CPU's vector
+    ISA), the target the measured costs are taken with.
 
     Returns
     -------
@@ -433,9 +436,11 @@ def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Toolchai
     return build_partitioned(result.mod, target=target, executor=executor), result
 
 
-def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: str = "llvm",
+def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: Optional[str] = None,
                       executor: str = "graph"):
     """Build an already partitioned module (for example one loaded from disk); no search.
+
+    ``target`` defaults to :func:`tvm_tcutils.host_target`.
 
     Examples
     --------
@@ -444,6 +449,7 @@ def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: 
     """
     if executor not in ("graph", "vm"):
         raise ValueError(f"executor must be one of ['graph', 'vm'], got {executor!r}")
+    target = target or host_target()
     with tvm.transform.PassContext(opt_level=3):
         if executor == "graph":
             return relay.build(mod, target=target, params=params)

@@ -15,6 +15,7 @@ sub-graphs, measure nothing twice.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -25,6 +26,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Dict, List, Optional, Sequence
 
+from ..._tvm import host_target
 from .base import CostEstimator, CostRequest
 
 logger = logging.getLogger("tvm_tcutils.collage")
@@ -365,8 +367,9 @@ class MeasuredCostEstimator(CostEstimator):
     repeat, warmup, min_repeat_ms : int
         Timing: runs before timing, timed repeats (the median is the cost),
         and the least duration of one repeat.
-    target : str
-        Target of TVM builds.
+    target : str, optional
+        Target of TVM builds (default :func:`tvm_tcutils.host_target`, this
+        CPU's vector ISA). Part of the cache key.
     progress : bool, optional
         Show a progress bar (default: when stderr is a terminal).
     log_file : str, optional
@@ -382,23 +385,27 @@ class MeasuredCostEstimator(CostEstimator):
     """
 
     def __init__(self, cache_dir: Optional[str] = None, workers: int = 1, timeout: float = 120.0,
-                 repeat: int = 5, warmup: int = 2, min_repeat_ms: int = 5, target: str = "llvm",
+                 repeat: int = 5, warmup: int = 2, min_repeat_ms: int = 5, target: Optional[str] = None,
                  progress: Optional[bool] = None, log_file: Optional[str] = None,
                  worker_imports: Sequence[str] = ()):
         if repeat < 1:
             raise ValueError(f"repeat must be at least 1, got {repeat}")
         self.cache = CostCache(default_cache_dir() if cache_dir is None else cache_dir) if cache_dir != "" else None
         self.pool = WorkerPool(workers, timeout, worker_imports)
-        self.settings = (target, repeat, warmup, min_repeat_ms)
+        self.settings = (target or host_target(), repeat, warmup, min_repeat_ms)
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.log_file = log_file
         self.stats = {"cached": 0, "measured": 0, "failed": 0}
         self._memory: Dict[str, dict] = {}
         self._unbuildable: set = set()
 
+    def _disk_key(self, key: str) -> str:
+        # One cache directory serves every target: a cost measured for another CPU is not this one's.
+        return hashlib.sha256(f"{self.settings[0]}|{key}".encode()).hexdigest()
+
     def lookup(self, request: CostRequest) -> Optional[float]:
         """The cached cost of ``request``, or None when it was never measured."""
-        entry = self._memory.get(request.key) or (self.cache.get(request.key) if self.cache else None)
+        entry = self._memory.get(request.key) or (self.cache.get(self._disk_key(request.key)) if self.cache else None)
         return None if entry is None else _ms(entry)
 
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
@@ -439,7 +446,7 @@ class MeasuredCostEstimator(CostEstimator):
             self.stats["failed" if failed else "measured"] += 1
             self._memory[req.key] = entry
             if self.cache:
-                self.cache.put(req.key, entry)
+                self.cache.put(self._disk_key(req.key), entry)
             line = f"{req.toolchain.name:<8} {'+'.join(req.ops)[:80]:<80} " + (
                 f"FAILED {entry['error']}" if failed else f"{_ms(entry):.4f} ms")
             (logger.warning if failed else logger.info)("measured %s", line)
