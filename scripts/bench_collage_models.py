@@ -58,12 +58,14 @@ def load(name: str):
     return tvm_tcutils.load_model(name)
 
 
-def runner(mod, repeat: int):
+def runner(mod, repeat: int, tuning_log=None):
     """Build ``mod`` once (graph executor, ``host_target()``: the host CPU's vector ISA) and return a timer of one whole run (ms)."""
     from tvm import relay
     from tvm.contrib import graph_executor
 
-    with tvm.transform.PassContext(opt_level=3):
+    from tvm_tcutils.dot_product_tuning import tuning_log_scope
+
+    with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=tvm_tcutils.host_target())
     dev = tvm.cpu()
     module = graph_executor.GraphModule(lib["default"](dev))
@@ -108,6 +110,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-learned", action="store_true", help="skip the learned estimator")
     parser.add_argument("--learned-only", default="",
                         help="models searched only with the learned estimator (comma-separated)")
+    parser.add_argument("--tuning-log", default=None,
+                        help="AutoTVM log applied to every TVM build (costs and whole models), "
+                             "e.g. from 'tvm-tcutils tune MODEL --dtype float32'")
     args = parser.parse_args(argv)
     toolchains = collage.resolve(args.toolchains)
     others = [tc for tc in toolchains if not tc.is_tvm and tc.buildable()]
@@ -125,13 +130,13 @@ def main(argv=None) -> int:
         variants = [prepared] + [greedy_partition(prepared, None, tc) for tc in others]
         row_search = ["-", "-"]
         if name not in learned_only:
-            measured = MeasuredCostEstimator(cache_dir=args.cache_dir, progress=True)
+            measured = MeasuredCostEstimator(cache_dir=args.cache_dir, progress=True, tuning_log=args.tuning_log)
             result, t_measured, count = search(prepared, toolchains, measured, measured)
             row_search = [f"{t_measured:.0f}", count]
         lresult = None
         if not args.no_learned or name in learned_only:
             inner = MeasuredCostEstimator(cache_dir=tempfile.mkdtemp(prefix=f"learned-{name}-", dir=args.cache_dir),
-                                          progress=True)
+                                          progress=True, tuning_log=args.tuning_log)
             lresult, t_learned, lcount = search(prepared, toolchains, XGBoostCostEstimator(inner), inner)
             if name in learned_only:
                 result = lresult
@@ -141,7 +146,7 @@ def main(argv=None) -> int:
         variants += [result.mod, tvm_tcutils.load_model(saved)[0]]
         if lresult is not None and name not in learned_only:
             variants.append(lresult.mod)
-        times = interleaved_ms([runner(v, args.repeat) for v in variants], args.rounds)
+        times = interleaved_ms([runner(v, args.repeat, args.tuning_log) for v in variants], args.rounds)
         tvm_ms, greedy = times[0], times[1:1 + len(others)]
         collage_ms, loaded_ms = times[1 + len(others)], times[2 + len(others)]
         best_single = min([tvm_ms, *greedy])

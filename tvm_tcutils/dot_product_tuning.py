@@ -10,6 +10,8 @@ up, including for the packed ops the alter-layout hook creates.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 from typing import Callable, Dict, List, Optional, Tuple
@@ -143,6 +145,35 @@ def tune(
     return summary
 
 
+def tuning_log_scope(log: Optional[str]):
+    """``autotvm.apply_history_best(log)``, or a scope that changes nothing when ``log`` is empty.
+
+    Examples
+    --------
+    >>> with tuning_log_scope(None):
+    ...     pass
+    """
+    if not log:
+        return contextlib.nullcontext()
+    if not os.path.isfile(log):
+        raise FileNotFoundError(f"tuning log not found: {log}")
+    return autotvm.apply_history_best(log)
+
+
+def tuning_log_digest(log: Optional[str]) -> str:
+    """A short digest of a tuning log's content (``""`` without one), for cache keys.
+
+    Examples
+    --------
+    >>> tuning_log_digest(None)
+    ''
+    """
+    if not log:
+        return ""
+    with open(log, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()[:16]
+
+
 def build(mod: tvm.IRModule, params: Params, target: str, log: Optional[str] = None):
     """``relay.build`` at opt_level 3, under ``apply_history_best(log)`` when a log is given.
 
@@ -150,12 +181,7 @@ def build(mod: tvm.IRModule, params: Params, target: str, log: Optional[str] = N
     --------
     >>> lib = build(qmod, {}, "llvm -mcpu=znver4", "int8.log")  # doctest: +SKIP
     """
-    with tvm.transform.PassContext(opt_level=3):
-        if log:
-            if not os.path.exists(log):
-                raise FileNotFoundError(f"tuning log not found: {log}")
-            with autotvm.apply_history_best(log):
-                return relay.build(mod, target=target, params=params)
+    with tuning_log_scope(log), tvm.transform.PassContext(opt_level=3):
         return relay.build(mod, target=target, params=params)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relay
+from tvm.contrib import graph_executor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import collage_test_codegen as test_codegen  # noqa: E402
@@ -134,3 +135,61 @@ def test_models_with_concatenate_are_measured(tmp_path):
         est.close()
     # The lone concatenate (tuple built outside it) is built and timed too, nothing fails.
     assert math.isfinite(result.estimated_ms) and est.stats["measured"] > 0 and est.stats["failed"] == 0
+
+
+def _dense_tuning_log(mod, path, target):
+    """A one-record AutoTVM log for the model's dense task (no measurement: config 0 of its space)."""
+    import time
+
+    from tvm import autotvm
+
+    [task] = [t for t in autotvm.task.extract_from_program(mod["main"], target=target, params={})
+              if "dense" in t.name][:1]
+    record = autotvm.record.encode(
+        autotvm.MeasureInput(task.target, task, task.config_space.get(0)),
+        autotvm.MeasureResult((1e-4,), 0, 0.1, time.time()))
+    path.write_text(record + "\n")
+    return str(path)
+
+
+def test_tuning_log_reaches_every_tvm_build_and_the_cache_key(tmp_path):
+    import tvm_tcutils
+    from tvm_tcutils.collage.driver import build_partitioned
+
+    target = tvm_tcutils.host_target()
+    mod = two_layer_net(0)
+    log = _dense_tuning_log(mod, tmp_path / "tuned.log", target)
+    plain = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False)
+    tuned = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False, tuning_log=log)
+    try:
+        partition(mod, None, "tvm", plain)
+        result = partition(mod, None, "tvm", tuned)
+    finally:
+        plain.close()
+        tuned.close()
+    # Costs taken under a tuning log are not those of untuned TVM.
+    assert tuned.stats["measured"] == plain.stats["measured"] > 0 and tuned.stats["cached"] == 0
+    assert math.isfinite(result.estimated_ms)
+
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype("float32")
+    outputs = []
+    for tuning_log in (None, log):
+        runner = graph_executor.GraphModule(
+            build_partitioned(result.mod, tuning_log=tuning_log)["default"](tvm.cpu()))
+        runner.set_input(x=x)
+        runner.run()
+        outputs.append(runner.get_output(0).numpy())
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5)
+
+    # The log really is read by the measuring workers and by the build: a corrupt one fails both.
+    bad = tmp_path / "bad.log"
+    bad.write_text("not a tuning record\n")
+    broken = MeasuredCostEstimator(cache_dir="", repeat=2, progress=False, tuning_log=str(bad))
+    try:
+        assert not math.isfinite(broken.measure_whole(mod))
+    finally:
+        broken.close()
+    with pytest.raises(ValueError):
+        build_partitioned(result.mod, tuning_log=str(bad))
+    with pytest.raises(FileNotFoundError, match="tuning_log"):
+        MeasuredCostEstimator(cache_dir="", tuning_log=str(tmp_path / "missing.log"))

@@ -18,6 +18,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Union
 
 from .._tvm import host_target, tvm
+from ..dot_product_tuning import tuning_log_scope
 from tvm import relay
 
 from .candidates import Candidate, enumerate_candidates
@@ -414,11 +415,13 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
 
 
 def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
-          cost_estimator: Optional[CostEstimator] = None, target: Optional[str] = None, executor: str = "graph"):
+          cost_estimator: Optional[CostEstimator] = None, target: Optional[str] = None, executor: str = "graph",
+          tuning_log: Optional[str] = None):
     """Partition with Collage, then build with ``relay.build`` (``"graph"``) or ``relay.vm.compile`` (``"vm"``).
 
     ``target`` defaults to :func:`tvm_tcutils.host_target` (this CPU's vector
-    ISA), the target the measured costs are taken with.
+    ISA), the target the measured costs are taken with; ``tuning_log`` is the
+    AutoTVM log TVM's candidates were costed with, if any.
 
     Returns
     -------
@@ -433,14 +436,15 @@ def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Toolchai
     >>> lib, result = build(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}))
     """
     result = partition(mod, params, toolchains, cost_estimator, compare_single=False)
-    return build_partitioned(result.mod, target=target, executor=executor), result
+    return build_partitioned(result.mod, target=target, executor=executor, tuning_log=tuning_log), result
 
 
 def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: Optional[str] = None,
-                      executor: str = "graph"):
+                      executor: str = "graph", tuning_log: Optional[str] = None):
     """Build an already partitioned module (for example one loaded from disk); no search.
 
-    ``target`` defaults to :func:`tvm_tcutils.host_target`.
+    ``target`` defaults to :func:`tvm_tcutils.host_target`; with ``tuning_log``
+    TVM's parts are built with AutoTVM's best configs from it.
 
     Examples
     --------
@@ -450,7 +454,7 @@ def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: 
     if executor not in ("graph", "vm"):
         raise ValueError(f"executor must be one of ['graph', 'vm'], got {executor!r}")
     target = target or host_target()
-    with tvm.transform.PassContext(opt_level=3):
+    with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
         if executor == "graph":
             return relay.build(mod, target=target, params=params)
         return relay.vm.compile(mod, target=target, params=params)

@@ -29,14 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compare", action="store_true",
                         help="skip measuring the whole model for each single toolchain")
     parser.add_argument("--log", help="append one line per measurement to this file")
+    parser.add_argument("--tuning-log", default=None,
+                        help="AutoTVM log for TVM's candidates (from 'tvm-tcutils tune MODEL --dtype float32')")
     parser.add_argument("--target", default=None,
                         help="target of TVM's builds and measurements (default: this CPU, e.g. 'llvm -mcpu=znver4')")
 
 
-def _measure_whole(pool, mod, repeat: int, target: str) -> float:
+def _measure_whole(pool, mod, repeat: int, target: str, tuning_log) -> float:
     import tvm
 
-    [result] = pool.run([(tvm.ir.save_json(mod), target, repeat, 2, 20)])
+    [result] = pool.run([(tvm.ir.save_json(mod), target, repeat, 2, 20, tuning_log)])
     return float(result.get("ms", math.inf)) if result.get("ms") is not None else math.inf
 
 
@@ -58,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     mod, params = load_model_arg(args)
     measured = MeasuredCostEstimator(cache_dir=args.cache_dir, workers=args.workers, timeout=args.timeout,
-                                     repeat=args.repeat, log_file=args.log, target=args.target)
+                                     repeat=args.repeat, log_file=args.log, target=args.target,
+                                     tuning_log=args.tuning_log)
     estimator = measured
     if args.estimator == "learned":
         from ..collage.cost.learned import XGBoostCostEstimator
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             if name == "collage" and result.measured_ms is not None:
                 ms = result.measured_ms
             else:
-                ms = _measure_whole(pool, module, args.repeat, measured.settings[0]) if pool and module is not None else None
+                ms = _measure_whole(pool, module, args.repeat, measured.settings[0], measured.tuning_log) if pool and module is not None else None
             print(f"{name:<14} {_fmt(est):>13} {_fmt(ms):>12}")
     finally:
         if pool:

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Dict, List, Optional, Sequence
 
 from ..._tvm import host_target
+from ...dot_product_tuning import tuning_log_digest
 from .base import CostEstimator, CostRequest
 
 logger = logging.getLogger("tvm_tcutils.collage")
@@ -51,8 +52,11 @@ def default_cache_dir() -> str:
 # ---------------------------------------------------------------------------
 # Worker side
 # ---------------------------------------------------------------------------
-def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int) -> float:
+def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
+                   tuning_log: Optional[str] = None) -> float:
     """Build a saved module with ``relay.build``, run it on random inputs, return the median ms.
+
+    With ``tuning_log`` the build picks AutoTVM's best configs from it.
 
     Runs in a worker process (it may crash there).
 
@@ -70,10 +74,11 @@ def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_rep
     from tvm import relay
     from tvm.contrib import graph_executor
 
+    from ...dot_product_tuning import tuning_log_scope
     from ...models import random_inputs
 
     mod = relay.transform.InferType()(tvm.ir.load_json(mod_json))
-    with tvm.transform.PassContext(opt_level=3):
+    with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target)
     dev = tvm.cpu()
     runner = graph_executor.GraphModule(lib["default"](dev))
@@ -370,6 +375,11 @@ class MeasuredCostEstimator(CostEstimator):
     target : str, optional
         Target of TVM builds (default :func:`tvm_tcutils.host_target`, this
         CPU's vector ISA). Part of the cache key.
+    tuning_log : str, optional
+        AutoTVM log (``tvm-tcutils tune MODEL --dtype float32 ...``) applied to
+        every TVM build, so TVM's candidates are costed tuned. Its content is
+        part of the cache key. Build the result under the same log
+        (``build_partitioned(..., tuning_log=...)``).
     progress : bool, optional
         Show a progress bar (default: when stderr is a terminal).
     log_file : str, optional
@@ -387,12 +397,16 @@ class MeasuredCostEstimator(CostEstimator):
     def __init__(self, cache_dir: Optional[str] = None, workers: int = 1, timeout: float = 120.0,
                  repeat: int = 5, warmup: int = 2, min_repeat_ms: int = 5, target: Optional[str] = None,
                  progress: Optional[bool] = None, log_file: Optional[str] = None,
-                 worker_imports: Sequence[str] = ()):
+                 worker_imports: Sequence[str] = (), tuning_log: Optional[str] = None):
         if repeat < 1:
             raise ValueError(f"repeat must be at least 1, got {repeat}")
         self.cache = CostCache(default_cache_dir() if cache_dir is None else cache_dir) if cache_dir != "" else None
         self.pool = WorkerPool(workers, timeout, worker_imports)
         self.settings = (target or host_target(), repeat, warmup, min_repeat_ms)
+        if tuning_log and not os.path.isfile(tuning_log):
+            raise FileNotFoundError(f"tuning_log: no such file {tuning_log!r}")
+        self.tuning_log = os.path.abspath(tuning_log) if tuning_log else None
+        self._log_digest = tuning_log_digest(tuning_log)
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.log_file = log_file
         self.stats = {"cached": 0, "measured": 0, "failed": 0}
@@ -401,7 +415,7 @@ class MeasuredCostEstimator(CostEstimator):
 
     def _disk_key(self, key: str) -> str:
         # One cache directory serves every target: a cost measured for another CPU is not this one's.
-        return hashlib.sha256(f"{self.settings[0]}|{key}".encode()).hexdigest()
+        return hashlib.sha256(f"{self.settings[0]}|{self._log_digest}|{key}".encode()).hexdigest()
 
     def lookup(self, request: CostRequest) -> Optional[float]:
         """The cached cost of ``request``, or None when it was never measured."""
@@ -433,7 +447,8 @@ class MeasuredCostEstimator(CostEstimator):
             self._memory[req.key] = {"ms": None, "error": "no codegen"}
         requests = buildable
         target, repeat, warmup, min_repeat_ms = self.settings
-        payloads = [(tvm.ir.save_json(r.module), target, repeat, warmup, min_repeat_ms) for r in requests]
+        payloads = [(tvm.ir.save_json(r.module), target, repeat, warmup, min_repeat_ms, self.tuning_log)
+                    for r in requests]
         bar = Progress(len(requests), self.progress)
 
         def record(k: int, result: dict) -> None:
@@ -462,7 +477,7 @@ class MeasuredCostEstimator(CostEstimator):
         import tvm
 
         target, repeat, warmup, _ = self.settings
-        [result] = self.pool.run([(tvm.ir.save_json(mod), target, max(repeat, 10), warmup, 50)])
+        [result] = self.pool.run([(tvm.ir.save_json(mod), target, max(repeat, 10), warmup, 50, self.tuning_log)])
         if result.get("error"):
             logger.warning("whole-model measurement failed: %s", result["error"])
         return _ms(result)
