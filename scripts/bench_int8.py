@@ -8,6 +8,9 @@ thread count, in one process (ratios are measured side by side):
   untuned (fallback config) and, with ``--trials N``, after N XGBTuner trials;
 * ``ours graph``: a one-conv Relay model (u8 NCHW in, int32 NCHW out) built with the
   package's hooks, layout transforms included;
+* ``ours qnn``: the same as ``QLinearConv`` computes it -- ``qnn.conv2d`` + ``qnn.requantize``,
+  u8 NCHW in and u8 NCHW out -- built with the package's hooks (requantize fused into the
+  conv, layout transforms included): the whole-op comparison with onnxruntime;
 * ``ORT QLinearConv`` (NCHW, ONNX op) and ``ORT NHWC`` (``com.microsoft.QLinearConv``,
   ``channels_last=1``), whole op with requantize; QLinearMatMul for the dense;
 * ``TVM fp32`` (TVM's own x86 schedule, same target) and ``ORT fp32`` (MLAS);
@@ -203,6 +206,23 @@ def _relay_conv(layer, dtype: str):
     return lib, {"x": data}
 
 
+def _relay_qnn_conv(layer, data, kernel):
+    """``QLinearConv``'s computation in Relay: qnn.conv2d + requantize, u8 NCHW in and out.
+
+    The scales and zero points are those of :func:`_ort_qlinearconv`.
+    """
+    c, h, w, o, k, stride, pad = layer
+    x = relay.var("x", shape=(1, c, h, w), dtype="uint8")
+    y = relay.qnn.op.conv2d(
+        x, relay.const(kernel), relay.const(0), relay.const(0), relay.const(0.05), relay.const(0.01),
+        kernel_size=(k, k), channels=o, strides=(stride, stride), padding=(pad, pad), out_dtype="int32")
+    y = relay.qnn.op.requantize(y, relay.const(0.05 * 0.01), relay.const(0), relay.const(0.5), relay.const(0),
+                                out_dtype="uint8")
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], y)), target=TARGET)
+    return lib, {"x": data}
+
+
 def _ort_session(model, threads: int):
     import onnxruntime as ort
 
@@ -257,12 +277,14 @@ def bench_conv(layer, threads, trials, log_dir):
     kernel = RNG.integers(-128, 128, (o, c, k, k)).astype("int8")
     timer = ours_conv(layer, data, kernel, trials, log_dir)
     graph_lib, graph_in = _relay_conv(layer, "uint8")
+    qnn_lib, qnn_in = _relay_qnn_conv(layer, data, kernel)
     fp32_lib, fp32_in = _relay_conv(layer, "float32")
     rows = []
     for n in threads:
         set_threads(n)
         row = {f"ours {name}": gop / s for name, s in timer().items()}
         row["ours graph"] = gop / time_graph(graph_lib, graph_in)
+        row["ours qnn"] = gop / time_graph(qnn_lib, qnn_in)
         row["ORT QLinearConv"] = gop / _ort_qlinearconv(layer, data, kernel, n, nhwc=False)
         row["ORT NHWC"] = gop / _ort_or_nan(_ort_qlinearconv, layer, data, kernel, n, nhwc=True)
         row["TVM fp32"] = gop / time_graph(fp32_lib, fp32_in)
@@ -452,11 +474,11 @@ def bench_e2e(threads, check: bool, log: str = None):
 def report(name, rows, peaks):
     for n, row in rows:
         peak = peaks[n]
-        best_ours = max(v for key, v in row.items() if key.startswith("ours") and key != "ours graph")
+        best_ours = max(v for key, v in row.items() if key.startswith("ours") and key not in ("ours graph", "ours qnn"))
         ort = row.get("ORT QLinearConv", row.get("ORT QLinearMatMul"))
         cells = "  ".join(f"{key} {value:7.1f}" for key, value in row.items())
         print(f"{name:<34} t={n}  {cells}  | ours/peak {best_ours / peak:5.1%}  ours/ORT x{best_ours / ort:4.2f}"
-              f"  graph/ORT x{row.get('ours graph', best_ours) / ort:4.2f}", flush=True)
+              f"  qnn/ORT x{row.get('ours qnn', best_ours) / ort:4.2f}", flush=True)
 
 
 def main(argv=None) -> int:

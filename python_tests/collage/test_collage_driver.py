@@ -232,3 +232,33 @@ def test_validation_times_the_greedy_partitioning_and_keeps_it_when_faster():
     # Without the single-toolchain comparisons, the measured mix stays.
     mixed = partition(mod, None, toolchains, est, compare_single=False)
     assert [p.ops for p in mixed.partitions if p.toolchain == "tcutils_test"] == [["exp"], ["tanh"], ["multiply"]]
+
+
+class DriftingLoad(CrossingCosts):
+    """Timings taken one after the other drift (the machine gets quieter); side by side they are fair."""
+
+    def measure_whole(self, mod):
+        return super().measure_whole(mod) / (1.0 + 2.0 * self.timed)
+
+    def measure_wholes(self, mods, rounds=5):
+        self.side_by_side_calls = getattr(self, "side_by_side_calls", 0) + 1
+        return [CrossingCosts.measure_whole(self, m) for m in mods]
+
+
+def test_final_choice_uses_side_by_side_timings():
+    mod = branchy_net()
+    # The mix is faster (free crossings, the test toolchain at half TVM's cost). Timed one after the
+    # other, TVM alone comes later, on a quieter machine, and looks faster: side by side it is not.
+    est = DriftingLoad({"tvm": 1.0, "tcutils_test": 0.5}, {"tcutils_test": 0.0}, crossing_ms=0.0)
+    result = partition(mod, None, ["tvm", test_codegen.toolchain()], est)
+    sequential = dict((label, ms) for label, _, ms in result.trials)
+    assert sequential["tvm alone"] < sequential["collage"]
+    assert est.side_by_side_calls == 1
+    side = dict((label, ms) for label, _, ms in result.side_by_side)
+    assert len(side) == len(result.side_by_side) >= 2 and side["collage"] < side["tvm alone"]
+    assert result.measured_ms == side["collage"]
+    assert any(p.toolchain == "tcutils_test" for p in result.partitions)
+    # Estimators that cannot time side by side keep the sequential choice.
+    plain = partition(mod, None, ["tvm", test_codegen.toolchain()],
+                      CrossingCosts({"tvm": 1.0, "tcutils_test": 0.5}, {"tcutils_test": 0.0}, crossing_ms=0.0))
+    assert plain.side_by_side == [] and plain.measured_ms == min(ms for _, _, ms in plain.trials)

@@ -193,3 +193,16 @@ def test_tuning_log_reaches_every_tvm_build_and_the_cache_key(tmp_path):
         build_partitioned(result.mod, tuning_log=str(bad))
     with pytest.raises(FileNotFoundError, match="tuning_log"):
         MeasuredCostEstimator(cache_dir="", tuning_log=str(tmp_path / "missing.log"))
+
+
+def test_measure_wholes_times_side_by_side_and_isolates_build_failures():
+    good = two_layer_net(0)
+    # A dynamically shaped module: the graph executor cannot build it (an error, not a crash).
+    x = relay.var("x", shape=(relay.Any(), 16))
+    bad = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    est = MeasuredCostEstimator(cache_dir="", repeat=2, progress=False)
+    try:
+        times = est.measure_wholes([good, bad, good], rounds=2)
+    finally:
+        est.close()
+    assert len(times) == 3 and math.isfinite(times[0]) and math.isfinite(times[2]) and times[1] == math.inf

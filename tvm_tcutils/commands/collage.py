@@ -86,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         print("validation (whole models built and timed; the fastest is kept):")
         for label, est, ms in result.trials:
             print(f"  {label:<36} estimated {_fmt(est):>9} ms  measured {_fmt(ms):>9} ms")
+    if result.side_by_side:
+        print("validation, the distinct ones timed again side by side (round-robin):")
+        for label, est, ms in result.side_by_side:
+            print(f"  {label:<36} estimated {_fmt(est):>9} ms  measured {_fmt(ms):>9} ms")
     rows: List[tuple] = [("collage", result.estimated_ms, result.mod)]
     for tc in toolchains:
         if tc.is_tvm:

@@ -76,5 +76,13 @@ class CostEstimator:
         """End-to-end latency (ms) of a whole partitioned module, or None if this estimator does not time."""
         return None
 
+    def measure_wholes(self, mods: Sequence[tvm.IRModule], rounds: int = 5) -> Optional[List[float]]:
+        """Latencies (ms) of several whole modules timed side by side (round-robin), or None.
+
+        Timed in turns, so that a drift of the machine's load during the
+        timing affects them all alike.
+        """
+        return None
+
     def close(self) -> None:
         """Release worker processes or files (no-op by default)."""

@@ -131,6 +131,10 @@ class XGBoostCostEstimator(CostEstimator):
         """Whole models are timed by the measuring estimator."""
         return self.measured.measure_whole(mod)
 
+    def measure_wholes(self, mods, rounds: int = 5):
+        """Whole models are timed by the measuring estimator."""
+        return self.measured.measure_wholes(mods, rounds)
+
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
         """Costs of ``requests``: measured where cached or sampled, predicted elsewhere."""
         known = self._initial(list(requests))

@@ -89,6 +89,52 @@ def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_rep
     return float(np.median(timer().results) * 1e3)
 
 
+def measure_modules(mod_jsons: Sequence[str], target: str, repeat: int, warmup: int, min_repeat_ms: int,
+                    tuning_log: Optional[str] = None, rounds: int = 5) -> List[float]:
+    """Build several saved modules, then time them in turns for ``rounds`` rounds; median ms of each.
+
+    A module that fails to build or run costs ``inf``; the others are still timed.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    >>> all(ms > 0 for ms in measure_modules([text, text], "llvm", 2, 1, 1, rounds=2))
+    True
+    """
+    import numpy as np
+    import tvm
+    from tvm import relay
+    from tvm.contrib import graph_executor
+
+    from ...dot_product_tuning import tuning_log_scope
+    from ...models import random_inputs
+
+    timers = []
+    for text in mod_jsons:
+        try:
+            mod = relay.transform.InferType()(tvm.ir.load_json(text))
+            with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
+                lib = relay.build(mod, target=target)
+            runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+            runner.set_input(**random_inputs(mod))
+            for _ in range(max(warmup, 0)):
+                runner.run()
+            timers.append(runner.module.time_evaluator("run", tvm.cpu(), number=1, repeat=repeat,
+                                                       min_repeat_ms=min_repeat_ms))
+        except Exception as err:  # one broken variant must not hide the others' timings
+            logger.warning("whole-model build failed: %s", _error_line(err))
+            timers.append(None)
+    times: List[List[float]] = [[] for _ in timers]
+    for _ in range(max(rounds, 1)):
+        for k, timer in enumerate(timers):
+            if timer is not None:
+                times[k].append(float(np.median(timer().results) * 1e3))
+    return [float(np.median(t)) if t else math.inf for t in times]
+
+
 def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str]) -> None:
     """Main loop of a measuring worker process (started by :class:`WorkerPool`).
 
@@ -120,6 +166,10 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str]) -> None:
         task_id, payload = task
         start = time.perf_counter()
         try:
+            if isinstance(payload, dict):  # several whole modules, timed round-robin
+                outbox.send((task_id, {"ms_list": measure_modules(**payload),
+                                       "seconds": time.perf_counter() - start}))
+                continue
             ms = measure_module(*payload)
             outbox.send((task_id, {"ms": ms, "seconds": time.perf_counter() - start}))
         except Exception as err:  # a failed build or run costs this candidate only
@@ -217,8 +267,12 @@ class WorkerPool:
         worker.deadline = time.monotonic() + self.START_TIMEOUT
         return worker
 
-    def run(self, payloads: Sequence[tuple], on_result=None) -> List[dict]:
-        """Run every payload; returns one result dict per payload (``ms``, maybe ``error``)."""
+    def run(self, payloads: Sequence[tuple], on_result=None, timeout: Optional[float] = None) -> List[dict]:
+        """Run every payload; returns one result dict per payload (``ms``, maybe ``error``).
+
+        ``timeout`` overrides the pool's seconds per payload for this call.
+        """
+        timeout = self.timeout if timeout is None else timeout
         results: List[Optional[dict]] = [None] * len(payloads)
         pending = list(range(len(payloads)))[::-1]
         while len(self._workers) < min(self.size, max(len(payloads), 1)):
@@ -227,7 +281,7 @@ class WorkerPool:
             for worker in self._workers:
                 if worker.ready and worker.task is None and pending:
                     worker.task = pending.pop()
-                    worker.deadline = time.monotonic() + self.timeout
+                    worker.deadline = time.monotonic() + timeout
                     worker.send((worker.task, payloads[worker.task]))
             waitables = [w.conn for w in self._workers]
             soonest = min(w.deadline for w in self._workers)
@@ -251,7 +305,7 @@ class WorkerPool:
                                 on_result(task_id, result)
                 elif time.monotonic() > worker.deadline:
                     failure = (
-                        f"timed out after {self.timeout:.0f} s" if worker.ready else "worker failed to start"
+                        f"timed out after {timeout:.0f} s" if worker.ready else "worker failed to start"
                     )
                 if failure is None:
                     continue
@@ -481,6 +535,19 @@ class MeasuredCostEstimator(CostEstimator):
         if result.get("error"):
             logger.warning("whole-model measurement failed: %s", result["error"])
         return _ms(result)
+
+    def measure_wholes(self, mods, rounds: int = 5) -> Optional[List[float]]:
+        """Build whole modules in one worker and time them round-robin (``inf`` for failures)."""
+        import tvm
+
+        target, repeat, warmup, _ = self.settings
+        payload = dict(mod_jsons=[tvm.ir.save_json(m) for m in mods], target=target, repeat=max(repeat, 10),
+                       warmup=warmup, min_repeat_ms=50, tuning_log=self.tuning_log, rounds=rounds)
+        [result] = self.pool.run([payload], timeout=max(self.pool.timeout, 60.0) * len(mods))
+        if result.get("error"):
+            logger.warning("whole-model measurement failed: %s", result["error"])
+            return None
+        return [float(ms) for ms in result["ms_list"]]
 
     def close(self) -> None:
         self.pool.close()
