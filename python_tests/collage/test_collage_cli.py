@@ -38,3 +38,9 @@ def test_collage_cli_bad_toolchain(toolchains, message):
     proc = run_cli("collage", "mlp", "--toolchains", toolchains)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_collage_cli_missing_tuning_log(tmp_path):
+    proc = run_cli("collage", "mlp", "--toolchains", "tvm", "--tuning-log", str(tmp_path / "none.log"))
+    assert proc.returncode == 2
+    assert "tuning_log" in proc.stderr and "none.log" in proc.stderr and "Traceback" not in proc.stderr

@@ -35,13 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target of TVM's builds and measurements (default: this CPU, e.g. 'llvm -mcpu=znver4')")
 
 
-def _measure_whole(pool, mod, repeat: int, target: str, tuning_log) -> float:
-    import tvm
-
-    [result] = pool.run([(tvm.ir.save_json(mod), target, repeat, 2, 20, tuning_log)])
-    return float(result.get("ms", math.inf)) if result.get("ms") is not None else math.inf
-
-
 def _fmt(ms: Optional[float]) -> str:
     if ms is None:
         return "n/a"
@@ -51,7 +44,7 @@ def _fmt(ms: Optional[float]) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..cli import load_model_arg
     from ..collage import driver, report
-    from ..collage.cost.measured import MeasuredCostEstimator, WorkerPool
+    from ..collage.cost.measured import MeasuredCostEstimator
     from ..collage.toolchains import resolve, with_max_depth
     from ..models import save_model
 
@@ -97,18 +90,18 @@ def run(args: argparse.Namespace) -> int:
             continue
         greedy = driver.greedy_partition(result.prepared, None, tc) if tc.buildable() else None
         rows.append((f"{tc.name} (+tvm)", result.single_toolchain_ms.get(tc.name), greedy))
+    timed = [k for k, (_, _, module) in enumerate(rows) if module is not None]
+    times = [None] * len(rows)
+    if not args.no_compare:
+        try:
+            found = measured.measure_wholes([rows[k][2] for k in timed]) or []
+        finally:
+            measured.close()
+        for k, ms in zip(timed, found):
+            times[k] = ms
     print(f"{'':<14} {'estimated ms':>13} {'measured ms':>12}")
-    pool = None if args.no_compare else WorkerPool(1, max(args.timeout, 600.0))
-    try:
-        for name, est, module in rows:
-            if name == "collage" and result.measured_ms is not None:
-                ms = result.measured_ms
-            else:
-                ms = _measure_whole(pool, module, args.repeat, measured.settings[0], measured.tuning_log) if pool and module is not None else None
-            print(f"{name:<14} {_fmt(est):>13} {_fmt(ms):>12}")
-    finally:
-        if pool:
-            pool.close()
-    print("estimated: Collage's search restricted to those toolchains; measured: the whole model built "
-          "(single toolchains: BYOC's greedy partitioning)")
+    for (name, est, _), ms in zip(rows, times):
+        print(f"{name:<14} {_fmt(est):>13} {_fmt(ms):>12}")
+    print("estimated: Collage's search restricted to those toolchains; measured: the whole models built and "
+          "timed side by side (single toolchains: BYOC's greedy partitioning)")
     return 0
