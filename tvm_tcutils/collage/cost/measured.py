@@ -52,23 +52,8 @@ def default_cache_dir() -> str:
 # ---------------------------------------------------------------------------
 # Worker side
 # ---------------------------------------------------------------------------
-def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
-                   tuning_log: Optional[str] = None) -> float:
-    """Build a saved module with ``relay.build``, run it on random inputs, return the median ms.
-
-    With ``tuning_log`` the build picks AutoTVM's best configs from it.
-
-    Runs in a worker process (it may crash there).
-
-    Examples
-    --------
-    >>> import tvm
-    >>> from tvm import relay
-    >>> x = relay.var("x", shape=(4,))
-    >>> text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
-    >>> measure_module(text, "llvm", repeat=3, warmup=1, min_repeat_ms=1) > 0
-    True
-    """
+def _timer(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int, tuning_log: Optional[str]):
+    """Build a saved module, warm it up on random inputs; a function returning one median in ms."""
     import numpy as np
     import tvm
     from tvm import relay
@@ -86,7 +71,27 @@ def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_rep
     for _ in range(max(warmup, 0)):
         runner.run()
     timer = runner.module.time_evaluator("run", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    return float(np.median(timer().results) * 1e3)
+    return lambda: float(np.median(timer().results) * 1e3)
+
+
+def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
+                   tuning_log: Optional[str] = None) -> float:
+    """Build a saved module with ``relay.build``, run it on random inputs, return the median ms.
+
+    With ``tuning_log`` the build picks AutoTVM's best configs from it.
+
+    Runs in a worker process (it may crash there).
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    >>> measure_module(text, "llvm", repeat=3, warmup=1, min_repeat_ms=1) > 0
+    True
+    """
+    return _timer(mod_json, target, repeat, warmup, min_repeat_ms, tuning_log)()
 
 
 def measure_modules(mod_jsons: Sequence[str], target: str, repeat: int, warmup: int, min_repeat_ms: int,
@@ -105,25 +110,11 @@ def measure_modules(mod_jsons: Sequence[str], target: str, repeat: int, warmup: 
     True
     """
     import numpy as np
-    import tvm
-    from tvm import relay
-    from tvm.contrib import graph_executor
-
-    from ...dot_product_tuning import tuning_log_scope
-    from ...models import random_inputs
 
     timers = []
     for text in mod_jsons:
         try:
-            mod = relay.transform.InferType()(tvm.ir.load_json(text))
-            with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
-                lib = relay.build(mod, target=target)
-            runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-            runner.set_input(**random_inputs(mod))
-            for _ in range(max(warmup, 0)):
-                runner.run()
-            timers.append(runner.module.time_evaluator("run", tvm.cpu(), number=1, repeat=repeat,
-                                                       min_repeat_ms=min_repeat_ms))
+            timers.append(_timer(text, target, repeat, warmup, min_repeat_ms, tuning_log))
         except Exception as err:  # one broken variant must not hide the others' timings
             logger.warning("whole-model build failed: %s", _error_line(err))
             timers.append(None)
@@ -131,7 +122,7 @@ def measure_modules(mod_jsons: Sequence[str], target: str, repeat: int, warmup: 
     for _ in range(max(rounds, 1)):
         for k, timer in enumerate(timers):
             if timer is not None:
-                times[k].append(float(np.median(timer().results) * 1e3))
+                times[k].append(timer())
     return [float(np.median(t)) if t else math.inf for t in times]
 
 
