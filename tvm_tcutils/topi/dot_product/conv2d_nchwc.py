@@ -194,6 +194,11 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     tile_oh, tile_ow = cfg["tile_oh"].val, cfg["tile_ow"].val
     if len(out.shape) != 5 or get_const_tuple(out.shape)[:4] != get_const_tuple(conv.shape)[:4]:
         out = conv  # a fused op that reshapes: keep the conv tiled on its own
+    if out.op == conv.op:
+        # Accumulate the tile in a small buffer of its own, which LLVM keeps in vector registers
+        # across the whole reduction; accumulating in the output itself costs a load and a
+        # store per register whenever the loop nest stops LLVM's promotion.
+        conv = s.cache_write(conv, "global")
     n, occ, oh, ow, oci = s[out].op.axis
     occ_o, occ_i = s[out].split(occ, factor=cfg["tile_oc"].val)
     oh_o, oh_i = s[out].split(oh, factor=tile_oh)
@@ -201,15 +206,12 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     s[out].reorder(n, occ_o, oh_o, ow_o, occ_i, oh_i, ow_i, oci)
     outer = [n, occ_o, oh_o][: cfg["par_depth"].val]
     s[out].parallel(s[out].fuse(*outer))
-    if out.op != conv.op:
-        s[conv].compute_at(s[out], ow_o)
-        if mode == "llvm":
-            s[out].vectorize(oci)
-            for tensor in outs[1:]:
-                vectorize_inner(s, tensor)
-        _, c_occ, c_oh, c_ow, c_oci = s[conv].op.axis
-    else:
-        c_occ, c_oh, c_ow, c_oci = occ_i, oh_i, ow_i, oci
+    s[conv].compute_at(s[out], ow_o)
+    if mode == "llvm":
+        s[out].vectorize(oci)
+        for tensor in outs[1:]:
+            vectorize_inner(s, tensor)
+    _, c_occ, c_oh, c_ow, c_oci = s[conv].op.axis
     r_ic, r_kh, r_kw, r_icf, r_ics = s[conv].op.reduce_axis
     oc_o, oc_l = s[conv].split(c_oci, factor=isa.lanes)
     s[conv].reorder(r_ic, r_kh, r_kw, r_icf, c_occ, c_oh, c_ow, oc_o, oc_l, r_ics)
