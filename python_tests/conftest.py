@@ -149,3 +149,18 @@ def dot_target(name: str) -> str:
     if not host_cpu_has(feature):
         pytest.skip(f"this CPU has no {feature}: cannot run {target} code")
     return target
+
+
+def host_dot_target() -> str:
+    """This CPU's own target (:func:`tvm_tcutils.host_target`) when it has an x86 dot-product ISA; else skips.
+
+    Tests that run the package's int8 kernels end to end use it, so that they run here whatever
+    the machine's vector ISA (VNNI, AVX2 or SSE4.2) instead of only on one kind of CPU.
+    """
+    from tvm_tcutils.isa import for_target
+
+    target = tvm_tcutils.host_target()
+    isa = for_target(target)
+    if isa is None or not isa.name.startswith("x86"):
+        pytest.skip(f"this CPU ({target}) has no x86 4-way dot-product ISA the package supports")
+    return target

@@ -10,7 +10,8 @@ HELP = "tune a model's AutoTVM tasks (int8 dot-product templates included) with 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli.add_model_argument(parser)
-    parser.add_argument("--target", default="llvm -mcpu=znver4", help="TVM target (default: %(default)s)")
+    parser.add_argument("--target", default=None,
+                        help="TVM target (default: this CPU's, tvm_tcutils.host_target(), e.g. 'llvm -mcpu=znver4')")
     parser.add_argument("--trials", type=int, default=32, help="measurements per task, log included")
     parser.add_argument("--log", required=True, help="AutoTVM log file: appended to, and resumed from")
     parser.add_argument("--dtype", choices=["int8", "float32"], default="int8",
@@ -19,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._tvm import host_target
     from ..dot_product_tuning import prepare, tune
 
     if args.trials < 1:
@@ -29,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         state = f"{todo} new trials" if todo else "done (in the log)"
         print(f"task {index + 1}/{total} {task.name}: {state}", flush=True)
 
-    summary = tune(mod, params, args.target, args.trials, args.log, progress=not args.no_progress,
+    summary = tune(mod, params, args.target or host_target(), args.trials, args.log, progress=not args.no_progress,
                    on_task=announce)
     print(f"tuned {len(summary)} tasks, {sum(n for _, n in summary)} new trials; log: {args.log}")
     return 0
