@@ -33,7 +33,7 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import is_op, wildcard
 
 from ... import registry
-from .packed_call import PackedToolchain, byoc_partition, array_view, function_of
+from .packed_call import PackedToolchain, byoc_partition, function_of, tensor_view
 
 #: BYOC compiler name of this toolchain.
 COMPILER = "tcutils_blas"
@@ -272,10 +272,10 @@ def _execute(plan: _Plan, inputs, outputs) -> None:
 def _compute(plan: _Plan, inputs, outputs) -> None:
     def value(name):
         operand = plan.operands[name]
-        return array_view(inputs[operand]) if isinstance(operand, int) else operand
+        return tensor_view(inputs[operand]) if isinstance(operand, int) else operand
 
     a, b = value("a"), value("b")
-    out = array_view(outputs[0])
+    out = tensor_view(outputs[0])
     a = _swap_last(a) if plan.transpose_a else a
     b = _swap_last(b) if plan.transpose_b else b
     if plan.op == "nn.dense" and a.ndim > 2:

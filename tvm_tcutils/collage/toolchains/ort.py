@@ -26,7 +26,7 @@ from tvm.relay.dataflow_pattern import is_op, is_tuple, wildcard
 
 from ... import registry
 from . import relay_to_onnx
-from .packed_call import PackedToolchain, byoc_partition, data_pointer, function_of
+from .packed_call import PackedToolchain, byoc_partition, function_of, tensor_data, tensor_view
 
 #: BYOC compiler name of this toolchain.
 COMPILER = "tcutils_ort"
@@ -130,16 +130,19 @@ class _Session:
         # Executors reuse their buffers, so a binding made once serves every later run.
         self.bindings: Dict[tuple, object] = {}
 
-    def binding(self, inputs: List["tvm.nd.NDArray"], outputs: List["tvm.nd.NDArray"]):
-        pointers = tuple(data_pointer(array) for array in inputs + outputs)
+    def binding(self, inputs: List[int], outputs: List[int]):
+        """The binding of these ``DLTensor`` addresses' buffers (made once per set of buffers)."""
+        pointers = tuple(tensor_data(address) for address in inputs + outputs)
         found = self.bindings.get(pointers)
         if found is not None:
             return found
         binding = self.session.io_binding()
-        for name, array in zip(self.input_names, inputs):
-            binding.bind_input(name, "cpu", 0, np.dtype(str(array.dtype)), list(array.shape), data_pointer(array))
-        for name, array in zip(self.output_names, outputs):
-            binding.bind_output(name, "cpu", 0, np.dtype(str(array.dtype)), list(array.shape), data_pointer(array))
+        for name, address, pointer in zip(self.input_names, inputs, pointers):
+            view = tensor_view(address)  # checks the buffer is a compact CPU tensor
+            binding.bind_input(name, "cpu", 0, view.dtype, list(view.shape), pointer)
+        for name, address, pointer in zip(self.output_names, outputs, pointers[len(inputs):]):
+            view = tensor_view(address)
+            binding.bind_output(name, "cpu", 0, view.dtype, list(view.shape), pointer)
         if len(self.bindings) >= _MAX_BINDINGS:
             self.bindings.clear()
         self.bindings[pointers] = binding

@@ -15,8 +15,17 @@ loading in another process that imports :mod:`tvm_tcutils`:
         <toolchain>.run(key, in0, ..., out0, ...)
 
 ``run`` works on the executors' own buffers through zero-copy views
-(:func:`array_view`, :func:`data_pointer`); ``load`` decodes the payload once
+(:func:`tensor_view`, :func:`tensor_data`); ``load`` decodes the payload once
 and caches what the toolchain builds from it (an inference session) per key.
+
+``run`` is called once per partition per inference, so its cost is paid at
+every crossing between TVM and the toolchain. TVM's generic Python callback
+turns each tensor argument into an ``NDArray`` object and the return value
+into a TVM value through several Python layers (about 25 us a call here,
+4-6 times what onnxruntime itself spends on a small partition). ``run`` is
+therefore registered as a raw C callback that reads the ``DLTensor``
+addresses straight from TVM's argument array (about 5 us), where TVM's FFI is
+the ctypes one; elsewhere the plain Python function serves.
 """
 from __future__ import annotations
 
@@ -31,52 +40,59 @@ import numpy as np
 
 from ..._tvm import tvm
 from tvm import relay, te
+from tvm._ffi.base import _LIB, check_call
+from tvm._ffi.runtime_ctypes import ArgTypeCode, TVMArray
 
 from ... import registry
 
 
-def data_pointer(array: "tvm.nd.NDArray") -> int:
-    """Address of the first element of ``array`` (a compact CPU tensor).
+#: DLPack device type of the CPU.
+_KDL_CPU = 1
+#: Offset of ``byte_offset`` in a ``DLTensor`` (data, device, ndim, dtype, shape, strides before it).
+_BYTE_OFFSET = ctypes.sizeof(TVMArray) - ctypes.sizeof(ctypes.c_uint64)
+
+
+def _address(array: "tvm.nd.NDArray") -> int:
+    """Address of ``array``'s ``DLTensor``."""
+    return ctypes.cast(array.handle, ctypes.c_void_p).value
+
+
+def tensor_data(address: int) -> int:
+    """Address of the first element of the ``DLTensor`` at ``address`` (a few hundred ns).
 
     Examples
     --------
-    >>> a = tvm.nd.array(np.zeros(4, "float32"))
-    >>> data_pointer(a) != 0
-    True
+    >>> a = tvm.nd.array(np.arange(4, dtype="float32"))
+    >>> float(ctypes.c_float.from_address(tensor_data(_address(a)) + 4).value)
+    1.0
     """
-    handle = array.handle.contents
-    return int(handle.data or 0) + int(handle.byte_offset)
+    return (ctypes.c_void_p.from_address(address).value or 0) + ctypes.c_uint64.from_address(
+        address + _BYTE_OFFSET).value
 
 
-def array_view(array: "tvm.nd.NDArray") -> np.ndarray:
-    """A numpy array sharing ``array``'s memory (no copy).
+def tensor_view(address: int) -> np.ndarray:
+    """A numpy array sharing the memory of the ``DLTensor`` at ``address`` (a compact CPU tensor; no copy).
 
     Examples
     --------
-    >>> a = tvm.nd.array(np.zeros((2, 2), "float32"))
-    >>> array_view(a)[0, 1] = 5.0
-    >>> float(a.numpy()[0, 1])
-    5.0
+    >>> a = tvm.nd.array(np.arange(6, dtype="int32").reshape(2, 3))
+    >>> tensor_view(_address(a))[1].tolist()
+    [3, 4, 5]
     """
-    _require_compact(array)
-    dtype = np.dtype(str(array.dtype))
-    shape = tuple(int(d) for d in array.shape)
+    tensor = TVMArray.from_address(address)
+    if tensor.device.device_type != _KDL_CPU:
+        raise ValueError(f"tensor on device {tensor.device}; tvm_tcutils toolchains run on the CPU only")
+    shape = tuple(int(tensor.shape[i]) for i in range(tensor.ndim))
+    if tensor.strides:
+        expected = np.cumprod([1] + list(shape[::-1][:-1]))[::-1]
+        if [int(tensor.strides[i]) for i in range(tensor.ndim)] != [int(x) for x in expected]:
+            raise ValueError("tvm_tcutils toolchains need compact (row-major) tensors")
+    dtype = np.dtype(str(tensor.dtype))
     count = int(np.prod(shape, dtype=np.int64))
     if count == 0:
         return np.empty(shape, dtype)
-    buffer = (ctypes.c_char * (count * dtype.itemsize)).from_address(data_pointer(array))
+    buffer = (ctypes.c_char * (count * dtype.itemsize)).from_address(tensor_data(address))
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
-
-
-def _require_compact(array: "tvm.nd.NDArray") -> None:
-    handle = array.handle.contents
-    if handle.device.device_type != tvm.cpu().device_type:
-        raise ValueError(f"tensor on device {array.device}; tvm_tcutils toolchains run on the CPU only")
-    if handle.strides:
-        shape = [int(d) for d in array.shape]
-        expected = np.cumprod([1] + shape[::-1][:-1])[::-1]
-        if [int(handle.strides[i]) for i in range(len(shape))] != [int(s) for s in expected]:
-            raise ValueError("tvm_tcutils toolchains need compact (row-major) tensors")
 
 
 def signature(func: relay.Function):
@@ -100,6 +116,16 @@ def signature(func: relay.Function):
     return ins, tensors(func.ret_type if func.ret_type is not None else func.body.checked_type, "the result")
 
 
+#: ``int (*)(TVMValue* args, int* type_codes, int num_args, TVMRetValueHandle ret, void* resource)``;
+#: every ``TVMValue`` this callback reads is 8 bytes (a pointer), so it reads them as int64.
+_PACKED_CFUNC = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_void_p,
+    ctypes.c_void_p,
+)
+#: Type codes under which tensors reach a packed function: from compiled code, and from Python.
+_TENSOR_CODES = (ArgTypeCode.DLTENSOR_HANDLE, ArgTypeCode.NDARRAY_HANDLE)
+
+
 @dataclasses.dataclass
 class PackedToolchain:
     """A toolchain reached from compiled code through two packed functions.
@@ -113,17 +139,19 @@ class PackedToolchain:
         ``payload bytes -> state``: what to keep per payload (a session); the
         state has a ``num_inputs`` attribute.
     execute : callable
-        ``(state, inputs, outputs)`` with lists of ``tvm.nd.NDArray``: compute
-        the outputs in place.
+        ``(state, inputs, outputs)`` with lists of ``DLTensor`` addresses
+        (ints; read them with :func:`tensor_data` / :func:`tensor_view`):
+        compute the outputs in place.
     """
 
     name: str
     prepare: Callable[[bytes], Any]
-    execute: Callable[[Any, List["tvm.nd.NDArray"], List["tvm.nd.NDArray"]], None]
+    execute: Callable[[Any, List[int], List[int]], None]
 
     def __post_init__(self):
         self._states: Dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._callback = None  # the C callback behind the fast ``run``; kept alive with the toolchain
 
     @property
     def run_name(self) -> str:
@@ -133,14 +161,59 @@ class PackedToolchain:
     def load_name(self) -> str:
         return f"tvm_tcutils.{self.name}.load"
 
-    def run(self, key: str, *tensors) -> int:
+    def run(self, key: str, *tensors: "tvm.nd.NDArray") -> int:
         """Packed function body: compute, or return 1 when ``key`` is not loaded yet."""
+        return self._run(key, [_address(t) for t in tensors])
+
+    def _run(self, key: str, tensors: List[int]) -> int:
         state = self._states.get(key)
         if state is None:
             return 1
         count = state.num_inputs
-        self.execute(state, list(tensors[:count]), list(tensors[count:]))
+        if len(tensors) < count:
+            raise ValueError(f"{self.run_name}: {len(tensors)} tensors for a payload with {count} inputs")
+        self.execute(state, tensors[:count], tensors[count:])
         return 0
+
+    def run_function(self) -> Callable:
+        """``run`` as TVM should register it: a raw C callback when TVM's FFI is ctypes, else :meth:`run`.
+
+        Examples
+        --------
+        >>> from tvm_tcutils.collage.toolchains.blas import TOOLCHAIN
+        >>> isinstance(TOOLCHAIN.run_function(), tvm.runtime.PackedFunc) or TOOLCHAIN.run_function() == TOOLCHAIN.run
+        True
+        """
+        if self._callback is None:
+            try:
+                from tvm._ffi._ctypes.packed_func import _make_packed_func
+            except ImportError:  # TVM's Cython FFI: the Python function is the way in
+                return self.run
+            callback = _PACKED_CFUNC(self._c_run)
+            handle = ctypes.c_void_p()
+            check_call(_LIB.TVMFuncCreateFromCFunc(callback, None, None, ctypes.byref(handle)))
+            function = _make_packed_func(handle, False)
+            if not isinstance(function, tvm.runtime.PackedFunc):
+                return self.run
+            self._callback = (callback, function)
+        return self._callback[1]
+
+    def _c_run(self, args, codes, num_args, ret, _resource) -> int:
+        """The C callback: ``run(key, tensor, ...)`` decoded from TVM's argument array."""
+        try:
+            if num_args < 1 or codes[0] != ArgTypeCode.STR:
+                raise TypeError(f"{self.run_name}: the first argument must be the payload key (a string)")
+            tensors = []
+            for i in range(1, num_args):
+                if codes[i] not in _TENSOR_CODES:
+                    raise TypeError(f"{self.run_name}: argument {i} must be a tensor, got TVM type code {codes[i]}")
+                tensors.append(args[i])
+            status = self._run(ctypes.string_at(args[0]).decode(), tensors)
+        except Exception as err:  # reported to TVM like its own Python callbacks do; re-raised at the caller
+            _LIB.TVMAPISetLastPythonError(ctypes.py_object(err))
+            return -1
+        value, code = ctypes.c_int64(status), ctypes.c_int(ArgTypeCode.INT)
+        return _LIB.TVMCFuncSetReturn(ctypes.c_void_p(ret), ctypes.byref(value), ctypes.byref(code), 1)
 
     def load(self, key: str, payload: str) -> int:
         """Packed function body: build the state of an embedded payload once per process."""
@@ -198,7 +271,7 @@ class PackedToolchain:
         one of them a second time in the built module's parameters.
         """
         return [
-            registry.packed_func(self.run_name, self.run, f"{description}: run"),
+            registry.packed_func(self.run_name, self.run_function(), f"{description}: run"),
             registry.packed_func(self.load_name, self.load, f"{description}: load an embedded payload"),
             registry.packed_func(f"relay.ext.{compiler}", codegen, f"external codegen: Relay -> {description}"),
             registry.packed_func(
