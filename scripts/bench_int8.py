@@ -14,7 +14,12 @@ thread count, in one process (ratios are measured side by side):
 * ``ORT QLinearConv`` (NCHW, ONNX op) and ``ORT NHWC`` (``com.microsoft.QLinearConv``,
   ``channels_last=1``), whole op with requantize; QLinearMatMul for the dense;
 * ``TVM fp32`` (TVM's own x86 schedule, same target) and ``ORT fp32`` (MLAS);
-* ``peak``: a register-only vpdpbusd loop (16 independent accumulator chains per thread).
+* ``peak``: a register-only loop of the package's dot-product step for the target's ISA
+  (``vpdpbusd`` on VNNI, the exact ``vpmaddwd`` sequence on AVX2), 16 independent accumulator
+  chains per thread.
+
+The target is this CPU's (``tvm_tcutils.host_target()``) unless ``--target`` says otherwise; it
+must have an x86 dot-product ISA (VNNI, AVX2 or SSE4.2).
 
 ``--e2e`` adds int8 ResNet-50 (``relay.quantize``) built with the package vs TVM fp32 and vs
 onnxruntime running the same network exported to ONNX (TVM's exporter) and quantized by
@@ -50,7 +55,7 @@ from tvm_tcutils.models import load_model  # noqa: E402
 from tvm_tcutils.strategy.dot_product import CONV2D_NCHWC_TASK, DENSE_PACK_TASK  # noqa: E402
 from tvm_tcutils.topi.dot_product import packing  # noqa: E402
 
-TARGET = "llvm -mcpu=znver4"
+TARGET = tvm_tcutils.host_target()  # code for another CPU may not run here (SIGILL); see --target
 RNG = np.random.default_rng(0)
 
 
@@ -489,16 +494,21 @@ def main(argv=None) -> int:
     parser.add_argument("--e2e", action="store_true", help="also int8 ResNet-50 end to end")
     parser.add_argument("--e2e-check", action="store_true", help="with --e2e: bit-exact check vs TVM generic")
     parser.add_argument("--e2e-only", action="store_true", help="skip the per-layer table")
+    parser.add_argument("--target", default=None, help="TVM target (default: this CPU's)")
     args = parser.parse_args(argv)
-    if for_target(TARGET) is None or for_target(TARGET).name != "x86_vnni":
-        raise SystemExit(f"{TARGET} has no VNNI ISA here")
+    global TARGET
+    TARGET = args.target or TARGET
+    isa = for_target(TARGET)
+    if isa is None or not isa.name.startswith("x86"):
+        raise SystemExit(f"{TARGET} has no x86 dot-product ISA (VNNI, AVX2 or SSE4.2)")
+    print(f"target {TARGET}: ISA {isa.name}, {isa.lanes} int32 lanes")
     print(f"host: {os.cpu_count()} logical CPUs; other processes may load the machine: compare ratios, "
           f"not absolute numbers (all columns GOPS)")
     peaks = {}
     for n in args.threads:
         set_threads(n)
         peaks[n] = max(peak_gops(n) for _ in range(3))  # the best of three: the machine is shared
-        print(f"measured int8 peak (register-only vpdpbusd loop), {n} thread(s): {peaks[n]:.0f} GOPS")
+        print(f"measured int8 peak (register-only {isa.name} loop), {n} thread(s): {peaks[n]:.0f} GOPS")
     layers = [] if args.e2e_only else resnet50_layers()
     if args.layers:
         layers = layers[: args.layers]

@@ -21,11 +21,11 @@ and caches what the toolchain builds from it (an inference session) per key.
 ``run`` is called once per partition per inference, so its cost is paid at
 every crossing between TVM and the toolchain. TVM's generic Python callback
 turns each tensor argument into an ``NDArray`` object and the return value
-into a TVM value through several Python layers (about 25 us a call here,
-4-6 times what onnxruntime itself spends on a small partition). ``run`` is
-therefore registered as a raw C callback that reads the ``DLTensor``
-addresses straight from TVM's argument array (about 5 us), where TVM's FFI is
-the ctypes one; elsewhere the plain Python function serves.
+into a TVM value through several Python layers: about 34 us a call here on top
+of onnxruntime's own 7 us for a small partition. ``run`` is therefore
+registered as a raw C callback that reads the ``DLTensor`` addresses straight
+from TVM's argument array (about 15 us on top; ``scripts/bench_packed_call.py``),
+where TVM's FFI is the ctypes one; elsewhere the plain Python function serves.
 """
 from __future__ import annotations
 
