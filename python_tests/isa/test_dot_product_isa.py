@@ -84,3 +84,16 @@ def test_emitted_calls_match_llvm_declarations():
                  for t in x86_vnni.operand_types(_tvm.llvm_version()))
     assert f"declare {acc} @llvm.x86.avx512.vpdpbusd.512({acc}, {a}, {b})" in proc.stdout
     assert "declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)" in proc.stdout
+
+
+def test_avx2_products_go_straight_into_the_accumulator():
+    # The regrouping shuffles belong to the operands (shared across a register tile), not to
+    # each step's products: a step is acc + vpmaddwd + vpmaddwd.
+    from tvm import tir
+
+    acc, data, kernel = tir.Var("acc", "int32x8"), tir.Var("d", "uint8x32"), tir.Var("k", "int8x32")
+    step = X86_AVX2.emit(X86_AVX2.variant("uint8", "int8"), acc, data, kernel)
+    assert isinstance(step, tir.Add) and isinstance(step.a, tir.Add) and step.a.a.same_as(acc)
+    for product in (step.a.b, step.b):
+        assert isinstance(product, tir.Call) and product.op.name == "tir.call_llvm_pure_intrin"
+        assert product.dtype == "int32x8"
