@@ -72,3 +72,15 @@ def test_execute_errors_reach_the_caller_with_their_type():
     with pytest.raises(ValueError, match="0 tensors for a payload with 1 inputs"):
         run("k")
     assert chain.run("unknown", x) == 1  # the plain Python entry behaves the same
+
+
+def test_callback_outlives_its_toolchain_object():
+    # A compiled module keeps the function it looked up; the C thunk behind it must stay valid
+    # when the toolchain object that made it is gone (importlib.reload makes new ones).
+    import gc
+
+    chain = PackedToolchain("tcutils_test_gone", lambda payload: None, lambda state, ins, outs: None)
+    run = chain.run_function()
+    del chain
+    gc.collect()
+    assert run("never-loaded", tvm.nd.array(np.zeros(1, "float32"))) == 1

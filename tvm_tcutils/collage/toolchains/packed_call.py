@@ -151,7 +151,7 @@ class PackedToolchain:
     def __post_init__(self):
         self._states: Dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._callback = None  # the C callback behind the fast ``run``; kept alive with the toolchain
+        self._callback = None  # (C callback, PackedFunc) behind the fast ``run``
 
     @property
     def run_name(self) -> str:
@@ -190,6 +190,10 @@ class PackedToolchain:
             except ImportError:  # TVM's Cython FFI: the Python function is the way in
                 return self.run
             callback = _PACKED_CFUNC(self._c_run)
+            # Compiled modules keep the function they looked up, also after a re-registration
+            # (``importlib.reload``): the C thunk must outlive this toolchain object, so the
+            # process keeps every one (on ``tvm``, which reloading this package does not renew).
+            tvm.__dict__.setdefault("_tvm_tcutils_callbacks", []).append(callback)
             handle = ctypes.c_void_p()
             check_call(_LIB.TVMFuncCreateFromCFunc(callback, None, None, ctypes.byref(handle)))
             function = _make_packed_func(handle, False)
