@@ -14,9 +14,10 @@ thread count, in one process (ratios are measured side by side):
 * ``ORT QLinearConv`` (NCHW, ONNX op) and ``ORT NHWC`` (``com.microsoft.QLinearConv``,
   ``channels_last=1``), whole op with requantize; QLinearMatMul for the dense;
 * ``TVM fp32`` (TVM's own x86 schedule, same target) and ``ORT fp32`` (MLAS);
-* ``peak``: a register-only loop of the package's dot-product step for the target's ISA
-  (``vpdpbusd`` on VNNI, the exact ``vpmaddwd`` sequence on AVX2), 16 independent accumulator
-  chains per thread.
+* ``peak`` (VNNI only): a register-only ``vpdpbusd`` loop through the package's own tensor
+  intrinsic, 16 independent accumulator chains per thread. The AVX2/SSE steps are plain
+  arithmetic on loop-invariant operands that LLVM hoists out of such a loop, so no peak is
+  reported for them.
 
 The target is this CPU's (``tvm_tcutils.host_target()``) unless ``--target`` says otherwise; it
 must have an x86 dot-product ISA (VNNI, AVX2 or SSE4.2).

@@ -18,8 +18,6 @@ import importlib
 import os
 from typing import Dict, List, Tuple
 
-import numpy as np
-
 from ..._tvm import tvm
 from tvm import relay
 from tvm.relay.dataflow_pattern import is_op, is_tuple, wildcard
