@@ -130,9 +130,9 @@ def small_bert_onnx():
 
 
 def host_cpu_has(*features: str) -> bool:
-    """Whether this machine's CPU (as LLVM sees it) has all ``features``."""
-    cpu = tvm.target.codegen.llvm_get_system_cpu()
-    return bool(tvm.target.codegen.target_has_features(list(features), tvm.target.Target(f"llvm -mcpu={cpu}")))
+    """Whether this machine's CPU has all ``features`` (as LLVM reads CPUID: a VM may hide some)."""
+    target = tvm.target.Target(tvm_tcutils.host_target())
+    return bool(tvm.target.codegen.target_has_features(list(features), target))
 
 
 #: x86 dot-product targets to test, each with the CPU feature it needs to run here.

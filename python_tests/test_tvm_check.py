@@ -3,6 +3,7 @@ import os
 import textwrap
 
 import tvm_tcutils
+import tvm
 from conftest import run_python
 
 
@@ -67,3 +68,36 @@ def test_offline_default_respects_user_setting():
         env={"TOPHUB_LOCATION": "/my/logs"},
     )
     assert result.stdout.strip() == "/my/logs"
+
+
+def test_host_target_claims_only_features_this_cpu_reports():
+    # A VM can report a CPU model (e.g. znver4) while hiding some of its features (AVX-512):
+    # code built for the bare model then dies with SIGILL.
+    reported = dict(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")())
+    host = {str(k) for k, on in reported.items() if on}
+    reported = {str(k) for k in reported}
+    claimed = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target(tvm_tcutils.host_target()))}
+    assert not (claimed & reported) - host, sorted((claimed & reported) - host)
+
+
+def test_host_target_masks_a_hidden_feature(monkeypatch):
+    from tvm_tcutils import _tvm
+
+    # A host that reports everything of znver4 except AVX-512 foundation.
+    model = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target("llvm -mcpu=znver4"))}
+    fake_host = {f: f != "avx512f" for f in model}
+    real_get = tvm.get_global_func
+    monkeypatch.setattr(
+        tvm, "get_global_func",
+        lambda name, *a, **k: (lambda: fake_host) if name == "tvm.codegen.llvm.GetHostCPUFeatures" else real_get(name, *a, **k),
+    )
+    monkeypatch.setattr(tvm.target.codegen, "llvm_get_system_cpu", lambda: "znver4")
+    _tvm.host_target.cache_clear()
+    _tvm._features_hidden_from_host.cache_clear()
+    try:
+        target = _tvm.host_target()
+        assert target == "llvm -mcpu=znver4 -mattr=-avx512f"
+        assert not tvm.target.codegen.target_has_features(["avx512vnni"], tvm.target.Target(target))
+    finally:
+        _tvm.host_target.cache_clear()
+        _tvm._features_hidden_from_host.cache_clear()

@@ -109,17 +109,12 @@ HAS_BLAS = {"dense", "dense_out", "batch_matmul"}
 def _graph_timer(mod, inputs, params=None):
     """Build ``mod``; return (a function timing 5 runs in ms, the output)."""
     with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target="llvm -mcpu=" + _mcpu(), params=params)
+        lib = relay.build(mod, target=tvm_tcutils.host_target(), params=params)
     runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     runner.set_input(**inputs)
     runner.run()
     timer = runner.module.time_evaluator("run", tvm.cpu(), number=5, repeat=1)
     return lambda: float(timer().mean * 1e3), runner.get_output(0).numpy()
-
-
-def _mcpu():
-    # The host CPU, so that TVM gets the vector width onnxruntime and OpenBLAS use.
-    return tvm.target.codegen.llvm_get_system_cpu()
 
 
 def _ort_direct_timer(func, inputs, model=None):
@@ -198,7 +193,7 @@ def main(argv=None) -> int:
         parser.error(f"unknown kinds {unknown}; choose from {list(KINDS)}")
     ok, reason = ort.available()
     print(f"tvm {tvm.__version__}, {reason}, {blas.available()[1]}, "
-          f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}, cpu={_mcpu()}")
+          f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}, target={tvm_tcutils.host_target()}")
     header = f"{'kind':<13}{'tvm ms':>9}{'ort ms':>9}{'blas ms':>9}{'ort-direct':>11}{'ort/tvm':>9}{'blas/tvm':>9}"
     print(header)
     print("-" * len(header))

@@ -68,6 +68,12 @@ def host_target() -> str:
     time, so every comparison against those (and Collage's costs) builds TVM
     for the host CPU.
 
+    LLVM names the CPU from its family and model, but a virtual machine can
+    hide some of that model's features (a Zen 4 VM without AVX-512 is still
+    ``znver4``); code for the bare model then dies with SIGILL. So every
+    feature the model has and the host's CPUID does not report is switched
+    off with ``-mattr``.
+
     Examples
     --------
     >>> host_target().startswith("llvm")
@@ -77,7 +83,25 @@ def host_target() -> str:
         cpu = str(tvm.target.codegen.llvm_get_system_cpu())
     except Exception:
         cpu = ""
-    return f"llvm -mcpu={cpu}" if cpu and cpu != "generic" else "llvm"
+    if not cpu or cpu == "generic":
+        return "llvm"
+    missing = _features_hidden_from_host(cpu)
+    return f"llvm -mcpu={cpu}" + (f" -mattr={','.join('-' + f for f in missing)}" if missing else "")
+
+
+@functools.lru_cache(maxsize=None)
+def _features_hidden_from_host(cpu: str) -> List[str]:
+    """Features of the CPU model ``cpu`` that this host does not have (sorted)."""
+    try:
+        host = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")()
+        model = tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target(f"llvm -mcpu={cpu}"))
+    except Exception:  # no LLVM or an older TVM: nothing to compare, trust the model
+        return []
+    have = {str(name) for name, on in dict(host).items() if bool(on)}
+    known = {str(name) for name in dict(host)}
+    # Only features the host reported on (known) can be judged missing.
+    model = model.keys() if hasattr(model, "keys") else model
+    return sorted(str(f) for f in model if str(f) in known and str(f) not in have)
 
 
 @functools.lru_cache(maxsize=None)

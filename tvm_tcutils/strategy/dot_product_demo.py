@@ -5,7 +5,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from .._tvm import tvm
+from .._tvm import host_target, tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 
@@ -16,11 +16,10 @@ def int8_dot_product_section(name: str, mod: tvm.IRModule, params: Dict) -> List
 
     from ..isa import for_target
 
-    cpu = tvm.target.codegen.llvm_get_system_cpu()
-    target = f"llvm -mcpu={cpu}"
+    target = host_target()
     isa = for_target(target)
     if isa is None:
-        return [f"host CPU {cpu} has no VNNI / AVX2 dot product: skipped"]
+        return [f"host CPU ({target}) has no VNNI / AVX2 dot product: skipped"]
     convs = []
     relay.analysis.post_order_visit(
         relay.transform.InferType()(mod)["main"],
