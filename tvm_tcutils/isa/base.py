@@ -75,6 +75,11 @@ class DotProductISA:
         schedules.
     reduce : int
         Products summed per lane (4 for every ISA here).
+    operand_registers : int
+        Vector registers one operand of a step occupies once the emitter has
+        prepared it (2 where it is widened into two halves, as on AVX2).
+    constant_registers : int
+        Vector registers the emitter keeps for constants (shuffle masks).
     """
 
     name: str
@@ -85,6 +90,26 @@ class DotProductISA:
     target_keys: Tuple[str, ...] = ("cpu",)
     registers: int = 16
     reduce: int = 4
+    operand_registers: int = 1
+    constant_registers: int = 0
+
+    def accumulator_budget(self, kernel_blocks: int = 1) -> int:
+        """Accumulator registers a tile may use next to its operands.
+
+        A quarter of the registers is kept for operands and addresses, or more
+        when the data operand and ``kernel_blocks`` kernel operands need more
+        (wide operands on few registers, as on AVX2). Spilled accumulators
+        cost a load and a store per step, more than a smaller tile does.
+
+        Examples
+        --------
+        >>> from tvm_tcutils.isa import X86_VNNI, X86_AVX2
+        >>> X86_VNNI.accumulator_budget(2), X86_AVX2.accumulator_budget(2)
+        (24, 6)
+        """
+        operands = self.operand_registers * (1 + kernel_blocks) + self.constant_registers
+        reserved = max(self.registers // 4, operands)
+        return max(1, self.registers - reserved)
 
     @property
     def vector_bytes(self) -> int:

@@ -2,11 +2,17 @@
 
 ``vpmaddubsw`` (the usual AVX2 int8 step) adds two u8 x i8 products in int16
 with saturation, so 255*127 + 255*127 is clipped and the int32 result is
-wrong. This emitter widens both operands to int16 first (``vpmovzxbw`` /
-``vpmovsxbw``), regroups them so that one ``vpmaddwd`` (int16 x int16,
-pairwise sum in int32, exact for 8-bit inputs) covers products 0-1 of every
-lane and a second one products 2-3, and adds both to the accumulator.
-Because nothing saturates, every signedness pair is native here.
+wrong. This emitter widens both operands to int16 first and uses ``vpmaddwd``
+(int16 x int16, pairwise sum in int32, exact for 8-bit inputs): one covers
+products 0-1 of every lane, a second one products 2-3, and both add straight
+into the accumulator. Because nothing saturates, every signedness pair is
+native here.
+
+The widening is written as one byte shuffle per product pair that stays inside
+each 128-bit half (lanes 0-3 live in the low half, 4-7 in the high half, for the
+kernel block and for the broadcast data word alike), so LLVM emits a single
+``vpshufb`` (plus ``vpsraw`` to sign-extend) instead of a cross-lane
+``vpmovsxbw`` and the shuffles that regroup its result.
 """
 from __future__ import annotations
 
@@ -16,28 +22,35 @@ from .base import DotProductISA, DotVariant, llvm_intrin, reinterpret, target_ha
 
 INTRINSIC = "llvm.x86.avx2.pmadd.wd"
 
+_BYTES = 32  # 8 lanes x 4 products
 
-def _pairs(vec: tir.PrimExpr):
-    """Widen an 8-bit x32 vector (8 lanes x 4) to int16 and regroup it by product pair.
 
-    Returns two int16 x16 vectors: the first holds elements 0 and 1 of every lane, the second
-    elements 2 and 3 (one int32-sized pair per lane), so that one ``vpmaddwd`` on each yields
-    a partial sum per lane with no shuffle of its result.
+def _pair_words(vec: tir.PrimExpr, pair: int) -> tir.PrimExpr:
+    """Products ``2*pair`` and ``2*pair + 1`` of every lane, widened to ``int16x16``.
+
+    Word ``2l + j`` holds byte ``4l + 2*pair + j``. A signed byte goes to the high byte of its
+    word and is shifted back arithmetically (sign extension); an unsigned one goes to the low
+    byte with a zero above it.
     """
-    pairs = reinterpret(tir.Cast("int16x32", vec), "int32x16")  # pair p of lane l at 2l + p
-    first = tir.Shuffle([pairs], [tir.const(i, "int32") for i in range(0, 16, 2)])
-    second = tir.Shuffle([pairs], [tir.const(i, "int32") for i in range(1, 16, 2)])
-    return reinterpret(first, "int16x16"), reinterpret(second, "int16x16")
+    dtype = str(vec.dtype).split("x")[0]
+    signed = dtype == "int8"
+    zero_index = _BYTES  # first byte of the zero vector appended to the shuffle's input
+    indices = []
+    for lane in range(_BYTES // 4):
+        for j in range(2):
+            byte = 4 * lane + 2 * pair + j
+            indices += [zero_index, byte] if signed else [byte, zero_index]
+    zeros = tir.Broadcast(tir.const(0, dtype), _BYTES)
+    words = reinterpret(tir.Shuffle([vec, zeros], [tir.const(i, "int32") for i in indices]), "int16x16")
+    return words >> tir.Broadcast(tir.const(8, "int16"), 16) if signed else words
 
 
 def _emit(isa, variant, acc, data, kernel):
-    # The regrouping depends on one operand only: the data operand is a broadcast (its regrouping
-    # folds into the broadcast), and the kernel's is the same for every output pixel of the
-    # register tile, so LLVM computes it once per kernel load; the products then go straight
-    # into the accumulator (two vpmaddwd, two vpaddd per step).
-    (d_01, d_23), (k_01, k_23) = _pairs(data), _pairs(kernel)
-    return (acc + llvm_intrin("int32x8", variant.intrinsic, d_01, k_01)
-            + llvm_intrin("int32x8", variant.intrinsic, d_23, k_23))
+    # The data operand is a broadcast word, so its two shuffles are of a register LLVM builds once
+    # per output pixel; the kernel's are shared by every pixel of the register tile.
+    for pair in (0, 1):
+        acc = acc + llvm_intrin("int32x8", variant.intrinsic, _pair_words(data, pair), _pair_words(kernel, pair))
+    return acc
 
 
 def _supports(target) -> bool:
@@ -53,4 +66,6 @@ X86_AVX2 = DotProductISA(
     supports=_supports,
     emitter=_emit,
     target_keys=("cpu",),
+    operand_registers=2,
+    constant_registers=4,  # the four byte-shuffle masks (two pairs x signed / unsigned)
 )

@@ -66,23 +66,33 @@ def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int]) 
 
 
 def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: int) -> None:
-    budget = max(1, isa.registers * 3 // 4 // max(1, oc_bn // isa.lanes))
+    blocks = max(1, oc_bn // isa.lanes)  # instructions per output-channel chunk
+
+    def budget(tile_oc: int) -> int:  # accumulators per output-channel chunk of the tile
+        return max(1, isa.accumulator_budget(blocks * tile_oc) // blocks)
+
     # Output-channel blocks per tile share each broadcast data word.
     cfg.define_knob("tile_oc", divisors_up_to(oc_chunks, 4))
-    cfg.define_knob("tile_ow", divisors_up_to(ow, budget))
-    cfg.define_knob("tile_oh", divisors_up_to(oh, budget))
+    cfg.define_knob("tile_ow", divisors_up_to(ow, budget(1)))
+    cfg.define_knob("tile_oh", divisors_up_to(oh, budget(1)))
     cfg.define_knob("unroll_kw", [False, True] if kw > 1 else [False])
     cfg.define_knob("par_depth", [3, 2])
     if cfg.is_fallback:
         # Two output-channel blocks per tile when there are (measured 10-30% faster on ResNet-50
-        # layers than one: each broadcast data word feeds two instructions); then the widest
-        # row tile that fits the register budget, then as many rows as still fit.
-        tile_oc = 2 if oc_chunks % 2 == 0 else 1
-        per_block = max(1, budget // tile_oc)
-        tile_ow = divisors_up_to(ow, per_block)[-1]
+        # layers than one on VNNI: each broadcast data word feeds two instructions), unless one
+        # block fills clearly more accumulators (few registers and wide operands, as on AVX2);
+        # then the widest row tile that fits the register budget, then as many rows as still fit.
+        def tile(tile_oc: int):
+            per_block = max(1, budget(tile_oc) // tile_oc)
+            tile_ow = divisors_up_to(ow, per_block)[-1]
+            return tile_oc, tile_ow, divisors_up_to(oh, max(1, per_block // tile_ow))[-1]
+
+        choices = [tile(2)] if oc_chunks % 2 == 0 else []
+        choices.append(tile(1))
+        tile_oc, tile_ow, tile_oh = max(choices, key=lambda t: t[0] * t[1] * t[2])  # first wins ties
         cfg["tile_oc"] = OtherOptionEntity(tile_oc)
         cfg["tile_ow"] = OtherOptionEntity(tile_ow)
-        cfg["tile_oh"] = OtherOptionEntity(divisors_up_to(oh, max(1, per_block // tile_ow))[-1])
+        cfg["tile_oh"] = OtherOptionEntity(tile_oh)
         cfg["unroll_kw"] = OtherOptionEntity(False)
         cfg["par_depth"] = OtherOptionEntity(3)
 
