@@ -148,6 +148,35 @@ def test_avx2_fallback_does_not_saturate():
     assert "vpmaddubsw" not in func.get_source("asm")
 
 
+@pytest.mark.parametrize("pad", [0, 1])
+def test_avx2_conv_widens_its_data_once(pad):
+    # On AVX2 the data is widened to int16 in one pass (fused with the padding copy), so each step
+    # reads its two data words with a broadcast; VNNI keeps 8-bit data and no extra pass.
+    def lowered(target):
+        lanes = for_target(target).lanes
+        d = te.placeholder((1, 2, 8, 8, 16), "uint8", name="d")
+        k = te.placeholder((16 // lanes, 2, 3, 3, 4, lanes, 4), "int8", name="k")
+        with tvm.target.Target(target):
+            cfg = autotvm.get_config()
+            out = conv2d_nchwc_dot(cfg, d, k, 1, pad, 1, "NCHW16c", f"NCHW{lanes}c")
+            return tvm.lower(schedule_conv2d_nchwc_dot(cfg, [out]), [d, k, out]).script()
+
+    avx2, vnni = lowered("llvm -mcpu=core-avx2"), lowered("llvm -mcpu=znver4")
+    assert 'data_wide = T.allocate([' in avx2 and '"int16"' in avx2
+    assert "data_pad" not in avx2  # the padding is computed inside the widening pass
+    assert avx2.count("T.Broadcast(T.reinterpret(\"int32\"") >= 2
+    assert "data_wide" not in vnni and ("data_pad" in vnni) == bool(pad)
+
+
+def test_widened_data_only_where_the_isa_takes_it():
+    from tvm_tcutils.isa import X86_AVX2, X86_VNNI
+    from tvm_tcutils.topi.dot_product.intrinsics import dot_product_intrin
+
+    with pytest.raises(ValueError, match="takes no widened data"):
+        dot_product_intrin(X86_VNNI, "uint8", "int8", "llvm", True)
+    assert dot_product_intrin(X86_AVX2, "uint8", "int8", "llvm", True) is not None
+
+
 @pytest.mark.parametrize("target_name", ["vnni", "avx2", "sse"])
 @pytest.mark.parametrize("m,k,n", [(1, 2048, 1000), (3, 30, 17)])
 def test_dense_bit_exact(target_name, m, k, n):

@@ -80,6 +80,15 @@ class DotProductISA:
         prepared it (2 where it is widened into two halves, as on AVX2).
     constant_registers : int
         Vector registers the emitter keeps for constants (shuffle masks).
+    wide_data : str
+        ``""``, or the dtype (``"int16"``) that conv2d widens its data to once,
+        in the padding pass, so that a step reads data words the instruction
+        takes as they are instead of widening the same bytes again for every
+        output-channel block and kernel tap. The emitter then receives the
+        data operand as ``wide_loader(buffer)`` returns it.
+    wide_loader : callable or None
+        ``wide_loader(buffer) -> operand``: the data operand of one step read
+        from a ``wide_data`` buffer of ``reduce`` elements.
     """
 
     name: str
@@ -92,6 +101,8 @@ class DotProductISA:
     reduce: int = 4
     operand_registers: int = 1
     constant_registers: int = 0
+    wide_data: str = ""
+    wide_loader: Optional[Callable[[tir.Buffer], object]] = None
 
     def accumulator_budget(self, kernel_blocks: int = 1) -> int:
         """Accumulator registers a tile may use next to its operands.

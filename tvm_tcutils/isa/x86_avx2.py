@@ -45,11 +45,25 @@ def _pair_words(vec: tir.PrimExpr, pair: int) -> tir.PrimExpr:
     return words >> tir.Broadcast(tir.const(8, "int16"), 16) if signed else words
 
 
+def _wide_data_words(buffer: tir.Buffer):
+    """The two data operands of a step from 4 data values already widened to int16.
+
+    Each product pair is one 32-bit word, broadcast to the 8 lanes: a single
+    ``vpbroadcastd`` from memory, where 8-bit data needs a broadcast and two shuffles.
+    """
+    return tuple(
+        reinterpret(tir.Broadcast(reinterpret(buffer.vload([2 * pair], "int16x2"), "int32"), 8), "int16x16")
+        for pair in (0, 1)
+    )
+
+
 def _emit(isa, variant, acc, data, kernel):
-    # The data operand is a broadcast word, so its two shuffles are of a register LLVM builds once
-    # per output pixel; the kernel's are shared by every pixel of the register tile.
+    # ``data`` is a broadcast 8-bit word (dense), widened here per step, or the two words
+    # ``_wide_data_words`` read (conv2d, whose data was widened once); the kernel's shuffles
+    # are shared by every pixel of the register tile.
+    words = data if isinstance(data, tuple) else (_pair_words(data, 0), _pair_words(data, 1))
     for pair in (0, 1):
-        acc = acc + llvm_intrin("int32x8", variant.intrinsic, _pair_words(data, pair), _pair_words(kernel, pair))
+        acc = acc + llvm_intrin("int32x8", variant.intrinsic, words[pair], _pair_words(kernel, pair))
     return acc
 
 
@@ -67,5 +81,7 @@ X86_AVX2 = DotProductISA(
     emitter=_emit,
     target_keys=("cpu",),
     operand_registers=2,
-    constant_registers=4,  # the four byte-shuffle masks (two pairs x signed / unsigned)
+    constant_registers=4,  # the byte-shuffle masks (two pairs x signed / unsigned)
+    wide_data="int16",
+    wide_loader=_wide_data_words,
 )

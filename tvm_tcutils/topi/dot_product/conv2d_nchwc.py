@@ -29,6 +29,8 @@ from .intrinsics import dot_product_intrin
 
 #: Tag of the conv op, used by the schedule to find it among fused ops.
 TAG = "conv2d_nchwc_dot"
+#: Tag of the stage that widens the (padded) data once for ISAs with ``wide_data``.
+WIDE_TAG = "dot_widen"
 
 
 def _pair(value) -> Tuple[int, int]:
@@ -149,6 +151,11 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
 
     if pad_t or pad_l or pad_b or pad_r:
         data = topi.nn.pad(data, [0, 0, pad_t, pad_l, 0], [0, 0, pad_b, pad_r, 0], name="data_pad")
+    if isa.wide_data:
+        # Each data value feeds every output-channel block and kernel tap: widen it once here
+        # (fused with the padding copy) rather than in every step.
+        narrow = data
+        data = te.compute(narrow.shape, lambda *i: narrow(*i).astype(isa.wide_data), name="data_wide", tag=WIDE_TAG)
     r_ic = te.reduce_axis((0, ic_chunks), name="ic_outer")
     r_kh = te.reduce_axis((0, k_h), name="kh")
     r_kw = te.reduce_axis((0, k_w), name="kw")
@@ -190,14 +197,18 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     if conv is None:
         raise ValueError(f"no {TAG} op among the outputs")
     data, kernel = conv.op.input_tensors
-    isa = current_isa(data.dtype, kernel.dtype)
-    intrin = dot_product_intrin(isa, str(data.dtype), str(kernel.dtype), mode)
+    wide, pad, source = _data_stages(data)
+    isa = current_isa(source.dtype, kernel.dtype)
+    intrin = dot_product_intrin(isa, str(source.dtype), str(kernel.dtype), mode, wide is not None)
 
-    if isinstance(data.op, te.ComputeOp) and "pad" in data.op.tag:
-        n, c, h, w, cb = s[data].op.axis
-        s[data].parallel(s[data].fuse(n, c, h))
+    if wide is not None and pad is not None:
+        s[pad].compute_inline()
+    copy = wide if wide is not None else pad
+    if copy is not None:
+        n, c, h, w, cb = s[copy].op.axis
+        s[copy].parallel(s[copy].fuse(n, c, h))
         if mode == "llvm":
-            s[data].vectorize(cb)
+            s[copy].vectorize(cb)
 
     out = outs[0]
     inline_between(s, outs, conv)
@@ -231,6 +242,17 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
         s[conv].unroll(r_kw)
     s[conv].tensorize(oc_l, intrin)
     return s
+
+
+def _data_stages(data: te.Tensor):
+    """``(wide, pad, source)`` stages feeding the conv's data (``None`` where absent)."""
+    wide = data if data.op.tag == WIDE_TAG else None
+    if wide is not None:
+        data = data.op.input_tensors[0]
+    pad = data if isinstance(data.op, te.ComputeOp) and "pad" in data.op.tag else None
+    if pad is not None:
+        data = data.op.input_tensors[0]
+    return wide, pad, data
 
 
 def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="int32"):
@@ -300,8 +322,7 @@ def schedule_conv2d_nchw_dot(cfg, outs, mode: str = "llvm"):
         raise ValueError(f"no {TAG} op among the outputs")
     # The conv is scheduled on its own (its output shape differs from the unpacked one).
     s = schedule_conv2d_nchwc_dot(cfg, [conv] + outs, mode)
-    data = conv.op.input_tensors[0]
-    packs = [t for t in (data, *data.op.input_tensors, conv.op.input_tensors[1]) if t.op.tag == "dot_pack"]
+    packs = [t for t in (_data_stages(conv.op.input_tensors[0])[2], conv.op.input_tensors[1]) if t.op.tag == "dot_pack"]
     for pack in packs:
         axes = s[pack].op.axis
         s[pack].parallel(s[pack].fuse(*axes[:3]))

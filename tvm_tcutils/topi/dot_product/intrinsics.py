@@ -25,6 +25,8 @@ MODES = ("llvm", "extern")
 def tile_compute(isa: DotProductISA, data_dtype: str, kernel_dtype: str):
     """The TE computation of one tile: (data, kernel, out) tensors.
 
+    ``data_dtype`` is the data placeholder's (``isa.wide_data`` for widened data).
+
     Examples
     --------
     >>> from tvm_tcutils.isa import X86_VNNI
@@ -45,7 +47,8 @@ def tile_compute(isa: DotProductISA, data_dtype: str, kernel_dtype: str):
 
 
 @functools.lru_cache(maxsize=None)
-def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, mode: str = "llvm"):
+def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, mode: str = "llvm",
+                       wide: bool = False):
     """The tensor intrinsic replacing one ``lanes x 4`` tile.
 
     Parameters
@@ -56,6 +59,8 @@ def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, m
         Operand dtypes; must be a native variant of ``isa``.
     mode : {"llvm", "extern"}
         Emit the LLVM intrinsic, or a call to the variant's C helper.
+    wide : bool
+        The data tile holds ``data_dtype`` values already widened to ``isa.wide_data``.
 
     Examples
     --------
@@ -72,9 +77,12 @@ def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, m
         )
     if mode == "extern" and not variant.extern:
         raise ValueError(f"{isa.name} ({data_dtype}, {kernel_dtype}) has no C helper for mode='extern'")
+    if wide and (mode != "llvm" or not isa.wide_data):
+        raise ValueError(f"{isa.name} in mode {mode!r} takes no widened data")
     lanes, red, nbytes = isa.lanes, isa.reduce, isa.vector_bytes
-    data, kernel, out = tile_compute(isa, data_dtype, kernel_dtype)
-    a_buf = tir.decl_buffer(data.shape, data_dtype, "a_buf", offset_factor=1, strides=[1])
+    tile_dtype = isa.wide_data if wide else data_dtype
+    data, kernel, out = tile_compute(isa, tile_dtype, kernel_dtype)
+    a_buf = tir.decl_buffer(data.shape, tile_dtype, "a_buf", offset_factor=1, strides=[1])
     b_buf = tir.decl_buffer(kernel.shape, kernel_dtype, "b_buf", offset_factor=1, strides=[red, 1])
     c_buf = tir.decl_buffer(out.shape, "int32", "c_buf", offset_factor=1, strides=[1])
 
@@ -98,9 +106,12 @@ def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, m
             if kind == "reset":
                 builder.emit(c.vstore([0], zero))
                 return builder.get()
-            # The four data bytes are read as one int32 and broadcast to all lanes.
-            word = reinterpret(a.vload([0], f"{data_dtype}x{red}"), "int32")
-            data_vec = reinterpret(tir.Broadcast(word, lanes), f"{data_dtype}x{nbytes}")
+            if wide:
+                data_vec = isa.wide_loader(a)
+            else:
+                # The four data bytes are read as one int32 and broadcast to all lanes.
+                word = reinterpret(a.vload([0], f"{data_dtype}x{red}"), "int32")
+                data_vec = reinterpret(tir.Broadcast(word, lanes), f"{data_dtype}x{nbytes}")
             kernel_vec = b.vload([0, 0], f"{kernel_dtype}x{nbytes}")
             acc = zero if kind == "body" else c.vload([0], f"int32x{lanes}")
             builder.emit(c.vstore([0], isa.emit(variant, acc, data_vec, kernel_vec)))
