@@ -8,8 +8,8 @@ model and process, full graph optimizations) on the executor's own buffers
 through an ``IOBinding``: no tensor is copied on the way in or out. The model
 is embedded in the module, so ``export_library`` and loading elsewhere work.
 
-Settings (environment): ``TVM_NUM_THREADS`` also sets onnxruntime's intra-op
-threads; ``TVM_TCUTILS_ORT_SPIN=1`` lets onnxruntime's threads spin between
+Settings (environment): ``TVM_TCUTILS_ORT_THREADS`` sets onnxruntime's
+intra-op threads (default: ``TVM_NUM_THREADS``, else onnxruntime's own choice); ``TVM_TCUTILS_ORT_SPIN=1`` lets onnxruntime's threads spin between
 runs (faster alone, but they then compete with TVM's threads in a mixed model).
 """
 from __future__ import annotations
@@ -152,7 +152,7 @@ def _session_options():
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    threads = os.environ.get("TVM_NUM_THREADS", "")
+    threads = os.environ.get("TVM_TCUTILS_ORT_THREADS", "") or os.environ.get("TVM_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         options.intra_op_num_threads = int(threads)
     spin = "1" if os.environ.get("TVM_TCUTILS_ORT_SPIN", "0") == "1" else "0"
