@@ -78,6 +78,7 @@ CONV_SHAPES = {
     "c17_o17": (1, 17, 9, 11, 17, 3, 1, 1, 1),
     "dilation2": (1, 32, 16, 16, 48, 3, 1, 2, 2),
     "asym_pad": (1, 8, 10, 10, 16, 3, 2, (0, 1, 2, 0), 1),
+    "padded_1x1_s2": (1, 8, 9, 9, 16, 1, 2, 1, 1),
 }
 
 
@@ -87,7 +88,8 @@ def test_conv2d_vnni_bit_exact(name):
     np.testing.assert_array_equal(out, ref)
 
 
-@pytest.mark.parametrize("name", ["r50_3x3_14_s2", "stem_7x7_c3", "c17_o17", "dilation2"])
+@pytest.mark.parametrize("name", ["r50_3x3_14_s2", "r50_1x1_28_s2", "stem_7x7_c3", "c17_o17", "dilation2",
+                                  "asym_pad", "padded_1x1_s2"])
 def test_conv2d_avx2_bit_exact(name):
     out, ref, _ = _run_conv(dot_target("avx2"), CONV_SHAPES[name])
     np.testing.assert_array_equal(out, ref)
