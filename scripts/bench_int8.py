@@ -63,8 +63,23 @@ RNG = np.random.default_rng(0)
 # --------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------
+_ALL_CPUS = os.sched_getaffinity(0)
+
+
 def set_threads(n: int) -> None:
+    """TVM's pool to ``n`` threads, every thread of the process free to run on every CPU.
+
+    ``runtime.config_threadpool`` cannot grow the pool beyond ``TVM_NUM_THREADS`` (which
+    :func:`main` sets) and pins the calling thread to one core; threads created later inherit
+    that mask, so onnxruntime's intra-op pool ran its 2 threads on one core (half its 1-thread
+    speed; standalone it is 1.6x faster with 2). Pinned TVM workers were slower here too.
+    """
     tvm.get_global_func("runtime.config_threadpool")(1, n)
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), _ALL_CPUS)
+        except OSError:  # a thread that has just exited
+            pass
 
 
 def timeit(func, *args, min_ms: int = 200, repeat: int = 5) -> float:
@@ -498,6 +513,9 @@ def main(argv=None) -> int:
     parser.add_argument("--e2e-only", action="store_true", help="skip the per-layer table")
     parser.add_argument("--target", default=None, help="TVM target (default: this CPU's)")
     args = parser.parse_args(argv)
+    # TVM sizes its pool from TVM_NUM_THREADS when it first runs (by default half the logical
+    # CPUs here): without this a "2-thread" row ran TVM on one thread.
+    os.environ["TVM_NUM_THREADS"] = str(max(args.threads))
     global TARGET
     TARGET = args.target or TARGET
     isa = for_target(TARGET)

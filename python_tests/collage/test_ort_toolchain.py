@@ -238,3 +238,32 @@ def test_partition_constants_are_stored_once(partition, tmp_path):
         path = str(tmp_path / f"{name}.so")
         module.export_library(path)
         assert os.path.getsize(path) < 2 * weight_bytes, name
+
+
+_THREADS = """
+import tvm_tcutils
+from tvm_tcutils.collage.toolchains import ort, PACKAGE_TOOLCHAINS
+print(ort.ort_threads(), ort._session_options().intra_op_num_threads, PACKAGE_TOOLCHAINS["ort"].cache_tag())
+"""
+
+
+@pytest.mark.parametrize("env,threads", [
+    ({"TVM_NUM_THREADS": "1"}, 1),
+    ({"TVM_NUM_THREADS": "2"}, 2),
+    ({"TVM_NUM_THREADS": "2", "TVM_TCUTILS_ORT_THREADS": "1"}, 1),
+])
+def test_ort_threads_follow_tvm_pool_unless_set(env, threads):
+    # One thread budget for both toolchains: TVM's default pool can be smaller than onnxruntime's.
+    clean = {"TVM_TCUTILS_ORT_THREADS": ""} | env
+    proc = run_python(_THREADS, env=clean)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found, option, tag = proc.stdout.split()
+    assert int(found) == int(option) == threads
+    assert f"threads={env['TVM_NUM_THREADS']}" in tag
+    assert ("TVM_TCUTILS_ORT_THREADS" in tag) == ("TVM_TCUTILS_ORT_THREADS" in env)
+
+
+def test_bad_ort_threads_setting_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TVM_TCUTILS_ORT_THREADS", "two")
+    with pytest.raises(ValueError, match="TVM_TCUTILS_ORT_THREADS must be a positive integer"):
+        ort.ort_threads()

@@ -22,8 +22,9 @@ from .. import rules
 
 #: Bumped when the package changes how a toolchain's code runs, so that costs cached before
 #: (measured with the old code) are not reused: 2 = packed toolchains called through a raw C
-#: callback (about 19 us less per call than TVM's generic Python callback).
-COST_REVISION = 2
+#: callback (about 19 us less per call than TVM's generic Python callback); 3 = onnxruntime
+#: runs with as many threads as TVM's pool unless told otherwise.
+COST_REVISION = 3
 
 @dataclasses.dataclass(frozen=True)
 class Toolchain:
@@ -141,4 +142,15 @@ class Toolchain:
                 versions.append(f"{module}-{importlib.import_module(module).__version__}")
             except Exception:
                 versions.append(module)
-        return "/".join([self.name, self.compiler or "tvm", tvm.__version__, f"r{COST_REVISION}", *versions])
+        return "/".join([self.name, self.compiler or "tvm", tvm.__version__, f"r{COST_REVISION}", *versions,
+                         _thread_settings()])
+
+
+def _thread_settings() -> str:
+    """The thread budgets a measured cost depends on (TVM's pool, and what the toolchains read)."""
+    import os
+
+    pool = int(tvm.get_global_func("runtime.NumThreads")())
+    extra = [f"{name}={os.environ[name]}" for name in ("TVM_TCUTILS_ORT_THREADS", "TVM_TCUTILS_BLAS_THREADS")
+             if os.environ.get(name)]
+    return ",".join([f"threads={pool}", *extra])

@@ -9,7 +9,8 @@ through an ``IOBinding``: no tensor is copied on the way in or out. The model
 is embedded in the module, so ``export_library`` and loading elsewhere work.
 
 Settings (environment): ``TVM_TCUTILS_ORT_THREADS`` sets onnxruntime's
-intra-op threads (default: ``TVM_NUM_THREADS``, else onnxruntime's own choice); ``TVM_TCUTILS_ORT_SPIN=1`` lets onnxruntime's threads spin between
+intra-op threads (default: as many as TVM's thread pool, see :func:`ort_threads`);
+``TVM_TCUTILS_ORT_SPIN=1`` lets onnxruntime's threads spin between
 runs (faster alone, but they then compete with TVM's threads in a mixed model).
 """
 from __future__ import annotations
@@ -147,14 +148,32 @@ class _Session:
         return binding
 
 
+def ort_threads() -> int:
+    """onnxruntime's intra-op threads: ``TVM_TCUTILS_ORT_THREADS``, else as many as TVM's pool has.
+
+    One thread budget for the whole model: TVM's default pool can be smaller than
+    onnxruntime's default (TVM takes one thread on a 2-vCPU VM where onnxruntime takes
+    two), and toolchains costed with different budgets would be compared unfairly.
+
+    Examples
+    --------
+    >>> ort_threads() >= 1
+    True
+    """
+    value = os.environ.get("TVM_TCUTILS_ORT_THREADS", "")
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"TVM_TCUTILS_ORT_THREADS must be a positive integer, got {value!r}")
+        return int(value)
+    return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
+
+
 def _session_options():
     ort = importlib.import_module("onnxruntime")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    threads = os.environ.get("TVM_TCUTILS_ORT_THREADS", "") or os.environ.get("TVM_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        options.intra_op_num_threads = int(threads)
+    options.intra_op_num_threads = ort_threads()
     spin = "1" if os.environ.get("TVM_TCUTILS_ORT_SPIN", "0") == "1" else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     return options
