@@ -170,6 +170,25 @@ def test_avx2_conv_widens_its_data_once(pad):
     assert "data_wide" not in vnni and ("data_pad" in vnni) == bool(pad)
 
 
+@pytest.mark.parametrize("hw,oc", [(56, 64), (28, 128), (15, 64), (13, 32), (7, 512)])
+def test_fallback_tiles_fit_the_register_budget(hw, oc):
+    # VNNI keeps two output-channel blocks per tile (each broadcast word feeds two instructions);
+    # AVX2's two-register operands leave room for fewer accumulators, and no tile may spill.
+    for target in ("llvm -mcpu=znver4", "llvm -mcpu=core-avx2"):
+        isa = for_target(target)
+        lanes = isa.lanes
+        d = te.placeholder((1, 4, hw, hw, 16), "uint8")
+        k = te.placeholder((oc // lanes, 4, 3, 3, 4, lanes, 4), "int8")
+        with tvm.target.Target(target):
+            cfg = autotvm.get_config()
+            conv2d_nchwc_dot(cfg, d, k, 1, 1, 1, "NCHW16c", f"NCHW{lanes}c")
+        tile_oc, tile_ow, tile_oh = cfg["tile_oc"].val, cfg["tile_ow"].val, cfg["tile_oh"].val
+        accumulators = tile_oc * tile_ow * tile_oh
+        assert accumulators <= isa.accumulator_budget(tile_oc), (target, tile_oc, tile_ow, tile_oh)
+        if isa.operand_registers == 1:
+            assert tile_oc == 2
+
+
 def test_widened_data_only_where_the_isa_takes_it():
     from tvm_tcutils.isa import X86_AVX2, X86_VNNI
     from tvm_tcutils.topi.dot_product.intrinsics import dot_product_intrin

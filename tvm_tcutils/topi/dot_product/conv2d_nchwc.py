@@ -81,16 +81,18 @@ def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: in
     cfg.define_knob("par_depth", [3, 2])
     if cfg.is_fallback:
         # Two output-channel blocks per tile when there are (measured 10-30% faster on ResNet-50
-        # layers than one on VNNI: each broadcast data word feeds two instructions), unless one
-        # block fills clearly more accumulators (few registers and wide operands, as on AVX2);
-        # then the widest row tile that fits the register budget, then as many rows as still fit.
+        # layers than one on VNNI: each broadcast data word feeds two instructions); where operands
+        # take two registers each (AVX2) two blocks leave room for few accumulators, so there the
+        # tiling with more accumulators wins. Then the widest row tile that fits the register
+        # budget, then as many rows as still fit.
         def tile(tile_oc: int):
             per_block = max(1, budget(tile_oc) // tile_oc)
             tile_ow = divisors_up_to(ow, per_block)[-1]
             return tile_oc, tile_ow, divisors_up_to(oh, max(1, per_block // tile_ow))[-1]
 
-        choices = [tile(2)] if oc_chunks % 2 == 0 else []
-        choices.append(tile(1))
+        choices = [tile(2)] if oc_chunks % 2 == 0 else [tile(1)]
+        if isa.operand_registers > 1 and oc_chunks % 2 == 0:
+            choices.append(tile(1))
         tile_oc, tile_ow, tile_oh = max(choices, key=lambda t: t[0] * t[1] * t[2])  # first wins ties
         cfg["tile_oc"] = OtherOptionEntity(tile_oc)
         cfg["tile_ow"] = OtherOptionEntity(tile_ow)
