@@ -518,14 +518,10 @@ class MeasuredCostEstimator(CostEstimator):
         self.pool.run(payloads, record)
 
     def measure_whole(self, mod) -> Optional[float]:
-        """Build and time a whole module in a worker (``inf`` if it fails)."""
-        import tvm
-
-        target, repeat, warmup, _ = self.settings
-        [result] = self.pool.run([(tvm.ir.save_json(mod), target, max(repeat, 10), warmup, 50, self.tuning_log)])
-        if result.get("error"):
-            logger.warning("whole-model measurement failed: %s", result["error"])
-        return _ms(result)
+        """Build and time a whole module in a worker (``inf`` if it fails): one module, one round
+        of :meth:`measure_wholes`."""
+        times = self.measure_wholes([mod], rounds=1)
+        return math.inf if times is None else times[0]
 
     def measure_wholes(self, mods, rounds: int = 5) -> Optional[List[float]]:
         """Build whole modules in one worker and time them round-robin (``inf`` for failures)."""
