@@ -156,17 +156,15 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
     if isa.wide_data:
         # Each data value feeds every output-channel block and kernel tap: widen it once here
         # (fused with the padding copy) rather than in every step.
+        # A strided 1x1 kernel reads one pixel in s_h * s_w: widen only those, then step by 1.
         narrow, wide = data, isa.wide_data
-        if k_h == k_w == 1 and (s_h, s_w) != (1, 1):
-            # A strided 1x1 kernel reads one pixel in s_h * s_w: widen only those, then step by 1.
-            data = te.compute(
-                (batch, ic_chunks, out_h, out_w, ic_bn),
-                lambda n, c, y, x, b: narrow[n, c, y * s_h, x * s_w, b].astype(wide),
-                name="data_wide", tag=WIDE_TAG,
-            )
-            s_h = s_w = 1
-        else:
-            data = te.compute(narrow.shape, lambda *i: narrow(*i).astype(wide), name="data_wide", tag=WIDE_TAG)
+        step_h, step_w = (s_h, s_w) if k_h == k_w == 1 else (1, 1)
+        shape = (batch, ic_chunks, out_h, out_w, ic_bn) if k_h == k_w == 1 else narrow.shape
+        data = te.compute(
+            shape, lambda n, c, y, x, b: narrow[n, c, y * step_h, x * step_w, b].astype(wide),
+            name="data_wide", tag=WIDE_TAG,
+        )
+        s_h, s_w = s_h // step_h, s_w // step_w
     r_ic = te.reduce_axis((0, ic_chunks), name="ic_outer")
     r_kh = te.reduce_axis((0, k_h), name="kh")
     r_kw = te.reduce_axis((0, k_w), name="kw")
