@@ -97,11 +97,10 @@ def _features_hidden_from_host(cpu: str) -> List[str]:
         model = tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target(f"llvm -mcpu={cpu}"))
     except Exception:  # no LLVM or an older TVM: nothing to compare, trust the model
         return []
-    have = {str(name) for name, on in dict(host).items() if bool(on)}
-    known = {str(name) for name in dict(host)}
-    # Only features the host reported on (known) can be judged missing.
-    model = model.keys() if hasattr(model, "keys") else model
-    return sorted(str(f) for f in model if str(f) in known and str(f) not in have)
+    host = {str(name): bool(on) for name, on in dict(host).items()}
+    # Only features the host reported on, as absent, count as missing (iterating gives names
+    # whether TVM returns a set or a Map).
+    return sorted({str(f) for f in model if host.get(str(f)) is False})
 
 
 @functools.lru_cache(maxsize=None)
