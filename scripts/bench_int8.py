@@ -205,10 +205,11 @@ def ours(task_name: str, args, arrays, out_shape, trials: int, log_dir: str):
 
 def ours_conv(layer, data, kernel, trials, log_dir):
     c, h, w, o, k, stride, pad = layer
-    lanes = for_target(TARGET).lanes
+    isa = for_target(TARGET)
+    lanes = isa.lanes
     ic_bn = packing.channel_block(c, lanes)
-    d_p, k_p = packing.pack_data_nchwc(data, ic_bn), packing.pack_kernel_oihw(kernel, ic_bn, lanes)
-    args = (te.placeholder(d_p.shape, "uint8"), te.placeholder(k_p.shape, "int8"), (stride, stride),
+    d_p, k_p = packing.pack_data_nchwc(data, ic_bn), packing.pack_kernel_for(isa, kernel, ic_bn)
+    args = (te.placeholder(d_p.shape, "uint8"), te.placeholder(k_p.shape, k_p.dtype.name), (stride, stride),
             (pad, pad, pad, pad), (1, 1), f"NCHW{ic_bn}c", f"NCHW{lanes}c", "int32")
     h_o, w_o = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
     return ours(CONV2D_NCHWC_TASK, args, [d_p, k_p], (1, -(-o // lanes), h_o, w_o, lanes), trials, log_dir)

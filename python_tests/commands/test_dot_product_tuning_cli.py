@@ -24,6 +24,8 @@ def test_tune_resume_and_apply_history_best(int8_conv_model, tmp_path):
     target = host_dot_target()
     isa = for_target(target)
     lanes, block = isa.lanes, channel_block(16, isa.lanes)
+    k_dtype = isa.conv_kernel_dtype("int8")  # int16 pairs on AVX2
+    group = isa.kernel_group(k_dtype)
     # The quantized data is int8; legalize shifts it to uint8 where the ISA has no i8 x i8 form (VNNI).
     data_dtype = "int8" if isa.variant("int8", "int8") is not None else "uint8"
     mod, params = int8_conv_model
@@ -41,7 +43,7 @@ def test_tune_resume_and_apply_history_best(int8_conv_model, tmp_path):
         # The alter-layout hook carried the tuned config over to the packed op's workload.
         packed = autotvm.task.args_to_workload(
             [te.placeholder((1, 16 // block, 8, 8, block), data_dtype),
-             te.placeholder((16 // lanes, 16 // block, 3, 3, block // 4, lanes, 4), "int8"),
+             te.placeholder((16 // lanes, 16 // block, 3, 3, block // group, lanes, group), k_dtype),
              (1, 1), (1, 1, 1, 1), (1, 1), f"NCHW{block}c", f"NCHW{lanes}c", "int32"],
             "tcutils.conv2d_nchwc_dot",
         )

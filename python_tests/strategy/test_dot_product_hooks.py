@@ -184,6 +184,20 @@ def test_vnni_graph_is_packed_with_folded_layouts():
     assert all(c.args[0].checked_type.dtype == "uint8" for c in convs + dense)
 
 
+@pytest.mark.parametrize("const_weights", [True, False])
+def test_avx2_graph_packs_a_widened_folded_kernel(const_weights):
+    # AVX2's conv2d takes its kernel as int16 pairs: the cast folds into the constant with the
+    # layout transform (no run-time widening); a kernel given as a parameter is widened in the graph.
+    mod, inputs = _odd_net("int8", const_weights)
+    calls = _calls(_optimized(mod, dot_target("avx2"), fuse=False))
+    convs = [c for c in calls if c.op.name == "nn.contrib_conv2d_NCHWc"]
+    assert sorted(c.attrs.kernel_layout for c in convs) == ["OIHW2i8o2i", "OIHW4i8o2i"]  # blocks 4 and 8
+    assert all(c.args[1].checked_type.dtype == "int16" for c in convs)
+    assert all(isinstance(c.args[1], relay.Constant) for c in convs) == const_weights
+    dense = [c for c in calls if c.op.name == "nn.contrib_dense_pack"]
+    assert [d.attrs.weight_layout for d in dense] == ["NC8n4c"] and dense[0].args[1].checked_type.dtype == "int8"
+
+
 def test_float_model_unchanged_by_package():
     mod = small_conv_net(channels=8, size=12)
     target = host_dot_target()  # the package's hooks are installed for it, and its code runs here

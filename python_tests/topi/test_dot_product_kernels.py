@@ -47,14 +47,16 @@ def test_conv_reference_matches_tvm_testing():
     np.testing.assert_array_equal(conv_reference(data, kernel, 2, 2, 2), ref)
 
 
-def _run_conv(target, shape, dtypes=("uint8", "int8"), fused=None):
+def _run_conv(target, shape, dtypes=("uint8", "int8"), fused=None, widened=True):
+    """Pack, build, run; ``widened``: the kernel in the ISA's conv2d dtype (int16 pairs on AVX2)."""
     (n, c, h, w, o, k, stride, pad, dil) = shape
     isa = for_target(target)
     ic_bn, oc_bn = packing.channel_block(c, isa.lanes), isa.lanes
     data, kernel = _full_range((n, c, h, w), dtypes[0]), _full_range((o, c, k, k), dtypes[1])
-    data_p, kernel_p = packing.pack_data_nchwc(data, ic_bn), packing.pack_kernel_oihw(kernel, ic_bn, oc_bn)
+    data_p = packing.pack_data_nchwc(data, ic_bn)
+    kernel_p = packing.pack_kernel_for(isa, kernel, ic_bn) if widened else packing.pack_kernel_oihw(kernel, ic_bn, oc_bn)
     d = te.placeholder(data_p.shape, dtypes[0], name="d")
-    kk = te.placeholder(kernel_p.shape, dtypes[1], name="k")
+    kk = te.placeholder(kernel_p.shape, kernel_p.dtype.name, name="k")
     with tvm.target.Target(target):
         cfg = autotvm.get_config()
         out = conv2d_nchwc_dot(cfg, d, kk, stride, pad, dil, f"NCHW{ic_bn}c", f"NCHW{oc_bn}c")
@@ -93,6 +95,29 @@ def test_conv2d_vnni_bit_exact(name):
 def test_conv2d_avx2_bit_exact(name):
     out, ref, _ = _run_conv(dot_target("avx2"), CONV_SHAPES[name])
     np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("name", ["r50_1x1_28_s2", "c17_o17"])
+def test_conv2d_avx2_takes_an_8bit_kernel_too(name):
+    # The packed conv2d on AVX2 also accepts the 8-bit OIHW[x]i[y]o4i kernel (a graph packed for
+    # another ISA), widening it per step; the widened int16 kernel's result is the same.
+    out, ref, func = _run_conv(dot_target("avx2"), CONV_SHAPES[name], widened=False)
+    np.testing.assert_array_equal(out, ref)
+    assert "vpshufb" in func.get_source("asm")
+
+
+@pytest.mark.parametrize("k_dtype,group,shuffles", [("int16", 2, False), ("int8", 4, True)])
+def test_avx2_conv_step_reads_a_widened_kernel_as_is(k_dtype, group, shuffles):
+    # With the kernel packed as int16 pairs, the step has no byte shuffles left: only broadcasts,
+    # vpmaddwd and adds (the shuffles and their masks cost ~20 % on ResNet-50 layers).
+    d = te.placeholder((1, 2, 8, 8, 8), "uint8", name="d")
+    k = te.placeholder((2, 2, 3, 3, 8 // group, 8, group), k_dtype, name="k")
+    with tvm.target.Target("llvm -mcpu=core-avx2"):
+        cfg = autotvm.get_config()
+        out = conv2d_nchwc_dot(cfg, d, k, 1, 1, 1, "NCHW8c", "NCHW8c")
+        script = tvm.lower(schedule_conv2d_nchwc_dot(cfg, [out]), [d, k, out]).script()
+    assert script.count("llvm.x86.avx2.pmadd.wd") >= 2
+    assert ("T.Shuffle" in script) == shuffles
 
 
 @pytest.mark.parametrize("target_name", ["avx2", "sse"])
@@ -139,13 +164,14 @@ def test_avx2_fallback_does_not_saturate():
     kernel = np.full((8, 8, 1, 1), 127, "int8")
     ic_bn = 8
     d = te.placeholder((1, 1, 4, 4, 8), "uint8")
-    k = te.placeholder((1, 1, 1, 1, 2, 8, 4), "int8")
+    k = te.placeholder((1, 1, 1, 1, 4, 8, 2), "int16")
     with tvm.target.Target(target):
         cfg = autotvm.get_config()
         out = conv2d_nchwc_dot(cfg, d, k, 1, 0, 1, "NCHW8c", "NCHW8c")
         func = tvm.build(schedule_conv2d_nchwc_dot(cfg, [out]), [d, k, out], target=target)
     res = tvm.nd.empty((1, 1, 4, 4, 8), "int32")
-    func(tvm.nd.array(packing.pack_data_nchwc(data, ic_bn)), tvm.nd.array(packing.pack_kernel_oihw(kernel, 8, 8)), res)
+    kernel_p = packing.pack_kernel_oihw(kernel, 8, 8, group=2, dtype="int16")
+    func(tvm.nd.array(packing.pack_data_nchwc(data, ic_bn)), tvm.nd.array(kernel_p), res)
     assert (res.numpy() == 255 * 127 * 8).all()
     assert "vpmaddubsw" not in func.get_source("asm")
 
@@ -178,7 +204,9 @@ def test_fallback_tiles_fit_the_register_budget(hw, oc):
         isa = for_target(target)
         lanes = isa.lanes
         d = te.placeholder((1, 4, hw, hw, 16), "uint8")
-        k = te.placeholder((oc // lanes, 4, 3, 3, 4, lanes, 4), "int8")
+        k_dtype = isa.conv_kernel_dtype("int8")
+        group = isa.kernel_group(k_dtype)
+        k = te.placeholder((oc // lanes, 4, 3, 3, 16 // group, lanes, group), k_dtype)
         with tvm.target.Target(target):
             cfg = autotvm.get_config()
             conv2d_nchwc_dot(cfg, d, k, 1, 1, 1, "NCHW16c", f"NCHW{lanes}c")
@@ -232,6 +260,13 @@ def test_bad_inputs_raise_clear_errors():
         with pytest.raises(ValueError, match="lanes"):
             conv2d_nchwc_dot(cfg, te.placeholder((1, 1, 4, 4, 4), "uint8"),
                              te.placeholder((1, 1, 1, 1, 1, 8, 4), "int8"), 1, 0, 1, "", "")
+        with pytest.raises(ValueError, match="native pairs"):  # VNNI takes no widened kernel
+            conv2d_nchwc_dot(cfg, te.placeholder((1, 1, 4, 4, 4), "uint8"),
+                             te.placeholder((1, 1, 1, 1, 2, 16, 2), "int16"), 1, 0, 1, "", "")
+    with tvm.target.Target("llvm -mcpu=core-avx2"):
+        with pytest.raises(ValueError, match=r"\(O/B, 1, KH, KW, 2, B, 2\)"):  # int16 kernels come in pairs
+            conv2d_nchwc_dot(autotvm.get_config(), te.placeholder((1, 1, 4, 4, 4), "uint8"),
+                             te.placeholder((1, 1, 1, 1, 1, 8, 4), "int16"), 1, 0, 1, "", "")
     with tvm.target.Target("llvm"):
         with pytest.raises(ValueError, match="no 4-way dot-product"):
             dense_pack_dot(autotvm.get_config(), te.placeholder((1, 4), "uint8"),

@@ -89,6 +89,15 @@ class DotProductISA:
     wide_loader : callable or None
         ``wide_loader(buffer) -> operand``: the data operand of one step read
         from a ``wide_data`` buffer of ``reduce`` elements.
+    wide_kernel : str
+        ``""``, or the dtype (``"int16"``) conv2d packs its kernel in: widened
+        when the layout transform is constant-folded at compile time, so a step
+        loads kernel operands the instruction takes as they are (no shuffles,
+        no mask registers). The emitter then receives the kernel operand as a
+        tuple of ``reduce // wide_group`` vectors.
+    wide_group : int
+        Products per lane one instruction reads from a ``wide_kernel`` kernel
+        (the innermost axis of that layout: 2 for ``vpmaddwd``).
     """
 
     name: str
@@ -103,6 +112,30 @@ class DotProductISA:
     constant_registers: int = 0
     wide_data: str = ""
     wide_loader: Optional[Callable[[tir.Buffer], object]] = None
+    wide_kernel: str = ""
+    wide_group: int = 4
+
+    def conv_kernel_dtype(self, kernel_dtype: str) -> str:
+        """The dtype conv2d's packed kernel has for an 8-bit ``kernel_dtype``.
+
+        Examples
+        --------
+        >>> from tvm_tcutils.isa import X86_VNNI, X86_AVX2
+        >>> X86_VNNI.conv_kernel_dtype("int8"), X86_AVX2.conv_kernel_dtype("int8")
+        ('int8', 'int16')
+        """
+        return self.wide_kernel or str(kernel_dtype)
+
+    def kernel_group(self, kernel_dtype: str) -> int:
+        """Innermost axis of a packed kernel of ``kernel_dtype``: products per lane and instruction.
+
+        Examples
+        --------
+        >>> from tvm_tcutils.isa import X86_AVX2
+        >>> X86_AVX2.kernel_group("int8"), X86_AVX2.kernel_group("int16")
+        (4, 2)
+        """
+        return self.wide_group if self.wide_kernel and str(kernel_dtype) == self.wide_kernel else self.reduce
 
     def accumulator_budget(self, kernel_blocks: int = 1) -> int:
         """Accumulator registers a tile may use next to its operands.
@@ -138,6 +171,9 @@ class DotProductISA:
         >>> X86_VNNI.variant("int8", "int8") is None
         True
         """
+        if self.wide_kernel and str(kernel_dtype) == self.wide_kernel:
+            # Any 8-bit kernel widened (signed, exact) multiplies as the signed one does.
+            kernel_dtype = "int8"
         for var in self.variants:
             if (var.data_dtype, var.kernel_dtype) == (str(data_dtype), str(kernel_dtype)):
                 return var

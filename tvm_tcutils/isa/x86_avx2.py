@@ -13,6 +13,11 @@ each 128-bit half (lanes 0-3 live in the low half, 4-7 in the high half, for the
 kernel block and for the broadcast data word alike), so LLVM emits a single
 ``vpshufb`` (plus ``vpsraw`` to sign-extend) instead of a cross-lane
 ``vpmovsxbw`` and the shuffles that regroup its result.
+
+conv2d widens neither operand at run time: its data is widened once per run
+(``wide_data``) and its kernel at compile time (``wide_kernel``: packed as
+int16 pairs, ``OIHW{b/2}i8o2i``), so its step is two ``vpbroadcastd`` loads, two
+``vpmaddwd`` and two ``vpaddd``.
 """
 from __future__ import annotations
 
@@ -59,11 +64,13 @@ def _wide_data_words(buffer: tir.Buffer):
 
 def _emit(isa, variant, acc, data, kernel):
     # ``data`` is a broadcast 8-bit word (dense), widened here per step, or the two words
-    # ``_wide_data_words`` read (conv2d, whose data was widened once); the kernel's shuffles
-    # are shared by every pixel of the register tile.
+    # ``_wide_data_words`` read (conv2d, whose data was widened once). ``kernel`` is an 8-bit
+    # block (dense), whose shuffles are shared by every row of the register tile, or the two
+    # pair vectors of conv2d's kernel, packed widened at compile time.
     words = data if isinstance(data, tuple) else (_pair_words(data, 0), _pair_words(data, 1))
+    kernel_words = kernel if isinstance(kernel, tuple) else (_pair_words(kernel, 0), _pair_words(kernel, 1))
     for pair in (0, 1):
-        acc = acc + llvm_intrin("int32x8", variant.intrinsic, words[pair], _pair_words(kernel, pair))
+        acc = acc + llvm_intrin("int32x8", variant.intrinsic, words[pair], kernel_words[pair])
     return acc
 
 
@@ -84,4 +91,6 @@ X86_AVX2 = DotProductISA(
     constant_registers=4,  # the byte-shuffle masks (two pairs x signed / unsigned)
     wide_data="int16",
     wide_loader=_wide_data_words,
+    wide_kernel="int16",
+    wide_group=2,
 )

@@ -12,8 +12,9 @@ For targets with a 4-way dot-product ISA (see :mod:`tvm_tcutils.isa`) and
   for a constant kernel (never a second convolution); channels are
   zero-padded to multiples of 4 (input) and of the lane count (output).
 * ``FTVMAlterOpLayout`` turns those ops into ``contrib_conv2d_NCHWc`` with an
-  ``OIHW{b/4}i{L}o4i`` kernel and ``contrib_dense_pack`` with an ``NC{L}n4c``
-  weight; Relay inserts the layout transforms and folds them for constants.
+  ``OIHW{b/4}i{L}o4i`` kernel (on AVX2 ``OIHW{b/2}i{L}o2i``, cast to int16) and
+  ``contrib_dense_pack`` with an ``NC{L}n4c`` weight; Relay inserts the layout
+  transforms and folds them (and the cast) for constants.
 * Strategy rows select the tensorized computes. They are *exclusive* for the
   8-bit cases they handle, because TVM's own x86 int8 path aborts LLVM 22 on
   VNNI targets and saturates (wrong results) on AVX2 ones.
@@ -35,7 +36,7 @@ from tvm.topi.utils import get_const_tuple
 from .. import registry
 from ..isa import DotProductISA, for_target
 from ..topi.dot_product import conv2d_nchwc, dense_pack
-from ..topi.dot_product.packing import channel_block, round_up
+from ..topi.dot_product.packing import channel_block, kernel_layout, round_up
 
 #: Task names of the AutoTVM templates.
 CONV2D_NCHWC_TASK = "tcutils.conv2d_nchwc_dot"
@@ -226,10 +227,13 @@ def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     if blocks is None:
         return None
     ic_bn, oc_bn = blocks
+    isa = _isa()
+    k_dtype = isa.conv_kernel_dtype(types[1].dtype)
+    group = isa.kernel_group(k_dtype)
     new_attrs = {key: attrs[key] for key in attrs.keys()}
     new_attrs.update(
         data_layout=f"NCHW{ic_bn}c",
-        kernel_layout=f"OIHW{ic_bn // 4}i{oc_bn}o4i",
+        kernel_layout=kernel_layout(ic_bn, oc_bn, group),
         out_layout=f"NCHW{oc_bn}c",
         out_dtype="int32",
     )
@@ -239,11 +243,15 @@ def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
         CONV2D_NCHW_TASK, [_placeholder(types[0]), _placeholder(types[1]), *conv_args, "int32"],
         CONV2D_NCHWC_TASK, [
             _placeholder(types[0], (n, c // ic_bn, h, w, ic_bn)),
-            _placeholder(types[1], (o // oc_bn, c // ic_bn, kh, kw, ic_bn // 4, oc_bn, 4)),
+            te.placeholder((o // oc_bn, c // ic_bn, kh, kw, ic_bn // group, oc_bn, group), dtype=k_dtype),
             *conv_args, new_attrs["data_layout"], new_attrs["out_layout"], "int32",
         ],
     )
-    return relay.nn.contrib_conv2d_nchwc(*inputs, **new_attrs)
+    data, kernel = inputs
+    if k_dtype != str(types[1].dtype):
+        # Widened here, the cast folds with the kernel's layout transform into one constant.
+        kernel = relay.cast(kernel, k_dtype)
+    return relay.nn.contrib_conv2d_nchwc(data, kernel, **new_attrs)
 
 
 def alter_dense(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
@@ -269,9 +277,11 @@ def alter_dense(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
 # --------------------------------------------------------------------------
 # Strategy rows
 # --------------------------------------------------------------------------
-def _tensor_isa(target, data, kernel, out_dtype) -> Optional[DotProductISA]:
+def _tensor_isa(target, data, kernel, out_dtype, widened: bool = False) -> Optional[DotProductISA]:
     isa = for_target(target)
-    if isa is None or not _int8_pair(data.dtype, kernel.dtype, out_dtype):
+    # ``widened``: the kernel may also be a conv2d kernel packed in the ISA's wide dtype.
+    k_dtype = "int8" if widened and isa is not None and str(kernel.dtype) == isa.wide_kernel else kernel.dtype
+    if isa is None or not _int8_pair(data.dtype, k_dtype, out_dtype):
         return None
     if isa.variant(data.dtype, kernel.dtype) is None:
         return None
@@ -281,11 +291,13 @@ def _tensor_isa(target, data, kernel, out_dtype) -> Optional[DotProductISA]:
 
 
 def _applies_conv2d_nchwc(attrs, inputs, out_type, target) -> bool:
-    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype)
+    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype, widened=True)
     if isa is None or attrs.groups != 1 or len(inputs[0].shape) != 5 or len(inputs[1].shape) != 7:
         return False
     try:
-        _, oc_bn = conv2d_nchwc.conv2d_nchwc_shapes(_static(inputs[0].shape), _static(inputs[1].shape))
+        _, oc_bn = conv2d_nchwc.conv2d_nchwc_shapes(
+            _static(inputs[0].shape), _static(inputs[1].shape), isa.kernel_group(inputs[1].dtype)
+        )
     except ValueError:
         return False
     return oc_bn % isa.lanes == 0

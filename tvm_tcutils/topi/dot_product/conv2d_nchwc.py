@@ -5,7 +5,9 @@ multiple of 4):
 
 * data ``NCHW{b}c``: ``(N, C/b, H, W, b)``, uint8 or int8;
 * kernel ``OIHW{b/4}i{B}o4i``: ``(O/B, I/b, KH, KW, b/4, B, 4)`` with ``B`` a
-  multiple of ``L``, so each ``L x 4`` kernel block is contiguous;
+  multiple of ``L``, so each ``L x 4`` kernel block is contiguous; for an ISA
+  with ``wide_kernel`` (AVX2) ``OIHW{b/2}i{B}o2i`` in int16, widened at compile
+  time, so each instruction's ``L x 2`` operand is contiguous;
 * output ``NCHW{B}c``, int32.
 
 The schedule keeps a ``tile_oh x tile_ow x B/L`` block of accumulators in
@@ -40,29 +42,34 @@ def _pair(value) -> Tuple[int, int]:
     return value if len(value) == 2 else (value[0], value[0])
 
 
-def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int]) -> Tuple[int, ...]:
+def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], group: int = 4) -> Tuple[int, ...]:
     """Check packed shapes; return ``(ic_bn, oc_bn)``.
+
+    ``group`` is the kernel's innermost axis (4, or the ISA's ``wide_group`` for a
+    kernel packed widened).
 
     Raises
     ------
     ValueError
-        When the shapes are not ``(N, C/b, H, W, b)`` / ``(O/B, I/b, KH, KW, b/4, B, 4)``.
+        When the shapes are not ``(N, C/b, H, W, b)`` / ``(O/B, I/b, KH, KW, b/g, B, g)``.
 
     Examples
     --------
     >>> conv2d_nchwc_shapes((1, 4, 28, 28, 16), (8, 4, 3, 3, 4, 16, 4))
     (16, 16)
+    >>> conv2d_nchwc_shapes((1, 4, 28, 28, 8), (8, 4, 3, 3, 4, 8, 2), group=2)
+    (8, 8)
     """
     if len(data_shape) != 5 or len(kernel_shape) != 7:
         raise ValueError(
-            f"data must be NCHW[x]c (5-D) and kernel OIHW[x]i[y]o4i (7-D); got {len(data_shape)}-D "
+            f"data must be NCHW[x]c (5-D) and kernel OIHW[x]i[y]o{group}i (7-D); got {len(data_shape)}-D "
             f"and {len(kernel_shape)}-D"
         )
-    ic_bn, (_, icc_k, _, _, icf, oc_bn, four) = data_shape[4], kernel_shape
-    if four != 4 or icf * 4 != ic_bn or icc_k != data_shape[1]:
+    ic_bn, (_, icc_k, _, _, icf, oc_bn, inner) = data_shape[4], kernel_shape
+    if inner != group or icf * group != ic_bn or icc_k != data_shape[1] or ic_bn % 4:
         raise ValueError(
             f"kernel shape {tuple(kernel_shape)} does not match data shape {tuple(data_shape)} "
-            f"(expected (O/B, {data_shape[1]}, KH, KW, {ic_bn // 4}, B, 4))"
+            f"(expected (O/B, {data_shape[1]}, KH, KW, {ic_bn // group}, B, {group}))"
         )
     return ic_bn, oc_bn
 
@@ -111,7 +118,8 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
     data : te.Tensor
         ``(N, C/b, H, W, b)`` uint8/int8.
     kernel : te.Tensor
-        ``(O/B, C/b, KH, KW, b/4, B, 4)`` int8/uint8.
+        ``(O/B, C/b, KH, KW, b/4, B, 4)`` int8/uint8, or ``(O/B, C/b, KH, KW, b/g, B, g)``
+        in the ISA's ``wide_kernel`` dtype with ``g = wide_group``.
     strides, padding, dilation
         As for ``nn.conv2d`` (padding: 1, 2 or 4 values).
     layout, out_layout : str
@@ -137,8 +145,9 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
     if out_dtype not in ("int32", None, ""):
         raise ValueError(f"out_dtype must be 'int32' for dot-product conv2d, got {out_dtype!r}")
     isa = current_isa(data.dtype, kernel.dtype)
+    group = isa.kernel_group(kernel.dtype)
     data_shape, kernel_shape = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
-    ic_bn, oc_bn = conv2d_nchwc_shapes(data_shape, kernel_shape)
+    ic_bn, oc_bn = conv2d_nchwc_shapes(data_shape, kernel_shape, group)
     if oc_bn % isa.lanes:
         raise ValueError(f"output-channel block {oc_bn} is not a multiple of {isa.name}'s {isa.lanes} lanes")
     batch, ic_chunks, in_h, in_w, _ = data_shape
@@ -170,11 +179,17 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
     r_kw = te.reduce_axis((0, k_w), name="kw")
     r_icf = te.reduce_axis((0, ic_bn // 4), name="ic_f")
     r_ics = te.reduce_axis((0, 4), name="ic_s")
+
+    def kernel_at(oc, oci):
+        if group == 4:
+            return kernel[oc, r_ic, r_kh, r_kw, r_icf, oci, r_ics]
+        return kernel[oc, r_ic, r_kh, r_kw, r_icf * (4 // group) + r_ics // group, oci, r_ics % group]
+
     conv = te.compute(
         (batch, oc_chunks, out_h, out_w, oc_bn),
         lambda n, oc, y, x, oci: te.sum(
             data[n, r_ic, y * s_h + r_kh * d_h, x * s_w + r_kw * d_w, r_icf * 4 + r_ics].astype("int32")
-            * kernel[oc, r_ic, r_kh, r_kw, r_icf, oci, r_ics].astype("int32"),
+            * kernel_at(oc, oci).astype("int32"),
             axis=[r_ic, r_kh, r_kw, r_icf, r_ics],
         ),
         name="conv2d_nchwc_dot",
@@ -288,7 +303,9 @@ def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
         raise ValueError(f"kernel has {k_c} input channels but data has {chans} (groups=1 only)")
     ic_bn, oc_bn = channel_block(chans, isa.lanes), isa.lanes
     chans_p, out_p = round_up(chans, ic_bn), round_up(out_c, oc_bn)
-    zero_d, zero_k = tvm.tir.const(0, data.dtype), tvm.tir.const(0, kernel.dtype)
+    k_dtype = isa.conv_kernel_dtype(kernel.dtype)
+    group = isa.kernel_group(k_dtype)
+    zero_d, zero_k = tvm.tir.const(0, data.dtype), tvm.tir.const(0, k_dtype)
     data_p = te.compute(
         (batch, chans_p // ic_bn, in_h, in_w, ic_bn),
         lambda n, c, y, x, cb: tvm.tir.if_then_else(
@@ -297,10 +314,11 @@ def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
         name="data_pack", tag="dot_pack",
     )
     kernel_p = te.compute(
-        (out_p // oc_bn, chans_p // ic_bn, k_h, k_w, ic_bn // 4, oc_bn, 4),
+        (out_p // oc_bn, chans_p // ic_bn, k_h, k_w, ic_bn // group, oc_bn, group),
         lambda o, c, y, x, cf, ob, cs: tvm.tir.if_then_else(
-            tvm.tir.all(o * oc_bn + ob < out_c, c * ic_bn + cf * 4 + cs < chans),
-            kernel[te.min(o * oc_bn + ob, out_c - 1), te.min(c * ic_bn + cf * 4 + cs, chans - 1), y, x],
+            tvm.tir.all(o * oc_bn + ob < out_c, c * ic_bn + cf * group + cs < chans),
+            kernel[te.min(o * oc_bn + ob, out_c - 1), te.min(c * ic_bn + cf * group + cs, chans - 1), y, x]
+            .astype(k_dtype),
             zero_k,
         ),
         name="kernel_pack", tag="dot_pack",

@@ -25,7 +25,9 @@ MODES = ("llvm", "extern")
 def tile_compute(isa: DotProductISA, data_dtype: str, kernel_dtype: str):
     """The TE computation of one tile: (data, kernel, out) tensors.
 
-    ``data_dtype`` is the data placeholder's (``isa.wide_data`` for widened data).
+    ``data_dtype`` is the data placeholder's (``isa.wide_data`` for widened data); a
+    ``kernel_dtype`` of ``isa.wide_kernel`` gives the kernel block as ``(4 / g, lanes, g)``
+    with ``g = isa.wide_group``.
 
     Examples
     --------
@@ -34,14 +36,17 @@ def tile_compute(isa: DotProductISA, data_dtype: str, kernel_dtype: str):
     >>> [int(d) for d in kernel.shape], out.dtype
     ([16, 4], 'int32')
     """
-    lanes, red = isa.lanes, isa.reduce
+    lanes, red, group = isa.lanes, isa.reduce, isa.kernel_group(kernel_dtype)
     data = te.placeholder((red,), dtype=data_dtype, name="dot_data")
-    kernel = te.placeholder((lanes, red), dtype=kernel_dtype, name="dot_kernel")
     k = te.reduce_axis((0, red), name="k")
+    if group == red:
+        kernel = te.placeholder((lanes, red), dtype=kernel_dtype, name="dot_kernel")
+        tap = lambda l: kernel[l, k]  # noqa: E731
+    else:  # a widened kernel: red // group blocks of lanes x group
+        kernel = te.placeholder((red // group, lanes, group), dtype=kernel_dtype, name="dot_kernel")
+        tap = lambda l: kernel[k // group, l, k % group]  # noqa: E731
     out = te.compute(
-        (lanes,),
-        lambda l: te.sum(data[k].astype("int32") * kernel[l, k].astype("int32"), axis=k),
-        name="dot_out",
+        (lanes,), lambda l: te.sum(data[k].astype("int32") * tap(l).astype("int32"), axis=k), name="dot_out"
     )
     return data, kernel, out
 
@@ -56,7 +61,8 @@ def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, m
     isa : DotProductISA
         The instruction description.
     data_dtype, kernel_dtype : str
-        Operand dtypes; must be a native variant of ``isa``.
+        Operand dtypes; must be a native variant of ``isa`` (``kernel_dtype`` may be
+        ``isa.wide_kernel``: a kernel packed widened).
     mode : {"llvm", "extern"}
         Emit the LLVM intrinsic, or a call to the variant's C helper.
     wide : bool
@@ -80,10 +86,14 @@ def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, m
     if wide and (mode != "llvm" or not isa.wide_data):
         raise ValueError(f"{isa.name} in mode {mode!r} takes no widened data")
     lanes, red, nbytes = isa.lanes, isa.reduce, isa.vector_bytes
+    group = isa.kernel_group(kernel_dtype)
+    if group != red and mode != "llvm":
+        raise ValueError(f"{isa.name} in mode {mode!r} takes no widened kernel")
     tile_dtype = isa.wide_data if wide else data_dtype
     data, kernel, out = tile_compute(isa, tile_dtype, kernel_dtype)
     a_buf = tir.decl_buffer(data.shape, tile_dtype, "a_buf", offset_factor=1, strides=[1])
-    b_buf = tir.decl_buffer(kernel.shape, kernel_dtype, "b_buf", offset_factor=1, strides=[red, 1])
+    b_strides = [red, 1] if group == red else [lanes * group, group, 1]
+    b_buf = tir.decl_buffer(kernel.shape, kernel_dtype, "b_buf", offset_factor=1, strides=b_strides)
     c_buf = tir.decl_buffer(out.shape, "int32", "c_buf", offset_factor=1, strides=[1])
 
     def intrin_func(ins, outs):
@@ -112,7 +122,10 @@ def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, m
                 # The four data bytes are read as one int32 and broadcast to all lanes.
                 word = reinterpret(a.vload([0], f"{data_dtype}x{red}"), "int32")
                 data_vec = reinterpret(tir.Broadcast(word, lanes), f"{data_dtype}x{nbytes}")
-            kernel_vec = b.vload([0, 0], f"{kernel_dtype}x{nbytes}")
+            if group == red:
+                kernel_vec = b.vload([0, 0], f"{kernel_dtype}x{nbytes}")
+            else:
+                kernel_vec = tuple(b.vload([p, 0, 0], f"{kernel_dtype}x{lanes * group}") for p in range(red // group))
             acc = zero if kind == "body" else c.vload([0], f"int32x{lanes}")
             builder.emit(c.vstore([0], isa.emit(variant, acc, data_vec, kernel_vec)))
             return builder.get()

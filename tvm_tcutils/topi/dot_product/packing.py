@@ -45,20 +45,57 @@ def pack_data_nchwc(data: np.ndarray, ic_bn: int) -> np.ndarray:
     return np.ascontiguousarray(data.reshape(n, -1, ic_bn, h, w).transpose(0, 1, 3, 4, 2))
 
 
-def pack_kernel_oihw(kernel: np.ndarray, ic_bn: int, oc_bn: int) -> np.ndarray:
-    """OIHW -> ``(O/B, I/b, KH, KW, b/4, B, 4)``, zero-padding O and I.
+def pack_kernel_oihw(kernel: np.ndarray, ic_bn: int, oc_bn: int, group: int = 4, dtype=None) -> np.ndarray:
+    """OIHW -> ``(O/B, I/b, KH, KW, b/g, B, g)`` (``g = group``), zero-padding O and I.
+
+    ``dtype`` converts the values (``"int16"``: the widened kernel some ISAs take, with
+    ``group=2``; see :meth:`~tvm_tcutils.isa.DotProductISA.conv_kernel_dtype`).
 
     Examples
     --------
     >>> pack_kernel_oihw(np.zeros((17, 3, 3, 3), "int8"), 4, 16).shape
     (2, 1, 3, 3, 1, 16, 4)
+    >>> pack_kernel_oihw(np.zeros((8, 8, 1, 1), "int8"), 8, 8, group=2, dtype="int16").shape
+    (1, 1, 1, 1, 4, 8, 2)
     """
-    if kernel.ndim != 4 or ic_bn % 4:
-        raise ValueError(f"kernel must be OIHW and ic_bn a multiple of 4; got {kernel.shape}, {ic_bn}")
+    if kernel.ndim != 4 or ic_bn % 4 or group not in (1, 2, 4):
+        raise ValueError(
+            f"kernel must be OIHW, ic_bn a multiple of 4 and group 1, 2 or 4; got {kernel.shape}, {ic_bn}, {group}"
+        )
     o, i, kh, kw = kernel.shape
     kernel = _pad_axis(_pad_axis(kernel, 0, round_up(o, oc_bn)), 1, round_up(i, ic_bn))
-    blocks = kernel.reshape(-1, oc_bn, kernel.shape[1] // ic_bn, ic_bn // 4, 4, kh, kw)
-    return np.ascontiguousarray(blocks.transpose(0, 2, 5, 6, 3, 1, 4))
+    blocks = kernel.reshape(-1, oc_bn, kernel.shape[1] // ic_bn, ic_bn // group, group, kh, kw)
+    packed = np.ascontiguousarray(blocks.transpose(0, 2, 5, 6, 3, 1, 4))
+    return packed if dtype is None else packed.astype(dtype)
+
+
+def pack_kernel_for(isa, kernel: np.ndarray, ic_bn: int) -> np.ndarray:
+    """OIHW -> the packed kernel ``isa``'s conv2d takes (``isa.lanes`` output channels per block).
+
+    That is :func:`pack_kernel_oihw` in :meth:`~tvm_tcutils.isa.DotProductISA.conv_kernel_dtype`
+    with its :meth:`~tvm_tcutils.isa.DotProductISA.kernel_group`: the 8-bit kernel in quads, or
+    int16 pairs on AVX2 -- what the alter-op hook's folded layout transform produces.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.isa import X86_AVX2
+    >>> k = pack_kernel_for(X86_AVX2, np.zeros((8, 8, 3, 3), "int8"), 8)
+    >>> k.shape, k.dtype.name
+    ((1, 1, 3, 3, 4, 8, 2), 'int16')
+    """
+    k_dtype = isa.conv_kernel_dtype(kernel.dtype.name)
+    return pack_kernel_oihw(kernel, ic_bn, isa.lanes, isa.kernel_group(k_dtype), k_dtype)
+
+
+def kernel_layout(ic_bn: int, oc_bn: int, group: int = 4) -> str:
+    """The Relay layout name of :func:`pack_kernel_oihw`'s result.
+
+    Examples
+    --------
+    >>> kernel_layout(16, 16), kernel_layout(8, 8, 2)
+    ('OIHW4i16o4i', 'OIHW4i8o2i')
+    """
+    return f"OIHW{ic_bn // group}i{oc_bn}o{group}i"
 
 
 def unpack_nchwc(out: np.ndarray, channels: int) -> np.ndarray:
