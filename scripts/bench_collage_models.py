@@ -45,9 +45,9 @@ import tvm  # noqa: E402
 import tvm_tcutils  # noqa: E402
 from tvm_tcutils import collage  # noqa: E402
 from tvm_tcutils.collage.cost.learned import XGBoostCostEstimator  # noqa: E402
-from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator  # noqa: E402
+from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator, module_timer  # noqa: E402
 from tvm_tcutils.collage.driver import greedy_partition  # noqa: E402
-from tvm_tcutils.models import random_inputs, save_model  # noqa: E402
+from tvm_tcutils.models import save_model  # noqa: E402
 
 
 def load(name: str):
@@ -59,21 +59,8 @@ def load(name: str):
 
 
 def runner(mod, repeat: int, tuning_log=None):
-    """Build ``mod`` once (graph executor, ``host_target()``: the host CPU's vector ISA) and return a timer of one whole run (ms)."""
-    from tvm import relay
-    from tvm.contrib import graph_executor
-
-    from tvm_tcutils.dot_product_tuning import tuning_log_scope
-
-    with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target=tvm_tcutils.host_target())
-    dev = tvm.cpu()
-    module = graph_executor.GraphModule(lib["default"](dev))
-    module.set_input(**random_inputs(mod))
-    for _ in range(3):
-        module.run()
-    timer = module.module.time_evaluator("run", dev, number=1, repeat=repeat, min_repeat_ms=50)
-    return lambda: float(np.median(timer().results) * 1e3)
+    """Build ``mod`` once (``host_target()``: the host CPU's vector ISA) and return a timer of one whole run (ms)."""
+    return module_timer(mod, tvm_tcutils.host_target(), repeat, warmup=3, min_repeat_ms=50, tuning_log=tuning_log)
 
 
 def interleaved_ms(timers, rounds: int):

@@ -54,6 +54,29 @@ def default_cache_dir() -> str:
 # ---------------------------------------------------------------------------
 def _timer(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int, tuning_log: Optional[str]):
     """Build a saved module, warm it up on random inputs; a function returning one median in ms."""
+    import tvm
+    from tvm import relay
+
+    mod = relay.transform.InferType()(tvm.ir.load_json(mod_json))
+    return module_timer(mod, target, repeat, warmup, min_repeat_ms, tuning_log)
+
+
+def module_timer(mod, target, repeat: int, warmup: int = 3, min_repeat_ms: int = 50,
+                 tuning_log: Optional[str] = None):
+    """Build ``mod`` once (graph executor), warm it up on random inputs; return a timer of one run.
+
+    The timer returns the median of ``repeat`` runs in ms each time it is called, so
+    callers can time several builds round-robin.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> timer = module_timer(tvm.IRModule.from_expr(relay.Function([x], x + x)), "llvm", repeat=3)
+    >>> timer() > 0
+    True
+    """
     import numpy as np
     import tvm
     from tvm import relay
@@ -62,7 +85,6 @@ def _timer(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: 
     from ...dot_product_tuning import tuning_log_scope
     from ...models import random_inputs
 
-    mod = relay.transform.InferType()(tvm.ir.load_json(mod_json))
     with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target)
     dev = tvm.cpu()
