@@ -101,6 +101,7 @@ def main(argv=None) -> int:
                         help="AutoTVM log applied to every TVM build (costs and whole models), "
                              "e.g. from 'tvm-tcutils tune MODEL --dtype float32'")
     args = parser.parse_args(argv)
+    os.makedirs(args.cache_dir, exist_ok=True)  # the learned runs make their caches inside it
     toolchains = collage.resolve(args.toolchains)
     others = [tc for tc in toolchains if not tc.is_tvm and tc.buildable()]
     learned_only = set(filter(None, args.learned_only.split(",")))
