@@ -1,6 +1,7 @@
 """The learned estimator: close to the fully measured answer with a fraction of the measurements."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -23,12 +24,14 @@ class SyntheticMeasured(MeasuredCostEstimator):
         self.truth = truth
         self.measured_keys = set()
         self.requests = []
+        self.batches = []
 
     def lookup(self, request):
         self.requests.append(request)
         return super().lookup(request)
 
     def _measure(self, requests):
+        self.batches.append(len(requests))
         for req, cost in zip(requests, self.truth.estimate(requests)):
             self.measured_keys.add(req.key)
             self._memory[req.key] = {"ms": cost}
@@ -49,6 +52,22 @@ def test_learned_is_close_with_fewer_measurements():
     assert learned_est.stats["predicted"] > 0
     distinct = len({r.key for r in fake.requests})
     assert len(fake.measured_keys) < 0.3 * distinct
+
+
+@pytest.mark.parametrize("sample,max_sample", [(0.5, 256), (0.5, 5), (1.0, 1000)])
+def test_initial_sample_is_capped(sample, max_sample):
+    # The up-front sample is a fraction of the distinct candidates, but never more than max_sample.
+    fake = SyntheticMeasured(synthetic_costs())
+    est = XGBoostCostEstimator(fake, sample=sample, min_sample=2, max_sample=max_sample)
+    partition(encoder(1, hidden=32, heads=2, seq=8), None, mock_toolchains(), est, validate_rounds=0)
+    distinct = len({r.key for r in fake.requests})
+    assert fake.batches[0] == min(distinct, max_sample, max(2, math.ceil(sample * distinct)))
+    assert (fake.batches[0] == max_sample) == (max_sample == 5)
+
+
+def test_sample_bounds_are_checked():
+    with pytest.raises(ValueError, match="min_sample <= max_sample"):
+        XGBoostCostEstimator(SyntheticMeasured(MockCostEstimator({"tvm": 1.0})), min_sample=9, max_sample=8)
 
 
 def test_flops_and_arguments():

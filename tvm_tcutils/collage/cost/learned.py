@@ -105,6 +105,11 @@ class XGBoostCostEstimator(CostEstimator):
         ``min_sample``), drawn with ``seed``.
     min_sample : int
         Smallest initial sample.
+    max_sample : int
+        Largest initial sample. The sample only seeds the model (each round then
+        measures what the current answer uses); without a cap a model with tens of
+        thousands of distinct candidates (Inception-v3: about 32,000) would measure
+        1,600 up front.
     max_rounds : int
         Search / measure rounds before settling for the current answer.
 
@@ -114,14 +119,18 @@ class XGBoostCostEstimator(CostEstimator):
     """
 
     def __init__(self, measured: MeasuredCostEstimator, sample: float = 0.05, min_sample: int = 8,
-                 max_rounds: int = 30, seed: int = 0):
+                 max_rounds: int = 30, seed: int = 0, max_sample: int = 256):
         if not isinstance(measured, MeasuredCostEstimator):
             raise TypeError(f"measured must be a MeasuredCostEstimator, got {type(measured).__name__}")
         if not 0 < sample <= 1:
             raise ValueError(f"sample must be in (0, 1], got {sample}")
+        if not 1 <= min_sample <= max_sample:
+            raise ValueError(f"need 1 <= min_sample <= max_sample, got min_sample={min_sample}, "
+                             f"max_sample={max_sample}")
         self.measured = measured
         self.sample = sample
         self.min_sample = min_sample
+        self.max_sample = max_sample
         self.max_rounds = max_rounds
         self.seed = seed
         self.stats = {"candidates": 0, "measured": 0, "predicted": 0, "rounds": 0}
@@ -189,7 +198,8 @@ class XGBoostCostEstimator(CostEstimator):
             by_key.setdefault(req.key, req)
         distinct = sorted(by_key.values(), key=lambda r: (r.toolchain.name, r.key))
         rng = random.Random(self.seed)
-        count = min(len(distinct), max(self.min_sample, int(math.ceil(self.sample * len(distinct)))))
+        wanted = min(self.max_sample, max(self.min_sample, int(math.ceil(self.sample * len(distinct)))))
+        count = min(len(distinct), wanted)
         chosen = rng.sample(distinct, count) if distinct else []
         if chosen:
             self.measured.estimate(chosen)
