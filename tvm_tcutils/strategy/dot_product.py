@@ -223,11 +223,11 @@ def _placeholder(tensor_type, shape=None):
 
 def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     """Turn a legal 8-bit conv2d into ``contrib_conv2d_NCHWc`` with a dot-product kernel layout."""
-    blocks = _packable_conv(attrs, list(types) + [out_type], _isa())
+    isa = _isa()
+    blocks = _packable_conv(attrs, list(types) + [out_type], isa)
     if blocks is None:
         return None
     ic_bn, oc_bn = blocks
-    isa = _isa()
     k_dtype = isa.conv_kernel_dtype(types[1].dtype)
     group = isa.kernel_group(k_dtype)
     new_attrs = {key: attrs[key] for key in attrs.keys()}
