@@ -86,3 +86,64 @@ def test_flops_and_arguments():
         XGBoostCostEstimator(MockCostEstimator({"tvm": 1.0}))
     with pytest.raises(ValueError, match="sample must be in"):
         XGBoostCostEstimator(SyntheticMeasured(MockCostEstimator({"tvm": 1.0})), sample=0)
+
+
+def _searched(tolerance, patience, max_rounds=30):
+    """Run the learned estimator's search loop on a small encoder; return (estimator, fake, answer)."""
+    from tvm_tcutils.collage.candidates import enumerate_candidates
+    from tvm_tcutils.collage.driver import prepare
+    from tvm_tcutils.collage.subgraph import IndexedGraph
+    from tvm_tcutils.collage.toolchains import resolve
+
+    toolchains = resolve(mock_toolchains())
+    graph = IndexedGraph(prepare(encoder(2, hidden=64, heads=2, seq=16))["main"])
+    cands = enumerate_candidates(graph, toolchains)
+    fake = SyntheticMeasured(synthetic_costs())
+    est = XGBoostCostEstimator(fake, sample=0.05, min_sample=8, tolerance=tolerance, patience=patience,
+                               max_rounds=max_rounds)
+    by_name = {tc.name: tc for tc in toolchains}
+    answer, costs = est.search(graph, cands, by_name)
+
+    def measured(cand):
+        """The measured cost of ``cand``, None when it was never measured."""
+        from tvm_tcutils.collage.cost.base import CostRequest
+
+        entry = fake._memory.get(CostRequest(graph, cand, by_name[cand.toolchain]).key)
+        return None if entry is None else entry["ms"]
+
+    fake.lookup_cost = measured
+    return est, fake, answer, costs
+
+
+@pytest.mark.parametrize("tolerance,patience,max_rounds,stop", [
+    (0.0, 30, 30, "measured"), (0.0, 1, 30, "patience"), (0.5, 30, 30, "tolerance"), (0.0, 30, 2, "max_rounds"),
+])
+def test_search_returns_a_fully_measured_answer(tolerance, patience, max_rounds, stop):
+    # Whatever ends the rounds, the answer is priced entirely by measurements (the truth here).
+    est, fake, answer, costs = _searched(tolerance, patience, max_rounds)
+    chosen = [c for c in answer.chosen if not c.host]
+    assert all(fake.lookup_cost(c) is not None for c in chosen)
+    assert answer.cost == pytest.approx(sum(x for c, x in zip(answer.chosen, answer.costs) if not c.host))
+    assert [x for c, x in zip(answer.chosen, answer.costs) if not c.host] == pytest.approx(
+        [fake.lookup_cost(c) for c in chosen])
+    assert est.stats["stop"] == stop
+    assert est.stats["rounds"] <= max_rounds
+    if est.stats["stop"] == "patience":
+        assert est.stats["rounds"] >= patience + 1
+
+
+def test_looser_tolerance_measures_no_more():
+    strict, strict_fake, strict_answer, _ = _searched(0.0, 30)
+    loose, loose_fake, loose_answer, _ = _searched(0.5, 30)
+    assert len(loose_fake.measured_keys) <= len(strict_fake.measured_keys)
+    assert loose.stats["rounds"] <= strict.stats["rounds"]
+    # Stopping early can only cost answer quality, never make the reported cost a prediction.
+    assert loose_answer.cost >= strict_answer.cost - 1e-9
+
+
+def test_round_bounds_are_checked():
+    fake = SyntheticMeasured(MockCostEstimator({"tvm": 1.0}))
+    with pytest.raises(ValueError, match="tolerance must be in"):
+        XGBoostCostEstimator(fake, tolerance=1.0)
+    with pytest.raises(ValueError, match="patience must be >= 1"):
+        XGBoostCostEstimator(fake, patience=0)

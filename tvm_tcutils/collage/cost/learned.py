@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -111,7 +111,17 @@ class XGBoostCostEstimator(CostEstimator):
         thousands of distinct candidates (Inception-v3: about 32,000) would measure
         1,600 up front.
     max_rounds : int
-        Search / measure rounds before settling for the current answer.
+        Search / measure rounds at most.
+    tolerance : float
+        Stop once the model's best answer (measured and predicted costs) is
+        within this fraction of the best fully measured answer so far: more
+        rounds could gain at most that much by the model's own account.
+    patience : int
+        Also stop after this many rounds in a row that measured a new answer
+        without improving the best fully measured one by ``tolerance``; a model
+        that stays optimistic about unmeasured candidates (tens of thousands on
+        Inception-v3) would otherwise measure round after round for nothing.
+        Either way the best fully measured answer is returned.
 
     Examples
     --------
@@ -119,7 +129,8 @@ class XGBoostCostEstimator(CostEstimator):
     """
 
     def __init__(self, measured: MeasuredCostEstimator, sample: float = 0.05, min_sample: int = 8,
-                 max_rounds: int = 30, seed: int = 0, max_sample: int = 256):
+                 max_rounds: int = 30, seed: int = 0, max_sample: int = 256,
+                 tolerance: float = 0.01, patience: int = 3):
         if not isinstance(measured, MeasuredCostEstimator):
             raise TypeError(f"measured must be a MeasuredCostEstimator, got {type(measured).__name__}")
         if not 0 < sample <= 1:
@@ -127,13 +138,20 @@ class XGBoostCostEstimator(CostEstimator):
         if not 1 <= min_sample <= max_sample:
             raise ValueError(f"need 1 <= min_sample <= max_sample, got min_sample={min_sample}, "
                              f"max_sample={max_sample}")
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+        if max_rounds < 1 or patience < 1:
+            raise ValueError(f"max_rounds and patience must be >= 1, got max_rounds={max_rounds}, "
+                             f"patience={patience}")
         self.measured = measured
+        self.tolerance = tolerance
+        self.patience = patience
         self.sample = sample
         self.min_sample = min_sample
         self.max_sample = max_sample
         self.max_rounds = max_rounds
         self.seed = seed
-        self.stats = {"candidates": 0, "measured": 0, "predicted": 0, "rounds": 0}
+        self.stats = {"candidates": 0, "measured": 0, "predicted": 0, "rounds": 0, "stop": ""}
         self._rows = None  # features of the last request list (the search loop reuses it)
 
     def measure_whole(self, mod):
@@ -150,32 +168,75 @@ class XGBoostCostEstimator(CostEstimator):
         return self._predict(list(requests), known)
 
     def search(self, graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict) -> Tuple[SearchResult, List[float]]:
-        """Alternate search and measuring until the best partitioning is fully measured."""
+        """Alternate search and measuring; return the best fully measured answer.
+
+        Each round searches with measured costs where known and predictions
+        elsewhere, then measures the answer's predicted candidates, which makes
+        that answer fully measured. Rounds end when an answer needs no new
+        measurement, when the model cannot promise ``tolerance`` more, after
+        ``patience`` rounds without such a gain, or after ``max_rounds``.
+        """
         index = [k for k, c in enumerate(cands) if not c.host]
         requests = [CostRequest(graph, cands[k], toolchains[cands[k].toolchain]) for k in index]
         position = {cands[k]: n for n, k in enumerate(index)}
         known = self._initial(requests)
-        result, costs = None, [0.0] * len(cands)
+        best: Optional[SearchResult] = None
+        stale, stop = 0, "max_rounds"
         for round_ in range(self.max_rounds):
             self.stats["rounds"] = round_ + 1
-            predicted = self._predict(requests, known)
-            for k, cost in zip(index, predicted):
-                costs[k] = cost
-            result = search(graph, cands, costs)
-            external = [c.mask for c in result.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
-            if partition_order(graph, external) is None:
-                result = search(graph, cands, costs, check_cycles=True)
+            costs = self._costs(cands, index, self._predict(requests, known))
+            result = self._search(graph, cands, costs, toolchains)
             todo = [requests[position[c]] for c in result.chosen if not c.host]
             todo = [r for r in todo if r.key not in known]
             if not todo:
+                best, stop = self._better(best, result), "measured"
+                break
+            if best is not None and result.cost >= best.cost * (1 - self.tolerance):
+                stop = "tolerance"
                 break
             self._measure(todo, known)
-        measured = sum(1 for r in requests if r.key in known)
-        self.stats["measured"] = measured
-        self.stats["predicted"] = len(requests) - measured
-        logger.info("learned costs: %d of %d candidates measured or cached in %d rounds", measured,
-                    len(requests), self.stats["rounds"])
-        return result, costs
+            # The answer is fully measured now: its true (estimated-alone) cost.
+            measured = self._priced(result, [known[requests[position[c]].key] if not c.host else x
+                                             for c, x in zip(result.chosen, result.costs)])
+            previous = best
+            best = self._better(best, measured)
+            gained = previous is None or best.cost < previous.cost * (1 - self.tolerance)
+            stale = 0 if gained else stale + 1
+            if stale >= self.patience:
+                stop = "patience"
+                break
+        self.stats["stop"] = stop
+        # Candidates never measured keep their last predictions (the report shows them).
+        costs = self._costs(cands, index, self._predict(requests, known))
+        measured_count = sum(1 for r in requests if r.key in known)
+        self.stats["measured"] = measured_count
+        self.stats["predicted"] = len(requests) - measured_count
+        logger.info("learned costs: %d of %d candidates measured or cached in %d rounds (stopped: %s)",
+                    measured_count, len(requests), self.stats["rounds"], stop)
+        return best, costs
+
+    @staticmethod
+    def _costs(cands, index, values) -> List[float]:
+        costs = [0.0] * len(cands)
+        for k, cost in zip(index, values):
+            costs[k] = cost
+        return costs
+
+    @staticmethod
+    def _search(graph, cands, costs, toolchains) -> SearchResult:
+        result = search(graph, cands, costs)
+        external = [c.mask for c in result.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
+        if partition_order(graph, external) is None:
+            result = search(graph, cands, costs, check_cycles=True)
+        return result
+
+    @staticmethod
+    def _priced(result: SearchResult, costs: List[float]) -> SearchResult:
+        return SearchResult(list(result.chosen), list(costs), float(sum(costs)), result.states)
+
+    @staticmethod
+    def _better(best: Optional[SearchResult], other: SearchResult) -> SearchResult:
+        return other if best is None or other.cost < best.cost else best
 
     # -- internals ---------------------------------------------------------
     def _measure(self, requests: List[CostRequest], known: Dict[str, float]) -> None:
