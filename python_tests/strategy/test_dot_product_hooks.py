@@ -87,8 +87,24 @@ def _qnn_net():
     return mod, {"x": RNG.standard_normal((1, 32, 14, 14)).astype("float32") * 3}
 
 
+def _qnn_whole_op():
+    """onnxruntime's QLinearConv in Relay: u8 NCHW in, qnn.conv2d + requantize, u8 NCHW out.
+
+    The packed conv sits between two standalone 8-bit layout transforms (the byte-shuffle schedule).
+    """
+    x = relay.var("x", shape=(1, 32, 8, 8), dtype="uint8")
+    y = relay.qnn.op.conv2d(x, relay.const(_rand((48, 32, 3, 3), "int8")), relay.const(7), relay.const(0),
+                            relay.const(0.05), relay.const(0.01), kernel_size=(3, 3), channels=48,
+                            padding=(1, 1), out_dtype="int32")
+    y = relay.qnn.op.requantize(y, relay.const(0.05 * 0.01), relay.const(0), relay.const(0.6), relay.const(5),
+                                out_dtype="uint8")
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+    return mod, {"x": _rand((1, 32, 8, 8), "uint8")}
+
+
 MODELS = {
     "qnn": _qnn_net,
+    "qnn_whole_op": _qnn_whole_op,
     "odd_int8": lambda: _odd_net("int8"),
     "odd_uint8": lambda: _odd_net("uint8"),
     "odd_int8_weights_as_inputs": lambda: _odd_net("int8", const_weights=False),
@@ -278,3 +294,43 @@ def test_qnn_requantize_fused_into_packed_conv():
     assert all("clip" in ops and ops[-1] in ("cast", "add") and "layout_transform" not in ops for ops in convs)
     assert not any("qnn" in op for ops in fused for op in ops)
     assert any("nn.contrib_dense_pack" in ops and "clip" in ops for ops in fused)
+
+
+def _transform_impl(target: str, shape, dtype: str, src: str = "NCHW", dst: str = "NCHW8c") -> str:
+    from tvm import te
+    from tvm.relay.backend import te_compiler
+
+    x = relay.var("x", shape=shape, dtype=dtype)
+    call = relay.layout_transform(x, src, dst)
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], call)))
+    call = mod["main"].body
+    with tvm.target.Target(target):
+        impl, _ = te_compiler.select_implementation(
+            call.op, call.attrs, [te.placeholder(shape, dtype)], call.checked_type, tvm.target.Target(target))
+    return impl.name
+
+
+@pytest.mark.parametrize("target,shape,dtype,src,dst,expected", [
+    ("llvm -mcpu=core-avx2", (1, 64, 8, 8), "uint8", "NCHW", "NCHW8c", "layout_transform_bytes.tcutils"),
+    ("llvm -mcpu=znver4", (1, 4, 8, 8, 16), "int8", "NCHW16c", "NCHW", "layout_transform_bytes.tcutils"),
+    ("llvm -mcpu=core-avx2", (1, 64, 8, 8), "float32", "NCHW", "NCHW8c", "layout_transform.generic"),
+    ("llvm -mcpu=core-avx2", (1, 64, 7, 7), "uint8", "NCHW", "NCHW8c", "layout_transform.generic"),
+    ("llvm", (1, 64, 8, 8), "uint8", "NCHW", "NCHW8c", "layout_transform.generic"),
+    (HEXAGON, (1, 64, 8, 8), "uint8", "NCHW", "NCHW32c", "layout_transform.generic"),
+])
+def test_layout_transform_row_takes_only_8bit_channel_blocks_on_x86(target, shape, dtype, src, dst, expected):
+    assert _transform_impl(target, shape, dtype, src, dst) == expected
+
+
+def test_whole_op_graph_uses_byte_shuffle_transforms():
+    # Both u8 transforms around the packed conv are standalone and take the byte-shuffle row.
+    mod, _ = _qnn_whole_op()
+    opt = _optimized(mod, "llvm -mcpu=core-avx2", fuse=False)
+    transforms = [c for c in _calls(opt) if c.op.name == "layout_transform"]
+    assert sorted((c.attrs.src_layout, c.attrs.dst_layout) for c in transforms) == [
+        ("NCHW", "NCHW8c"), ("NCHW8c", "NCHW")]
+    for call in transforms:
+        shape = [int(v) for v in call.args[0].checked_type.shape]
+        assert call.args[0].checked_type.dtype == "uint8"
+        assert _transform_impl("llvm -mcpu=core-avx2", shape, "uint8", call.attrs.src_layout,
+                               call.attrs.dst_layout) == "layout_transform_bytes.tcutils"
