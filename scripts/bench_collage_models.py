@@ -84,6 +84,8 @@ def search(prepared, toolchains, estimator, inner):
     finally:
         inner.close()
     seconds = time.perf_counter() - start
+    if estimator is not inner:  # the learned estimator: how its search/measure rounds ended
+        print(f"  learned: {estimator.stats['rounds']} rounds, stopped by {estimator.stats['stop']}", flush=True)
     return result, seconds, f"{inner.stats['measured'] + inner.stats['failed']}/{result.candidates}"
 
 

@@ -28,9 +28,13 @@ onnxruntime running the same network exported to ONNX (TVM's exporter) and quant
 ``--e2e-check`` compares its output bit for bit with TVM's generic ``llvm`` build run in a
 subprocess that does not import the package.
 
+``--transforms-only`` times the u8 ``layout_transform`` ops around those convs (``NCHW`` <->
+``NCHW{b}c``) with TVM's x86 injective schedule and with the package's byte-shuffle schedule.
+
 Usage::
 
     TOPHUB_LOCATION=NONE PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
+    TOPHUB_LOCATION=NONE PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --transforms-only
 """
 from __future__ import annotations
 
@@ -534,6 +538,47 @@ def bench_e2e(threads, check: bool, log: str = None):
 # --------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------
+# --------------------------------------------------------------------------
+# Layout transforms
+# --------------------------------------------------------------------------
+def transform_shapes(isa):
+    """Distinct u8 ``layout_transform`` cases around ResNet-50's convs: (C, H, W, b), data and outputs."""
+    cases = []
+    for c, h, w, o, k, stride, pad in resnet50_layers():
+        out_h = (h + 2 * pad - k) // stride + 1
+        for case in ((c, h, w, packing.channel_block(c, isa.lanes)), (o, out_h, out_h, packing.channel_block(o, isa.lanes))):
+            if case not in cases:
+                cases.append(case)
+    return cases
+
+
+def bench_transforms(isa, threads):
+    """TVM's x86 injective schedule vs the package's byte-shuffle schedule, side by side (GB/s moved)."""
+    from tvm import topi
+
+    from tvm_tcutils.topi.dot_product.layout_transform import byte_tile_plan, schedule_byte_layout_transform
+
+    print("u8 layout transforms (GB/s: bytes read + written per second; same compute, two schedules)")
+    for c, h, w, block in transform_shapes(isa):
+        for src, dst, shape in (("NCHW", f"NCHW{block}c", (1, c, h, w)),
+                                (f"NCHW{block}c", "NCHW", (1, c // block, h, w, block))):
+            x = te.placeholder(shape, "uint8", name="x")
+            y = topi.layout_transform(x, src, dst)
+            data = tvm.nd.array(RNG.integers(0, 256, shape).astype("uint8"))
+            out = tvm.nd.empty([int(v) for v in y.shape], "uint8")
+            plan = byte_tile_plan(src, dst, shape, "uint8")
+            funcs = {"tvm": tvm.build(topi.x86.schedule_injective([y]), [x, y], TARGET)}
+            if plan is not None:
+                funcs["ours"] = tvm.build(schedule_byte_layout_transform(y, src, dst), [x, y], TARGET)
+            cells = []
+            for n in threads:
+                set_threads(n)
+                speed = {name: 2 * c * h * w / timeit(f, data, out) / 1e9 for name, f in funcs.items()}
+                ratio = f"x{speed['ours'] / speed['tvm']:4.2f}" if "ours" in speed else "(no plan: TVM's)"
+                cells.append(f"t={n} tvm {speed['tvm']:6.1f} ours {speed.get('ours', float('nan')):6.1f} {ratio}")
+            print(f"{src:>8} -> {dst:<8} {c:5d}x{h}x{w}  " + "  ".join(cells), flush=True)
+
+
 def report(name, rows, peaks):
     for n, row in rows:
         peak = peaks.get(n)
@@ -554,6 +599,8 @@ def main(argv=None) -> int:
     parser.add_argument("--e2e-check", action="store_true", help="with --e2e: bit-exact check vs TVM generic")
     parser.add_argument("--e2e-only", action="store_true", help="skip the per-layer table")
     parser.add_argument("--target", default=None, help="TVM target (default: this CPU's)")
+    parser.add_argument("--transforms-only", action="store_true",
+                        help="only the u8 layout transforms around ResNet-50's convs (TVM's schedule vs ours)")
     args = parser.parse_args(argv)
     # TVM sizes its pool from TVM_NUM_THREADS when it first runs (by default half the logical
     # CPUs here): without this a "2-thread" row ran TVM on one thread.
@@ -566,6 +613,9 @@ def main(argv=None) -> int:
     print(f"target {TARGET}: ISA {isa.name}, {isa.lanes} int32 lanes")
     print(f"host: {os.cpu_count()} logical CPUs; other processes may load the machine: compare ratios, "
           f"not absolute numbers (all columns GOPS)")
+    if args.transforms_only:
+        bench_transforms(isa, args.threads)
+        return 0
     peaks = {}
     for n in args.threads:
         set_threads(n)
