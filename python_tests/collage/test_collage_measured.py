@@ -128,6 +128,39 @@ def test_shape_signature_flattens_tuple_parameters():
     assert shape_signature(func) == (((2, 3), "float32"), ((4,), "int8"), ((5,), "float16"))
 
 
+@pytest.mark.parametrize("model", ["squeezenet", "encoder", "concat"])
+def test_memoized_keys_equal_keys_from_the_extracted_function(model):
+    # Candidates are keyed once per local signature; that must never merge two candidates whose
+    # extracted functions differ, nor split two that are equal.
+    from tvm_tcutils.collage.candidates import enumerate_candidates
+    from tvm_tcutils.collage.cost.base import CostRequest
+    from tvm_tcutils.collage.driver import prepare
+    from tvm_tcutils.collage.subgraph import IndexedGraph
+    from tvm_tcutils.collage.toolchains import resolve
+    from tvm_tcutils.models import load_model
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+    from bench_collage_search import encoder, mock_toolchains
+
+    if model == "squeezenet":
+        mod, params = load_model("squeezenet1.0")
+        mod = prepare(mod, params)
+        toolchains = resolve(mock_toolchains())
+    else:
+        mod = prepare(encoder(1, hidden=32, heads=2, seq=8) if model == "encoder" else concat_net())
+        toolchains = resolve(mock_toolchains())
+    graph = IndexedGraph(mod["main"])
+    by_name = {tc.name: tc for tc in toolchains}
+    requests = [CostRequest(graph, c, by_name[c.toolchain]) for c in enumerate_candidates(graph, toolchains)
+                if not c.host]
+    memo = [r.key for r in requests]
+    direct = [r.full_key() for r in requests]
+    assert memo == direct
+    if model != "concat":  # the concat net has no repeated subgraph
+        assert len(graph.key_memo) < len(requests)  # repeated subgraphs were keyed once
+    assert len(set(memo)) == len(set(graph.key_memo.values()))
+
+
 def test_models_with_concatenate_are_measured(tmp_path):
     est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False)
     try:

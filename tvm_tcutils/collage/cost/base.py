@@ -36,20 +36,32 @@ class CostRequest:
 
     @property
     def key(self) -> str:
-        """Cache key: structure (constants by shape only), input shapes and toolchain version."""
+        """Cache key: structure (constants by shape only), input shapes and toolchain version.
+
+        Candidates with the same local signature (the same subgraph elsewhere in
+        the model) share it: it is computed once per signature and toolchain.
+        """
         if self._key is None:
-            func, _, _ = extract(self.graph, self.candidate.mask, self.candidate.composites,
-                                 constants_as_params=True)
-            func = relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"]
-            digest = {
-                "hash": int(tvm.ir.structural_hash(func, map_free_vars=True)) & (2**64 - 1),
-                "text": hashlib.sha1(func.astext(show_meta_data=False).encode()).hexdigest(),
-                "shapes": shape_signature(func),
-                "toolchain": self.toolchain.cache_tag(),
-                "composites": [label for label, _ in self.candidate.composites],
-            }
-            self._key = hashlib.sha256(json.dumps(digest, sort_keys=True).encode()).hexdigest()
+            memo_key = (self.graph.local_signature(self.candidate.mask, self.candidate.composites),
+                        self.toolchain.cache_tag())
+            self._key = self.graph.key_memo.get(memo_key)
+            if self._key is None:
+                self._key = self.graph.key_memo[memo_key] = self.full_key()
         return self._key
+
+    def full_key(self) -> str:
+        """:attr:`key` computed from the extracted function itself (no memo)."""
+        func, _, _ = extract(self.graph, self.candidate.mask, self.candidate.composites,
+                             constants_as_params=True)
+        func = relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"]
+        digest = {
+            "hash": int(tvm.ir.structural_hash(func, map_free_vars=True)) & (2**64 - 1),
+            "text": hashlib.sha1(func.astext(show_meta_data=False).encode()).hexdigest(),
+            "shapes": shape_signature(func),
+            "toolchain": self.toolchain.cache_tag(),
+            "composites": [label for label, _ in self.candidate.composites],
+        }
+        return hashlib.sha256(json.dumps(digest, sort_keys=True).encode()).hexdigest()
 
     @property
     def ops(self) -> List[str]:

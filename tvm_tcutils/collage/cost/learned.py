@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -69,6 +70,28 @@ def node_flops(graph: IndexedGraph, index: int) -> float:
     return float(out)
 
 
+class _NodeSizes:
+    """FLOPs and bits of every node of one graph, computed once.
+
+    Features and additive terms of tens of thousands of candidates (Inception-v3:
+    about 44,000) sum these over their nodes; reading shapes through TVM's FFI for
+    each candidate again took minutes per search.
+    """
+
+    _by_graph: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def __init__(self, graph: IndexedGraph):
+        self.flops = [node_flops(graph, i) for i in range(len(graph.nodes))]
+        self.bits = [_bits_of(node.expr.checked_type) for node in graph.nodes]
+
+    @classmethod
+    def of(cls, graph: IndexedGraph) -> "_NodeSizes":
+        sizes = cls._by_graph.get(graph)
+        if sizes is None:
+            sizes = cls._by_graph[graph] = cls(graph)
+        return sizes
+
+
 def features(req: CostRequest, toolchains: Sequence[str], vocabulary: Sequence[str]) -> List[float]:
     """The feature vector of a request: toolchain one-hot, op-kind counts, log FLOPs/bytes, size, depth.
 
@@ -78,15 +101,16 @@ def features(req: CostRequest, toolchains: Sequence[str], vocabulary: Sequence[s
     <function features at ...>
     """
     graph, mask = req.graph, req.candidate.mask
+    sizes = _NodeSizes.of(graph)
     counts = dict.fromkeys(vocabulary, 0)
     flops = 0.0
     for i in bits(mask):
         name = graph.nodes[i].op_name
         if name in counts:
             counts[name] += 1
-        flops += node_flops(graph, i)
-    moved = sum(_bits_of(graph.nodes[i].expr.checked_type) for i in graph.inputs_of(mask))
-    moved += sum(_bits_of(graph.nodes[i].expr.checked_type) for i in graph.outputs_of(mask))
+        flops += sizes.flops[i]
+    moved = sum(sizes.bits[i] for i in graph.inputs_of(mask))
+    moved += sum(sizes.bits[i] for i in graph.outputs_of(mask))
     onehot = [1.0 if req.toolchain.name == t else 0.0 for t in toolchains]
     return onehot + [float(counts[v]) for v in vocabulary] + [
         math.log1p(flops), math.log1p(moved / 8.0), float(bin(mask).count("1")), float(graph.depth(mask)),
@@ -308,13 +332,14 @@ def additive_terms(req: CostRequest, vocabulary: Sequence[str]) -> List[float]:
     <function additive_terms at ...>
     """
     graph = req.graph
+    sizes = _NodeSizes.of(graph)
     counts = dict.fromkeys(vocabulary, 0.0)
     flops = dict.fromkeys(vocabulary, 0.0)
     for i in bits(req.candidate.mask):
         name = graph.nodes[i].op_name
         if name in counts:
             counts[name] += 1.0
-            flops[name] += node_flops(graph, i) * 1e-9
+            flops[name] += sizes.flops[i] * 1e-9
     return [counts[v] for v in vocabulary] + [flops[v] for v in vocabulary] + [1.0]
 
 
