@@ -117,24 +117,14 @@ def concat_net():
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.sigmoid(y))))
 
 
-def test_shape_signature_flattens_tuple_parameters():
-    from tvm_tcutils.collage.subgraph import shape_signature
-
-    t = relay.var("t", relay.TupleType([relay.TensorType((2, 3), "float32"),
-                                        relay.TupleType([relay.TensorType((4,), "int8")])]))
-    z = relay.var("z", shape=(5,), dtype="float16")
-    func = relay.transform.InferType()(tvm.IRModule.from_expr(
-        relay.Function([t, z], relay.TupleGetItem(t, 0))))["main"]
-    assert shape_signature(func) == (((2, 3), "float32"), ((4,), "int8"), ((5,), "float16"))
-
-
 @pytest.mark.parametrize("model", ["squeezenet", "encoder", "concat"])
-def test_memoized_keys_equal_keys_from_the_extracted_function(model):
-    # Candidates are keyed once per local signature; that must never merge two candidates whose
-    # extracted functions differ, nor split two that are equal.
+def test_keys_are_equal_exactly_for_equal_stand_alone_functions(model):
+    # Keys come from local signatures, without extracting: they must never merge two candidates
+    # whose stand-alone functions differ, nor split two that are equal.
     from tvm_tcutils.collage.candidates import enumerate_candidates
     from tvm_tcutils.collage.cost.base import CostRequest
     from tvm_tcutils.collage.driver import prepare
+    from tvm_tcutils.collage.outline import extract
     from tvm_tcutils.collage.subgraph import IndexedGraph
     from tvm_tcutils.collage.toolchains import resolve
     from tvm_tcutils.models import load_model
@@ -143,22 +133,29 @@ def test_memoized_keys_equal_keys_from_the_extracted_function(model):
     from bench_collage_search import encoder, mock_toolchains
 
     if model == "squeezenet":
-        mod, params = load_model("squeezenet1.0")
-        mod = prepare(mod, params)
-        toolchains = resolve(mock_toolchains())
+        mod = prepare(*load_model("squeezenet1.0"))
     else:
         mod = prepare(encoder(1, hidden=32, heads=2, seq=8) if model == "encoder" else concat_net())
-        toolchains = resolve(mock_toolchains())
+    toolchains = resolve(mock_toolchains())
     graph = IndexedGraph(mod["main"])
     by_name = {tc.name: tc for tc in toolchains}
     requests = [CostRequest(graph, c, by_name[c.toolchain]) for c in enumerate_candidates(graph, toolchains)
                 if not c.host]
-    memo = [r.key for r in requests]
-    direct = [r.full_key() for r in requests]
-    assert memo == direct
+    keys = [r.key for r in requests]
+    functions = [extract(graph, r.candidate.mask, r.candidate.composites, constants_as_params=True)[0]
+                 for r in requests]
+    first = {}
+    for key, req, func in zip(keys, requests, functions):
+        # Equal keys: the same toolchain and structurally equal stand-alone functions.
+        toolchain, seen = first.setdefault(key, (req.toolchain.name, func))
+        assert toolchain == req.toolchain.name and tvm.ir.structural_equal(seen, func, map_free_vars=True)
+    # Different keys: different toolchains or functions (no split of what could share a measurement).
+    groups = {}
+    for toolchain, func in first.values():
+        groups.setdefault((toolchain, int(tvm.ir.structural_hash(func, map_free_vars=True))), []).append(func)
+    assert all(len(group) == 1 for group in groups.values())
     if model != "concat":  # the concat net has no repeated subgraph
-        assert len(graph.key_memo) < len(requests)  # repeated subgraphs were keyed once
-    assert len(set(memo)) == len(set(graph.key_memo.values()))
+        assert len(first) < len(requests)
 
 
 def test_models_with_concatenate_are_measured(tmp_path):

@@ -11,7 +11,7 @@ from tvm import relay
 
 from tvm_tcutils.collage.candidates import Candidate
 from tvm_tcutils.collage.search import NoCoverError, partition_order, search
-from tvm_tcutils.collage.subgraph import IndexedGraph, bits, mask_of
+from tvm_tcutils.collage.subgraph import IndexedGraph, bits, mask_of, popcount
 
 
 def random_graph(seed: int, ops: int = 7) -> IndexedGraph:
@@ -90,6 +90,26 @@ def test_search_matches_brute_force(seed):
         union |= cand.mask
     assert union == graph.covered_mask
     assert sum(result.costs) == pytest.approx(result.cost)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_groups_dearer_than_their_nodes_alone_never_change_the_answer(seed):
+    # The search drops a group whose nodes one by one cost strictly less; groups costing exactly
+    # as much stay (ties prefer fewer partitions). Brute force over all candidates decides.
+    graph = random_graph(seed, ops=10)
+    cands, costs = random_candidates(graph, seed)
+    single = {c.mask: x for c, x in zip(cands, costs) if not c.mask & (c.mask - 1)}
+    dearer = [sum(single[1 << i] for i in bits(c.mask)) + 0.25 for c in cands]
+    equal = [sum(single[1 << i] for i in bits(c.mask)) for c in cands]
+    for adjusted in (dearer, equal):
+        mixed = [x if not c.mask & (c.mask - 1) else (a if k % 2 else x)
+                 for k, (c, x, a) in enumerate(zip(cands, costs, adjusted))]
+        result = search(graph, cands, mixed)
+        assert result.cost == pytest.approx(brute_force(graph, cands, mixed), abs=1e-9)
+    # All groups exactly as dear as their nodes: the answer takes groups (fewer partitions).
+    tied = search(graph, cands, [x if not c.mask & (c.mask - 1) else e for c, x, e in zip(cands, costs, equal)])
+    assert len(tied.chosen) < popcount(graph.covered_mask) or all(
+        not c.mask & (c.mask - 1) for c in cands)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -94,11 +94,17 @@ def search(
     masks = [c.mask for c in candidates]
     by_first: Dict[int, List[Tuple[float, int]]] = {}
     share = [math.inf] * len(graph)
+    single = _single_node_costs(len(graph), masks, costs)
     for idx, (cand, cost) in enumerate(zip(candidates, costs)):
         cost = float(cost)
         if math.isnan(cost) or cost < 0:
             raise ValueError(f"costs: candidate {idx} ({cand.label}) has an invalid cost {cost}")
         if math.isinf(cost):
+            continue
+        if cand.mask & (cand.mask - 1) and sum(single[i] for i in bits(cand.mask)) < cost:
+            # Its nodes one by one cost strictly less: no cheapest cover uses it (exact pruning;
+            # single-node partitions never close a cycle). On Inception-v3 this removes most
+            # of the branching that made the search take minutes.
             continue
         by_first.setdefault(cand.first, []).append((cost, idx))
         per_node = cost / popcount(cand.mask)
@@ -162,6 +168,18 @@ def search(
     return SearchResult(
         [candidates[i] for i in chosen], [float(costs[i]) for i in chosen], best[full][0], popped
     )
+
+
+def _single_node_costs(size: int, masks: Sequence[int], costs: Sequence[float]) -> List[float]:
+    """Per node, the cheapest candidate made of that node alone (``inf`` where there is none)."""
+    single = [math.inf] * size
+    for mask, cost in zip(masks, costs):
+        if mask and not mask & (mask - 1):
+            i = mask.bit_length() - 1
+            cost = float(cost)
+            if cost < single[i]:  # NaN never compares smaller: it is reported by the caller
+                single[i] = cost
+    return single
 
 
 def _closes_cycle(graph: IndexedGraph, mask: int, chain: Optional[tuple]) -> bool:

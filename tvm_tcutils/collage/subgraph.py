@@ -315,21 +315,3 @@ def checked_main(mod: tvm.IRModule) -> relay.Function:
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise ValueError("mod has no 'main' function")
     return relay.transform.InferType()(mod)["main"]
-
-
-def shape_signature(func: relay.Function) -> Tuple[Tuple[Tuple[int, ...], str], ...]:
-    """Shapes and dtypes of the parameters of ``func`` (for cache keys).
-
-    A tuple-typed parameter (a candidate whose tuple input is built outside
-    it, e.g. a lone ``concatenate``) contributes its fields in order.
-    """
-    sig = []
-    for param in func.params:
-        stack = [param.checked_type]
-        while stack:  # tuples of tuples without recursion
-            ttype = stack.pop()
-            if isinstance(ttype, relay.TupleType):
-                stack.extend(reversed(list(ttype.fields)))
-            else:
-                sig.append((tuple(int(d) for d in ttype.shape), str(ttype.dtype)))
-    return tuple(sig)
