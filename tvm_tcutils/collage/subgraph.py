@@ -117,8 +117,6 @@ class IndexedGraph:
                 self.nodes[i].outputs.append(node.index)
         self._tuple_typed: Dict[int, bool] = {}
         self._signatures: Optional[List[tuple]] = None
-        #: Cache keys by (local signature, toolchain tag): filled by ``cost.base.CostRequest``.
-        self.key_memo: Dict[tuple, str] = {}
         self.covered_mask = mask_of(n.index for n in self.nodes if n.kind in COVERED_KINDS)
         self._closures()
 
@@ -220,8 +218,8 @@ class IndexedGraph:
         to structurally equal functions: the same operators, attributes and types
         wired the same way, the same outside values in the same order, the same
         outputs and composites. Computed from per-node data read once, so that
-        cache keys of repeated subgraphs (tens of thousands of candidates on
-        Inception-v3) need one extraction per distinct signature.
+        cost-cache keys need no extraction (tens of thousands of candidates on
+        Inception-v3 are keyed in seconds).
 
         Examples
         --------

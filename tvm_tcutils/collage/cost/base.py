@@ -45,13 +45,9 @@ class CostRequest:
         keyed in seconds. The same subgraph in another model gets the same key.
         """
         if self._key is None:
-            tag = self.toolchain.cache_tag()
-            memo_key = (self.graph.local_signature(self.candidate.mask, self.candidate.composites), tag)
-            self._key = self.graph.key_memo.get(memo_key)
-            if self._key is None:
-                digest = {"scheme": 2, "structure": repr(memo_key[0]), "toolchain": tag}
-                self._key = hashlib.sha256(json.dumps(digest, sort_keys=True).encode()).hexdigest()
-                self.graph.key_memo[memo_key] = self._key
+            signature = self.graph.local_signature(self.candidate.mask, self.candidate.composites)
+            digest = {"scheme": 2, "structure": repr(signature), "toolchain": self.toolchain.cache_tag()}
+            self._key = hashlib.sha256(json.dumps(digest, sort_keys=True).encode()).hexdigest()
         return self._key
 
     @property
