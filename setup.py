@@ -14,7 +14,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["tvm_tcutils", "tvm_tcutils.*"]),
     package_data={"tvm_tcutils": ["py.typed"]},
-    install_requires=["numpy", "xgboost"],
+    install_requires=["numpy", "scipy", "xgboost"],
     extras_require={"tvm": TVM, "ort": ORT, "test": TEST + ORT, "all": TVM + ORT + TEST},
     entry_points={"console_scripts": ["tvm-tcutils=tvm_tcutils.cli:main"]},
     license="Apache-2.0",

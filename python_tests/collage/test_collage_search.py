@@ -10,6 +10,7 @@ import tvm
 from tvm import relay
 
 from tvm_tcutils.collage.candidates import Candidate
+from tvm_tcutils.collage import search as search_module
 from tvm_tcutils.collage.search import NoCoverError, partition_order, search
 from tvm_tcutils.collage.subgraph import IndexedGraph, bits, mask_of, popcount
 
@@ -77,12 +78,25 @@ def brute_force(graph: IndexedGraph, cands, costs) -> float:
     return best[0]
 
 
+@pytest.fixture(params=["relaxation", "ascent only"])
+def bound(request, monkeypatch):
+    """Both ways of computing the A* bound: the linear relaxation (scipy) and the fallback without it."""
+    if request.param == "ascent only":
+        monkeypatch.setattr(search_module, "_relaxation_shares", lambda *args: None)
+    return request.param
+
+
+def _shares(graph: IndexedGraph, cands, costs):
+    return search_module._node_shares(len(graph), [list(bits(c.mask)) for c in cands], costs)
+
+
 @pytest.mark.parametrize("seed", range(12))
-def test_search_matches_brute_force(seed):
+def test_search_matches_brute_force(seed, bound):
     graph = random_graph(seed)
     cands, costs = random_candidates(graph, seed)
     result = search(graph, cands, costs)
     assert result.cost == pytest.approx(brute_force(graph, cands, costs), abs=1e-9)
+    assert 0 < result.bound <= result.cost
     # The chosen candidates are an exact cover and their costs add up.
     union = 0
     for cand in result.chosen:
@@ -90,6 +104,42 @@ def test_search_matches_brute_force(seed):
         union |= cand.mask
     assert union == graph.covered_mask
     assert sum(result.costs) == pytest.approx(result.cost)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_node_shares_bound_every_cover(seed, bound):
+    # The heuristic is exact only if no candidate costs less than its nodes' shares; then the
+    # shares of all nodes are a lower bound on the cheapest cover.
+    graph = random_graph(seed, ops=9)
+    cands, costs = random_candidates(graph, seed)
+    share = _shares(graph, cands, costs)
+    for cand, cost in zip(cands, costs):
+        assert sum(share[i] for i in bits(cand.mask)) <= cost
+    total = sum(share[i] for i in bits(graph.covered_mask))
+    assert 0 < total <= brute_force(graph, cands, costs)
+    # Never weaker than every node's cheapest even split of a candidate.
+    even = [min(x / popcount(c.mask) for c, x in zip(cands, costs) if c.mask >> i & 1)
+            for i in bits(graph.covered_mask)]
+    assert total >= sum(even) * (1 - 1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_relaxation_beats_ascent_and_solver_slack_is_repaired(seed, monkeypatch):
+    graph = random_graph(seed, ops=9)
+    cands, costs = random_candidates(graph, seed)
+    relaxed = sum(_shares(graph, cands, costs))
+    real = search_module._relaxation_shares
+    with monkeypatch.context() as patch:
+        patch.setattr(search_module, "_relaxation_shares", lambda *args: None)
+        assert sum(_shares(graph, cands, costs)) <= relaxed * (1 + 1e-9)
+    # A solver answer that breaks constraints (by far more than a tolerance) is scaled back into
+    # a bound, and the search stays exact.
+    monkeypatch.setattr(search_module, "_relaxation_shares", lambda *args: None if real(*args) is None
+                        else real(*args) * 3.0)
+    share = _shares(graph, cands, costs)
+    for cand, cost in zip(cands, costs):
+        assert sum(share[i] for i in bits(cand.mask)) <= cost
+    assert search(graph, cands, costs).cost == pytest.approx(brute_force(graph, cands, costs), abs=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(6))
