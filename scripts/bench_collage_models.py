@@ -152,7 +152,9 @@ def main(argv=None) -> int:
         print("  ".join(row), flush=True)
         print(f"  {name}: {len(result.partitions)} partitions "
               f"({', '.join(f'{k} {v}' for k, v in sorted(_count(result.partitions).items()))}); "
-              f"validation trials: {[(label, round(est, 2), round(ms, 2)) for label, est, ms in result.trials]}",
+              f"validation trials: {[(label, round(est, 2), round(ms, 2)) for label, est, ms in result.trials]}; "
+              f"side by side: {[(label, round(ms, 2)) for label, _, ms in result.side_by_side]}; "
+              f"phases (s): {', '.join(f'{k} {v:.0f}' for k, v in result.seconds.items())}",
               flush=True)
     widths = [max(len(h), *(len(r[k]) for r in rows if k < len(r))) for k, h in enumerate(header)]
     print()
