@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .candidates import Candidate
-from .subgraph import IndexedGraph, bits, popcount
+from .subgraph import IndexedGraph, bits
 
 
 @dataclasses.dataclass
