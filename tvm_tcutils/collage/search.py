@@ -117,8 +117,8 @@ def search(
             continue
         by_first.setdefault(cand.first, []).append((cost, idx))
         usable.append(idx)
-    members = {idx: list(bits(masks[idx])) for idx in usable}
-    share = _node_shares(len(graph), [members[i] for i in usable], [float(costs[i]) for i in usable])
+    members = [list(bits(masks[idx])) for idx in usable]
+    share = _node_shares(len(graph), members, [float(costs[i]) for i in usable])
     missing = [i for i in bits(graph.covered_mask) if math.isinf(share[i])]
     if missing:
         node = graph.nodes[missing[0]]
@@ -127,8 +127,8 @@ def search(
             f"and {len(missing) - 1} other node(s)"
         )
     gain = [0.0] * len(masks)
-    for idx in usable:
-        gain[idx] = sum(share[i] for i in members[idx])
+    for idx, nodes in zip(usable, members):
+        gain[idx] = sum(share[i] for i in nodes)
     h0 = sum(share[i] for i in bits(graph.covered_mask))
 
     # best[state] = (cost, partitions); parent[state] = (previous state, candidate index)
