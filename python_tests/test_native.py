@@ -31,7 +31,7 @@ def test_native_library_registers_packed_functions(native_lib):
         env={"TVM_TCUTILS_NATIVE": native_lib},
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "1"]
+    assert result.stdout.split() == ["True", "2"]
 
 
 def test_package_works_without_native_library():

@@ -13,7 +13,7 @@ from typing import Optional
 from ._tvm import tvm
 
 #: ABI version this Python code expects (see cmake/src/info.cc).
-ABI_VERSION = 1
+ABI_VERSION = 2
 _LIB_NAME = "libtvm_tcutils_native.so"
 _loaded: Optional[ctypes.CDLL] = None
 

@@ -9,7 +9,7 @@
 namespace tvm_tcutils {
 
 // Bumped whenever a packed function's signature changes.
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 
 TVM_REGISTER_GLOBAL("tvm_tcutils.native.abi_version").set_body_typed([]() { return kAbiVersion; });
 

@@ -84,3 +84,127 @@ def test_callback_outlives_its_toolchain_object():
     del chain
     gc.collect()
     assert run("never-loaded", tvm.nd.array(np.zeros(1, "float32"))) == 1
+
+
+# --- parking TVM's pool workers during long toolchain calls (cmake/src/park.cc) ---------------
+
+
+@pytest.fixture
+def park_pool():
+    from tvm_tcutils import native
+
+    wrap = native.get("tvm_tcutils.native.park_pool")
+    if wrap is None:
+        pytest.skip("the native helpers are not built (scripts/build_native.sh)")
+    return wrap, native.get("tvm_tcutils.native.parked_calls")
+
+
+def _loaded_product(m=3, k=5, n=4):
+    func = _product_function(m, k, n)
+    payload = blas._plan(func).to_bytes()
+    key = "blas-park-test"
+    blas.TOOLCHAIN._states.pop(key, None)
+    import base64
+
+    blas.TOOLCHAIN.load(key, base64.b64encode(payload).decode())
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((m, k)).astype("float32"), rng.standard_normal((n, k)).astype("float32")
+    return key, a, b
+
+
+@pytest.mark.parametrize("min_us,parked", [(0.0, 2), (1e12, 0)])
+def test_parked_calls_compute_the_same_and_only_long_calls_park(park_pool, min_us, parked):
+    wrap, parked_calls = park_pool
+    key, a, b = _loaded_product()
+    run = wrap(blas.TOOLCHAIN.run_function(park=False), min_us)
+    before = parked_calls()
+    for _ in range(3):  # the first call of a key is timed, never parked
+        out = tvm.nd.empty((3, 4))
+        assert run(key, tvm.nd.array(a), tvm.nd.array(b), out) == 0
+        np.testing.assert_allclose(out.numpy(), a @ b.T, rtol=1e-5, atol=1e-5)
+    assert parked_calls() - before == parked
+
+
+def test_errors_inside_a_parked_call_reach_the_caller_with_their_type(park_pool):
+    wrap, parked_calls = park_pool
+    calls = []
+
+    def fails_second_time(state, inputs, outputs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("toolchain failed on purpose")
+
+    chain = PackedToolchain("tcutils_test_park_failing", lambda payload: type("S", (), {"num_inputs": 1})(),
+                            fails_second_time)
+    chain.load("k", "")
+    run = wrap(chain.run_function(park=False), 0.0)
+    x = tvm.nd.array(np.zeros(2, "float32"))
+    assert run("k", x, x) == 0
+    before = parked_calls()
+    with pytest.raises(ValueError, match="failed on purpose"):
+        run("k", x, x)
+    assert parked_calls() - before == 1
+    assert run("k", x, x) == 0  # the pool is usable again after the error
+
+
+_MIXED_MODEL = """
+import numpy as np, tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+import tvm_tcutils
+from tvm_tcutils import native
+from tvm_tcutils.collage.toolchains import blas
+x = relay.var("x", shape=(64, 256))
+rng = np.random.default_rng(0)
+y = x
+for i in range(3):  # dense on BLAS, tanh and add on TVM: three crossings
+    w = relay.const(rng.standard_normal((256, 256)).astype("float32") / 16)
+    y = relay.tanh(relay.nn.dense(y, w)) + relay.const(0.5)
+mod = blas.partition_for(tvm.IRModule.from_expr(relay.Function([x], y)))
+with tvm.transform.PassContext(opt_level=3):
+    lib = relay.build(mod, target="llvm")
+run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+run.set_input("x", rng.standard_normal((64, 256)).astype("float32"))
+counter = native.get("tvm_tcutils.native.parked_calls")
+outs = []
+for _ in range(4):
+    run.run()
+    outs.append(run.get_output(0).numpy())
+np.save({path!r}, outs[-1])
+print(counter() if counter else -1, all(np.array_equal(o, outs[0]) for o in outs))
+"""
+
+
+def test_compiled_mixed_model_gives_the_same_results_with_and_without_parking(park_pool, tmp_path):
+    from conftest import run_python
+
+    results = {}
+    for setting in ("0", "off"):
+        path = str(tmp_path / f"out_{setting}.npy")
+        done = run_python(_MIXED_MODEL.format(path=path),
+                          env={"TVM_TCUTILS_PARK_MIN_US": setting, "TVM_NUM_THREADS": "2"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        count, stable = done.stdout.split()[-2:]
+        assert stable == "True"
+        results[setting] = (int(count), np.load(path))
+    # Three BLAS calls in each of 4 runs, all parked: only each key's first call, which finds the
+    # payload not loaded yet (it is loaded, then called again), runs unparked.
+    assert results["0"][0] == 4 * 3
+    assert results["off"][0] == 0
+    np.testing.assert_array_equal(results["0"][1], results["off"][1])
+
+
+def test_park_setting_is_checked_and_named_in_cache_keys(monkeypatch):
+    from tvm_tcutils.collage.toolchains import packed_call
+
+    monkeypatch.setenv("TVM_TCUTILS_PARK_MIN_US", "off")
+    assert packed_call.park_min_us() is None and packed_call.parking() == "nopark"
+    monkeypatch.setenv("TVM_TCUTILS_PARK_MIN_US", "150")
+    assert packed_call.park_min_us() == 150.0
+    from tvm_tcutils.collage import toolchains
+
+    assert toolchains.known()["blas"].cache_tag().endswith("," + packed_call.parking())
+    for bad in ("abc", "-1", "inf"):
+        monkeypatch.setenv("TVM_TCUTILS_PARK_MIN_US", bad)
+        with pytest.raises(ValueError, match="TVM_TCUTILS_PARK_MIN_US must be a number of microseconds"):
+            packed_call.park_min_us()

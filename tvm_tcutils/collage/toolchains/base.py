@@ -147,10 +147,13 @@ class Toolchain:
 
 
 def _thread_settings() -> str:
-    """The thread budgets a measured cost depends on (TVM's pool, and what the toolchains read)."""
+    """The thread budgets a measured cost depends on (TVM's pool, what the toolchains read, and
+    whether their calls park TVM's pool)."""
     import os
+
+    from .packed_call import parking
 
     pool = int(tvm.get_global_func("runtime.NumThreads")())
     extra = [f"{name}={os.environ[name]}" for name in ("TVM_TCUTILS_ORT_THREADS", "TVM_TCUTILS_BLAS_THREADS")
              if os.environ.get(name)]
-    return ",".join([f"threads={pool}", *extra])
+    return ",".join([f"threads={pool}", *extra, parking()])

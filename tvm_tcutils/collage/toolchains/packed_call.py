@@ -26,6 +26,13 @@ of onnxruntime's own 7 us for a small partition. ``run`` is therefore
 registered as a raw C callback that reads the ``DLTensor`` addresses straight
 from TVM's argument array (about 15 us on top; ``scripts/bench_packed_call.py``),
 where TVM's FFI is the ctypes one; elsewhere the plain Python function serves.
+
+The toolchain's threads and TVM's pool workers compete for the same cores: the
+workers spin between TVM operators (``TVM_THREAD_POOL_SPIN_COUNT``), also while
+a toolchain runs. Where the native helpers are built, ``run`` is wrapped by
+``tvm_tcutils.native.park_pool``, which puts the workers to sleep for the
+duration of calls that took at least ``TVM_TCUTILS_PARK_MIN_US`` microseconds
+last time (default 200; ``off`` turns parking off). See :func:`park_min_us`.
 """
 from __future__ import annotations
 
@@ -33,8 +40,9 @@ import base64
 import ctypes
 import dataclasses
 import hashlib
+import os
 import threading
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -43,13 +51,63 @@ from tvm import relay, te
 from tvm._ffi.base import _LIB, check_call
 from tvm._ffi.runtime_ctypes import ArgTypeCode, TVMArray
 
-from ... import registry
+from ... import native, registry
 
 
 #: DLPack device type of the CPU.
 _KDL_CPU = 1
 #: Offset of ``byte_offset`` in a ``DLTensor`` (data, device, ndim, dtype, shape, strides before it).
 _BYTE_OFFSET = ctypes.sizeof(TVMArray) - ctypes.sizeof(ctypes.c_uint64)
+
+
+#: Calls shorter than this (microseconds, their previous run) do not park TVM's pool: a wake-up costs more.
+_PARK_MIN_US_DEFAULT = 200.0
+
+
+def park_min_us() -> Optional[float]:
+    """The shortest toolchain call (µs) that parks TVM's pool workers, or ``None`` for never.
+
+    ``TVM_TCUTILS_PARK_MIN_US``: a number of microseconds, or ``off``; default 200.
+    Read when the toolchains' packed functions are registered (importing the package).
+
+    Examples
+    --------
+    >>> park_min_us() is None or park_min_us() >= 0
+    True
+    """
+    value = os.environ.get("TVM_TCUTILS_PARK_MIN_US", "").strip()
+    if not value:
+        return _PARK_MIN_US_DEFAULT
+    if value.lower() == "off":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0 or number == float("inf"):
+        raise ValueError(f"TVM_TCUTILS_PARK_MIN_US must be a number of microseconds >= 0 or 'off', got {value!r}")
+    return number
+
+
+def parking() -> str:
+    """How toolchain calls treat TVM's pool, for cost-cache keys: ``park>=<us>`` or ``nopark``.
+
+    Examples
+    --------
+    >>> parking().startswith(("park", "nopark"))
+    True
+    """
+    threshold = park_min_us()
+    if threshold is None or native.get("tvm_tcutils.native.park_pool") is None:
+        return "nopark"
+    return f"park>={threshold:g}"
+
+
+def _parked(function: "tvm.runtime.PackedFunc") -> "tvm.runtime.PackedFunc":
+    """``function`` behind the native pool-parking wrapper, where it is built and wanted."""
+    threshold = park_min_us()
+    wrap = native.get("tvm_tcutils.native.park_pool") if threshold is not None else None
+    return function if wrap is None else wrap(function, threshold)
 
 
 def _address(array: "tvm.nd.NDArray") -> int:
@@ -151,7 +209,7 @@ class PackedToolchain:
     def __post_init__(self):
         self._states: Dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._callback = None  # (C callback, PackedFunc) behind the fast ``run``
+        self._callback = None  # (C thunk, PackedFunc, parked PackedFunc): see ``_make_callback``
 
     @property
     def run_name(self) -> str:
@@ -175,8 +233,10 @@ class PackedToolchain:
         self.execute(state, tensors[:count], tensors[count:])
         return 0
 
-    def run_function(self) -> Callable:
-        """``run`` as TVM should register it: a raw C callback when TVM's FFI is ctypes, else :meth:`run`.
+    def run_function(self, park: bool = True) -> Callable:
+        """``run`` as TVM should register it: a raw C callback when TVM's FFI is ctypes, else :meth:`run`;
+        with ``park``, behind the pool-parking wrapper where the native helpers are built
+        (:func:`park_min_us`).
 
         Examples
         --------
@@ -185,22 +245,26 @@ class PackedToolchain:
         True
         """
         if self._callback is None:
-            try:
-                from tvm._ffi._ctypes.packed_func import _make_packed_func
-            except ImportError:  # TVM's Cython FFI: the Python function is the way in
-                return self.run
-            callback = _PACKED_CFUNC(self._c_run)
-            # Compiled modules keep the function they looked up, also after a re-registration
-            # (``importlib.reload``): the C thunk must outlive this toolchain object, so the
-            # process keeps every one (on ``tvm``, which reloading this package does not renew).
-            tvm.__dict__.setdefault("_tvm_tcutils_callbacks", []).append(callback)
-            handle = ctypes.c_void_p()
-            check_call(_LIB.TVMFuncCreateFromCFunc(callback, None, None, ctypes.byref(handle)))
-            function = _make_packed_func(handle, False)
-            if not isinstance(function, tvm.runtime.PackedFunc):
-                return self.run
-            self._callback = (callback, function)
-        return self._callback[1]
+            self._callback = self._make_callback()
+        _, function, parked = self._callback
+        return parked if park else function
+
+    def _make_callback(self) -> tuple:
+        """(C thunk or None, PackedFunc of ``run``, that function behind the parking wrapper)."""
+        try:
+            from tvm._ffi._ctypes.packed_func import _make_packed_func
+        except ImportError:  # TVM's Cython FFI: the Python function is the way in
+            function = tvm.runtime.convert(self.run)
+            return None, function, _parked(function)
+        callback = _PACKED_CFUNC(self._c_run)
+        # Compiled modules keep the function they looked up, also after a re-registration
+        # (``importlib.reload``): the C thunk must outlive this toolchain object, so the
+        # process keeps every one (on ``tvm``, which reloading this package does not renew).
+        tvm.__dict__.setdefault("_tvm_tcutils_callbacks", []).append(callback)
+        handle = ctypes.c_void_p()
+        check_call(_LIB.TVMFuncCreateFromCFunc(callback, None, None, ctypes.byref(handle)))
+        function = _make_packed_func(handle, False)
+        return callback, function, _parked(function)
 
     def _c_run(self, args, codes, num_args, ret, _resource) -> int:
         """The C callback: ``run(key, tensor, ...)`` decoded from TVM's argument array."""
