@@ -25,6 +25,7 @@ class SyntheticMeasured(MeasuredCostEstimator):
         self.measured_keys = set()
         self.requests = []
         self.batches = []
+        self.batch_requests = []
 
     def lookup(self, request):
         self.requests.append(request)
@@ -32,6 +33,7 @@ class SyntheticMeasured(MeasuredCostEstimator):
 
     def _measure(self, requests):
         self.batches.append(len(requests))
+        self.batch_requests.append(list(requests))
         for req, cost in zip(requests, self.truth.estimate(requests)):
             self.measured_keys.add(req.key)
             self._memory[req.key] = {"ms": cost}
@@ -147,3 +149,15 @@ def test_round_bounds_are_checked():
         XGBoostCostEstimator(fake, tolerance=1.0)
     with pytest.raises(ValueError, match="patience must be >= 1"):
         XGBoostCostEstimator(fake, patience=0)
+
+
+def test_initial_sample_prices_every_op_kind_of_every_toolchain():
+    # A random draw can miss an op kind of a toolchain (then never tried); the first batch covers each.
+    fake = SyntheticMeasured(synthetic_costs())
+    est = XGBoostCostEstimator(fake, sample=0.01, min_sample=1, max_sample=256)
+    partition(encoder(1, hidden=32, heads=2, seq=8), None, mock_toolchains(), est, validate_rounds=0)
+    kinds = {(r.toolchain.name, op) for r in fake.requests for op in r.ops}
+    first = fake.batch_requests[0]
+    assert kinds == {(r.toolchain.name, op) for r in first for op in r.ops}
+    # ... with small candidates: none larger than the smallest one holding its rarest kind.
+    assert max(len(r.ops) for r in first) < max(len(r.ops) for r in fake.requests)

@@ -126,12 +126,13 @@ class XGBoostCostEstimator(CostEstimator):
         Does the measuring (and caching).
     sample : float
         Fraction of the not-yet-cached candidates measured up front (at least
-        ``min_sample``), drawn with ``seed``.
+        ``min_sample``, raised to cover each (toolchain, op kind) once with its
+        smallest candidate), then a random draw (with ``seed``) for the rest.
     min_sample : int
         Smallest initial sample.
     max_sample : int
-        Largest initial sample. The sample only seeds the model (each round then
-        measures what the current answer uses); without a cap a model with tens of
+        Largest initial sample, the covering part included. The sample only
+        seeds the model (each round then measures what the current answer uses); without a cap a model with tens of
         thousands of distinct candidates (Inception-v3: about 32,000) would measure
         1,600 up front.
     max_rounds : int
@@ -283,9 +284,12 @@ class XGBoostCostEstimator(CostEstimator):
             by_key.setdefault(req.key, req)
         distinct = sorted(by_key.values(), key=lambda r: (r.toolchain.name, r.key))
         rng = random.Random(self.seed)
-        wanted = min(self.max_sample, max(self.min_sample, int(math.ceil(self.sample * len(distinct)))))
-        count = min(len(distinct), wanted)
-        chosen = rng.sample(distinct, count) if distinct else []
+        covering = _covering_sample(distinct)
+        wanted = min(self.max_sample, max(self.min_sample, int(math.ceil(self.sample * len(distinct))), len(covering)))
+        covering = covering[:wanted]
+        taken = {c.key for c in covering}
+        rest = [r for r in distinct if r.key not in taken]
+        chosen = covering + rng.sample(rest, max(0, min(len(rest), wanted - len(covering))))
         if chosen:
             self.measured.estimate(chosen)
         for req in fresh:
@@ -321,6 +325,28 @@ class XGBoostCostEstimator(CostEstimator):
             )
             guesses = np.exp(model.predict(xgboost.DMatrix(rows, base_margin=margin)))
         return [known[r.key] if r.key in known else float(guesses[n]) for n, r in enumerate(requests)]
+
+
+def _covering_sample(requests: Sequence[CostRequest]) -> List[CostRequest]:
+    """For each (toolchain, op kind), the smallest candidate with that op kind (ties by key).
+
+    A random sample can miss an op kind of a toolchain altogether; the additive
+    baseline then guesses its cost from the other kinds, and a toolchain that is
+    fast at exactly that kind is never tried (an encoder's GELU/softmax/batch_matmul
+    pieces on onnxruntime). Small candidates are cheap to measure and price one
+    kind each.
+    """
+    smallest: Dict[tuple, CostRequest] = {}
+    for req in requests:
+        for op in set(req.ops):
+            slot = (req.toolchain.name, op)
+            held = smallest.get(slot)
+            if held is None or (len(req.ops), req.key) < (len(held.ops), held.key):
+                smallest[slot] = req
+    unique: Dict[str, CostRequest] = {}
+    for slot in sorted(smallest):
+        unique.setdefault(smallest[slot].key, smallest[slot])
+    return list(unique.values())
 
 
 def additive_terms(req: CostRequest, vocabulary: Sequence[str]) -> List[float]:
