@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Sequence
 
 os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -70,7 +71,8 @@ def mix(mod, params, rule: str):
     return result.mod, counts
 
 
-def time_variants(model: str, rule: str, rounds: int, repeat: int, only_unparked: bool) -> dict:
+def time_variants(model: str, rule: str, rounds: int, repeat: int, only_unparked: bool,
+                  extra_us: Sequence[float] = ()) -> dict:
     mod, params = tvm_tcutils.load_model(model)
     mixed, counts = mix(mod, params, rule)
     raw = ort.TOOLCHAIN.run_function(park=False)
@@ -78,6 +80,7 @@ def time_variants(model: str, rule: str, rounds: int, repeat: int, only_unparked
     calls = {"no parking": raw}
     if not only_unparked:
         calls.update({"parking >= 200us": wrap(raw, 200.0), "parking always": wrap(raw, 0.0)})
+        calls.update({f"parking >= {us:g}us": wrap(raw, us) for us in extra_us})
     timers = {}
     try:
         # Compiled code looks the packed function up at its first call and keeps it: each variant is
@@ -101,6 +104,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--spin-zero", action="store_true",
                         help="also time the mix unparked in a child process with TVM_THREAD_POOL_SPIN_COUNT=0")
+    parser.add_argument("--also-us", default="", help="more parking thresholds to time (us, comma-separated)")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the child's output
     parser.add_argument("--only-unparked", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -114,7 +118,8 @@ def main(argv=None) -> int:
     if not ok:
         raise SystemExit(f"onnxruntime toolchain unavailable: {reason}")
 
-    rows = {f"{m}:{r}": time_variants(m, r, args.rounds, args.repeat, args.only_unparked) for m, r in pairs}
+    extra_us = [float(v) for v in args.also_us.split(",") if v]
+    rows = {f"{m}:{r}": time_variants(m, r, args.rounds, args.repeat, args.only_unparked, extra_us) for m, r in pairs}
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -131,7 +136,8 @@ def main(argv=None) -> int:
 
     threads = os.environ.get("TVM_NUM_THREADS", "default")
     print(f"{tvm_tcutils.host_target()}, TVM_NUM_THREADS={threads}, median of {args.rounds} rounds (ms)")
-    header = ["model:mix", "partitions", *VARIANTS, "parked/unparked", "load"]
+    variants = [*VARIANTS, *(f"parking >= {us:g}us" for us in extra_us)]
+    header = ["model:mix", "partitions", *variants, "parked/unparked", "load"]
     if spin_zero:
         header[-2:-2] = ["spin=0: mix", "spin=0: TVM alone"]
     print("| " + " | ".join(header) + " |")
@@ -139,7 +145,7 @@ def main(argv=None) -> int:
     for name, row in rows.items():
         ms = row["ms"]
         cells = [name, f"{row['partitions']['ort']} ORT + {row['partitions']['tvm']} TVM"]
-        cells += [f"{ms[v]:.2f}" for v in VARIANTS]
+        cells += [f"{ms[v]:.2f}" for v in variants]
         if spin_zero:
             other = spin_zero[name]["ms"]
             cells += [f"{other['no parking']:.2f}", f"{other['TVM alone']:.2f}"]
