@@ -32,7 +32,7 @@ workers spin between TVM operators (``TVM_THREAD_POOL_SPIN_COUNT``), also while
 a toolchain runs. Where the native helpers are built, ``run`` is wrapped by
 ``tvm_tcutils.native.park_pool``, which puts the workers to sleep for the
 duration of calls that took at least ``TVM_TCUTILS_PARK_MIN_US`` microseconds
-last time (default 200; ``off`` turns parking off). See :func:`park_min_us`.
+last time (default 500; ``off`` turns parking off). See :func:`park_min_us`.
 """
 from __future__ import annotations
 
@@ -61,13 +61,14 @@ _BYTE_OFFSET = ctypes.sizeof(TVMArray) - ctypes.sizeof(ctypes.c_uint64)
 
 
 #: Calls shorter than this (microseconds, their previous run) do not park TVM's pool: a wake-up costs more.
-_PARK_MIN_US_DEFAULT = 200.0
+_PARK_MIN_US_DEFAULT = 500.0
 
 
 def park_min_us() -> Optional[float]:
     """The shortest toolchain call (µs) that parks TVM's pool workers, or ``None`` for never.
 
-    ``TVM_TCUTILS_PARK_MIN_US``: a number of microseconds, or ``off``; default 200.
+    ``TVM_TCUTILS_PARK_MIN_US``: a number of microseconds, or ``off``; default 500 (``scripts/bench_pool_parking.py
+    --also-us`` compares thresholds).
     Read when the toolchains' packed functions are registered (importing the package).
 
     Examples
@@ -199,7 +200,9 @@ class PackedToolchain:
     execute : callable
         ``(state, inputs, outputs)`` with lists of ``DLTensor`` addresses
         (ints; read them with :func:`tensor_data` / :func:`tensor_view`):
-        compute the outputs in place.
+        compute the outputs in place. It must not run TVM-compiled code that
+        uses TVM's thread pool: during long calls the pool's workers are parked
+        (:func:`park_min_us`) until it returns.
     """
 
     name: str
