@@ -59,6 +59,7 @@ def test_capabilities_report_this_build():
     # Hexagon codegen needs a Hexagon LLVM backend as well as TVM's builder.
     assert caps["hexagon_codegen"] == ("hexagon" in caps["llvm_targets"] and caps["hexagon_codegen"])
     assert isinstance(caps["cuda_codegen"], bool)
+    assert caps["native_helpers"] is None or os.path.isfile(caps["native_helpers"])
 
 
 def test_offline_default_respects_user_setting():

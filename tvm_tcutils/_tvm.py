@@ -215,6 +215,8 @@ def capabilities() -> Dict[str, object]:
     >>> caps["relay"] and caps["autotvm"]
     True
     """
+    from . import native  # here: native imports this module
+
     version = None
     if has_module("onnxruntime"):
         import onnxruntime
@@ -234,4 +236,5 @@ def capabilities() -> Dict[str, object]:
         "hexagon_codegen": has_codegen("hexagon"),
         "hexagon_emulator": sorted(hexagon_emulator()) == ["clang", "lld", "qemu"],
         "onnxruntime": version,
+        "native_helpers": native.library_path() if native.load() else None,
     }

@@ -26,6 +26,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"  cuda codegen     {yes(caps['cuda_codegen'])} (device: {yes(caps['cuda_device'])})")
     print(f"  hexagon codegen  {yes(caps['hexagon_codegen'])} (qemu emulation: {yes(caps['hexagon_emulator'])})")
     print(f"  onnxruntime      {caps['onnxruntime'] or 'no'}")
+    if caps["native_helpers"]:
+        from tvm_tcutils.collage.toolchains.packed_call import parking
+
+        print(f"  native helpers   {caps['native_helpers']} (toolchain calls: {parking()})")
+    else:
+        print("  native helpers   no (pure-Python paths; scripts/build_native.sh builds them)")
     rows = tvm_tcutils.registered()
     print(f"registered hooks ({len(rows)}):")
     for row in rows:
