@@ -159,5 +159,5 @@ def test_initial_sample_prices_every_op_kind_of_every_toolchain():
     kinds = {(r.toolchain.name, op) for r in fake.requests for op in r.ops}
     first = fake.batch_requests[0]
     assert kinds == {(r.toolchain.name, op) for r in first for op in r.ops}
-    # ... with small candidates: none larger than the smallest one holding its rarest kind.
+    # ... with small candidates (the smallest per kind), so not the largest ones.
     assert max(len(r.ops) for r in first) < max(len(r.ops) for r in fake.requests)

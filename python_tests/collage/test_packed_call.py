@@ -1,6 +1,8 @@
 """The packed-function bridge of the library-style toolchains (collage/toolchains/packed_call.py)."""
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import pytest
 import tvm
@@ -104,8 +106,6 @@ def _loaded_product(m=3, k=5, n=4):
     payload = blas._plan(func).to_bytes()
     key = "blas-park-test"
     blas.TOOLCHAIN._states.pop(key, None)
-    import base64
-
     blas.TOOLCHAIN.load(key, base64.b64encode(payload).decode())
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((m, k)).astype("float32"), rng.standard_normal((n, k)).astype("float32")

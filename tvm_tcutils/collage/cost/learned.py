@@ -132,9 +132,9 @@ class XGBoostCostEstimator(CostEstimator):
         Smallest initial sample.
     max_sample : int
         Largest initial sample, the covering part included. The sample only
-        seeds the model (each round then measures what the current answer uses); without a cap a model with tens of
-        thousands of distinct candidates (Inception-v3: about 32,000) would measure
-        1,600 up front.
+        seeds the model (each round then measures what the current answer
+        uses); without a cap a model with tens of thousands of distinct
+        candidates (Inception-v3: about 32,000) would measure 1,600 up front.
     max_rounds : int
         Search / measure rounds at most.
     tolerance : float
@@ -285,7 +285,8 @@ class XGBoostCostEstimator(CostEstimator):
         distinct = sorted(by_key.values(), key=lambda r: (r.toolchain.name, r.key))
         rng = random.Random(self.seed)
         covering = _covering_sample(distinct)
-        wanted = min(self.max_sample, max(self.min_sample, int(math.ceil(self.sample * len(distinct))), len(covering)))
+        drawn = int(math.ceil(self.sample * len(distinct)))
+        wanted = min(self.max_sample, max(self.min_sample, drawn, len(covering)))
         covering = covering[:wanted]
         taken = {c.key for c in covering}
         rest = [r for r in distinct if r.key not in taken]

@@ -67,9 +67,9 @@ _PARK_MIN_US_DEFAULT = 500.0
 def park_min_us() -> Optional[float]:
     """The shortest toolchain call (µs) that parks TVM's pool workers, or ``None`` for never.
 
-    ``TVM_TCUTILS_PARK_MIN_US``: a number of microseconds, or ``off``; default 500 (``scripts/bench_pool_parking.py
-    --also-us`` compares thresholds).
-    Read when the toolchains' packed functions are registered (importing the package).
+    ``TVM_TCUTILS_PARK_MIN_US``: a number of microseconds, or ``off``; default 500
+    (``scripts/bench_pool_parking.py --also-us`` compares thresholds). Read when the
+    toolchains' packed functions are registered (importing the package).
 
     Examples
     --------
@@ -90,6 +90,14 @@ def park_min_us() -> Optional[float]:
     return number
 
 
+def _park_policy() -> Optional[tuple]:
+    """(native wrapper, threshold in µs) when calls park TVM's pool, else ``None`` (turned off,
+    or the native helpers are not built)."""
+    threshold = park_min_us()
+    wrap = native.get("tvm_tcutils.native.park_pool") if threshold is not None else None
+    return None if wrap is None else (wrap, threshold)
+
+
 def parking() -> str:
     """How toolchain calls treat TVM's pool, for cost-cache keys: ``park>=<us>`` or ``nopark``.
 
@@ -98,17 +106,14 @@ def parking() -> str:
     >>> parking().startswith(("park", "nopark"))
     True
     """
-    threshold = park_min_us()
-    if threshold is None or native.get("tvm_tcutils.native.park_pool") is None:
-        return "nopark"
-    return f"park>={threshold:g}"
+    policy = _park_policy()
+    return "nopark" if policy is None else f"park>={policy[1]:g}"
 
 
 def _parked(function: "tvm.runtime.PackedFunc") -> "tvm.runtime.PackedFunc":
     """``function`` behind the native pool-parking wrapper, where it is built and wanted."""
-    threshold = park_min_us()
-    wrap = native.get("tvm_tcutils.native.park_pool") if threshold is not None else None
-    return function if wrap is None else wrap(function, threshold)
+    policy = _park_policy()
+    return function if policy is None else policy[0](function, policy[1])
 
 
 def _address(array: "tvm.nd.NDArray") -> int:
