@@ -237,3 +237,65 @@ def test_measure_wholes_times_side_by_side_and_isolates_build_failures():
     finally:
         est.close()
     assert len(times) == 3 and math.isfinite(times[0]) and math.isfinite(times[2]) and times[1] == math.inf
+
+
+def _conv_module(kernel: int = 1, channels: int = 64, size: int = 56, explicit_transform: bool = False):
+    x = relay.var("x", shape=(1, channels, size, size))
+    w = relay.const(np.random.default_rng(0).standard_normal((channels, channels, kernel, kernel)).astype("float32"))
+    y = relay.nn.relu(relay.nn.conv2d(x, w, padding=(kernel // 2,) * 2, channels=channels,
+                                      kernel_size=(kernel, kernel)))
+    if explicit_transform:
+        y = relay.layout_transform(y, "NCHW", "NCHW16c")
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+
+
+def test_boundary_layout_nodes_are_the_transforms_around_a_conv_built_alone():
+    import tvm_tcutils
+    from tvm_tcutils.collage.cost.measured import boundary_layout_nodes
+
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(_conv_module(), target=tvm_tcutils.host_target())
+    graph = json.loads(lib.get_graph_json())
+    found = boundary_layout_nodes(lib.get_graph_json(), ["x"])
+    names = [graph["nodes"][k]["attrs"]["func_name"] for k in found]
+    assert len(found) == 2 and all("layout_transform" in n for n in names)
+    convs = [n for n in graph["nodes"] if "conv2d" in n.get("attrs", {}).get("func_name", "")]
+    assert len(convs) == 1
+    # Without the input's name, only the output's transform is at the boundary.
+    assert boundary_layout_nodes(lib.get_graph_json(), []) == [k for k in found if [k, 0, 0] in graph["heads"]]
+
+
+def test_tvm_candidates_are_timed_without_their_boundary_transforms():
+    import tvm_tcutils
+    from tvm_tcutils.collage.cost.measured import measure_module
+
+    target = tvm_tcutils.host_target()
+    # A 1x1 conv with few channels does little work next to the two transforms around it (about 60 %
+    # of its time here); alternate the two timings so drift hits both.
+    text = tvm.ir.save_json(_conv_module(channels=16))
+    whole, inner = [], []
+    for _ in range(3):
+        whole.append(measure_module(text, target, 5, 1, 5, None, True))
+        inner.append(measure_module(text, target, 5, 1, 5, None, False))
+    assert 0.1 * np.median(whole) <= np.median(inner) < 0.8 * np.median(whole), (whole, inner)
+    # A module holding layout_transform operators of its own is timed whole: nothing is discounted.
+    own = tvm.ir.save_json(_conv_module(explicit_transform=True))
+    a = [measure_module(own, target, 5, 1, 5, None, flag) for flag in (True, False, True, False)]
+    assert min(a[1], a[3]) > 0.85 * min(a[0], a[2])
+
+
+def test_only_tvm_candidates_are_discounted(monkeypatch):
+    est = MeasuredCostEstimator(cache_dir="", repeat=2, progress=False)
+    flags = {}
+
+    def fake_run(payloads, on_result=None, timeout=None):
+        for k, payload in enumerate(payloads):
+            module = tvm.ir.load_json(payload[0])
+            external = any("Compiler" in (f.attrs or {}) for f in module.functions.values())
+            flags.setdefault(external, set()).add(payload[-1])
+            on_result(k, {"ms": 1.0})
+
+    monkeypatch.setattr(est.pool, "run", fake_run)
+    partition(elementwise_net(), None, ["tvm", test_codegen.toolchain()], est, validate_rounds=0)
+    # TVM candidates keep boundary_layout False (discounted), external ones True (timed whole).
+    assert flags == {False: {False}, True: {True}}

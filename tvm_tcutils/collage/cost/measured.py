@@ -20,6 +20,8 @@ import json
 import logging
 import math
 import os
+import re
+import struct
 import subprocess
 import sys
 import time
@@ -52,21 +54,72 @@ def default_cache_dir() -> str:
 # ---------------------------------------------------------------------------
 # Worker side
 # ---------------------------------------------------------------------------
-def _timer(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int, tuning_log: Optional[str]):
+def _timer(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int, tuning_log: Optional[str],
+           boundary_layout: bool = True):
     """Build a saved module, warm it up on random inputs; a function returning one median in ms."""
     import tvm
     from tvm import relay
 
     mod = relay.transform.InferType()(tvm.ir.load_json(mod_json))
-    return module_timer(mod, target, repeat, warmup, min_repeat_ms, tuning_log)
+    return module_timer(mod, target, repeat, warmup, min_repeat_ms, tuning_log, boundary_layout)
+
+
+#: Fused kernels that only change a tensor's layout (``FuseOps`` names them after their one op).
+_LAYOUT_KERNEL = re.compile(r"_fused_layout_transform(_\d+)?$")
+
+
+def boundary_layout_nodes(graph_json: str, input_names: Sequence[str]) -> List[int]:
+    """Graph-executor nodes that only change the layout of a graph input or of a graph output.
+
+    ``AlterOpLayout`` wraps an operator built alone in a transform into its
+    blocked layout (NCHW -> NCHWc) and one back; between operators of one TVM
+    region those transforms cancel, so they are not part of the operator's
+    cost in a whole model.
+
+    Examples
+    --------
+    >>> import json
+    >>> nodes = [{"op": "null", "name": "x"},
+    ...          {"op": "tvm_op", "name": "a", "inputs": [[0, 0, 0]],
+    ...           "attrs": {"func_name": "tvmgen_default_fused_layout_transform"}},
+    ...          {"op": "tvm_op", "name": "b", "inputs": [[1, 0, 0]],
+    ...           "attrs": {"func_name": "tvmgen_default_fused_nn_contrib_conv2d_NCHWc"}}]
+    >>> boundary_layout_nodes(json.dumps({"nodes": nodes, "heads": [[2, 0, 0]]}), ["x"])
+    [1]
+    """
+    graph = json.loads(graph_json)
+    nodes = graph["nodes"]
+    heads = {head[0] for head in graph["heads"]}
+    inputs = {k for k, node in enumerate(nodes) if node["op"] == "null" and node["name"] in set(input_names)}
+    found = []
+    for k, node in enumerate(nodes):
+        if node["op"] != "tvm_op" or not _LAYOUT_KERNEL.search(node.get("attrs", {}).get("func_name", "")):
+            continue
+        if k in heads or all(edge[0] in inputs for edge in node["inputs"]):
+            found.append(k)
+    return found
+
+
+def _has_layout_transform(mod) -> bool:
+    from tvm import relay
+
+    found = []
+    relay.analysis.post_order_visit(
+        mod["main"], lambda e: found.append(1) if isinstance(e, relay.Call) and getattr(e.op, "name", "") ==
+        "layout_transform" else None)
+    return bool(found)
 
 
 def module_timer(mod, target, repeat: int, warmup: int = 3, min_repeat_ms: int = 50,
-                 tuning_log: Optional[str] = None):
+                 tuning_log: Optional[str] = None, boundary_layout: bool = True):
     """Build ``mod`` once (graph executor), warm it up on random inputs; return a timer of one run.
 
     The timer returns the median of ``repeat`` runs in ms each time it is called, so
-    callers can time several builds round-robin.
+    callers can time several builds round-robin. With ``boundary_layout=False``
+    the time of kernels that only change the layout of an input or an output
+    (:func:`boundary_layout_nodes`) is left out, each timed alone with TVM's
+    debug executor: how a TVM Collage candidate costs inside a TVM region.
+    A module that itself holds ``layout_transform`` operators is timed whole.
 
     Examples
     --------
@@ -88,19 +141,40 @@ def module_timer(mod, target, repeat: int, warmup: int = 3, min_repeat_ms: int =
     with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target)
     dev = tvm.cpu()
-    runner = graph_executor.GraphModule(lib["default"](dev))
-    runner.set_input(**random_inputs(mod))
+    inputs = random_inputs(mod)
+    skipped: List[int] = []
+    if not boundary_layout and not _has_layout_transform(mod):
+        skipped = boundary_layout_nodes(lib.get_graph_json(), list(inputs))
+    # The debug executor runs the same kernels and can also time one node alone.
+    executor = lib["debug_create"]("default", dev) if skipped else lib["default"](dev)
+    runner = graph_executor.GraphModule(executor)
+    runner.set_input(**inputs)
     for _ in range(max(warmup, 0)):
         runner.run()
     timer = runner.module.time_evaluator("run", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    return lambda: float(np.median(timer().results) * 1e3)
+
+    def node_ms(index: int) -> float:
+        raw = executor["run_individual_node"](index, 1, repeat, min_repeat_ms, 100, 0, 1)
+        return float(np.median(struct.unpack("@" + "d" * repeat, bytes(raw)))) * 1e3
+
+    def run() -> float:
+        total = float(np.median(timer().results) * 1e3)
+        if not skipped:
+            return total
+        # Each kernel is part of the total, so this stays positive up to timing noise; the floor keeps
+        # noise from pricing a candidate at nothing.
+        return max(total - sum(node_ms(k) for k in skipped), 0.1 * total)
+
+    return run
 
 
 def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
-                   tuning_log: Optional[str] = None) -> float:
+                   tuning_log: Optional[str] = None, boundary_layout: bool = True) -> float:
     """Build a saved module with ``relay.build``, run it on random inputs, return the median ms.
 
-    With ``tuning_log`` the build picks AutoTVM's best configs from it.
+    With ``tuning_log`` the build picks AutoTVM's best configs from it; with
+    ``boundary_layout=False`` the layout transforms at its inputs and outputs
+    are left out (see :func:`module_timer`).
 
     Runs in a worker process (it may crash there).
 
@@ -113,7 +187,7 @@ def measure_module(mod_json: str, target: str, repeat: int, warmup: int, min_rep
     >>> measure_module(text, "llvm", repeat=3, warmup=1, min_repeat_ms=1) > 0
     True
     """
-    return _timer(mod_json, target, repeat, warmup, min_repeat_ms, tuning_log)()
+    return _timer(mod_json, target, repeat, warmup, min_repeat_ms, tuning_log, boundary_layout)()
 
 
 def measure_modules(mod_jsons: Sequence[str], target: str, repeat: int, warmup: int, min_repeat_ms: int,
@@ -514,8 +588,10 @@ class MeasuredCostEstimator(CostEstimator):
             self._memory[req.key] = {"ms": None, "error": "no codegen"}
         requests = buildable
         target, repeat, warmup, min_repeat_ms = self.settings
-        payloads = [(tvm.ir.save_json(r.module), target, repeat, warmup, min_repeat_ms, self.tuning_log)
-                    for r in requests]
+        # A TVM candidate's layout transforms at its boundary cancel between neighbours in a TVM
+        # region; a crossing to another toolchain pays them, which validation's crossing penalty learns.
+        payloads = [(tvm.ir.save_json(r.module), target, repeat, warmup, min_repeat_ms, self.tuning_log,
+                     not r.toolchain.is_tvm) for r in requests]
         bar = Progress(len(requests), self.progress)
 
         def record(k: int, result: dict) -> None:
