@@ -62,6 +62,7 @@ from tvm_tcutils.topi.dot_product import packing  # noqa: E402
 
 TARGET = tvm_tcutils.host_target()  # code for another CPU may not run here (SIGILL); see --target
 RNG = np.random.default_rng(0)
+ROUNDS = 3  # --rounds: contenders of a layer are timed in turns this many times
 
 
 # --------------------------------------------------------------------------
@@ -71,19 +72,16 @@ _ALL_CPUS = os.sched_getaffinity(0)
 
 
 def set_threads(n: int) -> None:
-    """TVM's pool to ``n`` threads, every thread of the process free to run on every CPU.
+    """TVM's pool to ``n`` threads, its workers pinned as TVM pins them, the main thread free.
 
     ``runtime.config_threadpool`` cannot grow the pool beyond ``TVM_NUM_THREADS`` (which
-    :func:`main` sets) and pins the calling thread to one core; threads created later inherit
-    that mask, so onnxruntime's intra-op pool ran its 2 threads on one core (half its 1-thread
-    speed; standalone it is 1.6x faster with 2). Pinned TVM workers were slower here too.
+    :func:`main` sets) and may pin the calling thread to one core; threads created later (
+    onnxruntime's intra-op pool) inherit that mask, and ran their 2 threads on one core. So the
+    main thread gets every CPU back; TVM's workers stay pinned: unpinned, the scheduler at times
+    left a worker on the main thread's core for seconds, halving TVM's 2-thread speed.
     """
     tvm.get_global_func("runtime.config_threadpool")(1, n)
-    for task in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(task), _ALL_CPUS)
-        except OSError:  # a thread that has just exited
-            pass
+    os.sched_setaffinity(0, _ALL_CPUS)
 
 
 def timeit(func, *args, min_ms: int = 200, repeat: int = 5) -> float:
@@ -92,7 +90,7 @@ def timeit(func, *args, min_ms: int = 200, repeat: int = 5) -> float:
     return float(np.median(evaluator(*args).results))
 
 
-def time_ort(sess, feeds, min_s: float = 0.2, repeat: int = 5) -> float:
+def time_ort(sess, feeds, min_s: float = 0.1, repeat: int = 3) -> float:
     sess.run(None, feeds)
     times = []
     for _ in range(repeat):
@@ -105,11 +103,35 @@ def time_ort(sess, feeds, min_s: float = 0.2, repeat: int = 5) -> float:
 
 
 def time_graph(lib, inputs, repeat: int = 5) -> float:
+    return graph_timer(lib, inputs, repeat, min_ms=200)()
+
+
+def graph_timer(lib, inputs, repeat: int = 3, min_ms: int = 100):
+    """A function returning the median seconds of one run of a built Relay graph."""
     run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     run.set_input(**inputs)
     run.run()
-    return float(np.median(run.module.time_evaluator("run", tvm.cpu(), number=1, repeat=repeat,
-                                                     min_repeat_ms=200)().results))
+    evaluator = run.module.time_evaluator("run", tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=min_ms)
+    return lambda: float(np.median(evaluator().results))
+
+
+def side_by_side(timers, rounds: int) -> dict:
+    """Median seconds of each ``{name: timer}`` over ``rounds`` rounds taken in turns.
+
+    On a shared 2-vCPU VM the speed of one core drifts by up to 2x over seconds; timed in turns,
+    every contender sees the same drift. A timer may return ``{name: seconds}`` for several
+    contenders at once; one that is None (a contender that failed to build) gives nan.
+    """
+    times: dict = {}
+    for _ in range(max(rounds, 1)):
+        for name, timer in timers.items():
+            if timer is None:
+                times.setdefault(name, [])
+            else:
+                result = timer()
+                for key, seconds in (result.items() if isinstance(result, dict) else [(name, result)]):
+                    times.setdefault(key, []).append(seconds)
+    return {name: float(np.median(t)) if t else float("nan") for name, t in times.items()}
 
 
 def nd(array):
@@ -245,7 +267,8 @@ def ours(task_name: str, args, arrays, out_shape, trials: int, log_dir: str):
     def buffers(tensors):
         return [by_type[(tuple(int(d) for d in t.shape), str(t.dtype))] for t in tensors]
 
-    return lambda: {name: timeit(f, *buffers(tensors)) for name, (f, tensors) in funcs.items()}
+    return lambda: {f"ours {name}": timeit(f, *buffers(tensors), min_ms=100, repeat=3)
+                    for name, (f, tensors) in funcs.items()}
 
 
 def ours_conv(layer, data, kernel, trials, log_dir):
@@ -320,7 +343,7 @@ def _ort_qlinearconv(layer, data, kernel, threads: int, nhwc: bool):
     opsets = [helper.make_opsetid("", 13)] + ([helper.make_opsetid("com.microsoft", 1)] if nhwc else [])
     sess = _ort_session(helper.make_model(graph, opset_imports=opsets), threads)
     feed = np.ascontiguousarray(data.transpose(0, 2, 3, 1)) if nhwc else data
-    return time_ort(sess, {"x": feed})
+    return lambda: time_ort(sess, {"x": feed})
 
 
 def _ort_fp32_conv(layer, threads: int):
@@ -332,7 +355,8 @@ def _ort_fp32_conv(layer, threads: int):
     graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[weights])
     sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
-    return time_ort(sess, {"x": RNG.standard_normal((1, c, h, w)).astype("float32")})
+    feed = {"x": RNG.standard_normal((1, c, h, w)).astype("float32")}
+    return lambda: time_ort(sess, feed)
 
 
 def bench_conv(layer, threads, trials, log_dir):
@@ -349,23 +373,26 @@ def bench_conv(layer, threads, trials, log_dir):
     rows = []
     for n in threads:
         set_threads(n)
-        row = {f"ours {name}": gop / s for name, s in timer().items()}
-        row["ours graph"] = gop / time_graph(graph_lib, graph_in)
-        row["ours qnn"] = gop / time_graph(qnn_lib, qnn_in)
-        row["ORT QLinearConv"] = gop / _ort_qlinearconv(layer, data, kernel, n, nhwc=False)
-        row["ORT NHWC"] = gop / _ort_or_nan(_ort_qlinearconv, layer, data, kernel, n, nhwc=True)
-        row["TVM fp32"] = gop / time_graph(fp32_lib, fp32_in)
-        row["ORT fp32"] = gop / _ort_fp32_conv(layer, n)
-        rows.append((n, row))
+        timers = {
+            "ours": timer,
+            "ours graph": graph_timer(graph_lib, graph_in),
+            "ours qnn": graph_timer(qnn_lib, qnn_in),
+            "ORT QLinearConv": _ort_qlinearconv(layer, data, kernel, n, nhwc=False),
+            "ORT NHWC": _ort_or_none(_ort_qlinearconv, layer, data, kernel, n, nhwc=True),
+            "TVM fp32": graph_timer(fp32_lib, fp32_in),
+            "ORT fp32": _ort_fp32_conv(layer, n),
+        }
+        seconds = side_by_side(timers, ROUNDS)
+        rows.append((n, {name: gop / s for name, s in seconds.items()}))
     return rows
 
 
-def _ort_or_nan(fn, *args, **kwargs) -> float:
+def _ort_or_none(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except Exception as err:  # e.g. a contrib op missing from this ORT build
         print(f"  ({fn.__name__} failed: {str(err).splitlines()[0][:100]})")
-        return float("nan")
+        return None
 
 
 def _ort_qlinearmatmul(data, weight, threads: int):
@@ -379,7 +406,7 @@ def _ort_qlinearmatmul(data, weight, threads: int):
     graph = helper.make_graph([node], "qmm", [helper.make_tensor_value_info("a", TensorProto.UINT8, list(data.shape))],
                               [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializer=inits)
     sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
-    return time_ort(sess, {"a": data})
+    return lambda: time_ort(sess, {"a": data})
 
 
 def _ort_fp32_gemm(m, k, n, threads):
@@ -390,7 +417,8 @@ def _ort_fp32_gemm(m, k, n, threads):
     graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[weight])
     sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
-    return time_ort(sess, {"a": RNG.standard_normal((m, k)).astype("float32")})
+    feed = {"a": RNG.standard_normal((m, k)).astype("float32")}
+    return lambda: time_ort(sess, feed)
 
 
 def bench_dense(m, k, n, threads, trials, log_dir):
@@ -407,11 +435,14 @@ def bench_dense(m, k, n, threads, trials, log_dir):
     rows = []
     for t in threads:
         set_threads(t)
-        row = {f"ours {name}": gop / s for name, s in timer().items()}
-        row["ORT QLinearMatMul"] = gop / _ort_or_nan(_ort_qlinearmatmul, data, weight, t)
-        row["TVM fp32"] = gop / time_graph(fp32_lib, {"x": RNG.standard_normal((m, k)).astype("float32")})
-        row["ORT fp32"] = gop / _ort_fp32_gemm(m, k, n, t)
-        rows.append((t, row))
+        timers = {
+            "ours": timer,
+            "ORT QLinearMatMul": _ort_or_none(_ort_qlinearmatmul, data, weight, t),
+            "TVM fp32": graph_timer(fp32_lib, {"x": RNG.standard_normal((m, k)).astype("float32")}),
+            "ORT fp32": _ort_fp32_gemm(m, k, n, t),
+        }
+        seconds = side_by_side(timers, ROUNDS)
+        rows.append((t, {name: gop / s for name, s in seconds.items()}))
     return rows
 
 
@@ -594,6 +625,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--trials", type=int, default=0, help="XGBTuner trials per layer (0: untuned only)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="per layer, time the contenders in turns this many times (median)")
     parser.add_argument("--layers", type=int, default=0, help="only the first N conv layers (0: all)")
     parser.add_argument("--e2e", action="store_true", help="also int8 ResNet-50 end to end")
     parser.add_argument("--e2e-check", action="store_true", help="with --e2e: bit-exact check vs TVM generic")
@@ -605,8 +638,9 @@ def main(argv=None) -> int:
     # TVM sizes its pool from TVM_NUM_THREADS when it first runs (by default half the logical
     # CPUs here): without this a "2-thread" row ran TVM on one thread.
     os.environ["TVM_NUM_THREADS"] = str(max(args.threads))
-    global TARGET
+    global TARGET, ROUNDS
     TARGET = args.target or TARGET
+    ROUNDS = args.rounds
     isa = for_target(TARGET)
     if isa is None or not isa.name.startswith("x86"):
         raise SystemExit(f"{TARGET} has no x86 dot-product ISA (VNNI, AVX2 or SSE4.2)")
