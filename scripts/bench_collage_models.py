@@ -150,6 +150,10 @@ def main(argv=None) -> int:
         row.append(f"{os.getloadavg()[0]:.2f}")
         rows.append(row)
         print("  ".join(row), flush=True)
+        same = [label for label, v in zip(["tvm alone"] + [f"{tc.name} greedy" for tc in others], variants)
+                if tvm.ir.structural_equal(v, result.mod)]
+        if same:  # then the columns time one partitioning twice: their gap is this machine's noise
+            print(f"  {name}: Collage's partitioning is the same module as {same[0]}'s")
         print(f"  {name}: {len(result.partitions)} partitions "
               f"({', '.join(f'{k} {v}' for k, v in sorted(_count(result.partitions).items()))}); "
               f"validation trials: {[(label, round(est, 2), round(ms, 2)) for label, est, ms in result.trials]}; "
