@@ -299,3 +299,25 @@ def test_only_tvm_candidates_are_discounted(monkeypatch):
     partition(elementwise_net(), None, ["tvm", test_codegen.toolchain()], est, validate_rounds=0)
     # TVM candidates keep boundary_layout False (discounted), external ones True (timed whole).
     assert flags == {False: {False}, True: {True}}
+
+
+def test_cache_tags_are_computed_once_per_toolchain_and_keys_do_not_change(monkeypatch):
+    from tvm_tcutils.collage.cost.base import CostRequest, cost_requests
+    from tvm_tcutils.collage.cost.custom import CustomCostEstimator
+    from tvm_tcutils.collage.toolchains.base import Toolchain
+
+    seen, calls = [], []
+    original = Toolchain.cache_tag
+    monkeypatch.setattr(Toolchain, "cache_tag", lambda self: calls.append(self.name) or original(self))
+
+    class Keys(CustomCostEstimator):
+        def estimate(self, requests):
+            seen.extend(requests)
+            return [1.0] * len(requests)
+
+    partition(elementwise_net(), None, ["tvm", test_codegen.toolchain()], Keys(lambda m, t: 1.0),
+              validate_rounds=0, compare_single=False)
+    assert len(seen) > 4 and sorted(set(calls)) == ["tcutils_test", "tvm"] and len(calls) == 2
+    keys = [r.key for r in seen]
+    assert keys == [CostRequest(r.graph, r.candidate, r.toolchain).key for r in seen]  # untagged: same keys
+    assert cost_requests(None, [], [], {}) == []

@@ -22,7 +22,7 @@ from ..dot_product_tuning import tuning_log_scope
 from tvm import relay
 
 from .candidates import Candidate, enumerate_candidates
-from .cost.base import CostEstimator, CostRequest
+from .cost.base import CostEstimator, cost_requests
 from .outline import partitioned_module
 from .search import SearchResult, partition_order, search
 from .subgraph import IndexedGraph, checked_main
@@ -132,7 +132,7 @@ def _estimate(graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict[
               estimator: CostEstimator) -> List[float]:
     costs = [0.0] * len(cands)
     todo = [k for k, c in enumerate(cands) if not c.host]
-    requests = [CostRequest(graph, cands[k], toolchains[cands[k].toolchain]) for k in todo]
+    requests = cost_requests(graph, cands, todo, toolchains)
     for k, cost in zip(todo, estimator.estimate(requests)):
         costs[k] = float(cost)
     return costs

@@ -26,7 +26,7 @@ from tvm import relay
 from ..candidates import Candidate
 from ..search import SearchResult, partition_order, search
 from ..subgraph import IndexedGraph, bits
-from .base import CostEstimator, CostRequest
+from .base import CostEstimator, CostRequest, cost_requests
 from .measured import MeasuredCostEstimator
 
 logger = logging.getLogger("tvm_tcutils.collage")
@@ -202,7 +202,7 @@ class XGBoostCostEstimator(CostEstimator):
         ``patience`` rounds without such a gain, or after ``max_rounds``.
         """
         index = [k for k, c in enumerate(cands) if not c.host]
-        requests = [CostRequest(graph, cands[k], toolchains[cands[k].toolchain]) for k in index]
+        requests = cost_requests(graph, cands, index, toolchains)
         position = {cands[k]: n for n, k in enumerate(index)}
         known = self._initial(requests)
         best: Optional[SearchResult] = None
