@@ -46,8 +46,11 @@ def _run(sched, x, y, data):
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 @pytest.mark.parametrize("channels,height,width,block", [
     (16, 8, 8, 8),     # 16-pixel tiles, one row per call
-    (32, 14, 14, 16),  # 196 pixels: 4-pixel tiles over two rows
+    (32, 14, 14, 16),  # 196 pixels: the whole plane, 12 16-pixel tiles and a 4-pixel one
+    (16, 7, 7, 8),     # 49 pixels: 3 16-pixel tiles and one byte per channel
+    (32, 5, 3, 16),    # 15 pixels: 8, 4, 2 and 1-pixel pieces
     (8, 3, 12, 4),     # 12-pixel rows: 4-pixel tiles
+    (8, 30, 38, 8),    # 1,140 pixels, too many to move whole: 4-pixel tiles of two rows
     (64, 56, 56, 8),   # a ResNet-50 stage-1 plane: two rows (112 pixels) per call
     (32, 4, 40, 32),   # a 32-channel block (HVX-sized)
 ])
@@ -81,7 +84,7 @@ def test_lowers_to_tile_shuffles(direction):
     ("NCHW", "NCHW8c", (1, 16, 8, 8), "float32"),   # not 8-bit
     ("NCHW", "NCHW8c", (1, 16, 8, 8), "int32"),
     ("NCHW", "NCHW8c", (1, 12, 8, 8), "uint8"),     # channels not a multiple of the block
-    ("NCHW", "NCHW8c", (1, 16, 7, 7), "uint8"),     # 49 pixels: no 4-pixel tile of whole rows
+    ("NCHW", "NCHW8c", (1, 16, 37, 37), "uint8"),   # 1,369 pixels: too many to move whole, no 4-pixel block
     ("NCHW", "NHWC", (1, 16, 8, 8), "uint8"),       # not a channel-block layout
     ("NCHW8c", "NCHW16c", (1, 2, 8, 8, 8), "uint8"),
     ("NCHW8c", "NCHW", (1, 2, 8, 8, 4), "uint8"),   # block disagrees with the shape
@@ -107,9 +110,9 @@ def test_other_groups_get_the_injective_schedule(case):
         source = topi.cast(x, "uint8")
         data = RNG.integers(0, 256, (1, 16, 8, 8)).astype("int32")
     else:
-        x = te.placeholder((1, 16, 7, 7), "uint8", name="x")
+        x = te.placeholder((1, 16, 37, 37), "uint8", name="x")
         source = x
-        data = RNG.integers(0, 256, (1, 16, 7, 7)).astype("uint8")
+        data = RNG.integers(0, 256, (1, 16, 37, 37)).astype("uint8")
     y = topi.layout_transform(source, "NCHW", "NCHW8c")
     sched = schedule_byte_layout_transform(y, "NCHW", "NCHW8c")
     assert "T.Shuffle" not in tvm.lower(sched, [x, y]).script()

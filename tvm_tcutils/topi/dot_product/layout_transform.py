@@ -30,7 +30,8 @@ from tvm.topi.utils import get_const_tuple
 
 _PACKED = re.compile(r"^NCHW(\d+)c$")
 
-#: Pixels per tile, preferred first (16 and 8 time alike on AVX2; 4 serves 14x14 planes).
+#: Pixels per tile, preferred first (16 and 8 time alike on AVX2; 8 and 4 serve planes too big to
+#: move whole that have no 16-pixel block of rows).
 _TILE_PIXELS = (16, 8, 4)
 
 #: Tiles unrolled in one intrinsic call at most (a ``th``-row block of a wide image).
@@ -58,14 +59,18 @@ def byte_tile_plan(src_layout: str, dst_layout: str, src_shape: Sequence[int],
 
     ``direction`` is ``"pack"`` (``NCHW`` -> ``NCHW{b}c``) or ``"unpack"`` (the
     reverse); each intrinsic call moves ``th`` image rows of ``b`` channels, in
-    tiles of ``t`` pixels. It applies to 8-bit data with static shapes, channels
-    a multiple of ``b`` (no padding inside the transform) and some block of
-    whole rows that is a multiple of 4 pixels.
+    tiles of ``t`` pixels. It applies to 8-bit data with static shapes and
+    channels a multiple of ``b`` (no padding inside the transform). A block of
+    whole rows that is a multiple of 16 pixels comes first; a plane of at most
+    ``64 x 16`` pixels that has none (14x14, 7x7) is moved whole, in 16-pixel
+    tiles and a narrower last one; other planes take 8- or 4-pixel tiles.
 
     Examples
     --------
     >>> byte_tile_plan("NCHW", "NCHW8c", (1, 64, 56, 56), "uint8")
     ('pack', 8, 2, 16)
+    >>> byte_tile_plan("NCHW16c", "NCHW", (1, 64, 14, 14, 16), "uint8")
+    ('unpack', 16, 14, 16)
     >>> byte_tile_plan("NCHW", "NCHW8c", (1, 64, 56, 56), "float32") is None
     True
     """
@@ -83,11 +88,35 @@ def byte_tile_plan(src_layout: str, dst_layout: str, src_shape: Sequence[int],
     else:
         return None
     height, width = shape[2], shape[3]
-    for tile in _TILE_PIXELS:
-        for rows in range(1, height + 1):
-            if height % rows == 0 and (rows * width) % tile == 0 and rows * width // tile <= _MAX_TILES:
-                return direction, block, rows, tile
+    widest = _TILE_PIXELS[0]
+    exact = _exact_rows(height, width, widest)
+    if exact is not None:
+        return direction, block, exact, widest
+    if -(-height * width // widest) <= _MAX_TILES:
+        return direction, block, height, widest
+    for tile in _TILE_PIXELS[1:]:
+        rows = _exact_rows(height, width, tile)
+        if rows is not None:
+            return direction, block, rows, tile
     return None
+
+
+def _exact_rows(height: int, width: int, tile: int) -> Optional[int]:
+    """The fewest whole rows that make a multiple of ``tile`` pixels in at most ``_MAX_TILES`` tiles."""
+    for rows in range(1, height + 1):
+        if height % rows == 0 and (rows * width) % tile == 0 and rows * width // tile <= _MAX_TILES:
+            return rows
+    return None
+
+
+def _pieces(pixels: int, tile: int):
+    """``(start, width)`` of the tiles covering ``pixels``: ``tile`` wide, then halving for the rest."""
+    start, width = 0, tile
+    while start < pixels:
+        while width > pixels - start:
+            width //= 2
+        yield start, width
+        start += width
 
 
 def _transpose_intrin(direction: str, block: int, rows: int, width: int, tile: int, dtype: str):
@@ -107,16 +136,22 @@ def _transpose_intrin(direction: str, block: int, rows: int, width: int, tile: i
     def body(ins, outs):
         ib = tir.ir_builder.create()
         src_b, dst_b = ins[0], outs[0]
-        for start in range(0, rows * width, tile):
+        # A tile may run past the end of a row: the block holds whole rows, contiguous per channel.
+        for start, size in _pieces(rows * width, tile):
             h, w = divmod(start, width)
-            if direction == "pack":
-                planes = [src_b.vload([c, h, w], f"{dtype}x{tile}") for c in range(block)]
-                mixed = tir.Shuffle(planes, [c * tile + p for p in range(tile) for c in range(block)])
+            if size == 1:  # the last pixel of an odd plane: one byte per channel
+                for c in range(block):
+                    src_at = [c, h, w] if direction == "pack" else [h, w, c]
+                    dst_at = [h, w, c] if direction == "pack" else [c, h, w]
+                    ib.emit(dst_b.vstore(dst_at, src_b.vload(src_at, dtype)))
+            elif direction == "pack":
+                planes = [src_b.vload([c, h, w], f"{dtype}x{size}") for c in range(block)]
+                mixed = tir.Shuffle(planes, [c * size + p for p in range(size) for c in range(block)])
                 ib.emit(dst_b.vstore([h, w, 0], mixed))
             else:
-                mixed = src_b.vload([h, w, 0], f"{dtype}x{tile * block}")
+                mixed = src_b.vload([h, w, 0], f"{dtype}x{size * block}")
                 for c in range(block):
-                    ib.emit(dst_b.vstore([c, h, w], tir.Shuffle([mixed], [p * block + c for p in range(tile)])))
+                    ib.emit(dst_b.vstore([c, h, w], tir.Shuffle([mixed], [p * block + c for p in range(size)])))
         return ib.get()
 
     return te.decl_tensor_intrin(dst.op, body, binds={src: src_buf, dst: dst_buf})
