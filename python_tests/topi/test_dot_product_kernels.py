@@ -215,6 +215,12 @@ def test_fallback_tiles_fit_the_register_budget(hw, oc):
         assert accumulators <= isa.accumulator_budget(tile_oc), (target, tile_oc, tile_ow, tile_oh)
         if isa.operand_registers == 1:
             assert tile_oc == 2
+        # VNNI's fallback takes a 2x2 pixel block where the output has one (measured faster than
+        # filling the budget); odd planes fill the budget (7x7: a whole row).
+        if isa.conv_tile_pixels and hw % 2 == 0:
+            assert (tile_ow, tile_oh) == (2, 2)
+        elif isa.conv_tile_pixels and hw == 7:
+            assert tile_ow == 7
 
 
 def test_widened_data_only_where_the_isa_takes_it():

@@ -98,6 +98,10 @@ class DotProductISA:
     wide_group : int
         Products per lane one instruction reads from a ``wide_kernel`` kernel
         (the innermost axis of that layout: 2 for ``vpmaddwd``).
+    conv_tile_pixels : int
+        Output pixels per output-channel block in conv2d's fallback tile (a 2x2
+        or 4x1 block where the output has one), or 0 to fill the accumulator
+        budget.
     """
 
     name: str
@@ -114,6 +118,7 @@ class DotProductISA:
     wide_loader: Optional[Callable[[tir.Buffer], object]] = None
     wide_kernel: str = ""
     wide_group: int = 4
+    conv_tile_pixels: int = 0
 
     def conv_kernel_dtype(self, kernel_dtype: str) -> str:
         """The dtype conv2d's packed kernel has for an 8-bit ``kernel_dtype``.

@@ -74,6 +74,24 @@ def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], 
     return ic_bn, oc_bn
 
 
+def _pixel_block(oh: int, ow: int, pixels: int):
+    """``(tile_ow, tile_oh)`` of ``pixels`` output pixels, square first, where both divide the output.
+
+    Examples
+    --------
+    >>> _pixel_block(56, 56, 4), _pixel_block(7, 7, 4), _pixel_block(3, 8, 4)
+    ((2, 2), None, (4, 1))
+    """
+    if pixels <= 0:
+        return None
+    shapes = sorted(((w, pixels // w) for w in range(1, pixels + 1) if pixels % w == 0),
+                    key=lambda shape: abs(shape[0] - shape[1]))
+    for tile_ow, tile_oh in shapes:
+        if ow % tile_ow == 0 and oh % tile_oh == 0:
+            return tile_ow, tile_oh
+    return None
+
+
 def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: int) -> None:
     blocks = max(1, oc_bn // isa.lanes)  # instructions per output-channel chunk
 
@@ -93,6 +111,9 @@ def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: in
         # tiling with more accumulators wins. Then the widest row tile that fits the register
         # budget, then as many rows as still fit.
         def tile(tile_oc: int):
+            small = _pixel_block(oh, ow, isa.conv_tile_pixels)
+            if small is not None:
+                return (tile_oc, *small)
             per_block = max(1, budget(tile_oc) // tile_oc)
             tile_ow = divisors_up_to(ow, per_block)[-1]
             return tile_oc, tile_ow, divisors_up_to(oh, max(1, per_block // tile_ow))[-1]
