@@ -62,7 +62,6 @@ from tvm_tcutils.topi.dot_product import packing  # noqa: E402
 
 TARGET = tvm_tcutils.host_target()  # code for another CPU may not run here (SIGILL); see --target
 RNG = np.random.default_rng(0)
-ROUNDS = 3  # --rounds: contenders of a layer are timed in turns this many times
 
 
 # --------------------------------------------------------------------------
@@ -359,7 +358,7 @@ def _ort_fp32_conv(layer, threads: int):
     return lambda: time_ort(sess, feed)
 
 
-def bench_conv(layer, threads, trials, log_dir):
+def bench_conv(layer, threads, trials, log_dir, rounds: int = 3):
     """GOPS of every contender on one conv layer, per thread count."""
     c, h, w, o, k, stride, pad = layer
     h_o, w_o = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
@@ -382,7 +381,7 @@ def bench_conv(layer, threads, trials, log_dir):
             "TVM fp32": graph_timer(fp32_lib, fp32_in),
             "ORT fp32": _ort_fp32_conv(layer, n),
         }
-        seconds = side_by_side(timers, ROUNDS)
+        seconds = side_by_side(timers, rounds)
         rows.append((n, {name: gop / s for name, s in seconds.items()}))
     return rows
 
@@ -421,7 +420,7 @@ def _ort_fp32_gemm(m, k, n, threads):
     return lambda: time_ort(sess, feed)
 
 
-def bench_dense(m, k, n, threads, trials, log_dir):
+def bench_dense(m, k, n, threads, trials, log_dir, rounds: int = 3):
     """GOPS of the final ResNet-50 dense (m x k by n x k)."""
     lanes = for_target(TARGET).lanes
     gop = 2 * m * k * n / 1e9
@@ -441,7 +440,7 @@ def bench_dense(m, k, n, threads, trials, log_dir):
             "TVM fp32": graph_timer(fp32_lib, {"x": RNG.standard_normal((m, k)).astype("float32")}),
             "ORT fp32": _ort_fp32_gemm(m, k, n, t),
         }
-        seconds = side_by_side(timers, ROUNDS)
+        seconds = side_by_side(timers, rounds)
         rows.append((t, {name: gop / s for name, s in seconds.items()}))
     return rows
 
@@ -638,9 +637,8 @@ def main(argv=None) -> int:
     # TVM sizes its pool from TVM_NUM_THREADS when it first runs (by default half the logical
     # CPUs here): without this a "2-thread" row ran TVM on one thread.
     os.environ["TVM_NUM_THREADS"] = str(max(args.threads))
-    global TARGET, ROUNDS
+    global TARGET
     TARGET = args.target or TARGET
-    ROUNDS = args.rounds
     isa = for_target(TARGET)
     if isa is None or not isa.name.startswith("x86"):
         raise SystemExit(f"{TARGET} has no x86 dot-product ISA (VNNI, AVX2 or SSE4.2)")
@@ -668,10 +666,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_int8_") as log_dir:
         for layer in layers:
             c, h, w, o, k, stride, pad = layer
-            report(f"conv {k}x{k} {c}->{o} {h}x{w} s{stride}", bench_conv(layer, args.threads, args.trials, log_dir),
-                   peaks)
+            rows = bench_conv(layer, args.threads, args.trials, log_dir, args.rounds)
+            report(f"conv {k}x{k} {c}->{o} {h}x{w} s{stride}", rows, peaks)
         if not args.e2e_only:
-            report("dense 2048->1000", bench_dense(1, 2048, 1000, args.threads, args.trials, log_dir), peaks)
+            rows = bench_dense(1, 2048, 1000, args.threads, args.trials, log_dir, args.rounds)
+            report("dense 2048->1000", rows, peaks)
     if args.e2e or args.e2e_only:
         bench_e2e(args.threads, args.e2e_check)
     return 0

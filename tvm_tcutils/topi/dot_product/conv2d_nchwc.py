@@ -108,10 +108,12 @@ def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: in
         # Two output-channel blocks per tile when there are (measured 10-30% faster on ResNet-50
         # layers than one on VNNI: each broadcast data word feeds two instructions); where operands
         # take two registers each (AVX2) two blocks leave room for few accumulators, so there the
-        # tiling with more accumulators wins. Then the widest row tile that fits the register
-        # budget, then as many rows as still fit.
+        # tiling with more accumulators wins. Then the ISA's pixel block where it asks for one and
+        # the output has it; else the widest row tile that fits the register budget, then as many
+        # rows as still fit.
+        small = _pixel_block(oh, ow, isa.conv_tile_pixels)
+
         def tile(tile_oc: int):
-            small = _pixel_block(oh, ow, isa.conv_tile_pixels)
             if small is not None:
                 return (tile_oc, *small)
             per_block = max(1, budget(tile_oc) // tile_oc)
