@@ -117,7 +117,9 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         mod, params = load(name)
         prepared = collage.prepare(mod, params)
-        variants = [prepared] + [greedy_partition(prepared, None, tc) for tc in others]
+        # TVM alone and the TVM rest of each greedy partitioning, lowered as the search's TVM toolchain lowers them.
+        tvm_tc = collage.tvm_toolchain(toolchains)
+        variants = [tvm_tc.rewrite(prepared)] + [tvm_tc.rewrite(greedy_partition(prepared, None, tc)) for tc in others]
         row_search = ["-", "-"]
         if name not in learned_only:
             measured = MeasuredCostEstimator(cache_dir=args.cache_dir, progress=True, tuning_log=args.tuning_log)

@@ -20,7 +20,7 @@ from .cost import CostEstimator, CustomCostEstimator, MockCostEstimator  # noqa:
 from .driver import (  # noqa: F401
     CollagePartitioner, CollageResult, Partition, build, build_partitioned, partition, prepare,
 )
-from .toolchains import Toolchain, available, resolve  # noqa: F401
+from .toolchains import Toolchain, available, resolve, tvm_toolchain  # noqa: F401
 
 
 def __getattr__(name):

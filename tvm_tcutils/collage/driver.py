@@ -26,7 +26,7 @@ from .cost.base import CostEstimator, cost_requests
 from .outline import partitioned_module
 from .search import SearchResult, partition_order, search
 from .subgraph import IndexedGraph, checked_main
-from .toolchains import Toolchain, resolve
+from .toolchains import Toolchain, resolve, tvm_toolchain
 
 logger = logging.getLogger("tvm_tcutils.collage")
 
@@ -138,6 +138,13 @@ def _estimate(graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict[
     return costs
 
 
+def _outline(graph: IndexedGraph, chosen: Sequence[Candidate], toolchains: Dict[str, Toolchain],
+             prepared: tvm.IRModule):
+    """The partitioned module of ``chosen`` (and its partitions' symbols), lowered the TVM toolchain's way."""
+    compilers = {name: tc.compiler for name, tc in toolchains.items()}
+    return partitioned_module(graph, chosen, compilers, prepared, rewrite=tvm_toolchain(toolchains).rewrite)
+
+
 def _search_valid(graph: IndexedGraph, cands, costs, toolchains) -> SearchResult:
     result = search(graph, cands, costs)
     external = [c.mask for c in result.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
@@ -165,7 +172,6 @@ class _Validation:
     def __init__(self, graph, cands, costs, toolchains, prepared, estimator):
         self.graph, self.cands, self.costs = graph, cands, costs
         self.toolchains, self.prepared, self.estimator = toolchains, prepared, estimator
-        self.compilers = {name: tc.compiler for name, tc in toolchains.items()}
         self.trials: List = []
         self.side_by_side: List = []
         self._measured: Dict[frozenset, float] = {}
@@ -184,7 +190,7 @@ class _Validation:
     def _time(self, result: SearchResult, label: str) -> Optional[float]:
         key = self._key(result)
         if key not in self._measured:
-            mod, _ = partitioned_module(self.graph, result.chosen, self.compilers, self.prepared)
+            mod, _ = _outline(self.graph, result.chosen, self.toolchains, self.prepared)
             ms = self.estimator.measure_whole(mod)
             if ms is None:
                 return None
@@ -235,7 +241,7 @@ class _Validation:
                 distinct.setdefault(self._key(result), result)
         if len(distinct) < 2:
             return
-        mods = [partitioned_module(self.graph, r.chosen, self.compilers, self.prepared)[0] for r in distinct.values()]
+        mods = [_outline(self.graph, r.chosen, self.toolchains, self.prepared)[0] for r in distinct.values()]
         times = self.estimator.measure_wholes(mods)
         if not times:
             return
@@ -342,7 +348,7 @@ class _Partitioner:
         if self.compare_single:
             greedy = _greedy_answers(graph, cands, costs, by_name)
             for tc in self.toolchains:
-                allowed = {"tvm", tc.name}
+                allowed = {tvm_toolchain(by_name).name, tc.name}
                 sub = [k for k, c in enumerate(cands) if c.toolchain in allowed]
                 try:
                     single_results[tc.name] = search(graph, [cands[k] for k in sub], [costs[k] for k in sub])
@@ -350,13 +356,12 @@ class _Partitioner:
                 except RuntimeError:
                     single[tc.name] = math.inf
 
-        compilers = {name: tc.compiler for name, tc in by_name.items()}
         start = time.perf_counter()
         validation = _Validation(graph, cands, costs, by_name, prepared, estimator)
         result = validation.run(result, self.validate_rounds, single_results, greedy)
         if validation.trials:
             seconds["validate"] = time.perf_counter() - start
-        out, symbols = partitioned_module(graph, result.chosen, compilers, prepared)
+        out, symbols = _outline(graph, result.chosen, by_name, prepared)
         partitions = [
             Partition(cand.toolchain, graph.op_names(cand.mask), cost, symbols.get(cand.mask), cand.label)
             for cand, cost in result.non_host()

@@ -16,7 +16,7 @@ recursion.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._tvm import tvm
 from tvm import relay
@@ -166,13 +166,15 @@ def _tensor_params(func: relay.Function) -> relay.Function:
 
 def partitioned_module(
     graph: IndexedGraph, chosen: Sequence[Candidate], compilers: Dict[str, Optional[str]],
-    base: Optional[tvm.IRModule] = None,
+    base: Optional[tvm.IRModule] = None, rewrite: Optional[Callable[[tvm.IRModule], tvm.IRModule]] = None,
 ) -> Tuple[tvm.IRModule, Dict[int, str]]:
     """``main`` with every chosen BYOC partition outlined to a global function.
 
     Partitions of TVM itself and host glue stay in ``main`` (``relay.build``
     fuses them); ``compilers`` maps toolchain names to their ``Compiler``
     value (None for TVM). Functions of ``base`` other than ``main`` are kept.
+    ``rewrite`` (the TVM toolchain's :meth:`~.toolchains.Toolchain.rewrite`)
+    is applied to the result last.
 
     Returns
     -------
@@ -214,4 +216,5 @@ def partitioned_module(
                 value[o] = relay.TupleGetItem(call, n)
     main = graph.func
     mod["main"] = relay.Function(main.params, value[graph.output], main.ret_type, main.type_params, main.attrs)
-    return relay.transform.InferType()(mod), symbols
+    mod = relay.transform.InferType()(mod)
+    return (rewrite(mod) if rewrite is not None else mod), symbols

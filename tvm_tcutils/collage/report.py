@@ -9,7 +9,7 @@ from .driver import CollageResult
 from .subgraph import bits
 
 #: Fill colours by toolchain (others cycle through :data:`_EXTRA`).
-COLOURS = {"tvm": "#9ecae1", "ort": "#fdae6b", "blas": "#a1d99b", "host": "#eeeeee"}
+COLOURS = {"tvm": "#9ecae1", "tvm-fastmath": "#6baed6", "ort": "#fdae6b", "blas": "#a1d99b", "host": "#eeeeee"}
 _EXTRA = ["#bcbddc", "#fc9272", "#fdd0a2", "#c7e9c0", "#dadaeb"]
 
 

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import load_model_arg
     from ..collage import driver, report
     from ..collage.cost.measured import MeasuredCostEstimator
-    from ..collage.toolchains import resolve, with_max_depth
+    from ..collage.toolchains import resolve, tvm_toolchain, with_max_depth
     from ..models import save_model
 
     toolchains = with_max_depth(resolve(args.toolchains), args.max_depth)
@@ -84,11 +84,12 @@ def run(args: argparse.Namespace) -> int:
         for label, est, ms in result.side_by_side:
             print(f"  {label:<36} estimated {_fmt(est):>9} ms  measured {_fmt(ms):>9} ms")
     rows: List[tuple] = [("collage", result.estimated_ms, result.mod)]
+    tvm_tc = tvm_toolchain(toolchains)
     for tc in toolchains:
         if tc.is_tvm:
-            rows.append(("tvm alone", result.single_toolchain_ms.get("tvm"), result.prepared))
+            rows.append((f"{tc.name} alone", result.single_toolchain_ms.get(tc.name), tc.rewrite(result.prepared)))
             continue
-        greedy = driver.greedy_partition(result.prepared, None, tc) if tc.buildable() else None
+        greedy = (tvm_tc.rewrite(driver.greedy_partition(result.prepared, None, tc)) if tc.buildable() else None)
         rows.append((f"{tc.name} (+tvm)", result.single_toolchain_ms.get(tc.name), greedy))
     timed = [k for k, (_, _, module) in enumerate(rows) if module is not None]
     times = [None] * len(rows)

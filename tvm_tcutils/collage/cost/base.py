@@ -32,7 +32,8 @@ class CostRequest:
     def module(self) -> tvm.IRModule:
         """The candidate alone, as an IRModule built the toolchain's way."""
         if self._module is None:
-            self._module = candidate_module(self.graph, self.candidate, self.toolchain.compiler)
+            self._module = self.toolchain.rewrite(
+                candidate_module(self.graph, self.candidate, self.toolchain.compiler))
         return self._module
 
     @property

@@ -1,6 +1,7 @@
 """The toolchains Collage knows and :func:`resolve`, which turns names into them.
 
-Known toolchains: ``tvm`` (TVM itself), ``ort`` (ONNX Runtime, compiler
+Known toolchains: ``tvm`` (TVM itself), ``tvm-fastmath`` (TVM with its
+``FastMath`` rewrite; one TVM toolchain per search), ``ort`` (ONNX Runtime, compiler
 ``tcutils_ort``, graph style), ``blas`` (an optimized BLAS, compiler
 ``tcutils_blas``, library style), and every BYOC integration that registered
 a pattern table in ``relay.op.contrib`` (dnnl, cutlass, tensorrt, ...), under
@@ -18,7 +19,7 @@ from ..._tvm import tvm  # noqa: F401
 from tvm.relay.op.contrib import register as _contrib
 
 from .base import Toolchain
-from .tvm import TVM
+from .tvm import TVM, TVM_FASTMATH
 
 logger = logging.getLogger("tvm_tcutils.collage")
 
@@ -26,6 +27,7 @@ logger = logging.getLogger("tvm_tcutils.collage")
 #: by the package's toolchain modules).
 PACKAGE_TOOLCHAINS: Dict[str, Toolchain] = {
     "tvm": TVM,
+    "tvm-fastmath": TVM_FASTMATH,
     "ort": Toolchain(
         "ort", "tcutils_ort", pattern_table="tcutils_ort", combine=True, max_depth=4,
         requires=("onnxruntime", "onnx"), description="ONNX Runtime (CPU provider), graph style",
@@ -97,6 +99,18 @@ def with_max_depth(toolchains: Sequence[Toolchain], spec: str) -> List[Toolchain
     return [dataclasses.replace(tc, max_depth=depths.get(tc.name, tc.max_depth)) for tc in toolchains]
 
 
+def tvm_toolchain(toolchains: Union[Sequence[Toolchain], Dict[str, Toolchain]]) -> Toolchain:
+    """The TVM toolchain among ``toolchains`` (what lowers ``main``); plain :data:`TVM` if none.
+
+    Examples
+    --------
+    >>> tvm_toolchain(resolve("tvm-fastmath,ort")).name
+    'tvm-fastmath'
+    """
+    values = toolchains.values() if isinstance(toolchains, dict) else toolchains
+    return next((tc for tc in values if tc.is_tvm), TVM)
+
+
 def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> List[Toolchain]:
     """Toolchains for a search, TVM first.
 
@@ -107,7 +121,8 @@ def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> 
         left out with a warning. Named toolchains (a comma-separated string or
         a list) must exist and be available, else ``ValueError`` lists what is
         available. ``tvm`` is always included: it is the fallback that can run
-        every operator.
+        every operator. At most one TVM toolchain (``tvm`` or ``tvm-fastmath``):
+        both lower the partitions left in ``main``.
 
     Examples
     --------
@@ -150,10 +165,14 @@ def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> 
             continue
         if all(tc.name != c.name for c in chosen):
             chosen.append(tc)
-    if all(not tc.is_tvm for tc in chosen):
+    tvms = [tc.name for tc in chosen if tc.is_tvm]
+    if len(tvms) > 1:
+        raise ValueError(f"toolchains: at most one TVM toolchain, got {tvms}; "
+                         "partitions left to TVM are all lowered one way")
+    if not tvms:
         chosen.insert(0, TVM)
     chosen.sort(key=lambda tc: not tc.is_tvm)
     return chosen
 
 
-__all__ = ["Toolchain", "TVM", "known", "available", "resolve", "with_max_depth", "PACKAGE_TOOLCHAINS", "DEFAULT"]
+__all__ = ["Toolchain", "TVM", "TVM_FASTMATH", "tvm_toolchain", "known", "available", "resolve", "with_max_depth", "PACKAGE_TOOLCHAINS", "DEFAULT"]

@@ -59,6 +59,11 @@ class Toolchain:
         Python modules that must be importable for the toolchain to work.
     description : str
         One line for listings.
+    fast_math : bool
+        TVM only: its operators are lowered with TVM's ``FastMath`` rewrite
+        (``exp``, ``erf``, ``tanh`` and ``nn.softmax`` as TVM's fast
+        approximations, what ``relay.build`` does at ``opt_level=4``); see
+        :meth:`rewrite`.
 
     Examples
     --------
@@ -78,11 +83,31 @@ class Toolchain:
     greedy_regions: bool = True
     requires: Tuple[str, ...] = ()
     description: str = ""
+    fast_math: bool = False
 
     @property
     def is_tvm(self) -> bool:
         """Whether this is TVM's own lowering (partitions stay in ``main``)."""
         return self.compiler is None
+
+    def rewrite(self, mod: tvm.IRModule) -> tvm.IRModule:
+        """``mod`` as this toolchain lowers its TVM part: with ``FastMath`` when ``fast_math``.
+
+        Applied to every TVM candidate before it is measured and to the
+        partitioned module Collage returns, so that a later ``relay.build`` at
+        ``opt_level=3`` builds the code that was costed. Functions of other
+        toolchains (``Compiler`` attribute) are left as they are.
+
+        Examples
+        --------
+        >>> x = relay.var("x", shape=(8,))
+        >>> mod = tvm.IRModule.from_expr(relay.Function([x], relay.erf(x)))
+        >>> "fast_erf" in str(Toolchain("tvm-fastmath", None, fast_math=True).rewrite(mod)["main"])
+        True
+        """
+        if not (self.is_tvm and self.fast_math):
+            return mod
+        return relay.transform.FastMath()(mod)
 
     def availability(self) -> Tuple[bool, str]:
         """``(True, "")`` when usable for the search, else ``(False, reason)``.
