@@ -7,6 +7,8 @@ with He-style weights and normal inputs. It is built three ways and timed
 side by side in this process:
 
 * ``tvm``: TVM alone (``relay.build``, opt_level 3, llvm for this CPU);
+* ``fastmath``: the same after TVM's ``FastMath`` rewrite (the Collage
+  toolchain ``tvm-fastmath``: fast erf, exp, tanh, softmax);
 * ``ort``: the whole function partitioned to ``tcutils_ort`` (ONNX through the
   package's packed-function call, as Collage would run it);
 * ``blas``: the matrix products partitioned to ``tcutils_blas`` (numpy's
@@ -47,7 +49,7 @@ from tvm.contrib import graph_executor  # noqa: E402
 
 import tvm_tcutils  # noqa: E402,F401  (registers the toolchains)
 from tvm_tcutils import models  # noqa: E402
-from tvm_tcutils.collage.toolchains import blas, ort, relay_to_onnx  # noqa: E402
+from tvm_tcutils.collage.toolchains import TVM_FASTMATH, blas, ort, relay_to_onnx  # noqa: E402
 
 RNG = np.random.default_rng(0)
 SEQ, HIDDEN, HEADS = 128, 256, 4
@@ -194,7 +196,8 @@ def main(argv=None) -> int:
     ok, reason = ort.available()
     print(f"tvm {tvm.__version__}, {reason}, {blas.available()[1]}, "
           f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}, target={tvm_tcutils.host_target()}")
-    header = f"{'kind':<13}{'tvm ms':>9}{'ort ms':>9}{'blas ms':>9}{'ort-direct':>11}{'ort/tvm':>9}{'blas/tvm':>9}"
+    header = (f"{'kind':<13}{'tvm ms':>9}{'fastmath':>9}{'ort ms':>9}{'blas ms':>9}{'ort-direct':>11}"
+              f"{'ort/tvm':>9}{'blas/tvm':>9}")
     print(header)
     print("-" * len(header))
     for kind in kinds:
@@ -205,6 +208,8 @@ def main(argv=None) -> int:
                   for p in params}
         timers = {}
         timers["tvm"], expected = _graph_timer(mod, inputs)
+        timers["fastmath"], got = _graph_timer(TVM_FASTMATH.rewrite(mod), inputs)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
         variants = []
         if ok:
             variants.append(("ort", ort.partition_for(mod)))
@@ -224,7 +229,8 @@ def main(argv=None) -> int:
                 return f"{'-':>{width}}"
             return f"{value / tvm_ms:>{width}.2f}" if ratio else f"{value:>{width}.3f}"
 
-        print(f"{kind:<13}{tvm_ms:>9.3f}{fmt(cells['ort'], 9)}{fmt(cells['blas'], 9)}{fmt(cells['direct'], 11)}"
+        print(f"{kind:<13}{tvm_ms:>9.3f}{fmt(cells['fastmath'], 9)}{fmt(cells['ort'], 9)}{fmt(cells['blas'], 9)}"
+              f"{fmt(cells['direct'], 11)}"
               f"{fmt(cells['ort'], 9, True)}{fmt(cells['blas'], 9, True)}", flush=True)
     return 0
 
