@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     toolchains = collage.resolve(args.toolchains)
     others = [tc for tc in toolchains if not tc.is_tvm and tc.buildable()]
     learned_only = set(filter(None, args.learned_only.split(",")))
+    # TVM alone and the TVM rest of each greedy partitioning, lowered as the search's TVM toolchain lowers them.
+    tvm_tc = collage.tvm_toolchain(toolchains)
     header = ["model", "tvm ms"] + [f"{tc.name} greedy" for tc in others] + [
         "collage ms", "loaded ms", "vs best", "measured: search s", "measured"]
     if not args.no_learned:
@@ -117,9 +119,7 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         mod, params = load(name)
         prepared = collage.prepare(mod, params)
-        # TVM alone and the TVM rest of each greedy partitioning, lowered as the search's TVM toolchain lowers them.
-        tvm_tc = collage.tvm_toolchain(toolchains)
-        variants = [tvm_tc.rewrite(prepared)] + [tvm_tc.rewrite(greedy_partition(prepared, None, tc)) for tc in others]
+        variants = [tvm_tc.rewrite(prepared)] + [greedy_partition(prepared, None, tc, tvm_tc) for tc in others]
         row_search = ["-", "-"]
         if name not in learned_only:
             measured = MeasuredCostEstimator(cache_dir=args.cache_dir, progress=True, tuning_log=args.tuning_log)

@@ -98,3 +98,16 @@ def test_partition_rewrites_main_only_and_matches_tvm():
     (expected,) = build_and_run(mod, inputs={"x": data})
     # FastMath's approximations: about 1e-6 absolute on these values.
     np.testing.assert_allclose(runner.get_output(0).numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_partition_lowers_its_tvm_rest_as_asked():
+    from tvm_tcutils.collage.driver import greedy_partition
+
+    mod = gelu_softmax_block()
+    plain = greedy_partition(mod, None, "blas")
+    fast = greedy_partition(mod, None, "blas", TVM_FASTMATH)
+    assert {"erf", "nn.softmax"} <= _op_names(plain["main"])
+    assert {"fast_erf", "nn.fast_softmax"} <= _op_names(fast["main"])
+    assert not {"erf", "nn.softmax"} & _op_names(fast["main"])
+    blas_funcs = [gv.name_hint for gv in fast.get_global_vars() if gv.name_hint != "main"]
+    assert blas_funcs and all(tvm.ir.structural_equal(fast[name], plain[name]) for name in blas_funcs)

@@ -26,7 +26,7 @@ from .cost.base import CostEstimator, cost_requests
 from .outline import partitioned_module
 from .search import SearchResult, partition_order, search
 from .subgraph import IndexedGraph, checked_main
-from .toolchains import Toolchain, resolve, tvm_toolchain
+from .toolchains import TVM, Toolchain, resolve, tvm_toolchain
 
 logger = logging.getLogger("tvm_tcutils.collage")
 
@@ -347,8 +347,9 @@ class _Partitioner:
         single, single_results, greedy = {}, {}, {}
         if self.compare_single:
             greedy = _greedy_answers(graph, cands, costs, by_name)
+            tvm_name = tvm_toolchain(by_name).name
             for tc in self.toolchains:
-                allowed = {tvm_toolchain(by_name).name, tc.name}
+                allowed = {tvm_name, tc.name}
                 sub = [k for k, c in enumerate(cands) if c.toolchain in allowed]
                 try:
                     single_results[tc.name] = search(graph, [cands[k] for k in sub], [costs[k] for k in sub])
@@ -497,12 +498,14 @@ def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: 
         return relay.vm.compile(mod, target=target, params=params)
 
 
-def greedy_partition(mod: tvm.IRModule, params: Optional[Dict], toolchain: Union[str, Toolchain]) -> tvm.IRModule:
+def greedy_partition(mod: tvm.IRModule, params: Optional[Dict], toolchain: Union[str, Toolchain],
+                     tvm_lowering: Toolchain = TVM) -> tvm.IRModule:
     """BYOC's usual greedy partitioning for one toolchain, for comparison with Collage.
 
     ``MergeComposite`` (its patterns) -> ``AnnotateTarget`` -> ``MergeCompilerRegions`` ->
     ``PartitionGraph`` on the prepared module: the largest supported regions go
-    to the toolchain whatever they cost.
+    to the toolchain whatever they cost. The rest stays in ``main``, rewritten
+    as ``tvm_lowering`` (a TVM toolchain, see :meth:`Toolchain.rewrite`) lowers it.
 
     Examples
     --------
@@ -519,4 +522,4 @@ def greedy_partition(mod: tvm.IRModule, params: Optional[Dict], toolchain: Union
     seq += [relay.transform.AnnotateTarget(tc.compiler), relay.transform.MergeCompilerRegions(),
             relay.transform.PartitionGraph(), relay.transform.InferType()]
     with tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(seq)(prepare(mod, params))
+        return tvm_lowering.rewrite(tvm.transform.Sequential(seq)(prepare(mod, params)))

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         if tc.is_tvm:
             rows.append((f"{tc.name} alone", result.single_toolchain_ms.get(tc.name), tc.rewrite(result.prepared)))
             continue
-        greedy = (tvm_tc.rewrite(driver.greedy_partition(result.prepared, None, tc)) if tc.buildable() else None)
+        greedy = driver.greedy_partition(result.prepared, None, tc, tvm_tc) if tc.buildable() else None
         rows.append((f"{tc.name} (+tvm)", result.single_toolchain_ms.get(tc.name), greedy))
     timed = [k for k, (_, _, module) in enumerate(rows) if module is not None]
     times = [None] * len(rows)

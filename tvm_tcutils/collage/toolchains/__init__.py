@@ -175,4 +175,5 @@ def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> 
     return chosen
 
 
-__all__ = ["Toolchain", "TVM", "TVM_FASTMATH", "tvm_toolchain", "known", "available", "resolve", "with_max_depth", "PACKAGE_TOOLCHAINS", "DEFAULT"]
+__all__ = ["Toolchain", "TVM", "TVM_FASTMATH", "tvm_toolchain", "known", "available", "resolve", "with_max_depth",
+           "PACKAGE_TOOLCHAINS", "DEFAULT"]
