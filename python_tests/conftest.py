@@ -8,7 +8,6 @@ import sys
 import numpy as np
 import pytest
 
-os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
 import tvm_tcutils  # noqa: E402  (after the offline setting)
 import tvm  # noqa: E402
@@ -157,7 +156,7 @@ def host_dot_target() -> str:
     Tests that run the package's int8 kernels end to end use it, so that they run here whatever
     the machine's vector ISA (VNNI, AVX2 or SSE4.2) instead of only on one kind of CPU.
     """
-    from tvm_tcutils.isa import for_target
+    from tvm_tcutils.dotprod.isa import for_target
 
     target = tvm_tcutils.host_target()
     isa = for_target(target)

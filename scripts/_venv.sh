@@ -20,5 +20,4 @@ if command -v cmake >/dev/null 2>&1 && { command -v c++ >/dev/null 2>&1 || comma
     bash "$ROOT/scripts/build_native.sh" "$VENV/bin/python" >/dev/null \
         || echo "note: the native helpers did not build (optional; scripts/build_native.sh shows why)" >&2
 fi
-export TOPHUB_LOCATION="${TOPHUB_LOCATION:-NONE}"
 export PATH="$VENV/bin:$PATH"

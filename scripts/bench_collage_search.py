@@ -33,7 +33,6 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402

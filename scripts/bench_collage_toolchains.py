@@ -40,7 +40,6 @@ import time
 
 import numpy as np
 
-os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tvm  # noqa: E402

@@ -33,8 +33,8 @@ subprocess that does not import the package.
 
 Usage::
 
-    TOPHUB_LOCATION=NONE PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
-    TOPHUB_LOCATION=NONE PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --transforms-only
+    PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
+    PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --transforms-only
 """
 from __future__ import annotations
 
@@ -45,7 +45,6 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
@@ -55,10 +54,10 @@ import tvm  # noqa: E402
 from tvm import autotvm, relay, te, tir  # noqa: E402
 from tvm.contrib import graph_executor  # noqa: E402
 
-from tvm_tcutils.isa import for_target  # noqa: E402
+from tvm_tcutils.dotprod.isa import for_target  # noqa: E402
 from tvm_tcutils.models import load_model  # noqa: E402
-from tvm_tcutils.strategy.dot_product import CONV2D_NCHWC_TASK, DENSE_PACK_TASK  # noqa: E402
-from tvm_tcutils.topi.dot_product import packing  # noqa: E402
+from tvm_tcutils.dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_PACK_TASK  # noqa: E402
+from tvm_tcutils.dotprod.topi import packing  # noqa: E402
 
 TARGET = tvm_tcutils.host_target()  # code for another CPU may not run here (SIGILL); see --target
 RNG = np.random.default_rng(0)
@@ -146,7 +145,7 @@ def peak_gops(tasks: int, chains: int = 16, iters: int = 100_000) -> float:
     ``C[t, r, :] = sum_i dot4(A, B)``: every step is one instruction on loop-invariant operands,
     through the package's own tensor intrinsic (so this is the instruction the kernels use).
     """
-    from tvm_tcutils.topi.dot_product.intrinsics import dot_product_intrin
+    from tvm_tcutils.dotprod.topi.intrinsics import dot_product_intrin
 
     isa = for_target(TARGET)
     lanes = isa.lanes
@@ -179,7 +178,7 @@ def avx2_peak_gops(tasks: int, chains: int = 12, iters: int = 1_000_000, saturat
     ``saturating=True`` times the usual inexact step instead (onnxruntime's on AVX2):
     ``acc += vpmaddwd(vpmaddubsw(acc, k), ones)``, 32 multiply-adds per step.
     """
-    from tvm_tcutils.isa.base import llvm_intrin, reinterpret
+    from tvm_tcutils.dotprod.isa.base import llvm_intrin, reinterpret
 
     def step(acc):
         if not saturating:
@@ -526,7 +525,7 @@ def ort_resnet50(mod, params, tmp: str):
 
 
 def bench_e2e(threads, check: bool, log: str = None):
-    from tvm_tcutils.dot_product_tuning import build, quantize_int8
+    from tvm_tcutils.tuning import build, quantize_int8
     from tvm_tcutils.models import random_inputs
 
     mod, params = load_model("resnet-50")
@@ -586,7 +585,7 @@ def bench_transforms(isa, threads):
     """TVM's x86 injective schedule vs the package's byte-shuffle schedule, side by side (GB/s moved)."""
     from tvm import topi
 
-    from tvm_tcutils.topi.dot_product.layout_transform import byte_tile_plan, schedule_byte_layout_transform
+    from tvm_tcutils.dotprod.topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
 
     print("u8 layout transforms (GB/s: bytes read + written per second; same compute, two schedules)")
     for c, h, w, block in transform_shapes(isa):

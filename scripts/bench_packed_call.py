@@ -14,7 +14,7 @@ process, in turns over ``--rounds`` rounds:
 Per call = (chain time - TVM alone) / ops. ``onnxruntime alone`` is one partition's session run
 from Python through the same I/O binding, without TVM, for reference.
 
-    TVM_NUM_THREADS=2 TOPHUB_LOCATION=NONE PYTHONPATH=. python scripts/bench_packed_call.py
+    TVM_NUM_THREADS=2 PYTHONPATH=. python scripts/bench_packed_call.py
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402

@@ -14,7 +14,7 @@ from this one run, side by side.
 
 Usage::
 
-    TOPHUB_LOCATION=NONE PYTHONPATH=. python scripts/bench_passes.py [--cap SECONDS] [--workloads chain500 ...]
+    PYTHONPATH=. python scripts/bench_passes.py [--cap SECONDS] [--workloads chain500 ...]
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def workload(name: str):
 
 def _tvm_time(name: str, step: str, cap: float):
     """Seconds TVM's version of ``step`` takes in a child process, or why there is no time."""
-    env = dict(os.environ, PYTHONPATH=ROOT, TOPHUB_LOCATION="NONE")
+    env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD, name, step], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
     )

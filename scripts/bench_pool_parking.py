@@ -19,7 +19,7 @@ With ``--spin-zero`` the script also runs itself in a child process with
 and prints that row: workers that never spin, the other way out, which slows
 TVM's own operators.
 
-    TVM_NUM_THREADS=2 TOPHUB_LOCATION=NONE PYTHONPATH=. python scripts/bench_pool_parking.py --spin-zero
+    TVM_NUM_THREADS=2 PYTHONPATH=. python scripts/bench_pool_parking.py --spin-zero
 """
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ import subprocess
 import sys
 from typing import Sequence
 
-os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

@@ -25,7 +25,6 @@ import tempfile
 
 import numpy as np
 
-os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
 import tvm_tcutils  # noqa: E402
 import tvm  # noqa: E402
@@ -33,7 +32,7 @@ from tvm import autotvm  # noqa: E402
 from tvm.relay.testing import resnet  # noqa: E402
 
 from tvm_tcutils.strategy import tensorcore  # noqa: E402
-from tvm_tcutils.topi.tensorcore import conv2d_hwnc, wmma  # noqa: E402
+from tvm_tcutils.tensorcore.topi import conv2d_hwnc, wmma  # noqa: E402
 
 TVM_TASK = "conv2d_HWNCnc_tensorcore.cuda"
 

@@ -9,7 +9,7 @@ a model (``CustomCostEstimator``, no measurement), builds a spread of
 ``--count`` of them for the host CPU, profiles each with TVM's debug executor
 and prints the share of ``layout_transform`` kernels.
 
-    TVM_NUM_THREADS=2 TOPHUB_LOCATION=NONE PYTHONPATH=. python scripts/diag_isolated_tvm_costs.py mobilenet-v2-onnx
+    TVM_NUM_THREADS=2 PYTHONPATH=. python scripts/diag_isolated_tvm_costs.py mobilenet-v2-onnx
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import os
 import sys
 import tempfile
 
-os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tvm  # noqa: E402

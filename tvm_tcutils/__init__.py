@@ -7,10 +7,12 @@ and installs the package's hooks into TVM's registries once (see
 from __future__ import annotations
 
 from ._tvm import TESTED_TVM_VERSIONS, capabilities, host_target  # noqa: F401  (checks TVM first)
+from . import _moved
 from .models import ModelError, load_model, save_model  # noqa: F401
-from .passes import LayoutConfig, count_layers, layer_table, prepare_for_tensorcore, recast  # noqa: F401
+from .tensorcore import LayoutConfig, count_layers, layer_table, prepare_for_tensorcore, recast  # noqa: F401
 from .registry import register, registered, unregister  # noqa: F401
 
 __version__ = "0.1.0"
 
+_moved.install()
 register()

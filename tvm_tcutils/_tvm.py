@@ -47,16 +47,29 @@ def _require_tvm():
 tvm = _require_tvm()
 
 
+#: Environment settings the package makes where the user has not: TVM downloads
+#: TopHub logs on the first build for a target, which offline costs retries.
+OFFLINE_DEFAULTS = {"TOPHUB_LOCATION": "NONE"}
+
+
 def set_offline_defaults() -> None:
     """Stop TVM from downloading TopHub logs unless the user asked for it.
+
+    The one place the package sets TVM's offline defaults; importing the
+    package calls it, so the CLI, worker processes, tests and scripts all get
+    it. A value the user set is kept.
 
     Examples
     --------
     >>> set_offline_defaults()
-    >>> import os; os.environ["TOPHUB_LOCATION"] != ""
+    >>> import os; all(os.environ.get(name) for name in OFFLINE_DEFAULTS)
     True
     """
-    os.environ.setdefault("TOPHUB_LOCATION", "NONE")
+    for name, value in OFFLINE_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+set_offline_defaults()
 
 
 @functools.lru_cache(maxsize=None)

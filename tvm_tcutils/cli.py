@@ -90,7 +90,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     >>> main(["info"])  # doctest: +SKIP
     0
     """
-    os.environ.setdefault("TOPHUB_LOCATION", "NONE")
     try:
         import tvm_tcutils  # noqa: F401  (checks TVM, registers hooks)
     except ImportError as err:

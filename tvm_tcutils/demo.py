@@ -85,10 +85,10 @@ def baseline_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
 #: Demo sections, in the order they run. Capabilities append theirs.
 SECTIONS: List[str] = [
     "tvm_tcutils.demo:baseline_section",
-    "tvm_tcutils.passes.demo:prepare_section",
-    "tvm_tcutils.strategy.tensorcore_demo:tensorcore_section",
+    "tvm_tcutils.tensorcore.demo:prepare_section",
+    "tvm_tcutils.tensorcore.demo:tensorcore_section",
     "tvm_tcutils.collage.toolchains.demo:toolchains_section",
-    "tvm_tcutils.strategy.dot_product_demo:int8_dot_product_section",
+    "tvm_tcutils.dotprod.demo:int8_dot_product_section",
     "tvm_tcutils.collage.demo:collage_section",
 ]
 

@@ -38,12 +38,12 @@ logger = logging.getLogger("tvm_tcutils.registry")
 LEVEL = 20
 
 #: Modules whose ``hooks()`` function returns the package's hook declarations.
-#: Each capability adds its module here (and nowhere else registers anything).
+#: One module per capability (and nowhere else registers anything); their
+#: handlers for a shared slot are tried in this order.
 HOOK_PROVIDERS: Tuple[str, ...] = (
-    "tvm_tcutils.passes.hooks",
-    "tvm_tcutils.strategy.tensorcore",
-    "tvm_tcutils.strategy.collage_toolchains",
-    "tvm_tcutils.strategy.dot_product",
+    "tvm_tcutils.tensorcore.hooks",
+    "tvm_tcutils.collage.hooks",
+    "tvm_tcutils.dotprod.hooks",
 )
 
 #: Attributes whose handlers share the ``(attrs, inputs, types, extra)`` calling

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._tvm import host_target
-    from ..dot_product_tuning import build, latency_ms, prepare
+    from ..tuning import build, latency_ms, prepare
 
     if args.repeat < 1:
         raise cli.CommandError(f"--repeat must be at least 1, got {args.repeat}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from tvm_tcutils.tensorcore_rules import DEFAULT_PAD_FRACTION, WMMA_SHAPES
+from tvm_tcutils.tensorcore.rules import DEFAULT_PAD_FRACTION, WMMA_SHAPES
 
 HELP = "print one row per layer of the given ops: shapes, types, layouts, HWNC tensor-core verdict"
 
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tvm_tcutils.cli import load_model_arg
-    from tvm_tcutils.passes.layer_table import HEADER, layer_table
+    from tvm_tcutils.tensorcore.layer_table import HEADER, layer_table
 
     mod, _ = load_model_arg(args)
     rows = layer_table(mod, args.ops, dtype=args.dtype, pad_fraction=args.pad_fraction)

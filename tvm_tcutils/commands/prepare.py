@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from tvm_tcutils.tensorcore_rules import DEFAULT_PAD_FRACTION, WMMA_SHAPES
+from tvm_tcutils.tensorcore.rules import DEFAULT_PAD_FRACTION, WMMA_SHAPES
 
 HELP = "convert conv2d layers to HWNC int4/int8 (skipping those that cannot use tensor cores) and save the model"
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tvm_tcutils.cli import CommandError, load_model_arg
     from tvm_tcutils.models import save_model
-    from tvm_tcutils.passes import prepare_for_tensorcore
+    from tvm_tcutils.tensorcore import prepare_for_tensorcore
 
     if os.path.splitext(args.output)[1].lower() not in (".json", ".relay", ".txt"):
         raise CommandError(f"-o {args.output}: use a .json, .relay or .txt file name")

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._tvm import host_target
-    from ..dot_product_tuning import prepare, tune
+    from ..tuning import prepare, tune
 
     if args.trials < 1:
         raise cli.CommandError(f"--trials must be at least 1, got {args.trials}")

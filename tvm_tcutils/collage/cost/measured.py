@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Dict, List, Optional, Sequence
 
 from ..._tvm import host_target
-from ...dot_product_tuning import tuning_log_digest
+from ...tuning import tuning_log_digest
 from .base import CostEstimator, CostRequest
 
 logger = logging.getLogger("tvm_tcutils.collage")
@@ -139,7 +139,7 @@ def module_timer(mod, target, repeat: int, warmup: int = 3, min_repeat_ms: int =
     from tvm import relay
     from tvm.contrib import graph_executor
 
-    from ...dot_product_tuning import tuning_log_scope
+    from ...tuning import tuning_log_scope
     from ...models import random_inputs
 
     with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
@@ -242,7 +242,6 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str]) -> None:
     >>> worker_entry  # doctest: +ELLIPSIS
     <function worker_entry at ...>
     """
-    os.environ.setdefault("TOPHUB_LOCATION", "NONE")
     import importlib
 
     import tvm_tcutils  # noqa: F401  (registers the package's toolchains)

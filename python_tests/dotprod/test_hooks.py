@@ -1,0 +1,337 @@
+"""Relay hooks of the int8 dot-product schedules: whole models, bit-exact vs TVM's generic build."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tvm
+from tvm import autotvm, relay
+from tvm.contrib import graph_executor
+
+import tvm_tcutils
+from conftest import dot_target, host_dot_target, run_python, small_conv_net
+
+RNG = np.random.default_rng(3)
+HEXAGON = "hexagon -mcpu=hexagonv66 -mattr=+hvxv66,+hvx-length128b"
+
+
+def _rand(shape, dtype):
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _odd_net(data_dtype: str, const_weights: bool = True):
+    """conv(17 -> 24, stride 2) -> requantize-like epilogue -> conv 1x1 (24 -> 40, dilation) -> dense (10)."""
+    x = relay.var("x", shape=(1, 17, 14, 14), dtype=data_dtype)
+    params = {}
+
+    def weight(name, shape):
+        value = _rand(shape, "int8")
+        if const_weights:
+            return relay.const(value)
+        params[name] = value
+        return relay.var(name, shape=shape, dtype="int8")
+
+    y = relay.nn.conv2d(x, weight("w1", (24, 17, 3, 3)), strides=(2, 2), padding=(1, 1), channels=24,
+                        kernel_size=(3, 3), out_dtype="int32")
+    y = relay.cast(relay.clip(relay.right_shift(y, relay.const(9)), -128, 127), "int8")
+    y = relay.nn.conv2d(y, weight("w2", (40, 24, 3, 3)), padding=(2, 2), dilation=(2, 2), channels=40,
+                        kernel_size=(3, 3), out_dtype="int32")
+    y = relay.cast(relay.clip(relay.right_shift(y, relay.const(10)), -128, 127), "int8")
+    y = relay.nn.dense(relay.reshape(y, (1, -1)), weight("w3", (10, 40 * 7 * 7)), out_dtype="int32")
+    mod = tvm.IRModule.from_expr(relay.Function(relay.analysis.free_vars(y), y))
+    inputs = {"x": _rand((1, 17, 14, 14), data_dtype), **params}
+    return relay.transform.InferType()(mod), inputs
+
+
+def _quantized_net():
+    """relay.quantize of a small float conv net (int8 data and weights, shift/clip requantize).
+
+    ``weight_scale="max"``: TVM 0.19's default "power2" calibration calls ``np.math``, gone in NumPy 2.
+    """
+    mod = small_conv_net(channels=16, size=16)
+    params = {}
+    with relay.quantize.qconfig(calibrate_mode="global_scale", global_scale=8.0, skip_conv_layers=[], weight_scale="max"):
+        qmod = relay.quantize.quantize(mod, params)
+    inputs = {"data": RNG.standard_normal((1, 16, 16, 16)).astype("float32")}
+    return qmod, inputs
+
+
+def _qnn_net():
+    """qnn.quantize -> qnn.conv2d (3x3, 1x1 stride 2, int8 with zero points) + requantize -> qnn.dense."""
+    x = relay.var("x", shape=(1, 32, 14, 14), dtype="float32")
+    y = relay.qnn.op.quantize(x, relay.const(0.05), relay.const(3), out_dtype="int8")
+
+    def qconv(inp, cin, cout, k, stride, in_scale, out_scale, in_zp):
+        w_scale = RNG.uniform(0.002, 0.01, cout).astype("float32")
+        out = relay.qnn.op.conv2d(
+            inp, relay.const(_rand((cout, cin, k, k), "int8")), relay.const(in_zp), relay.const(0),
+            relay.const(in_scale), relay.const(w_scale), kernel_size=(k, k), channels=cout,
+            strides=(stride, stride), padding=(k // 2, k // 2), out_dtype="int32",
+        )
+        out = relay.nn.bias_add(out, relay.const(RNG.integers(-5000, 5000, cout).astype("int32")))
+        return relay.qnn.op.requantize(out, relay.const(in_scale * w_scale), relay.const(0),
+                                       relay.const(out_scale), relay.const(-2), axis=1, out_dtype="int8")
+
+    y = qconv(y, 32, 64, 3, 1, 0.05, 0.1, 3)
+    y = qconv(y, 64, 64, 1, 2, 0.1, 0.08, -2)
+    y = relay.qnn.op.dense(relay.reshape(y, (1, -1)), relay.const(_rand((16, 64 * 7 * 7), "int8")),
+                           relay.const(-2), relay.const(0), relay.const(0.08), relay.const(0.004),
+                           units=16, out_dtype="int32")
+    y = relay.qnn.op.requantize(y, relay.const(0.08 * 0.004), relay.const(0), relay.const(0.5),
+                                relay.const(1), out_dtype="int8")
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+    return mod, {"x": RNG.standard_normal((1, 32, 14, 14)).astype("float32") * 3}
+
+
+def _qnn_whole_op():
+    """onnxruntime's QLinearConv in Relay: u8 NCHW in, qnn.conv2d + requantize, u8 NCHW out.
+
+    The packed conv sits between two standalone 8-bit layout transforms (the byte-shuffle schedule).
+    """
+    x = relay.var("x", shape=(1, 32, 8, 8), dtype="uint8")
+    y = relay.qnn.op.conv2d(x, relay.const(_rand((48, 32, 3, 3), "int8")), relay.const(7), relay.const(0),
+                            relay.const(0.05), relay.const(0.01), kernel_size=(3, 3), channels=48,
+                            padding=(1, 1), out_dtype="int32")
+    y = relay.qnn.op.requantize(y, relay.const(0.05 * 0.01), relay.const(0), relay.const(0.6), relay.const(5),
+                                out_dtype="uint8")
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+    return mod, {"x": _rand((1, 32, 8, 8), "uint8")}
+
+
+MODELS = {
+    "qnn": _qnn_net,
+    "qnn_whole_op": _qnn_whole_op,
+    "odd_int8": lambda: _odd_net("int8"),
+    "odd_uint8": lambda: _odd_net("uint8"),
+    "odd_int8_weights_as_inputs": lambda: _odd_net("int8", const_weights=False),
+    "quantized": _quantized_net,
+}
+
+_REFERENCE = """
+import json, sys, numpy as np, tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+assert "tvm_tcutils" not in sys.modules
+root = sys.argv[1] if len(sys.argv) > 1 else {root!r}
+for name in json.load(open(root + "/names.json")):
+    mod = tvm.ir.load_json(open(f"{{root}}/{{name}}.json").read())
+    inputs = dict(np.load(f"{{root}}/{{name}}_in.npz"))
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target="llvm")
+    run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    run.set_input(**inputs)
+    run.run()
+    np.save(f"{{root}}/{{name}}_ref.npy", run.get_output(0).numpy())
+assert "tvm_tcutils" not in sys.modules
+"""
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Each model, its inputs and TVM's own plain-llvm output computed in a process without the package."""
+    root = str(tmp_path_factory.mktemp("dotprod_refs"))
+    models = {name: build() for name, build in MODELS.items()}
+    for name, (mod, inputs) in models.items():
+        with open(f"{root}/{name}.json", "w") as f:
+            f.write(tvm.ir.save_json(mod))
+        np.savez(f"{root}/{name}_in.npz", **inputs)
+    with open(f"{root}/names.json", "w") as f:
+        json.dump(sorted(models), f)
+    proc = run_python(_REFERENCE.format(root=root), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {name: (mod, inputs, np.load(f"{root}/{name}_ref.npy")) for name, (mod, inputs) in models.items()}
+
+
+def _build_run(mod, inputs, target, opt_level=3):
+    with tvm.transform.PassContext(opt_level=opt_level):
+        lib = relay.build(mod, target=target)
+    run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    run.set_input(**inputs)
+    run.run()
+    return run.get_output(0).numpy(), lib
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("target_name", ["vnni", "avx2", "sse"])
+def test_int8_model_bit_exact_vs_tvm_generic(references, target_name, name):
+    mod, inputs, ref = references[name]
+    out, lib = _build_run(mod, inputs, dot_target(target_name))
+    np.testing.assert_array_equal(out, ref)
+    if target_name == "vnni":
+        assert "vpdpbusd" in lib.get_lib().get_source("asm")
+
+
+def test_int8_model_opt_level2_uses_unpacked_templates(references):
+    # Without AlterOpLayout the plain nn.conv2d / nn.dense rows pack inside the kernel.
+    mod, inputs, ref = references["odd_int8"]
+    out, lib = _build_run(mod, inputs, dot_target("vnni"), opt_level=2)
+    np.testing.assert_array_equal(out, ref)
+    assert "vpdpbusd" in lib.get_lib().get_source("asm")
+
+
+def _optimized(mod, target, fuse=True):
+    with tvm.transform.PassContext(opt_level=3, disabled_pass=[] if fuse else ["FuseOps"]):
+        opt, _ = relay.optimize(mod, target=target)
+    return opt
+
+
+def _calls(mod):
+    calls = []
+    relay.analysis.post_order_visit(
+        mod["main"], lambda n: calls.append(n) if isinstance(n, relay.Call) and isinstance(n.op, tvm.ir.Op) else None
+    )
+    return calls
+
+
+def test_vnni_graph_is_packed_with_folded_layouts():
+    mod, _ = _odd_net("int8")
+    calls = _calls(_optimized(mod, "llvm -mcpu=znver4", fuse=False))
+    convs = [c for c in calls if c.op.name == "nn.contrib_conv2d_NCHWc"]
+    # 17 -> 20 channels (block 4), 24 channels (block 12); 16 output lanes.
+    assert sorted(c.attrs.kernel_layout for c in convs) == ["OIHW1i16o4i", "OIHW3i16o4i"]
+    assert all(isinstance(c.args[1], relay.Constant) for c in convs)  # kernel transforms folded
+    dense = [c for c in calls if c.op.name == "nn.contrib_dense_pack"]
+    assert [d.attrs.weight_layout for d in dense] == ["NC16n4c"] and isinstance(dense[0].args[1], relay.Constant)
+    assert not any(c.op.name in ("nn.conv2d", "nn.dense") for c in calls)  # no second convolution
+    assert all(c.args[0].checked_type.dtype == "uint8" for c in convs + dense)
+
+
+@pytest.mark.parametrize("const_weights", [True, False])
+def test_avx2_graph_packs_a_widened_folded_kernel(const_weights):
+    # AVX2's conv2d takes its kernel as int16 pairs: the cast folds into the constant with the
+    # layout transform (no run-time widening); a kernel given as a parameter is widened in the graph.
+    mod, inputs = _odd_net("int8", const_weights)
+    calls = _calls(_optimized(mod, dot_target("avx2"), fuse=False))
+    convs = [c for c in calls if c.op.name == "nn.contrib_conv2d_NCHWc"]
+    assert sorted(c.attrs.kernel_layout for c in convs) == ["OIHW2i8o2i", "OIHW4i8o2i"]  # blocks 4 and 8
+    assert all(c.args[1].checked_type.dtype == "int16" for c in convs)
+    assert all(isinstance(c.args[1], relay.Constant) for c in convs) == const_weights
+    dense = [c for c in calls if c.op.name == "nn.contrib_dense_pack"]
+    assert [d.attrs.weight_layout for d in dense] == ["NC8n4c"] and dense[0].args[1].checked_type.dtype == "int8"
+
+
+def test_float_model_unchanged_by_package():
+    mod = small_conv_net(channels=8, size=12)
+    target = host_dot_target()  # the package's hooks are installed for it, and its code runs here
+    inputs = {"data": RNG.standard_normal((1, 8, 12, 12)).astype("float32")}
+    with_pkg = _optimized(mod, target)
+    out_pkg, _ = _build_run(mod, inputs, target)
+    tvm_tcutils.unregister()
+    try:
+        without = _optimized(mod, target)
+        out_tvm, _ = _build_run(mod, inputs, target)
+    finally:
+        tvm_tcutils.register()
+    assert tvm.ir.structural_equal(with_pkg, without)
+    np.testing.assert_array_equal(out_pkg, out_tvm)
+
+
+def test_extract_tasks_finds_templates():
+    mod, _ = _odd_net("int8")
+    for target in ("llvm -mcpu=znver4", HEXAGON):
+        tasks = autotvm.task.extract_from_program(mod, {}, target=target)
+        names = sorted(t.name for t in tasks)
+        assert names == ["tcutils.conv2d_nchw_dot", "tcutils.conv2d_nchw_dot", "tcutils.dense_dot"], (target, names)
+
+
+def test_hexagon_hooks_produce_packed_graph_with_right_numerics(references):
+    mod, inputs, ref = references["odd_int8"]
+    with tvm.target.Target(HEXAGON), tvm.transform.PassContext(opt_level=3):
+        packed = tvm.transform.Sequential([
+            relay.transform.InferType(), relay.transform.Legalize(), relay.transform.AlterOpLayout(),
+            relay.transform.FoldConstant(),
+        ])(mod)
+    calls = _calls(packed)
+    convs = [c for c in calls if c.op.name == "nn.contrib_conv2d_NCHWc"]
+    assert sorted(c.attrs.kernel_layout for c in convs) == ["OIHW5i32o4i", "OIHW6i32o4i"]
+    # HVX multiplies i8 x i8 natively: no shift, no compensation.
+    assert all(c.args[0].checked_type.dtype == "int8" for c in convs)
+    assert not any(c.op.name == "bitwise_xor" for c in calls)
+    assert [c.attrs.weight_layout for c in calls if c.op.name == "nn.contrib_dense_pack"] == ["NC32n4c"]
+    # The hexagon graph's numerics, run through the (all-signedness) AVX2 kernels.
+    out, _ = _build_run(packed, inputs, dot_target("avx2"))
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_legalize_delegates_what_it_does_not_handle():
+    from tvm_tcutils.dotprod import strategy as dp
+
+    x = relay.var("x", shape=(1, 8, 8, 8), dtype="int8")
+    w = relay.var("w", shape=(8, 8, 3, 3), dtype="int8")
+    grouped = relay.nn.conv2d(x, relay.var("g", shape=(8, 4, 3, 3), dtype="int8"), groups=2, out_dtype="int32")
+    fp = relay.nn.conv2d(relay.var("f", shape=(1, 8, 8, 8)), relay.var("k", shape=(8, 8, 3, 3)))
+    for call in (grouped, fp, relay.nn.conv2d(x, w, out_dtype="int32")):
+        call = relay.transform.InferType()(tvm.IRModule.from_expr(call))["main"].body
+        types = [a.checked_type for a in call.args] + [call.checked_type]
+        with tvm.target.Target("llvm"):  # no dot-product ISA
+            assert dp.legalize_conv2d(call.attrs, call.args, types) is None
+        if call is not grouped and types[0].dtype == "float32":
+            with tvm.target.Target("llvm -mcpu=znver4"):
+                assert dp.legalize_conv2d(call.attrs, call.args, types) is None
+
+
+def test_qnn_requantize_fused_into_packed_conv():
+    mod, _ = _qnn_net()
+    opt = _optimized(mod, "llvm -mcpu=znver4")
+    fused = []
+
+    def collect(node):
+        if isinstance(node, relay.Function) and node.attrs and "Primitive" in node.attrs:
+            ops = []
+            relay.analysis.post_order_visit(
+                node, lambda n: ops.append(n.op.name) if isinstance(n, relay.Call) and isinstance(n.op, tvm.ir.Op) else None
+            )
+            fused.append(ops)
+
+    relay.analysis.post_order_visit(opt["main"], collect)
+    convs = [ops for ops in fused if "nn.contrib_conv2d_NCHWc" in ops]
+    assert len(convs) == 2
+    # Each conv's group ends in the requantize (clip + cast to int8), in the conv's packed layout.
+    assert all("clip" in ops and ops[-1] in ("cast", "add") and "layout_transform" not in ops for ops in convs)
+    assert not any("qnn" in op for ops in fused for op in ops)
+    assert any("nn.contrib_dense_pack" in ops and "clip" in ops for ops in fused)
+
+
+def _transform_impl(target: str, shape, dtype: str, src: str = "NCHW", dst: str = "NCHW8c") -> str:
+    from tvm import te
+    from tvm.relay.backend import te_compiler
+
+    x = relay.var("x", shape=shape, dtype=dtype)
+    call = relay.layout_transform(x, src, dst)
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], call)))
+    call = mod["main"].body
+    with tvm.target.Target(target):
+        impl, _ = te_compiler.select_implementation(
+            call.op, call.attrs, [te.placeholder(shape, dtype)], call.checked_type, tvm.target.Target(target))
+    return impl.name
+
+
+@pytest.mark.parametrize("target,shape,dtype,src,dst,expected", [
+    ("llvm -mcpu=core-avx2", (1, 64, 8, 8), "uint8", "NCHW", "NCHW8c", "layout_transform_bytes.tcutils"),
+    ("llvm -mcpu=znver4", (1, 4, 8, 8, 16), "int8", "NCHW16c", "NCHW", "layout_transform_bytes.tcutils"),
+    ("llvm -mcpu=core-avx2", (1, 64, 8, 8), "float32", "NCHW", "NCHW8c", "layout_transform.generic"),
+    ("llvm -mcpu=core-avx2", (1, 64, 7, 7), "uint8", "NCHW", "NCHW8c", "layout_transform_bytes.tcutils"),
+    ("llvm -mcpu=core-avx2", (1, 64, 37, 37), "uint8", "NCHW", "NCHW8c", "layout_transform.generic"),
+    ("llvm", (1, 64, 8, 8), "uint8", "NCHW", "NCHW8c", "layout_transform.generic"),
+    (HEXAGON, (1, 64, 8, 8), "uint8", "NCHW", "NCHW32c", "layout_transform.generic"),
+])
+def test_layout_transform_row_takes_only_8bit_channel_blocks_on_x86(target, shape, dtype, src, dst, expected):
+    assert _transform_impl(target, shape, dtype, src, dst) == expected
+
+
+def test_whole_op_graph_uses_byte_shuffle_transforms():
+    # Both u8 transforms around the packed conv are standalone and take the byte-shuffle row.
+    mod, _ = _qnn_whole_op()
+    opt = _optimized(mod, "llvm -mcpu=core-avx2", fuse=False)
+    transforms = [c for c in _calls(opt) if c.op.name == "layout_transform"]
+    assert sorted((c.attrs.src_layout, c.attrs.dst_layout) for c in transforms) == [
+        ("NCHW", "NCHW8c"), ("NCHW8c", "NCHW")]
+    for call in transforms:
+        shape = [int(v) for v in call.args[0].checked_type.shape]
+        assert call.args[0].checked_type.dtype == "uint8"
+        assert _transform_impl("llvm -mcpu=core-avx2", shape, "uint8", call.attrs.src_layout,
+                               call.attrs.dst_layout) == "layout_transform_bytes.tcutils"

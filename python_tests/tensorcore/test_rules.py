@@ -1,0 +1,123 @@
+"""The HWNC tensor-core qualification rules."""
+import pytest
+import tvm
+
+from tvm_tcutils.tensorcore.rules import (
+    DEFAULT_PAD_FRACTION, WMMA_SHAPES, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
+)
+
+
+@pytest.mark.parametrize(
+    "batch, in_ch, out_ch, dtype, tile",
+    [
+        (8, 32, 8, "int4", (8, 8, 32)),
+        (8, 64, 256, "uint4", (8, 8, 32)),
+        (16, 16, 16, "int8", (16, 16, 16)),
+        (8, 16, 32, "int8", (8, 32, 16)),
+        (32, 16, 8, "uint8", (32, 8, 16)),
+    ],
+)
+def test_exact_tiles_qualify_without_padding(batch, in_ch, out_ch, dtype, tile):
+    verdict = hwnc_conv2d_qualifies(batch, in_ch, out_ch, dtype, pad_fraction=0.0)
+    assert verdict and verdict.reason == ""
+    assert verdict.wmma_shape == tile
+    assert verdict.padded == (batch, in_ch, out_ch)
+    assert verdict.pad_fraction == 0.0
+
+
+@pytest.mark.parametrize("batch", [1, 3, 7])
+def test_batch_alone_never_disqualifies(batch):
+    verdict = hwnc_conv2d_qualifies(batch, 64, 64, "int4", pad_fraction=0.0)
+    assert verdict
+    assert verdict.padded[0] == 8
+
+
+def test_int8_prefers_the_tile_without_channel_padding():
+    # 8 output channels: only 32x8x16 avoids padding them.
+    verdict = hwnc_conv2d_qualifies(1, 16, 8, "int8", pad_fraction=0.0)
+    assert verdict.wmma_shape == (32, 8, 16) and verdict.padded == (32, 16, 8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(groups=2), "groups=2"),
+        (dict(out_dtype="int16"), "accumulates in int16"),
+        (dict(kernel_layout="HWIO"), "HWNC/HWOI"),
+        (dict(data_layout="NCHW", kernel_layout="OIHW"), "layout NCHW/OIHW"),
+    ],
+)
+def test_each_rule_says_why_not(kwargs, words):
+    verdict = hwnc_conv2d_qualifies(8, 64, 64, "int8", **kwargs)
+    assert not verdict
+    assert words in verdict.reason
+
+
+def test_float_dtype_names_the_valid_types():
+    verdict = hwnc_conv2d_qualifies(8, 64, 64, "float16")
+    assert not verdict and "float16" in verdict.reason and "int4" in verdict.reason
+
+
+def test_pad_fraction_is_the_channel_padding_tolerance():
+    # int4 with 48 input channels pads to 64: one third more work.
+    assert not hwnc_conv2d_qualifies(1, 48, 64, "int4", pad_fraction=0.3)
+    allowed = hwnc_conv2d_qualifies(1, 48, 64, "int4", pad_fraction=0.34)
+    assert allowed and allowed.padded == (8, 64, 64)
+    assert allowed.pad_fraction == pytest.approx(1 / 3)
+    first_resnet_layer = hwnc_conv2d_qualifies(1, 3, 64, "int4")
+    assert first_resnet_layer.reason == "3 input channels would be padded to 32 (+967% work > 100% allowed)"
+
+
+@pytest.mark.parametrize("dtype", sorted(WMMA_SHAPES))
+def test_output_channel_rule(dtype):
+    # 4 output channels fit no tile; padding to 8 doubles the work.
+    assert not hwnc_conv2d_qualifies(8, 64, 4, dtype, pad_fraction=0.5)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [((0, 64, 64, "int4"), {}), ((1, -1, 64, "int4"), {}), ((1, 64, 64.0, "int4"), {}),
+     ((1, 64, 64, "int4"), {"pad_fraction": -0.1})],
+)
+def test_bad_sizes_raise(args, kwargs):
+    with pytest.raises(ValueError):
+        hwnc_conv2d_qualifies(*args, **kwargs)
+
+
+def test_default_pad_fraction_is_the_package_setting():
+    # 48 -> 64 input channels: +33% work.
+    assert hwnc_conv2d_qualifies(8, 48, 64, "int4")  # default 1.0
+    with pad_limit(0.25):
+        verdict = hwnc_conv2d_qualifies(8, 48, 64, "int4")
+        assert not verdict and verdict.reason.endswith("(+33% work > 25% allowed)")
+        assert hwnc_conv2d_qualifies(8, 48, 64, "int4", pad_fraction=0.5)  # an explicit value wins
+    assert max_pad_fraction() == DEFAULT_PAD_FRACTION == 1.0
+
+
+def test_batch_padding_is_not_counted_as_work():
+    verdict = hwnc_conv2d_qualifies(1, 60, 30, "int8", pad_fraction=0.15)
+    # Channels 60x30 -> 64x32 (+13.8%); the tile with the least batch padding among those.
+    assert verdict and verdict.wmma_shape == (8, 32, 16) and verdict.padded == (8, 64, 32)
+    assert verdict.pad_fraction == pytest.approx(64 * 32 / (60 * 30) - 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(kernel_dtype="int4"), "data int8 and kernel int4 differ"),
+        (dict(target="llvm"), "is not cuda"),
+        (dict(target="cuda -arch=sm_70"), "int8 tensor cores need sm_72 or newer, target has sm_70"),
+    ],
+)
+def test_kernel_type_and_target_rules(kwargs, words):
+    if "target" in kwargs:
+        kwargs["target"] = tvm.target.Target(kwargs["target"])
+    verdict = hwnc_conv2d_qualifies(8, 64, 64, "int8", **kwargs)
+    assert not verdict and words in verdict.reason
+    assert hwnc_conv2d_qualifies(8, 64, 64, "int8", target=tvm.target.Target("cuda -arch=sm_72"))
+
+
+def test_fitting_shapes_are_the_exact_tiles_in_preference_order():
+    assert fitting_shapes("int8", 32, 16, 32) == ((16, 16, 16), (32, 8, 16), (8, 32, 16))
+    assert fitting_shapes("int8", 8, 16, 8) == ()
+    assert fitting_shapes("float16", 16, 16, 16) == ()

@@ -1,0 +1,80 @@
+"""AutoTVM tuning of the dot-product templates (XGBTuner, resumable log) and the tune / bench commands."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tvm
+from tvm import autotvm, relay, te
+
+from conftest import host_dot_target, run_cli, small_conv_net
+from tvm_tcutils.dotprod.isa import for_target
+from tvm_tcutils.dotprod.topi.packing import channel_block
+from tvm_tcutils import tuning
+from tvm_tcutils.models import save_model
+
+
+@pytest.fixture(scope="module")
+def int8_conv_model():
+    mod = small_conv_net(channels=16, size=8)
+    return tuning.quantize_int8(mod, {}), {}
+
+
+def test_tune_resume_and_apply_history_best(int8_conv_model, tmp_path):
+    target = host_dot_target()
+    isa = for_target(target)
+    lanes, block = isa.lanes, channel_block(16, isa.lanes)
+    k_dtype = isa.conv_kernel_dtype("int8")  # int16 pairs on AVX2
+    group = isa.kernel_group(k_dtype)
+    # The quantized data is int8; legalize shifts it to uint8 where the ISA has no i8 x i8 form (VNNI).
+    data_dtype = "int8" if isa.variant("int8", "int8") is not None else "uint8"
+    mod, params = int8_conv_model
+    log = str(tmp_path / "tune.log")
+    first = tuning.tune(mod, params, target, trials=2, log=log, progress=False, measure_number=1)
+    assert [name for name, _ in first] == ["tcutils.conv2d_nchw_dot"] and first[0][1] == 2
+    records = list(autotvm.record.load_from_file(log))
+    assert len(records) == 2 and all(res.error_no == 0 for _, res in records)
+    # Resuming: the log already holds the trials.
+    assert tuning.tune(mod, params, target, trials=2, log=log, progress=False) == [("tcutils.conv2d_nchw_dot", 0)]
+
+    with autotvm.apply_history_best(log) as ctx:
+        with tvm.transform.PassContext(opt_level=3):
+            lib = relay.build(mod, target=target, params=params)
+        # The alter-layout hook carried the tuned config over to the packed op's workload.
+        packed = autotvm.task.args_to_workload(
+            [te.placeholder((1, 16 // block, 8, 8, block), data_dtype),
+             te.placeholder((16 // lanes, 16 // block, 3, 3, block // group, lanes, group), k_dtype),
+             (1, 1), (1, 1, 1, 1), (1, 1), f"NCHW{block}c", f"NCHW{lanes}c", "int32"],
+            "tcutils.conv2d_nchwc_dot",
+        )
+        cfg = ctx.query(tvm.target.Target(target), packed)
+    assert not cfg.is_fallback
+    best = min(records, key=lambda r: np.mean(r[1].costs))[0].config
+    assert cfg.to_json_dict()["entity"] == best.to_json_dict()["entity"]
+    tuned, _ = tuning.latency_ms(lib, mod, params, repeat=1)
+    untuned, _ = tuning.latency_ms(tuning.build(mod, params, target), mod, params, repeat=1)
+    assert tuned > 0 and untuned > 0
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        tuning.prepare(None, {}, "int4")
+    with pytest.raises(ValueError, match="trials"):
+        tuning.tune(None, {}, "llvm", 0, "x.log")
+    with pytest.raises(FileNotFoundError, match="tuning log"):
+        tuning.build(small_conv_net(), {}, "llvm", "/nonexistent/x.log")
+
+
+def test_tune_and_bench_commands(tmp_path):
+    target = host_dot_target()  # the commands' default target
+    model, log = str(tmp_path / "net.json"), str(tmp_path / "net.log")
+    save_model(model, small_conv_net(channels=16, size=8))
+    proc = run_cli("tune", model, "--trials", "1", "--log", log)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "task 1/1 tcutils.conv2d_nchw_dot: 1 new trials" in proc.stdout
+    assert "tuned 1 tasks, 1 new trials" in proc.stdout and "Progress: (1/1)" in proc.stdout
+    proc = run_cli("bench", model, "--dtype", "int8", "--log", log, "--repeat", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"net.json int8 on {target}:" in proc.stdout and "speedup x" in proc.stdout
+    bad = run_cli("tune", model, "--trials", "0", "--log", log)
+    assert bad.returncode == 2 and "--trials must be at least 1" in bad.stderr

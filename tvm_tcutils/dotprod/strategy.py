@@ -1,0 +1,410 @@
+"""Relay wiring of the int8 dot-product conv2d and dense (x86 VNNI / AVX2, Hexagon HVX).
+
+For targets with a 4-way dot-product ISA (see :mod:`tvm_tcutils.dotprod.isa`) and
+8-bit operands:
+
+* ``FTVMLegalize`` (``nn.conv2d``, ``nn.dense``) makes the operands fit the
+  instruction: an (i8, i8) pair the ISA lacks becomes (u8, i8) by adding 128
+  to the data (an xor of the sign bit) and subtracting the compensation
+  ``128 * sum(W)`` -- for conv2d, the kernel's sum over input channels
+  windowed over the same padding / stride / dilation, computed as a small
+  ``(O, KH*KW) x (KH*KW, OH*OW)`` product that constant folding evaluates once
+  for a constant kernel (never a second convolution); channels are
+  zero-padded to multiples of 4 (input) and of the lane count (output).
+* ``FTVMAlterOpLayout`` turns those ops into ``contrib_conv2d_NCHWc`` with an
+  ``OIHW{b/4}i{L}o4i`` kernel (on AVX2 ``OIHW{b/2}i{L}o2i``, cast to int16) and
+  ``contrib_dense_pack`` with an ``NC{L}n4c`` weight; Relay inserts the layout
+  transforms and folds them (and the cast) for constants.
+* 8-bit ``layout_transform`` between ``NCHW`` and ``NCHW{b}c`` on x86 gets a
+  byte-shuffle schedule (:mod:`..topi.dot_product.layout_transform`): the
+  transforms at the edges of a run of packed convs move 2-4x faster. Same
+  compute as TVM's, so same results; every other transform keeps TVM's.
+* Strategy rows select the tensorized computes. They are *exclusive* for the
+  8-bit cases they handle, because TVM's own x86 int8 path aborts LLVM 22 on
+  VNNI targets and saturates (wrong results) on AVX2 ones.
+
+Everything else (float, grouped convs, other layouts, targets without an
+ISA) goes to TVM's own hooks unchanged.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from .._tvm import tvm
+from tvm import autotvm, relay, te, topi
+from tvm.relay.op import strategy as _strategy
+from tvm.topi.utils import get_const_tuple
+
+from .. import registry
+from .isa import DotProductISA, for_target
+from .topi import conv2d_nchwc, dense_pack
+from .topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
+from .topi.packing import channel_block, kernel_layout, round_up
+
+#: Task names of the AutoTVM templates.
+CONV2D_NCHWC_TASK = "tcutils.conv2d_nchwc_dot"
+CONV2D_NCHW_TASK = "tcutils.conv2d_nchw_dot"
+DENSE_PACK_TASK = "tcutils.dense_pack_dot"
+DENSE_TASK = "tcutils.dense_dot"
+
+#: Target keys whose hooks this module installs (a Hexagon target has both keys).
+TARGET_KEYS = ("cpu", "hexagon")
+
+_INT8 = ("int8", "uint8")
+
+
+def _isa() -> Optional[DotProductISA]:
+    return for_target(tvm.target.Target.current(allow_none=True))
+
+
+def _static(shape) -> Optional[Tuple[int, ...]]:
+    try:
+        return tuple(int(x) for x in shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int8_pair(data_dtype, kernel_dtype, out_dtype) -> bool:
+    return str(data_dtype) in _INT8 and str(kernel_dtype) in _INT8 and str(out_dtype) == "int32"
+
+
+# --------------------------------------------------------------------------
+# Legalize
+# --------------------------------------------------------------------------
+def _shift_to_uint8(data: relay.Expr) -> relay.Expr:
+    """int8 -> uint8 holding ``value + 128`` (flipping the sign bit)."""
+    return relay.bitwise_xor(relay.reinterpret(data, "uint8"), relay.const(128, "uint8"))
+
+
+def _legal_pair(isa: DotProductISA, data_dtype: str, kernel_dtype: str) -> Optional[Tuple[str, bool]]:
+    """(data dtype to use, shift data by 128?) for an operand pair, or None if unsupported."""
+    if isa.variant(data_dtype, kernel_dtype) is not None:
+        return data_dtype, False
+    if data_dtype == "int8" and isa.variant("uint8", kernel_dtype) is not None:
+        return "uint8", True
+    return None
+
+
+def window_mask(size: int, kernel: int, stride: int, dilation: int, pad_before: int, out: int) -> np.ndarray:
+    """``mask[k, o] = 1`` where kernel tap ``k`` of output ``o`` reads inside the (unpadded) input.
+
+    Examples
+    --------
+    >>> window_mask(4, 3, 1, 1, 1, 4).astype(int).tolist()
+    [[0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]]
+    """
+    pos = np.arange(out)[None, :] * stride - pad_before + np.arange(kernel)[:, None] * dilation
+    return ((pos >= 0) & (pos < size)).astype("int32")
+
+
+def _conv_compensation(kernel: relay.Expr, k_shape, in_hw, out_hw, attrs, pads) -> relay.Expr:
+    """``128 * windowed sum of the kernel``: the term shifting the data by 128 adds, (1, O, OH, OW)."""
+    out_c, _, k_h, k_w = k_shape
+    (s_h, s_w), (d_h, d_w) = get_const_tuple(attrs.strides), get_const_tuple(attrs.dilation)
+    rows = window_mask(in_hw[0], k_h, s_h, d_h, pads[0], out_hw[0])  # (KH, OH)
+    cols = window_mask(in_hw[1], k_w, s_w, d_w, pads[1], out_hw[1])  # (KW, OW)
+    taps = np.einsum("ky,lx->yxkl", rows, cols).reshape(out_hw[0] * out_hw[1], k_h * k_w)
+    if isinstance(kernel, relay.Constant):
+        k_sum = kernel.data.numpy().astype("int64").sum(axis=1).reshape(out_c, k_h * k_w)
+        comp = (128 * k_sum @ taps.T.astype("int64")).astype("int32")
+        return relay.const(comp.reshape(1, out_c, out_hw[0], out_hw[1]))
+    k_sum = relay.sum(relay.cast(kernel, "int32"), axis=[1])  # (O, KH, KW)
+    comp = relay.nn.dense(relay.reshape(k_sum, (out_c, k_h * k_w)), relay.const(taps), out_dtype="int32")
+    return relay.reshape(relay.multiply(comp, relay.const(128, "int32")), (1, out_c, out_hw[0], out_hw[1]))
+
+
+def _legal_plan(types) -> Optional[Tuple[DotProductISA, bool, List[Tuple[int, ...]]]]:
+    """(ISA, shift data by 128?, static shapes) for an 8-bit op on the current target, or None."""
+    isa = _isa()
+    if isa is None or not _int8_pair(types[0].dtype, types[1].dtype, types[-1].dtype):
+        return None
+    shapes = [_static(t.shape) for t in types]
+    pair = _legal_pair(isa, types[0].dtype, types[1].dtype)
+    if None in shapes or pair is None:
+        return None
+    return isa, pair[1], shapes
+
+
+def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
+    """Fit an 8-bit NCHW conv2d to the target's dot-product instruction (dtype shift, channel padding)."""
+    if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+        return None
+    plan = _legal_plan(types)
+    if plan is None or attrs.out_layout not in ("", "NCHW"):
+        return None
+    isa, shift, (d_shape, k_shape, o_shape) = plan
+    data, kernel = inputs
+    chans, out_c = d_shape[1], k_shape[0]
+    chans_p, out_p = round_up(chans, 4), round_up(out_c, isa.lanes)
+    new_data = _shift_to_uint8(data) if shift else data
+    new_kernel = kernel
+    if chans_p != chans:
+        new_data = relay.nn.pad(new_data, ((0, 0), (0, chans_p - chans), (0, 0), (0, 0)))
+        new_kernel = relay.nn.pad(new_kernel, ((0, 0), (0, chans_p - chans), (0, 0), (0, 0)))
+    if out_p != out_c:
+        new_kernel = relay.nn.pad(new_kernel, ((0, out_p - out_c), (0, 0), (0, 0), (0, 0)))
+    new_attrs = {key: attrs[key] for key in attrs.keys()}
+    new_attrs["channels"] = out_p
+    new_attrs["out_dtype"] = "int32"
+    out = relay.nn.conv2d(new_data, new_kernel, **new_attrs)
+    if out_p != out_c:
+        out = relay.strided_slice(out, begin=(0, 0, 0, 0), end=(o_shape[0], out_c, o_shape[2], o_shape[3]))
+    if shift:
+        pad = get_const_tuple(attrs.padding)
+        pads = (pad[0], pad[1] if len(pad) > 1 else pad[0])
+        out = relay.subtract(
+            out, _conv_compensation(kernel, k_shape, d_shape[2:], o_shape[2:], attrs, pads)
+        )
+    return out
+
+
+def legalize_dense(attrs, inputs, types) -> Optional[relay.Expr]:
+    """Fit an 8-bit dense to the target's dot-product instruction (dtype shift, K / N padding)."""
+    plan = _legal_plan(types)
+    if plan is None or len(plan[2][0]) != 2:
+        return None
+    isa, shift, (d_shape, w_shape, _) = plan
+    data, weight = inputs
+    (k, (n, _)) = d_shape[1], w_shape
+    k_p, n_p = round_up(k, 4), round_up(n, isa.lanes)
+    new_data = _shift_to_uint8(data) if shift else data
+    new_weight = weight
+    if k_p != k:
+        new_data = relay.nn.pad(new_data, ((0, 0), (0, k_p - k)))
+        new_weight = relay.nn.pad(new_weight, ((0, 0), (0, k_p - k)))
+    if n_p != n:
+        new_weight = relay.nn.pad(new_weight, ((0, n_p - n), (0, 0)))
+    out = relay.nn.dense(new_data, new_weight, units=n_p, out_dtype="int32")
+    if n_p != n:
+        out = relay.strided_slice(out, begin=(0, 0), end=(d_shape[0], n))
+    if shift:
+        if isinstance(weight, relay.Constant):
+            comp = relay.const((128 * weight.data.numpy().astype("int64").sum(axis=1)).astype("int32"))
+        else:
+            comp = relay.multiply(relay.sum(relay.cast(weight, "int32"), axis=[1]), relay.const(128, "int32"))
+        out = relay.subtract(out, comp)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Alter op layout
+# --------------------------------------------------------------------------
+def _packable_conv(attrs, types, isa) -> Optional[Tuple[int, int]]:
+    """(ic_bn, oc_bn) when an (already legal) conv2d goes to the packed compute."""
+    data_t, kernel_t = types[0], types[1]
+    if isa is None or not _int8_pair(data_t.dtype, kernel_t.dtype, types[2].dtype):
+        return None
+    if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+        return None
+    if isa.variant(data_t.dtype, kernel_t.dtype) is None or attrs.out_layout not in ("", "NCHW"):
+        return None
+    d_shape, k_shape = _static(data_t.shape), _static(kernel_t.shape)
+    if d_shape is None or k_shape is None or d_shape[1] % 4 or k_shape[0] % isa.lanes:
+        return None
+    return channel_block(d_shape[1], isa.lanes), isa.lanes
+
+
+def _carry_tuned_config(old_task: str, old_args, new_task: str, new_args) -> None:
+    """Make a tuned config of the unpacked op's task apply to the packed op it became.
+
+    AutoTVM extracts and tunes tasks with AlterOpLayout disabled (the
+    unpacked ops); both templates define the same knobs, so the best config
+    found for the unpacked workload is registered for the packed one.
+    """
+    target = tvm.target.Target.current(allow_none=True)
+    dispatch = autotvm.task.DispatchContext.current
+    if target is None or dispatch is None or isinstance(dispatch, autotvm.task.FallbackContext):
+        return  # no tuning records: nothing to carry (and no "cannot find config" warning)
+    cfg = dispatch.query(target, autotvm.task.args_to_workload(old_args, old_task))
+    if not cfg.is_fallback:
+        dispatch.update(target, autotvm.task.args_to_workload(new_args, new_task), cfg)
+
+
+def _placeholder(tensor_type, shape=None):
+    return te.placeholder(shape or _static(tensor_type.shape), dtype=str(tensor_type.dtype))
+
+
+def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
+    """Turn a legal 8-bit conv2d into ``contrib_conv2d_NCHWc`` with a dot-product kernel layout."""
+    isa = _isa()
+    blocks = _packable_conv(attrs, list(types) + [out_type], isa)
+    if blocks is None:
+        return None
+    ic_bn, oc_bn = blocks
+    k_dtype = isa.conv_kernel_dtype(types[1].dtype)
+    group = isa.kernel_group(k_dtype)
+    new_attrs = {key: attrs[key] for key in attrs.keys()}
+    new_attrs.update(
+        data_layout=f"NCHW{ic_bn}c",
+        kernel_layout=kernel_layout(ic_bn, oc_bn, group),
+        out_layout=f"NCHW{oc_bn}c",
+        out_dtype="int32",
+    )
+    (n, c, h, w), (o, _, kh, kw) = _static(types[0].shape), _static(types[1].shape)
+    conv_args = [get_const_tuple(attrs[key]) for key in ("strides", "padding", "dilation")]
+    _carry_tuned_config(
+        CONV2D_NCHW_TASK, [_placeholder(types[0]), _placeholder(types[1]), *conv_args, "int32"],
+        CONV2D_NCHWC_TASK, [
+            _placeholder(types[0], (n, c // ic_bn, h, w, ic_bn)),
+            te.placeholder((o // oc_bn, c // ic_bn, kh, kw, ic_bn // group, oc_bn, group), dtype=k_dtype),
+            *conv_args, new_attrs["data_layout"], new_attrs["out_layout"], "int32",
+        ],
+    )
+    data, kernel = inputs
+    if k_dtype != str(types[1].dtype):
+        # Widened here, the cast folds with the kernel's layout transform into one constant.
+        kernel = relay.cast(kernel, k_dtype)
+    return relay.nn.contrib_conv2d_nchwc(data, kernel, **new_attrs)
+
+
+def alter_dense(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
+    """Turn a legal 8-bit dense into ``contrib_dense_pack`` with an ``NC{L}n4c`` weight."""
+    isa = _isa()
+    data_t, weight_t = types
+    if isa is None or not _int8_pair(data_t.dtype, weight_t.dtype, out_type.dtype):
+        return None
+    if isa.variant(data_t.dtype, weight_t.dtype) is None:
+        return None
+    w_shape = _static(weight_t.shape)
+    if w_shape is None or w_shape[0] % isa.lanes or w_shape[1] % 4 or len(data_t.shape) != 2:
+        return None
+    n, k = w_shape
+    _carry_tuned_config(
+        DENSE_TASK, [_placeholder(data_t), _placeholder(weight_t), None, "int32"],
+        DENSE_PACK_TASK,
+        [_placeholder(data_t), _placeholder(weight_t, (n // isa.lanes, k // 4, isa.lanes, 4)), None, "int32"],
+    )
+    return relay.nn.contrib_dense_pack(inputs[0], inputs[1], f"NC{isa.lanes}n4c", None, "int32")
+
+
+# --------------------------------------------------------------------------
+# Strategy rows
+# --------------------------------------------------------------------------
+def _tensor_isa(target, data, kernel, out_dtype, widened: bool = False) -> Optional[DotProductISA]:
+    isa = for_target(target)
+    # ``widened``: the kernel may also be a conv2d kernel packed in the ISA's wide dtype.
+    k_dtype = "int8" if widened and isa is not None and str(kernel.dtype) == isa.wide_kernel else kernel.dtype
+    if isa is None or not _int8_pair(data.dtype, k_dtype, out_dtype):
+        return None
+    if isa.variant(data.dtype, kernel.dtype) is None:
+        return None
+    if _static(data.shape) is None or _static(kernel.shape) is None:
+        return None
+    return isa
+
+
+def _applies_conv2d_nchwc(attrs, inputs, out_type, target) -> bool:
+    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype, widened=True)
+    if isa is None or attrs.groups != 1 or len(inputs[0].shape) != 5 or len(inputs[1].shape) != 7:
+        return False
+    try:
+        _, oc_bn = conv2d_nchwc.conv2d_nchwc_shapes(
+            _static(inputs[0].shape), _static(inputs[1].shape), isa.kernel_group(inputs[1].dtype)
+        )
+    except ValueError:
+        return False
+    return oc_bn % isa.lanes == 0
+
+
+def _applies_conv2d(attrs, inputs, out_type, target) -> bool:
+    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype)
+    return (
+        isa is not None and attrs.groups == 1 and attrs.data_layout == "NCHW"
+        and attrs.kernel_layout == "OIHW" and len(inputs[0].shape) == 4
+    )
+
+
+def _applies_dense_pack(attrs, inputs, out_type, target) -> bool:
+    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype)
+    if isa is None or len(inputs[1].shape) != 4 or len(inputs[0].shape) != 2:
+        return False
+    w_shape = _static(inputs[1].shape)
+    return w_shape[3] == 4 and w_shape[2] % isa.lanes == 0 and w_shape[1] * 4 == int(inputs[0].shape[1])
+
+
+def _applies_dense(attrs, inputs, out_type, target) -> bool:
+    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype)
+    return isa is not None and len(inputs[0].shape) == 2 and len(inputs[1].shape) == 2
+
+
+def _applies_layout_transform(attrs, inputs, out_type, target) -> bool:
+    # Measured on x86 only (AVX2): Hexagon and other CPUs keep TVM's schedule.
+    return (
+        target.kind.name == "llvm" and for_target(target) is not None
+        and byte_tile_plan(attrs.src_layout, attrs.dst_layout, inputs[0].shape, inputs[0].dtype) is not None
+    )
+
+
+def _schedule_layout_transform(attrs, outs, target):
+    with target:
+        return schedule_byte_layout_transform(outs, attrs.src_layout, attrs.dst_layout)
+
+
+def _lazy(task: str, wrap, **wrap_kwargs):
+    """Relay compute / schedule calling the AutoTVM-wrapped template (registered after hooks())."""
+
+    def fcompute(attrs, inputs, out_type):
+        return wrap(registry.template(task)[0], **wrap_kwargs)(attrs, inputs, out_type)
+
+    def fschedule(attrs, outs, target):
+        with target:
+            return registry.template(task)[1](outs)
+
+    return fcompute, fschedule
+
+
+def _row(name: str, task: str, wrap, applies, **wrap_kwargs) -> registry.StrategyImpl:
+    fcompute, fschedule = _lazy(task, wrap, **wrap_kwargs)
+    return registry.StrategyImpl(name, fcompute, fschedule, applies, plevel=30, exclusive=True)
+
+
+#: (op, strategy row) -- one table for every ISA.
+STRATEGY_ROWS = (
+    ("nn.contrib_conv2d_NCHWc", _row(
+        "conv2d_nchwc_dot.tcutils", CONV2D_NCHWC_TASK, _strategy.wrap_compute_conv2d,
+        _applies_conv2d_nchwc, need_data_layout=True, need_out_layout=True)),
+    ("nn.conv2d", _row(
+        "conv2d_nchw_dot.tcutils", CONV2D_NCHW_TASK, _strategy.wrap_compute_conv2d, _applies_conv2d)),
+    ("nn.contrib_dense_pack", _row(
+        "dense_pack_dot.tcutils", DENSE_PACK_TASK, _strategy.wrap_compute_dense, _applies_dense_pack)),
+    ("nn.dense", _row("dense_dot.tcutils", DENSE_TASK, _strategy.wrap_compute_dense, _applies_dense)),
+    # Not exclusive: TVM's generic transform stays in the strategy, below it.
+    ("layout_transform", registry.StrategyImpl(
+        "layout_transform_bytes.tcutils", _strategy.wrap_compute_layout_transform(topi.layout_transform),
+        _schedule_layout_transform, _applies_layout_transform, plevel=20)),
+)
+
+#: AutoTVM task name -> (compute, schedule).
+TEMPLATES = {
+    CONV2D_NCHWC_TASK: (conv2d_nchwc.conv2d_nchwc_dot, conv2d_nchwc.schedule_conv2d_nchwc_dot),
+    CONV2D_NCHW_TASK: (conv2d_nchwc.conv2d_nchw_dot, conv2d_nchwc.schedule_conv2d_nchw_dot),
+    DENSE_PACK_TASK: (dense_pack.dense_pack_dot, dense_pack.schedule_dense_pack_dot),
+    DENSE_TASK: (dense_pack.dense_dot, dense_pack.schedule_dense_dot),
+}
+
+#: (op, attribute, handler) of the layout hooks.
+LAYOUT_HOOKS = (
+    ("nn.conv2d", "FTVMLegalize", legalize_conv2d),
+    ("nn.dense", "FTVMLegalize", legalize_dense),
+    ("nn.conv2d", "FTVMAlterOpLayout", alter_conv2d),
+    ("nn.dense", "FTVMAlterOpLayout", alter_dense),
+)
+
+
+def hooks() -> List[registry.Hook]:
+    """The int8 dot-product hooks: templates, legalize / alter-layout handlers, strategy rows.
+
+    Examples
+    --------
+    >>> sorted({h.kind for h in hooks()})
+    ['autotvm_template', 'op_attr', 'strategy']
+    """
+    out = [
+        registry.autotvm_template(name, *pair, description=(pair[0].__doc__ or "").strip().splitlines()[0])
+        for name, pair in TEMPLATES.items()
+    ]
+    out += [registry.op_attr(op, attr, fn, targets=TARGET_KEYS) for op, attr, fn in LAYOUT_HOOKS]
+    out += [registry.strategy(op, [row], targets=TARGET_KEYS) for op, row in STRATEGY_ROWS]
+    return out

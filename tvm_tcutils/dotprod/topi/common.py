@@ -1,0 +1,85 @@
+"""Pieces shared by the dot-product conv2d and dense schedules."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from ..._tvm import tvm
+from tvm import te
+
+from ..isa import DotProductISA, for_target
+
+
+def current_isa(data_dtype: str, kernel_dtype: str) -> DotProductISA:
+    """The dot-product ISA of the current target that computes ``data x kernel`` natively.
+
+    Raises
+    ------
+    ValueError
+        When there is no current target, it has no dot-product ISA, or the
+        ISA has no such dtype pair.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     current_isa("uint8", "int8").name
+    'x86_vnni'
+    """
+    target = tvm.target.Target.current(allow_none=True)
+    isa = for_target(target)
+    if isa is None:
+        raise ValueError(f"target {target} has no 4-way dot-product instruction (need VNNI, AVX2 or HVX)")
+    if isa.variant(data_dtype, kernel_dtype) is None:
+        native = [(v.data_dtype, v.kernel_dtype) for v in isa.variants]
+        raise ValueError(
+            f"{isa.name} cannot multiply {data_dtype} data by {kernel_dtype} kernels; native pairs: {native}"
+        )
+    return isa
+
+
+def divisors_up_to(n: int, limit: int) -> List[int]:
+    """Divisors of ``n`` not above ``limit``, ascending.
+
+    Examples
+    --------
+    >>> divisors_up_to(28, 8)
+    [1, 2, 4, 7]
+    """
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def find_op(outs, tag: str) -> Optional[te.Tensor]:
+    """The output tensor of the first op tagged ``tag`` reachable from ``outs`` (iterative)."""
+    stack, seen = [t.op for t in outs], set()
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.tag == tag:
+            return op.output(0)
+        stack.extend(t.op for t in op.input_tensors)
+    return None
+
+
+def inline_between(s: te.Schedule, outs, stop: te.Tensor) -> None:
+    """Inline every injective op between the outputs and ``stop`` (exclusive) (iterative)."""
+    stack = [t.op for t in outs]
+    seen = set()
+    out_ops = {t.op for t in outs}
+    while stack:
+        op = stack.pop()
+        if op in seen or op == stop.op:
+            continue
+        seen.add(op)
+        if isinstance(op, te.ComputeOp) and op not in out_ops:
+            s[op].compute_inline()
+        stack.extend(t.op for t in op.input_tensors if isinstance(t.op, te.ComputeOp))
+
+
+def vectorize_inner(s: te.Schedule, tensor: te.Tensor, max_lanes: int = 64) -> None:
+    """Vectorize the innermost axis of ``tensor`` when its extent is a small constant."""
+    axis = s[tensor].op.axis[-1]
+    extent = axis.dom.extent
+    if isinstance(extent, tvm.tir.IntImm) and int(extent) <= max_lanes:
+        s[tensor].vectorize(axis)

@@ -1,0 +1,137 @@
+"""TE tensor intrinsics built from a :class:`~tvm_tcutils.dotprod.isa.DotProductISA`.
+
+One tile is ``out[l] += sum_{k<4} data[k] * kernel[l, k]`` for ``l < lanes``:
+four data bytes shared by all lanes (they are broadcast into one register) and
+a ``lanes x 4`` kernel block stored contiguously. Every ISA goes through
+:func:`dot_product_intrin`; only the emitter differs.
+
+``mode="llvm"`` emits the ISA's LLVM intrinsic; ``mode="extern"`` emits a call
+to the variant's C helper (``acc, data, kernel`` pointers), for loop nests that
+are printed as C and compiled by another compiler (Hexagon emulation).
+"""
+from __future__ import annotations
+
+import functools
+
+from ..._tvm import tvm
+from tvm import te, tir
+
+from ..isa import DotProductISA
+from ..isa.base import reinterpret
+
+MODES = ("llvm", "extern")
+
+
+def tile_compute(isa: DotProductISA, data_dtype: str, kernel_dtype: str):
+    """The TE computation of one tile: (data, kernel, out) tensors.
+
+    ``data_dtype`` is the data placeholder's (``isa.wide_data`` for widened data); a
+    ``kernel_dtype`` of ``isa.wide_kernel`` gives the kernel block as ``(4 / g, lanes, g)``
+    with ``g = isa.wide_group``.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_VNNI
+    >>> data, kernel, out = tile_compute(X86_VNNI, "uint8", "int8")
+    >>> [int(d) for d in kernel.shape], out.dtype
+    ([16, 4], 'int32')
+    """
+    lanes, red, group = isa.lanes, isa.reduce, isa.kernel_group(kernel_dtype)
+    data = te.placeholder((red,), dtype=data_dtype, name="dot_data")
+    k = te.reduce_axis((0, red), name="k")
+    if group == red:
+        kernel = te.placeholder((lanes, red), dtype=kernel_dtype, name="dot_kernel")
+        tap = lambda l: kernel[l, k]  # noqa: E731
+    else:  # a widened kernel: red // group blocks of lanes x group
+        kernel = te.placeholder((red // group, lanes, group), dtype=kernel_dtype, name="dot_kernel")
+        tap = lambda l: kernel[k // group, l, k % group]  # noqa: E731
+    out = te.compute(
+        (lanes,), lambda l: te.sum(data[k].astype("int32") * tap(l).astype("int32"), axis=k), name="dot_out"
+    )
+    return data, kernel, out
+
+
+@functools.lru_cache(maxsize=None)
+def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, mode: str = "llvm",
+                       wide: bool = False):
+    """The tensor intrinsic replacing one ``lanes x 4`` tile.
+
+    Parameters
+    ----------
+    isa : DotProductISA
+        The instruction description.
+    data_dtype, kernel_dtype : str
+        Operand dtypes; must be a native variant of ``isa`` (``kernel_dtype`` may be
+        ``isa.wide_kernel``: a kernel packed widened).
+    mode : {"llvm", "extern"}
+        Emit the LLVM intrinsic, or a call to the variant's C helper.
+    wide : bool
+        The data tile holds ``data_dtype`` values already widened to ``isa.wide_data``.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_VNNI
+    >>> intrin = dot_product_intrin(X86_VNNI, "uint8", "int8")
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    variant = isa.variant(data_dtype, kernel_dtype)
+    if variant is None:
+        native = [(v.data_dtype, v.kernel_dtype) for v in isa.variants]
+        raise ValueError(
+            f"{isa.name} has no ({data_dtype}, {kernel_dtype}) dot product; native pairs: {native}"
+        )
+    if mode == "extern" and not variant.extern:
+        raise ValueError(f"{isa.name} ({data_dtype}, {kernel_dtype}) has no C helper for mode='extern'")
+    if wide and (mode != "llvm" or not isa.wide_data):
+        raise ValueError(f"{isa.name} in mode {mode!r} takes no widened data")
+    lanes, red, nbytes = isa.lanes, isa.reduce, isa.vector_bytes
+    group = isa.kernel_group(kernel_dtype)
+    if group != red and mode != "llvm":
+        raise ValueError(f"{isa.name} in mode {mode!r} takes no widened kernel")
+    tile_dtype = isa.wide_data if wide else data_dtype
+    data, kernel, out = tile_compute(isa, tile_dtype, kernel_dtype)
+    a_buf = tir.decl_buffer(data.shape, tile_dtype, "a_buf", offset_factor=1, strides=[1])
+    b_strides = [red, 1] if group == red else [lanes * group, group, 1]
+    b_buf = tir.decl_buffer(kernel.shape, kernel_dtype, "b_buf", offset_factor=1, strides=b_strides)
+    c_buf = tir.decl_buffer(out.shape, "int32", "c_buf", offset_factor=1, strides=[1])
+
+    def intrin_func(ins, outs):
+        a, b = ins
+        (c,) = outs
+
+        def make(kind: str):
+            builder = tir.ir_builder.create()
+            if mode == "extern":
+                if kind != "update":
+                    builder.emit(tir.call_extern("int32", "tcu_zero_i32", c.access_ptr("w"), lanes))
+                if kind != "reset":
+                    builder.emit(
+                        tir.call_extern(
+                            "int32", variant.extern, c.access_ptr("rw"), a.access_ptr("r"), b.access_ptr("r")
+                        )
+                    )
+                return builder.get()
+            zero = tir.Broadcast(tir.const(0, "int32"), lanes)
+            if kind == "reset":
+                builder.emit(c.vstore([0], zero))
+                return builder.get()
+            if wide:
+                data_vec = isa.wide_loader(a)
+            else:
+                # The four data bytes are read as one int32 and broadcast to all lanes.
+                word = reinterpret(a.vload([0], f"{data_dtype}x{red}"), "int32")
+                data_vec = reinterpret(tir.Broadcast(word, lanes), f"{data_dtype}x{nbytes}")
+            if group == red:
+                kernel_vec = b.vload([0, 0], f"{kernel_dtype}x{nbytes}")
+            else:
+                kernel_vec = tuple(b.vload([p, 0, 0], f"{kernel_dtype}x{lanes * group}") for p in range(red // group))
+            acc = zero if kind == "body" else c.vload([0], f"int32x{lanes}")
+            builder.emit(c.vstore([0], isa.emit(variant, acc, data_vec, kernel_vec)))
+            return builder.get()
+
+        return make("body"), make("reset"), make("update")
+
+    return te.decl_tensor_intrin(
+        out.op, intrin_func, binds={data: a_buf, kernel: b_buf, out: c_buf}, default_buffer_params={}
+    )

@@ -1,0 +1,71 @@
+"""What the tensor-core capability installs into TVM (applied by :mod:`tvm_tcutils.registry`).
+
+* ``FTVMConvertOpLayout`` for ``nn.conv2d`` and ``qnn.conv2d``
+  (:mod:`tvm_tcutils.tensorcore.convert_layout`); TVM's handler runs for every case
+  they return None for.
+* the CUDA tensor-core templates, strategy rows, legalize and alter-op
+  handlers of :mod:`tvm_tcutils.tensorcore.strategy`;
+* A ``cpu`` strategy row for ``nn.conv2d`` with ``data_layout == "HWNC"``
+  (:mod:`tvm_tcutils.tensorcore.topi.hwnc_reference`): TVM has no CPU implementation of
+  that layout; every other layout keeps TVM's implementations.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from .._tvm import tvm
+from tvm import relay
+from tvm.relay.op.strategy.generic import wrap_topi_schedule
+from tvm.topi.utils import get_const_tuple
+
+from .. import registry
+from . import strategy
+from .convert_layout import HANDLERS
+from .topi.hwnc_reference import DATA_LAYOUT, conv2d_hwnc, schedule_conv2d_hwnc
+
+
+def _compute_conv2d_hwnc(attrs, inputs, out_type) -> list:
+    return [
+        conv2d_hwnc(
+            inputs[0], inputs[1], get_const_tuple(attrs.strides), get_const_tuple(attrs.padding),
+            get_const_tuple(attrs.dilation), int(attrs.groups),
+            str(attrs.kernel_layout), str(attrs.out_dtype) or str(out_type.dtype),
+        )
+    ]
+
+
+def _applies_to_hwnc(attrs, inputs, out_type, target) -> bool:
+    return str(attrs.data_layout) == DATA_LAYOUT and sorted(str(attrs.kernel_layout)) == sorted("OIHW")
+
+
+#: Strategy rows for nn.conv2d on CPU targets.
+CPU_CONV2D_ROWS = [
+    registry.StrategyImpl(
+        name="conv2d_hwnc_reference.cpu",
+        fcompute=_compute_conv2d_hwnc,
+        fschedule=wrap_topi_schedule(schedule_conv2d_hwnc),
+        applies=_applies_to_hwnc,
+        plevel=5,
+    )
+]
+
+
+def hooks() -> List[registry.Hook]:
+    """The hook declarations of the tensor-core capability: graph passes, then CUDA kernels.
+
+    Examples
+    --------
+    >>> sorted({(hook.kind, hook.name) for hook in hooks()})[:3]
+    [('autotvm_template', 'tcutils.conv2d_hwnc_tensorcore.cuda'), ('autotvm_template', 'tcutils.dense_tensorcore.cuda'), ('op_attr', 'nn.conv2d')]
+    """
+    declared = [
+        registry.op_attr(op_name, "FTVMConvertOpLayout", handler, description=handler.__doc__.strip())
+        for op_name, handler in HANDLERS.items()
+    ]
+    declared.append(
+        registry.strategy(
+            "nn.conv2d", CPU_CONV2D_ROWS, targets=["cpu"],
+            description="plain HWNC conv2d reference for CPU targets (data_layout HWNC only)",
+        )
+    )
+    return declared + strategy.hooks()

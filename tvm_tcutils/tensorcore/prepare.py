@@ -1,0 +1,126 @@
+"""Prepare a float model for the HWNC tensor-core schedules in one call."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, List, NamedTuple, Optional, Union
+
+from .._tvm import tvm
+from tvm import relay
+
+from .rules import DATA_LAYOUT, WMMA_SHAPES
+from ._graph import check_dtype, layer_calls, resolve_ops, resolve_skip_layers, typed
+from .layer_table import conv2d_verdict
+from .layout_config import LayoutConfig
+from .recast import recast_layers
+
+CONV = "nn.conv2d"
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedLayer:
+    """A conv2d layer left in its float type and layout, and why."""
+
+    index: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"layer {self.index}: {self.reason}"
+
+
+class Prepared(NamedTuple):
+    """What :func:`prepare_for_tensorcore` returns: ``mod, skipped = prepare_for_tensorcore(...)``."""
+
+    mod: tvm.IRModule
+    skipped: List[SkippedLayer]
+
+
+def prepare_for_tensorcore(
+    mod: tvm.IRModule,
+    dtype: str = "int4",
+    out_dtype: str = "int32",
+    skip_layers: Union[str, Iterable[int]] = "auto",
+    pad_fraction: Optional[float] = None,
+) -> Prepared:
+    """Convert conv2d layers to HWNC and recast them to int4/int8, skipping those that cannot use tensor cores.
+
+    The manual workflow in one call: ``ConvertLayout({"nn.conv2d": ["HWNC",
+    "default"]})`` under a :class:`LayoutConfig` that keeps the skipped layers,
+    then :func:`recast` of the same layers to ``dtype``/``out_dtype``.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A float model; not modified.
+    dtype : {"int4", "uint4", "int8", "uint8"}
+        Input type of the converted layers.
+    out_dtype : str
+        Accumulator type (tensor cores accumulate in ``int32``).
+    skip_layers : "auto" or list of int
+        ``"auto"`` skips exactly the layers that do not qualify for the HWNC
+        tensor-core schedules (:func:`tvm_tcutils.tensorcore.rules.hwnc_conv2d_qualifies`),
+        for example ResNet's first conv with 3 input channels; a list skips
+        those layer indices (negative from the end) like the manual workflow.
+        With the same pad fraction, ``"auto"`` skips exactly the layers the
+        tensor-core strategy would not put on tensor cores.
+    pad_fraction : float, optional
+        Channel-padding tolerance for ``"auto"``; default: the current setting
+        that the tensor-core legalization also reads
+        (:func:`tvm_tcutils.tensorcore.rules.max_pad_fraction`, 1.0 unless
+        changed with ``pad_limit``/``set_max_pad_fraction``).
+
+    Returns
+    -------
+    Prepared
+        ``(mod, skipped)``: the type-checked converted module and the skipped
+        layers with reasons.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A bad dtype, skip index or module (including one that does not type-check).
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, _ = load_model("resnet-18")
+    >>> prepared, skipped = prepare_for_tensorcore(mod, "int4")
+    >>> [layer.index for layer in skipped]
+    [0]
+    """
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
+    if dtype not in WMMA_SHAPES:
+        raise ValueError(f"dtype must be one of {sorted(WMMA_SHAPES)}, got {dtype!r}")
+    check_dtype(out_dtype, "out_dtype")
+    mod = typed(mod, "mod")
+    calls = layer_calls(mod, resolve_ops(CONV, "ops"))
+    if isinstance(skip_layers, str):
+        if skip_layers != "auto":
+            raise ValueError(f"skip_layers must be 'auto' or a list of layer indices, got {skip_layers!r}")
+        verdicts = [conv2d_verdict(call, dtype, out_dtype, pad_fraction) for call in calls]
+        skipped = [SkippedLayer(i, v.reason) for i, v in enumerate(verdicts) if not v]
+    else:
+        indices = resolve_skip_layers(skip_layers, len(calls))
+        skipped = [SkippedLayer(i, "skipped as requested") for i in sorted(indices)]
+    skip = [layer.index for layer in skipped]
+    config = LayoutConfig(skip_layers=skip, num_layers=len(calls))
+    with config, tvm.transform.PassContext(opt_level=3):
+        converted = relay.transform.ConvertLayout({CONV: [DATA_LAYOUT, "default"]})(mod)
+    already = {i for i, call in enumerate(calls) if str(call.attrs.data_layout) == DATA_LAYOUT}
+    _check_converted(converted, config, len(calls), (set(range(len(calls))) - set(skip)) | already)
+    # ConvertLayout keeps every layer's result type: no type inference needed before recasting.
+    result_dtypes = [str(call.checked_type.dtype) for call in calls]
+    recast_mod = recast_layers(converted, resolve_ops(CONV, "ops"), dtype, out_dtype, frozenset(skip), result_dtypes)
+    return Prepared(relay.transform.InferType()(recast_mod), skipped)
+
+
+def _check_converted(mod: tvm.IRModule, config: LayoutConfig, num_layers: int, expected: set) -> None:
+    """Check that conversion numbered the layers as count_layers does; an internal invariant."""
+    calls = layer_calls(mod, resolve_ops(CONV, "ops"))
+    converted = {i for i, call in enumerate(calls) if str(call.attrs.data_layout) == DATA_LAYOUT}
+    seen = config.layers_seen.get(CONV, 0)
+    if seen != num_layers or len(calls) != num_layers or converted != expected:
+        raise RuntimeError(
+            f"ConvertLayout visited {seen} of {num_layers} conv2d layers and converted {sorted(converted)}; "
+            "the layer numbering of tvm_tcutils and ConvertLayout disagree"
+        )

@@ -1,1 +1,0 @@
-"""TOPI computes and schedules as plain functions (no registration inside)."""
