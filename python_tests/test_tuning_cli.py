@@ -10,14 +10,15 @@ from tvm import autotvm, relay, te
 from conftest import host_dot_target, run_cli, small_conv_net
 from tvm_tcutils.dotprod.isa import for_target
 from tvm_tcutils.dotprod.topi.packing import channel_block
-from tvm_tcutils import tuning
+from tvm_tcutils import measure, tuning
+from tvm_tcutils.dotprod import quantize
 from tvm_tcutils.models import save_model
 
 
 @pytest.fixture(scope="module")
 def int8_conv_model():
     mod = small_conv_net(channels=16, size=8)
-    return tuning.quantize_int8(mod, {}), {}
+    return quantize.quantize_int8(mod, {}), {}
 
 
 def test_tune_resume_and_apply_history_best(int8_conv_model, tmp_path):
@@ -51,18 +52,18 @@ def test_tune_resume_and_apply_history_best(int8_conv_model, tmp_path):
     assert not cfg.is_fallback
     best = min(records, key=lambda r: np.mean(r[1].costs))[0].config
     assert cfg.to_json_dict()["entity"] == best.to_json_dict()["entity"]
-    tuned, _ = tuning.latency_ms(lib, mod, params, repeat=1)
-    untuned, _ = tuning.latency_ms(tuning.build(mod, params, target), mod, params, repeat=1)
+    tuned, _ = measure.latency_ms(lib, mod, params, repeat=1)
+    untuned, _ = measure.latency_ms(measure.build(mod, params, target), mod, params, repeat=1)
     assert tuned > 0 and untuned > 0
 
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="dtype must be one of"):
-        tuning.prepare(None, {}, "int4")
+        quantize.prepare(None, {}, "int4")
     with pytest.raises(ValueError, match="trials"):
         tuning.tune(None, {}, "llvm", 0, "x.log")
     with pytest.raises(FileNotFoundError, match="tuning log"):
-        tuning.build(small_conv_net(), {}, "llvm", "/nonexistent/x.log")
+        measure.build(small_conv_net(), {}, "llvm", "/nonexistent/x.log")
 
 
 def test_tune_and_bench_commands(tmp_path):

@@ -525,7 +525,8 @@ def ort_resnet50(mod, params, tmp: str):
 
 
 def bench_e2e(threads, check: bool, log: str = None):
-    from tvm_tcutils.tuning import build, quantize_int8
+    from tvm_tcutils.dotprod.quantize import quantize_int8
+    from tvm_tcutils.measure import build
     from tvm_tcutils.models import random_inputs
 
     mod, params = load_model("resnet-50")

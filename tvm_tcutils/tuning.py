@@ -1,68 +1,26 @@
-"""Quantize, tune and build models for the int8 dot-product schedules (AutoTVM + XGBTuner).
+"""Resumable AutoTVM tuning of a whole model (XGBTuner), for any of the package's templates.
 
 :func:`tune` extracts the AutoTVM tasks of a model for a target (the package's
 templates register themselves, see :mod:`tvm_tcutils.dotprod.strategy`),
 tunes each with ``XGBTuner`` and appends every measurement to a log file. It
 resumes from that log: trials already recorded for a task count toward
-``trials`` and seed the tuner's cost model. :func:`build` compiles under
-``apply_history_best`` of the log, so ``relay.build`` picks the tuned configs
-up, including for the packed ops the alter-layout hook creates.
+``trials`` and seed the tuner's cost model. :func:`tvm_tcutils.measure.build`
+compiles under ``apply_history_best`` of the log, so ``relay.build`` picks the
+tuned configs up, including for the packed ops the alter-layout hooks create.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
 from typing import Callable, Dict, List, Optional, Tuple
 
-import numpy as np
-
 from ._tvm import tvm
 from tvm import autotvm, relay
-from tvm.contrib import graph_executor
 
-from .models import Params, random_inputs
-
-DTYPES = ("float32", "int8")
+from .measure import Params
 
 logger = logging.getLogger("tvm_tcutils.tuning")
-
-
-def quantize_int8(mod: tvm.IRModule, params: Params) -> tvm.IRModule:
-    """An int8 version of a float model (``relay.quantize``, weights bound as constants).
-
-    Convolutions become int8; relay.quantize may leave some dense layers in fp32 (it does so
-    for ResNet-50's final one).
-
-    Uses a global activation scale and per-tensor max weight scales (TVM 0.19's
-    default power-of-two weight calibration calls ``np.math``, gone in NumPy 2).
-
-    Examples
-    --------
-    >>> from tvm_tcutils.models import load_model
-    >>> qmod = quantize_int8(*load_model("mlp"))  # doctest: +SKIP
-    """
-    with relay.quantize.qconfig(
-        calibrate_mode="global_scale", global_scale=8.0, weight_scale="max", skip_conv_layers=[],
-        skip_dense_layer=False,
-    ):
-        return relay.quantize.quantize(mod, params)
-
-
-def prepare(mod: tvm.IRModule, params: Params, dtype: str) -> Tuple[tvm.IRModule, Params]:
-    """The model to compile for ``dtype`` (``"float32"`` as is, ``"int8"`` quantized).
-
-    Examples
-    --------
-    >>> from tvm_tcutils.models import load_model
-    >>> mod, params = prepare(*load_model("mlp"), "float32")
-    """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if dtype == "int8":
-        return quantize_int8(mod, params), {}
-    return mod, params
 
 
 def extract_tasks(mod: tvm.IRModule, params: Params, target: str) -> List[autotvm.task.Task]:
@@ -145,21 +103,6 @@ def tune(
     return summary
 
 
-def tuning_log_scope(log: Optional[str]):
-    """``autotvm.apply_history_best(log)``, or a scope that changes nothing when ``log`` is empty.
-
-    Examples
-    --------
-    >>> with tuning_log_scope(None):
-    ...     pass
-    """
-    if not log:
-        return contextlib.nullcontext()
-    if not os.path.isfile(log):
-        raise FileNotFoundError(f"tuning log not found: {log}")
-    return autotvm.apply_history_best(log)
-
-
 def tuning_log_digest(log: Optional[str]) -> str:
     """A short digest of a tuning log's content (``""`` without one), for cache keys.
 
@@ -172,28 +115,3 @@ def tuning_log_digest(log: Optional[str]) -> str:
         return ""
     with open(log, "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()[:16]
-
-
-def build(mod: tvm.IRModule, params: Params, target: str, log: Optional[str] = None):
-    """``relay.build`` at opt_level 3, under ``apply_history_best(log)`` when a log is given.
-
-    Examples
-    --------
-    >>> lib = build(qmod, {}, "llvm -mcpu=znver4", "int8.log")  # doctest: +SKIP
-    """
-    with tuning_log_scope(log), tvm.transform.PassContext(opt_level=3):
-        return relay.build(mod, target=target, params=params)
-
-
-def latency_ms(lib, mod: tvm.IRModule, params: Params, repeat: int = 10) -> Tuple[float, np.ndarray]:
-    """Median latency (ms) of a built model on random inputs, and its first output.
-
-    Examples
-    --------
-    >>> ms, out = latency_ms(lib, qmod, {})  # doctest: +SKIP
-    """
-    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    runner.set_input(**random_inputs(mod, params))
-    runner.run()
-    timer = runner.module.time_evaluator("run", tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=0)
-    return float(np.median(timer().results) * 1e3), runner.get_output(0).numpy()

@@ -18,7 +18,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Union
 
 from .._tvm import host_target, tvm
-from ..tuning import tuning_log_scope
+from ..measure import tuning_log_scope
 from tvm import relay
 
 from .candidates import Candidate, enumerate_candidates

@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._tvm import host_target
-    from ..tuning import build, latency_ms, prepare
+    from ..dotprod.quantize import prepare
+    from ..measure import build, latency_ms
 
     if args.repeat < 1:
         raise cli.CommandError(f"--repeat must be at least 1, got {args.repeat}")

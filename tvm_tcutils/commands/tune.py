@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._tvm import host_target
-    from ..tuning import prepare, tune
+    from ..dotprod.quantize import prepare
+    from ..tuning import tune
 
     if args.trials < 1:
         raise cli.CommandError(f"--trials must be at least 1, got {args.trials}")

@@ -10,7 +10,7 @@ the package's kernels. The parts, in the order the compiler meets them:
   (NCHWc data, packed constant kernels) and the strategy rows;
 * :mod:`.topi`: the TE computes and schedules, tensorized with the ISA's
   intrinsic, and the byte-shuffle u8 layout transforms;
-* :mod:`.tuning`: int8 model preparation for ``tvm-tcutils tune`` / ``bench``;
+* :mod:`.quantize`: int8 model preparation for ``tvm-tcutils tune`` / ``bench``;
 * :mod:`.hexagon`: compiles and runs HVX kernels under ``qemu-hexagon``.
 
 Examples
