@@ -139,7 +139,7 @@ def module_timer(mod, target, repeat: int, warmup: int = 3, min_repeat_ms: int =
     from tvm import relay
     from tvm.contrib import graph_executor
 
-    from ...tuning import tuning_log_scope
+    from ...measure import tuning_log_scope
     from ...models import random_inputs
 
     with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
