@@ -45,6 +45,8 @@ from ._tvm import host_target, tvm
 from tvm import autotvm, relay
 from tvm.contrib import graph_executor
 
+from .tuning import checked_records
+
 Params = Dict[str, object]
 
 logger = logging.getLogger("tvm_tcutils.measure")
@@ -207,7 +209,8 @@ def tuning_log_scope(log: Optional[str]):
         return contextlib.nullcontext()
     if not os.path.isfile(log):
         raise FileNotFoundError(f"tuning log not found: {log}")
-    return autotvm.apply_history_best(log)
+    # Damaged lines and out-of-space knobs are left out (with a warning), not fatal.
+    return autotvm.apply_history_best(checked_records(log))
 
 
 def build(mod: tvm.IRModule, params: Optional[Params] = None, target: Optional[str] = None,

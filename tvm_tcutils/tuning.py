@@ -11,6 +11,7 @@ tuned configs up, including for the packed ops the alter-layout hooks create.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from typing import Callable, Dict, List, Optional, Tuple
@@ -18,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ._tvm import tvm
 from tvm import autotvm, relay
 
-from .measure import Params
+from .models import Params
 
 logger = logging.getLogger("tvm_tcutils.tuning")
 
@@ -28,9 +29,127 @@ def extract_tasks(mod: tvm.IRModule, params: Params, target: str) -> List[autotv
 
     Examples
     --------
-    >>> tasks = extract_tasks(qmod, {}, "llvm -mcpu=znver4")  # doctest: +SKIP
+    >>> from tvm_tcutils.models import load_model
+    >>> from tvm_tcutils.dotprod.quantize import quantize_int8
+    >>> qmod = quantize_int8(*load_model("mlp"))
+    >>> [task.name for task in extract_tasks(qmod, {}, "llvm -mcpu=znver4")]
+    ['tcutils.dense_dot', 'tcutils.dense_dot', 'tcutils.dense_dot']
     """
     return autotvm.task.extract_from_program(mod["main"], target=target, params=params)
+
+
+Record = Tuple[autotvm.measure.MeasureInput, autotvm.measure.MeasureResult]
+
+#: What a damaged AutoTVM log line raises while it is decoded (cut JSON, wrong
+#: field types, an unknown knob kind (RuntimeError), a target string TVM rejects).
+_DECODE_ERRORS = (ValueError, KeyError, TypeError, IndexError, AttributeError, RuntimeError)
+
+
+def read_log(path: str) -> List[Record]:
+    """The records of an AutoTVM log, skipping lines that cannot be read, with one warning.
+
+    A tuning session killed while writing leaves a cut last line; a disk error
+    or an editor can leave worse. AutoTVM's own reader stops at the first such
+    line; this one keeps every readable record and names the file and lines it
+    skipped, so tuning resumes and builds use what was measured.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "cut.log")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write('{"input": ["llvm", "x"')   # a line cut by a kill
+    >>> read_log(path)
+    []
+    """
+    records, bad = [], []
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                bad.append(number)
+                continue
+            if not line.strip() or line.startswith("#"):
+                continue
+            try:
+                record = autotvm.record.decode(line)
+            except _DECODE_ERRORS:
+                bad.append(number)
+                continue
+            if record is not None:
+                records.append(record)
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        logger.warning("%s: skipped %d unreadable line(s) (line %s); the other %d records are used",
+                       path, len(bad), shown, len(records))
+    return records
+
+
+def _space_of(record: Record):
+    """The config space of a record's task, or None when its template is not registered here."""
+    inp = record[0]
+    try:
+        return autotvm.task.create(inp.task.name, inp.task.args, inp.target).config_space
+    except (KeyError, ValueError, TypeError, IndexError, tvm.TVMError) as err:
+        logger.debug("no config space for %s: %s", inp.task.name, err)
+        return None
+
+
+def _fits_space(config, space) -> bool:
+    """Whether a recorded config is one of its space's points (same index, same knob values)."""
+    if not 0 <= config.index < len(space):
+        return False
+    expected = space.get(config.index).to_json_dict()["entity"]
+    return json.dumps(config.to_json_dict()["entity"]) == json.dumps(expected)
+
+
+def checked_records(path: str) -> List[Record]:
+    """The readable records of a log whose knob values belong to their task's config space.
+
+    A record with knob values outside the space (a log from another version of
+    a template, or edited by hand) can make a build run for ever; it is left
+    out with a warning naming the file. Records of templates not registered in
+    this process are kept as they are (nothing to check them against).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "empty.log")
+    >>> open(path, "w").close()
+    >>> checked_records(path)
+    []
+    """
+    spaces: Dict[Tuple, object] = {}
+    kept, dropped = [], 0
+    for record in read_log(path):
+        inp = record[0]
+        key = (inp.task.name, inp.task.args, str(inp.target))
+        if key not in spaces:
+            spaces[key] = _space_of(record)
+        space = spaces[key]
+        if space is not None and not _fits_space(inp.config, space):
+            dropped += 1
+            continue
+        kept.append(record)
+    if dropped:
+        logger.warning("%s: left out %d record(s) whose knob values are not in their task's config space",
+                       path, dropped)
+    return kept
+
+
+def _close_last_line(log: str) -> None:
+    """End a log cut in the middle of a line with a newline, so the next record starts a line of its own."""
+    try:
+        with open(log, "rb+") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() == 0:
+                return
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                handle.write(b"\n")
+    except FileNotFoundError:
+        return
 
 
 def _recorded(log: str) -> Dict[Tuple, List]:
@@ -38,7 +157,7 @@ def _recorded(log: str) -> Dict[Tuple, List]:
     done: Dict[Tuple, List] = {}
     if not os.path.exists(log):
         return done
-    for inp, res in autotvm.record.load_from_file(log):
+    for inp, res in checked_records(log):
         done.setdefault((str(inp.target), inp.task.workload), []).append((inp, res))
     return done
 
@@ -73,12 +192,21 @@ def tune(
 
     Examples
     --------
-    >>> tune(qmod, {}, "llvm -mcpu=znver4", 16, "int8.log")  # doctest: +SKIP
+    Skipped by the doctest run: it measures on this CPU for about 20 s even
+    with 2 trials per task (``python_tests/test_tuning_cli.py`` runs it).
+
+    >>> from tvm_tcutils import host_target
+    >>> from tvm_tcutils.models import load_model
+    >>> from tvm_tcutils.dotprod.quantize import quantize_int8
+    >>> qmod = quantize_int8(*load_model("mlp"))
+    >>> tune(qmod, {}, host_target(), 2, "int8.log")  # doctest: +SKIP
+    [('tcutils.dense_dot', 2), ('tcutils.dense_dot', 2), ('tcutils.dense_dot', 2)]
     """
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
     tasks = extract_tasks(mod, params, target)
     done = _recorded(log)
+    _close_last_line(log)
     measure = autotvm.measure_option(
         builder=autotvm.LocalBuilder(),
         runner=autotvm.LocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20),
@@ -94,7 +222,11 @@ def tune(
             continue
         tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
         if history:
-            tuner.load_history(history, min_seed_records=1)
+            try:
+                tuner.load_history(history, min_seed_records=1)
+            except ValueError as err:  # xgboost's XGBoostError: feature widths of a few seed records differ
+                logger.warning("%s: the log's %d trials of %s could not seed the tuner's model (%s); they still "
+                               "count toward trials", log, len(history), task.name, str(err).splitlines()[0][:160])
         callbacks = [autotvm.callback.log_to_file(log)]
         if progress:
             callbacks.insert(0, autotvm.callback.progress_bar(todo, prefix=f"[{index + 1}/{len(tasks)}] {task.name}"))
