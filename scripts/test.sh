@@ -1,6 +1,23 @@
 #!/usr/bin/env bash
-# Run the test suite (creates and fills .venv on first use). Extra arguments go to pytest.
+# Run the linter and the test suite (creates and fills .venv on first use). Extra arguments go to pytest.
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 bash "$ROOT/scripts/install_hexagon_tools.sh"
-exec "$VENV/bin/python" -m pytest python_tests "$@"
+# Which interpreter and which TVM this run used: a CI log is read long after the machine is gone.
+"$VENV/bin/python" - <<'PY'
+import os, sys
+print(f"python {sys.version.split()[0]} at {sys.executable}")
+try:
+    import tvm
+    print(f"tvm {tvm.__version__} at {os.path.dirname(tvm.__file__)}")
+except ImportError as err:
+    print(f"tvm: not importable ({err})")
+PY
+# Lint first, but run the tests either way: both results in one run; the status is the worse one.
+lint=0
+"$VENV/bin/python" -m ruff check --output-format concise tvm_tcutils python_tests scripts || lint=$?
+tests=0
+"$VENV/bin/python" -m pytest python_tests "$@" || tests=$?
+if [ "$tests" -ne 0 ]; then exit "$tests"; fi
+if [ "$lint" -ne 0 ]; then echo "ruff check failed (see above)" >&2; fi
+exit "$lint"

@@ -6,8 +6,9 @@ and installs the package's hooks into TVM's registries once (see
 """
 from __future__ import annotations
 
-from ._tvm import TESTED_TVM_VERSIONS, capabilities, host_target  # noqa: F401  (checks TVM first)
+from ._tvm import TESTED_TVM_VERSIONS, host_target  # noqa: F401  (checks TVM first)
 from . import _moved
+from .installation import capabilities  # noqa: F401
 from .models import ModelError, load_model, save_model  # noqa: F401
 from .tensorcore import LayoutConfig, count_layers, layer_table, prepare_for_tensorcore, recast  # noqa: F401
 from .registry import register, registered, unregister  # noqa: F401

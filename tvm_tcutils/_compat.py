@@ -39,7 +39,7 @@ def ensure_onnx_mapping():
     for tensor_type in onnx.TensorProto.DataType.values():
         try:
             np_type = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type))
-        except Exception:  # UNDEFINED and types numpy cannot represent
+        except (KeyError, TypeError):  # UNDEFINED (KeyError) and types numpy cannot represent
             continue
         tensor_to_np[tensor_type] = np_type
     np_to_tensor = {}

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from typing import List, Optional
+
+# Re-exported: the subcommands share them through commands._common (importing this module back
+# would be a cycle); callers that know them as cli.* keep working.
+from .commands._common import CommandError, add_model_argument, load_model_arg  # noqa: F401
 
 #: Subcommand name -> module under ``tvm_tcutils.commands``.
 COMMANDS = {
@@ -26,44 +29,6 @@ COMMANDS = {
 
 #: Exit status for errors in the user's input.
 USAGE_ERROR = 2
-
-
-class CommandError(Exception):
-    """An error to report to the user as one line."""
-
-
-def add_model_argument(parser: argparse.ArgumentParser, default: Optional[str] = None) -> None:
-    """Add the shared ``MODEL`` argument and its options to a subcommand parser.
-
-    Examples
-    --------
-    >>> p = argparse.ArgumentParser(); add_model_argument(p)
-    >>> p.parse_args(["resnet-18"]).model
-    'resnet-18'
-    """
-    nargs = "?" if default else None
-    parser.add_argument(
-        "model", nargs=nargs, default=default,
-        help="built-in model name (see 'tvm-tcutils info --models'), or an .onnx / .json / .relay file",
-    )
-    parser.add_argument("--batch-size", type=int, default=1, help="batch size of built-in models")
-    parser.add_argument(
-        "--weights", choices=["he", "zoo"], default="he",
-        help="built-in models: realistic He-style weights (default) or relay.testing's own",
-    )
-
-
-def load_model_arg(args: argparse.Namespace):
-    """Load the model named by the shared arguments (see :func:`add_model_argument`).
-
-    Examples
-    --------
-    >>> p = argparse.ArgumentParser(); add_model_argument(p)
-    >>> mod, params = load_model_arg(p.parse_args(["mlp"]))
-    """
-    from .models import load_model
-
-    return load_model(args.model, batch_size=args.batch_size, weights=args.weights)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,7 +52,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     Examples
     --------
-    >>> main(["info"])  # doctest: +SKIP
+    >>> main(["info"])  # doctest: +ELLIPSIS
+    tvm-tcutils ...
+    TVM 0.19...
+    registered hooks (...):
+    ...
     0
     """
     try:

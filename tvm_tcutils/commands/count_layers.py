@@ -9,7 +9,7 @@ HELP = "print one row per layer of the given ops: shapes, types, layouts, HWNC t
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tvm_tcutils.cli import add_model_argument
+    from tvm_tcutils.commands._common import add_model_argument
 
     add_model_argument(parser)
     parser.add_argument("--ops", nargs="+", default=["nn.conv2d"], help="op names whose calls are layers")
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tvm_tcutils.cli import load_model_arg
+    from tvm_tcutils.commands._common import load_model_arg
     from tvm_tcutils.tensorcore.layer_table import HEADER, layer_table
 
     mod, _ = load_model_arg(args)

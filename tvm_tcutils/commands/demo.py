@@ -7,13 +7,13 @@ HELP = "run every capability on a built-in model and print a short report"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tvm_tcutils.cli import add_model_argument
+    from tvm_tcutils.commands._common import add_model_argument
 
     add_model_argument(parser, default="resnet-18")
 
 
 def run(args: argparse.Namespace) -> int:
-    from tvm_tcutils.cli import load_model_arg
+    from tvm_tcutils.commands._common import load_model_arg
     from tvm_tcutils.demo import run_demo
 
     mod, params = load_model_arg(args)

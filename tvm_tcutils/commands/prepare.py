@@ -19,7 +19,7 @@ def _skip_list(text: str):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tvm_tcutils.cli import add_model_argument
+    from tvm_tcutils.commands._common import add_model_argument
 
     add_model_argument(parser)
     parser.add_argument("--dtype", choices=sorted(WMMA_SHAPES), default="int4", help="layer input type (default int4)")
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tvm_tcutils.cli import CommandError, load_model_arg
+    from tvm_tcutils.commands._common import CommandError, load_model_arg
     from tvm_tcutils.models import save_model
     from tvm_tcutils.tensorcore import prepare_for_tensorcore
 
