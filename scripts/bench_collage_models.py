@@ -24,65 +24,45 @@ result, and the measured-search columns show "-".
 The measured estimator's cache (``--cache-dir``) makes re-runs cheap (its
 "measured" count says how many candidates were cache misses); the learned
 estimator uses a fresh cache of its own per run so that its measurement count
-and search time are those of a cold search.
+and search time are those of a cold search. Whole models are timed by
+``tvm_tcutils.measure`` (``tvm_tcutils.bench.competitors``); the rows also go
+to JSON (``--json``), each variant's timing and its ratio to TVM alone with an
+interval.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 
 import tvm_tcutils  # noqa: E402
 from tvm_tcutils import collage  # noqa: E402
-from tvm_tcutils.collage.cost.learned import XGBoostCostEstimator  # noqa: E402
-from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator, module_timer  # noqa: E402
+from tvm_tcutils.bench.competitors import compare, ratios, relay_module, timed_once  # noqa: E402
+from tvm_tcutils.bench.models import load  # noqa: E402
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.bench.table import aligned  # noqa: E402
 from tvm_tcutils.collage.driver import greedy_partition  # noqa: E402
 from tvm_tcutils.models import save_model  # noqa: E402
 
 
-def load(name: str):
-    if name == "encoder":
-        from bench_collage_search import encoder
-
-        return encoder(4, hidden=256, heads=4, seq=128), {}
-    return tvm_tcutils.load_model(name)
-
-
 def runner(mod, repeat: int, tuning_log=None):
-    """Build ``mod`` once (``host_target()``: the host CPU's vector ISA) and return a timer of one whole run (ms)."""
-    return module_timer(mod, tvm_tcutils.host_target(), repeat, warmup=3, min_repeat_ms=50, tuning_log=tuning_log)
-
-
-def interleaved_ms(timers, rounds: int):
-    """Median over ``rounds`` of each variant's latency, the variants timed in turn each round.
-
-    The machine's load drifts; timing the variants round-robin keeps the ratios fair.
-    """
-    times = [[] for _ in timers]
-    for _ in range(rounds):
-        for k, timer in enumerate(timers):
-            times[k].append(timer())
-    return [float(np.median(t)) for t in times]
+    """A timer of one whole run (ms) of ``mod``, built once for this CPU (``host_target()``)."""
+    return relay_module(mod, None, tvm_tcutils.host_target(), repeat=repeat, warmup=3, min_repeat_ms=50,
+                        tuning_log=tuning_log)
 
 
 def search(prepared, toolchains, estimator, inner):
     """Collage on ``prepared`` with ``estimator``; (result, seconds, "measured/candidates")."""
-    start = time.perf_counter()
     try:
         # The library defaults: validation also times each single toolchain's answer.
-        result = collage.partition(prepared, None, toolchains, estimator)
+        result, seconds = timed_once(lambda: collage.partition(prepared, None, toolchains, estimator))
     finally:
         inner.close()
-    seconds = time.perf_counter() - start
     if estimator is not inner:  # the learned estimator: how its search/measure rounds ended
         print(f"  learned: {estimator.stats['rounds']} rounds, stopped by {estimator.stats['stop']}", flush=True)
     return result, seconds, f"{inner.stats['measured'] + inner.stats['failed']}/{result.candidates}"
@@ -90,7 +70,8 @@ def search(prepared, toolchains, estimator, inner):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="bert-tiny-onnx,squeezenet1.0,mobilenet,mobilenet-v2-onnx,resnet-50,resnet-50-onnx,inception_v3")
+    parser.add_argument("--models", default="bert-tiny-onnx,squeezenet1.0,mobilenet,mobilenet-v2-onnx,"
+                                             "resnet-50,resnet-50-onnx,inception_v3")
     parser.add_argument("--toolchains", default="tvm,ort,blas")
     parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "tcutils-collage-bench"))
     parser.add_argument("--repeat", type=int, default=20, help="timed runs of each whole model per round (median)")
@@ -101,6 +82,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tuning-log", default=None,
                         help="AutoTVM log applied to every TVM build (costs and whole models), "
                              "e.g. from 'tvm-tcutils tune MODEL --dtype float32'")
+    add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     os.makedirs(args.cache_dir, exist_ok=True)  # the learned runs make their caches inside it
     toolchains = collage.resolve(args.toolchains)
@@ -113,31 +95,40 @@ def main(argv=None) -> int:
     if not args.no_learned:
         header += ["learned ms", "vs coll.", "learned: search s", "measured "]
     header += ["load avg"]
+    results = Results(__file__, argv, toolchains=args.toolchains, repeat=args.repeat, rounds=args.rounds,
+                      tuning_log=args.tuning_log, load_at_start=list(os.getloadavg()))
     rows = []
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     for name in args.models.split(","):
         mod, params = load(name)
         prepared = collage.prepare(mod, params)
+        labels = ["tvm alone"] + [f"{tc.name} greedy" for tc in others]
         variants = [tvm_tc.rewrite(prepared)] + [greedy_partition(prepared, None, tc, tvm_tc) for tc in others]
         row_search = ["-", "-"]
         if name not in learned_only:
-            measured = MeasuredCostEstimator(cache_dir=args.cache_dir, progress=True, tuning_log=args.tuning_log)
+            measured = collage.MeasuredCostEstimator(cache_dir=args.cache_dir, progress=True,
+                                                     tuning_log=args.tuning_log)
             result, t_measured, count = search(prepared, toolchains, measured, measured)
             row_search = [f"{t_measured:.0f}", count]
         lresult = None
         if not args.no_learned or name in learned_only:
-            inner = MeasuredCostEstimator(cache_dir=tempfile.mkdtemp(prefix=f"learned-{name}-", dir=args.cache_dir),
-                                          progress=True, tuning_log=args.tuning_log)
-            lresult, t_learned, lcount = search(prepared, toolchains, XGBoostCostEstimator(inner), inner)
+            inner = collage.MeasuredCostEstimator(
+                cache_dir=tempfile.mkdtemp(prefix=f"learned-{name}-", dir=args.cache_dir), progress=True,
+                tuning_log=args.tuning_log)
+            lresult, t_learned, lcount = search(prepared, toolchains, collage.XGBoostCostEstimator(inner), inner)
             if name in learned_only:
                 result = lresult
         # Saved and loaded again, the partitioned module must build to the same latency, no search.
         saved = os.path.join(args.cache_dir, f"{name}-collage.json")
         save_model(saved, result.mod)
+        labels += ["collage", "loaded"]
         variants += [result.mod, tvm_tcutils.load_model(saved)[0]]
         if lresult is not None and name not in learned_only:
+            labels.append("learned")
             variants.append(lresult.mod)
-        times = interleaved_ms([runner(v, args.repeat, args.tuning_log) for v in variants], args.rounds)
+        timed = compare({label: runner(v, args.repeat, args.tuning_log) for label, v in zip(labels, variants)},
+                        args.rounds)
+        times = [timed[label].median_ms for label in labels]
         tvm_ms, greedy = times[0], times[1:1 + len(others)]
         collage_ms, loaded_ms = times[1 + len(others)], times[2 + len(others)]
         best_single = min([tvm_ms, *greedy])
@@ -151,8 +142,10 @@ def main(argv=None) -> int:
         row.append(f"{os.getloadavg()[0]:.2f}")
         rows.append(row)
         print("  ".join(row), flush=True)
-        same = [label for label, v in zip(["tvm alone"] + [f"{tc.name} greedy" for tc in others], variants)
-                if tvm.ir.structural_equal(v, result.mod)]
+        results.add(model=name, timings=timed, over_tvm=ratios(timed, "tvm alone"), vs_best=collage_ms / best_single,
+                    table_row=dict(zip(header, row)), partitions=_count(result.partitions),
+                    phases_s=dict(result.seconds))
+        same = [label for label, v in zip(labels[:1 + len(others)], variants) if tvm.ir.structural_equal(v, result.mod)]
         if same:  # then the columns time one partitioning twice: their gap is this machine's noise
             print(f"  {name}: Collage's partitioning is the same module as {same[0]}'s")
         print(f"  {name}: {len(result.partitions)} partitions "
@@ -161,15 +154,13 @@ def main(argv=None) -> int:
               f"side by side: {[(label, round(ms, 2)) for label, _, ms in result.side_by_side]}; "
               f"phases (s): {', '.join(f'{k} {v:.0f}' for k, v in result.seconds.items())}",
               flush=True)
-    widths = [max(len(h), *(len(r[k]) for r in rows if k < len(r))) for k, h in enumerate(header)]
     print()
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
-    for row in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+    print(aligned(header, rows))
     print("vs best: Collage / best single toolchain (TVM alone or a greedy BYOC partitioning); "
           "loaded: Collage's module saved and loaded (no search); "
           "vs coll.: learned / measured Collage; measured: candidates measured (cache misses) / candidates; "
           "whole models built once, timed round-robin, median of rounds; load avg: 1-minute, after the row")
+    results.write(args.json)
     return 0
 
 

@@ -16,8 +16,8 @@ side by side in this process:
 * ``ort-direct``: the same ONNX model run by onnxruntime from Python with an
   IOBinding, to show what the packed-function hop costs.
 
-Variants are timed round-robin (5 runs each per round after a warm-up and a
-20 ms pause, median over rounds)
+Variants are timed round-robin (the median of 5 runs each per round after a
+warm-up and a 20 ms pause, median over rounds; ``tvm_tcutils.measure``)
 so that changes in machine load hit all of them alike. Ratios are
 toolchain / tvm (below 1 = faster than TVM).
 
@@ -25,6 +25,8 @@ With ``--models``, whole models instead: TVM alone, the greedy BYOC
 partition to ``tcutils_ort`` (every convertible region), and onnxruntime on
 the original ONNX graph for the ONNX-built models (outputs are checked
 against TVM alone).
+
+The harness is ``tvm_tcutils.bench.toolchains``; results also go to JSON (``--json``).
 
 Usage::
 
@@ -36,146 +38,31 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tvm  # noqa: E402
-from tvm import relay  # noqa: E402
-from tvm.contrib import graph_executor  # noqa: E402
 
 import tvm_tcutils  # noqa: E402,F401  (registers the toolchains)
-from tvm_tcutils import models  # noqa: E402
-from tvm_tcutils.collage.toolchains import TVM_FASTMATH, blas, ort, relay_to_onnx  # noqa: E402
+from tvm_tcutils.bench import toolchains as bench  # noqa: E402
+from tvm_tcutils.bench.competitors import compare, ratios  # noqa: E402
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.collage.toolchains import blas, ort  # noqa: E402
 
-RNG = np.random.default_rng(0)
-SEQ, HIDDEN, HEADS = 128, 256, 4
-
-
-def _weight(*shape):
-    return relay.const((RNG.standard_normal(shape) * np.sqrt(2.0 / shape[-1])).astype("float32"))
+KINDS = bench.Kinds.NAMES
 
 
-def _dense(units, k):
-    x = relay.var("x", shape=(SEQ, k))
-    return [x], relay.nn.bias_add(relay.nn.dense(x, _weight(units, k)), _weight(units))
-
-
-def _batch_matmul():
-    q = relay.var("q", shape=(HEADS, SEQ, HIDDEN // HEADS))
-    k = relay.var("k", shape=(HEADS, SEQ, HIDDEN // HEADS))
-    return [q, k], relay.nn.batch_matmul(q, k)
-
-
-def _softmax():
-    x = relay.var("x", shape=(1, HEADS, SEQ, SEQ))
-    return [x], relay.nn.softmax(x)
-
-
-def _gelu():
-    x = relay.var("x", shape=(SEQ, 4 * HIDDEN))
-    erf = relay.erf(relay.divide(x, relay.const(np.sqrt(2.0), "float32")))
-    return [x], relay.multiply(relay.multiply(x, relay.add(erf, relay.const(1.0))), relay.const(0.5))
-
-
-def _layer_norm():
-    # As TVM's ONNX importer writes LayerNormalization: mean, variance, sqrt, divide.
-    x = relay.var("x", shape=(SEQ, HIDDEN))
-    mean = relay.mean(x, axis=-1, keepdims=True)
-    var = relay.variance(x, axis=-1, keepdims=True, with_mean=mean)
-    norm = relay.divide(relay.subtract(x, mean), relay.sqrt(relay.add(var, relay.const(1e-12))))
-    return [x], relay.add(relay.multiply(norm, _weight(HIDDEN)), _weight(HIDDEN))
-
-
-def _conv():
-    x = relay.var("x", shape=(1, 64, 56, 56))
-    y = relay.nn.conv2d(x, _weight(64, 64, 3, 3), padding=(1, 1), channels=64, kernel_size=(3, 3))
-    return [x], relay.nn.relu(relay.nn.bias_add(y, _weight(64)))
-
-
-KINDS = {
-    "dense": lambda: _dense(4 * HIDDEN, HIDDEN),
-    "dense_out": lambda: _dense(HIDDEN, 4 * HIDDEN),
-    "batch_matmul": _batch_matmul,
-    "softmax": _softmax,
-    "gelu_erf": _gelu,
-    "layernorm": _layer_norm,
-    "conv": _conv,
-}
-HAS_BLAS = {"dense", "dense_out", "batch_matmul"}
-
-
-def _graph_timer(mod, inputs, params=None):
-    """Build ``mod``; return (a function timing 5 runs in ms, the output)."""
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target=tvm_tcutils.host_target(), params=params)
-    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    runner.set_input(**inputs)
-    runner.run()
-    timer = runner.module.time_evaluator("run", tvm.cpu(), number=5, repeat=1)
-    return lambda: float(timer().mean * 1e3), runner.get_output(0).numpy()
-
-
-def _ort_direct_timer(func, inputs, model=None):
-    """onnxruntime on the same ONNX model (or ``model``) from Python, with an IOBinding."""
-    import onnxruntime
-
-    if model is None:
-        model = relay_to_onnx.to_onnx(relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"])
-    options = onnxruntime.SessionOptions()
-    # As the toolchain's sessions: idle threads sleep instead of spinning into the next variant's time.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    binding = session.io_binding()
-    for arg, value in zip(session.get_inputs(), inputs.values()):
-        binding.bind_cpu_input(arg.name, value)
-    binding.bind_output(session.get_outputs()[0].name, "cpu")
-    session.run_with_iobinding(binding)
-
-    def timer():
-        start = time.perf_counter()
-        for _ in range(5):
-            session.run_with_iobinding(binding)
-        return (time.perf_counter() - start) / 5 * 1e3
-
-    return timer
-
-
-def _interleaved_medians(timers, repeat):
-    """Median ms of each timer, timed round-robin so that load changes hit all alike.
-
-    A short pause before each sample lets the previous variant's worker
-    threads (TVM's pool, OpenBLAS) stop spinning, so no variant pays for another.
-    """
-    samples = {name: [] for name in timers}
-    for _ in range(repeat):
-        for name, timer in timers.items():
-            time.sleep(0.02)
-            timer()  # warm: wake this variant's threads
-            samples[name].append(timer())
-    return {name: float(np.median(values)) for name, values in samples.items()}
-
-
-def _bench_models(names, repeat) -> None:
+def _bench_models(names, repeat, results) -> None:
     print(f"{'model':<20}{'tvm ms':>9}{'ort-byoc':>10}{'onnx-ort':>10}{'byoc/tvm':>10}{'onnx/tvm':>10}  partitions")
     for name in names:
-        mod, params = models.load_model(name)
-        inputs = models.random_inputs(mod, params)
-        timers = {}
-        timers["tvm"], expected = _graph_timer(mod, inputs, params)
-        parted = ort.partition_for(mod, params)
-        count = sum(1 for _, f in parted.functions.items() if f.attrs is not None and "Compiler" in f.attrs)
-        timers["byoc"], got = _graph_timer(parted, inputs)
-        np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)
-        if name in models.ONNX_BUILDERS:
-            timers["onnx"] = _ort_direct_timer(None, inputs, models.onnx_model(name))
-        ms = _interleaved_medians(timers, repeat)
+        timers, count = bench.model_timers(name)
+        timed = compare(timers, repeat)
+        ms = {k: t.median_ms for k, t in timed.items()}
         onnx_ms = ms.get("onnx")
         onnx_cells = (f"{onnx_ms:>10.2f}{onnx_ms / ms['tvm']:>10.2f}" if onnx_ms else f"{'-':>10}" * 2)
         print(f"{name:<20}{ms['tvm']:>9.2f}{ms['byoc']:>10.2f}{onnx_cells[:10]}{ms['byoc'] / ms['tvm']:>10.2f}"
               f"{onnx_cells[10:]}  {count}", flush=True)
+        results.add(model=name, timings=timed, over_tvm=ratios(timed, "tvm"), partitions=count)
 
 
 def main(argv=None) -> int:
@@ -183,10 +70,15 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=30, help="rounds; each times 5 runs of every variant")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {list(KINDS)}")
     parser.add_argument("--models", default="", help="comma-separated model names: benchmark whole models instead")
+    add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
+    results = Results(__file__, argv, rounds=args.repeat,
+                      tvm_num_threads=os.environ.get("TVM_NUM_THREADS", "unset"))
     if args.models:
-        print(f"tvm {tvm.__version__}, {ort.available()[1]}, TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}")
-        _bench_models([m for m in args.models.split(",") if m], args.repeat)
+        threads = os.environ.get('TVM_NUM_THREADS', 'unset')
+        print(f"tvm {tvm.__version__}, {ort.available()[1]}, TVM_NUM_THREADS={threads}")
+        _bench_models([m for m in args.models.split(",") if m], args.repeat, results)
+        results.write(args.json)
         return 0
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
@@ -199,28 +91,12 @@ def main(argv=None) -> int:
               f"{'ort/tvm':>9}{'blas/tvm':>9}")
     print(header)
     print("-" * len(header))
+    builder = bench.Kinds()
     for kind in kinds:
-        params, body = KINDS[kind]()
-        func = relay.Function(params, body)
-        mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
-        inputs = {p.name_hint: RNG.standard_normal([int(d) for d in p.type_annotation.shape]).astype("float32")
-                  for p in params}
-        timers = {}
-        timers["tvm"], expected = _graph_timer(mod, inputs)
-        timers["fastmath"], got = _graph_timer(TVM_FASTMATH.rewrite(mod), inputs)
-        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
-        variants = []
-        if ok:
-            variants.append(("ort", ort.partition_for(mod)))
-        if kind in HAS_BLAS:
-            variants.append(("blas", blas.partition_for(mod)))
-        for name, parted in variants:
-            timers[name], got = _graph_timer(parted, inputs)
-            np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
-        if ok:
-            timers["direct"] = _ort_direct_timer(func, inputs)
+        timed = compare(bench.kind_timers(kind, builder, ok), args.repeat)
+        results.add(kind=kind, timings=timed, over_tvm=ratios(timed, "tvm"))
         cells = {"ort": None, "blas": None, "direct": None}
-        cells.update(_interleaved_medians(timers, args.repeat))
+        cells.update({name: t.median_ms for name, t in timed.items()})
         tvm_ms = cells["tvm"]
 
         def fmt(value, width, ratio=False):
@@ -231,6 +107,7 @@ def main(argv=None) -> int:
         print(f"{kind:<13}{tvm_ms:>9.3f}{fmt(cells['fastmath'], 9)}{fmt(cells['ort'], 9)}{fmt(cells['blas'], 9)}"
               f"{fmt(cells['direct'], 11)}"
               f"{fmt(cells['ort'], 9, True)}{fmt(cells['blas'], 9, True)}", flush=True)
+    results.write(args.json)
     return 0
 
 

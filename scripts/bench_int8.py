@@ -31,6 +31,9 @@ subprocess that does not import the package.
 ``--transforms-only`` times the u8 ``layout_transform`` ops around those convs (``NCHW`` <->
 ``NCHW{b}c``) with TVM's x86 injective schedule and with the package's byte-shuffle schedule.
 
+The contenders live in ``tvm_tcutils.bench.int8``; every timing goes through
+``tvm_tcutils.measure``; the per-layer rows are also written as JSON (``--json``).
+
 Usage::
 
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
@@ -40,584 +43,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
-import tvm  # noqa: E402
-from tvm import autotvm, relay, te, tir  # noqa: E402
-from tvm.contrib import graph_executor  # noqa: E402
-
+from tvm_tcutils.bench import int8  # noqa: E402
+from tvm_tcutils.bench.int8 import (  # noqa: E402
+    avx2_peak_gops, bench_conv, bench_dense, bench_e2e, bench_transforms, peak_gops, report, resnet50_layers,
+    set_threads,
+)
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod.isa import for_target  # noqa: E402
-from tvm_tcutils.models import load_model  # noqa: E402
-from tvm_tcutils.dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_PACK_TASK  # noqa: E402
-from tvm_tcutils.dotprod.topi import packing  # noqa: E402
-
-TARGET = tvm_tcutils.host_target()  # code for another CPU may not run here (SIGILL); see --target
-RNG = np.random.default_rng(0)
-
-
-# --------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------
-_ALL_CPUS = os.sched_getaffinity(0)
-
-
-def set_threads(n: int) -> None:
-    """TVM's pool to ``n`` threads, its workers pinned as TVM pins them, the main thread free.
-
-    ``runtime.config_threadpool`` cannot grow the pool beyond ``TVM_NUM_THREADS`` (which
-    :func:`main` sets) and may pin the calling thread to one core; threads created later (
-    onnxruntime's intra-op pool) inherit that mask, and ran their 2 threads on one core. So the
-    main thread gets every CPU back; TVM's workers stay pinned: unpinned, the scheduler at times
-    left a worker on the main thread's core for seconds, halving TVM's 2-thread speed.
-    """
-    tvm.get_global_func("runtime.config_threadpool")(1, n)
-    os.sched_setaffinity(0, _ALL_CPUS)
-
-
-def timeit(func, *args, min_ms: int = 200, repeat: int = 5) -> float:
-    """Median seconds per call of a TVM function."""
-    evaluator = func.time_evaluator(func.entry_name, tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=min_ms)
-    return float(np.median(evaluator(*args).results))
-
-
-def time_ort(sess, feeds, min_s: float = 0.1, repeat: int = 3) -> float:
-    sess.run(None, feeds)
-    times = []
-    for _ in range(repeat):
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < min_s:
-            sess.run(None, feeds)
-            count += 1
-        times.append((time.perf_counter() - start) / count)
-    return float(np.median(times))
-
-
-def time_graph(lib, inputs, repeat: int = 5) -> float:
-    return graph_timer(lib, inputs, repeat, min_ms=200)()
-
-
-def graph_timer(lib, inputs, repeat: int = 3, min_ms: int = 100):
-    """A function returning the median seconds of one run of a built Relay graph."""
-    run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    run.set_input(**inputs)
-    run.run()
-    evaluator = run.module.time_evaluator("run", tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=min_ms)
-    return lambda: float(np.median(evaluator().results))
-
-
-def side_by_side(timers, rounds: int) -> dict:
-    """Median seconds of each ``{name: timer}`` over ``rounds`` rounds taken in turns.
-
-    On a shared 2-vCPU VM the speed of one core drifts by up to 2x over seconds; timed in turns,
-    every contender sees the same drift. A timer may return ``{name: seconds}`` for several
-    contenders at once; one that is None (a contender that failed to build) gives nan.
-    """
-    times: dict = {}
-    for _ in range(max(rounds, 1)):
-        for name, timer in timers.items():
-            if timer is None:
-                times.setdefault(name, [])
-            else:
-                result = timer()
-                for key, seconds in (result.items() if isinstance(result, dict) else [(name, result)]):
-                    times.setdefault(key, []).append(seconds)
-    return {name: float(np.median(t)) if t else float("nan") for name, t in times.items()}
-
-
-def nd(array):
-    return tvm.nd.array(array, tvm.cpu())
-
-
-# --------------------------------------------------------------------------
-# Peak
-# --------------------------------------------------------------------------
-def peak_gops(tasks: int, chains: int = 16, iters: int = 100_000) -> float:
-    """GOPS of ``chains`` independent dot-product accumulator chains per thread, all in registers.
-
-    ``C[t, r, :] = sum_i dot4(A, B)``: every step is one instruction on loop-invariant operands,
-    through the package's own tensor intrinsic (so this is the instruction the kernels use).
-    """
-    from tvm_tcutils.dotprod.topi.intrinsics import dot_product_intrin
-
-    isa = for_target(TARGET)
-    lanes = isa.lanes
-    a = te.placeholder((4,), "uint8", name="A")
-    b = te.placeholder((lanes, 4), "int8", name="B")
-    i, k = te.reduce_axis((0, iters), "i"), te.reduce_axis((0, 4), "k")
-    c = te.compute((tasks, chains, lanes), lambda t, r, l: te.sum(
-        a[k].astype("int32") * b[l, k].astype("int32"), axis=[i, k]), name="C")
-    s = te.create_schedule(c.op)
-    t, r, l = s[c].op.axis
-    s[c].reorder(t, i, r, l, k)
-    s[c].unroll(r)
-    s[c].parallel(t)
-    s[c].tensorize(l, dot_product_intrin(isa, "uint8", "int8"))
-    lib = tvm.build(s, [a, b, c], target=TARGET)
-    args = [nd(np.ones(4, "uint8")), nd(np.ones((lanes, 4), "int8")), nd(np.zeros((tasks, chains, lanes), "int32"))]
-    seconds = timeit(lib, *args, min_ms=100)
-    return tasks * iters * chains * lanes * 4 * 2 / seconds / 1e9
-
-
-def avx2_peak_gops(tasks: int, chains: int = 12, iters: int = 1_000_000, saturating: bool = False) -> float:
-    """GOPS of the exact AVX2 step's arithmetic, ``vpmaddwd`` + ``vpaddd``, on ``chains`` chains per thread.
-
-    Each chain feeds its own accumulator back as the int16 operand
-    (``acc += vpmaddwd(acc, k)``), so LLVM cannot hoist the step out of the loop
-    as it does with loop-invariant operands; 12 chains of 4 cycles' latency keep
-    both multiply pipes busy. One step is 16 multiply-adds (32 ops); the conv
-    kernels need two per 32 products, so this is their ceiling.
-
-    ``saturating=True`` times the usual inexact step instead (onnxruntime's on AVX2):
-    ``acc += vpmaddwd(vpmaddubsw(acc, k), ones)``, 32 multiply-adds per step.
-    """
-    from tvm_tcutils.dotprod.isa.base import llvm_intrin, reinterpret
-
-    def step(acc):
-        if not saturating:
-            return llvm_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", reinterpret(acc, "int16x16"),
-                               tir.Broadcast(tir.const(3, "int16"), 16))
-        pairs = llvm_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", reinterpret(acc, "uint8x32"),
-                            tir.Broadcast(tir.const(3, "int8"), 32))
-        return llvm_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", pairs, tir.Broadcast(tir.const(1, "int16"), 16))
-
-    def body(ins, outs):
-        ib = tir.ir_builder.create()
-        with ib.for_range(0, tasks, kind="parallel", name="t") as t:
-            accs = [ib.allocate("int32x8", (1,), name=f"acc{r}", scope="local") for r in range(chains)]
-            for r, acc in enumerate(accs):
-                acc[0] = tir.Broadcast(tir.const(r + 1, "int32"), 8)
-            with ib.for_range(0, iters, name="i"):
-                for acc in accs:
-                    acc[0] = acc[0] + step(acc[0])
-            for r, acc in enumerate(accs):
-                ib.emit(tir.BufferStore(outs[0], acc[0], [tir.Ramp((t * chains + r) * 8, 1, 8)]))
-        return ib.get()
-
-    c = te.extern((tasks * chains * 8,), [], body, dtype="int32", name="peak")
-    lib = tvm.build(te.create_schedule(c.op), [c], target=TARGET)
-    seconds = timeit(lib, nd(np.zeros(tasks * chains * 8, "int32")), min_ms=100)
-    return tasks * iters * chains * (32 if saturating else 16) * 2 / seconds / 1e9
-
-
-# --------------------------------------------------------------------------
-# Layers
-# --------------------------------------------------------------------------
-def resnet50_layers():
-    """Distinct (C, H, W, O, K, stride, pad) of ResNet-50's 1x1 and 3x3 convs, in order."""
-    mod, _ = load_model("resnet-50")
-    mod = relay.transform.InferType()(mod)
-    layers = []
-
-    def visit(node):
-        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name == "nn.conv2d":
-            _, c, h, w = (int(x) for x in node.args[0].checked_type.shape)
-            o, _, k, _ = (int(x) for x in node.args[1].checked_type.shape)
-            key = (c, h, w, o, k, int(node.attrs.strides[0]), int(node.attrs.padding[0]))
-            if k in (1, 3) and key not in layers:
-                layers.append(key)
-
-    relay.analysis.post_order_visit(mod["main"], visit)
-    return layers
-
-
-def _build(task, log=None):
-    """Build an AutoTVM task with its best config in ``log``, or the template's fallback config.
-
-    Returns the function and its argument tensors (AutoTVM orders them output first).
-    """
-    target = tvm.target.Target(TARGET)
-    if log:
-        with autotvm.apply_history_best(log), target:
-            sched, args = task.instantiate(autotvm.DispatchContext.current.query(target, task.workload))
-    else:
-        with target:
-            sched, args = task.instantiate(autotvm.task.space.FallbackConfigEntity())
-    return tvm.build(sched, args, target=TARGET), args
-
-
-def _tune(task, trials: int, log_dir: str) -> str:
-    log = os.path.join(log_dir, f"{task.name}_{abs(hash(task.workload))}.log")
-    measure = autotvm.measure_option(builder=autotvm.LocalBuilder(),
-                                     runner=autotvm.LocalRunner(number=3, repeat=1, min_repeat_ms=50, timeout=20))
-    tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
-    tuner.tune(n_trial=min(trials, len(task.config_space)), measure_option=measure,
-               callbacks=[autotvm.callback.log_to_file(log)])
-    return log
-
-
-def ours(task_name: str, args, arrays, out_shape, trials: int, log_dir: str):
-    """Build a template (untuned, and tuned when ``trials``); return a timer ``() -> {variant: s}``."""
-    task = autotvm.task.create(task_name, args=args, target=TARGET)
-    funcs = {"untuned": _build(task)}
-    if trials:
-        funcs["tuned"] = _build(task, _tune(task, trials, log_dir))
-    by_type = {(a.shape, str(a.dtype)): nd(a) for a in arrays}
-    by_type[(tuple(out_shape), "int32")] = nd(np.zeros(out_shape, "int32"))
-
-    def buffers(tensors):
-        return [by_type[(tuple(int(d) for d in t.shape), str(t.dtype))] for t in tensors]
-
-    return lambda: {f"ours {name}": timeit(f, *buffers(tensors), min_ms=100, repeat=3)
-                    for name, (f, tensors) in funcs.items()}
-
-
-def ours_conv(layer, data, kernel, trials, log_dir):
-    c, h, w, o, k, stride, pad = layer
-    isa = for_target(TARGET)
-    lanes = isa.lanes
-    ic_bn = packing.channel_block(c, lanes)
-    d_p, k_p = packing.pack_data_nchwc(data, ic_bn), packing.pack_kernel_for(isa, kernel, ic_bn)
-    args = (te.placeholder(d_p.shape, "uint8"), te.placeholder(k_p.shape, k_p.dtype.name), (stride, stride),
-            (pad, pad, pad, pad), (1, 1), f"NCHW{ic_bn}c", f"NCHW{lanes}c", "int32")
-    h_o, w_o = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
-    return ours(CONV2D_NCHWC_TASK, args, [d_p, k_p], (1, -(-o // lanes), h_o, w_o, lanes), trials, log_dir)
-
-
-def _relay_conv(layer, dtype: str):
-    c, h, w, o, k, stride, pad = layer
-    x = relay.var("x", shape=(1, c, h, w), dtype=dtype)
-    weight = RNG.integers(-128, 128, (o, c, k, k)).astype("int8" if dtype == "uint8" else dtype)
-    y = relay.nn.conv2d(x, relay.const(weight), strides=(stride, stride), padding=(pad, pad), channels=o,
-                        kernel_size=(k, k), out_dtype="int32" if dtype == "uint8" else "")
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], y)), target=TARGET)
-    data = RNG.integers(0, 256, (1, c, h, w)).astype("uint8") if dtype == "uint8" else \
-        RNG.standard_normal((1, c, h, w)).astype(dtype)
-    return lib, {"x": data}
-
-
-def _relay_qnn_conv(layer, data, kernel):
-    """``QLinearConv``'s computation in Relay: qnn.conv2d + requantize, u8 NCHW in and out.
-
-    The scales and zero points are those of :func:`_ort_qlinearconv`.
-    """
-    c, h, w, o, k, stride, pad = layer
-    x = relay.var("x", shape=(1, c, h, w), dtype="uint8")
-    y = relay.qnn.op.conv2d(
-        x, relay.const(kernel), relay.const(0), relay.const(0), relay.const(0.05), relay.const(0.01),
-        kernel_size=(k, k), channels=o, strides=(stride, stride), padding=(pad, pad), out_dtype="int32")
-    y = relay.qnn.op.requantize(y, relay.const(0.05 * 0.01), relay.const(0), relay.const(0.5), relay.const(0),
-                                out_dtype="uint8")
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], y)), target=TARGET)
-    return lib, {"x": data}
-
-
-def _ort_session(model, threads: int):
-    import onnxruntime as ort
-
-    model.ir_version = min(model.ir_version, 8)  # onnx 1.23 writes IR 14, newer than this ORT reads
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
-def _ort_qlinearconv(layer, data, kernel, threads: int, nhwc: bool):
-    from onnx import TensorProto, helper, numpy_helper
-
-    c, h, w, o, k, stride, pad = layer
-    scalars = [numpy_helper.from_array(np.array(v, dtype=d), n) for n, v, d in (
-        ("xs", 0.05, "float32"), ("xz", 0, "uint8"), ("ws", 0.01, "float32"), ("wz", 0, "int8"),
-        ("ys", 0.5, "float32"), ("yz", 0, "uint8"))]
-    weights = numpy_helper.from_array(kernel, "w")
-    attrs = dict(kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
-    if nhwc:
-        attrs["channels_last"] = 1
-    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"],
-                            domain="com.microsoft" if nhwc else "", **attrs)
-    x_shape = [1, h, w, c] if nhwc else [1, c, h, w]
-    graph = helper.make_graph([node], "qconv", [helper.make_tensor_value_info("x", TensorProto.UINT8, x_shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
-                              initializer=[weights, *scalars])
-    opsets = [helper.make_opsetid("", 13)] + ([helper.make_opsetid("com.microsoft", 1)] if nhwc else [])
-    sess = _ort_session(helper.make_model(graph, opset_imports=opsets), threads)
-    feed = np.ascontiguousarray(data.transpose(0, 2, 3, 1)) if nhwc else data
-    return lambda: time_ort(sess, {"x": feed})
-
-
-def _ort_fp32_conv(layer, threads: int):
-    from onnx import TensorProto, helper, numpy_helper
-
-    c, h, w, o, k, stride, pad = layer
-    weights = numpy_helper.from_array(RNG.standard_normal((o, c, k, k)).astype("float32"), "w")
-    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
-    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[weights])
-    sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
-    feed = {"x": RNG.standard_normal((1, c, h, w)).astype("float32")}
-    return lambda: time_ort(sess, feed)
-
-
-def bench_conv(layer, threads, trials, log_dir, rounds: int = 3):
-    """GOPS of every contender on one conv layer, per thread count."""
-    c, h, w, o, k, stride, pad = layer
-    h_o, w_o = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
-    gop = 2 * c * o * k * k * h_o * w_o / 1e9
-    data = RNG.integers(0, 256, (1, c, h, w)).astype("uint8")
-    kernel = RNG.integers(-128, 128, (o, c, k, k)).astype("int8")
-    timer = ours_conv(layer, data, kernel, trials, log_dir)
-    graph_lib, graph_in = _relay_conv(layer, "uint8")
-    qnn_lib, qnn_in = _relay_qnn_conv(layer, data, kernel)
-    fp32_lib, fp32_in = _relay_conv(layer, "float32")
-    rows = []
-    for n in threads:
-        set_threads(n)
-        timers = {
-            "ours": timer,
-            "ours graph": graph_timer(graph_lib, graph_in),
-            "ours qnn": graph_timer(qnn_lib, qnn_in),
-            "ORT QLinearConv": _ort_qlinearconv(layer, data, kernel, n, nhwc=False),
-            "ORT NHWC": _ort_or_none(_ort_qlinearconv, layer, data, kernel, n, nhwc=True),
-            "TVM fp32": graph_timer(fp32_lib, fp32_in),
-            "ORT fp32": _ort_fp32_conv(layer, n),
-        }
-        seconds = side_by_side(timers, rounds)
-        rows.append((n, {name: gop / s for name, s in seconds.items()}))
-    return rows
-
-
-def _ort_or_none(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except Exception as err:  # e.g. a contrib op missing from this ORT build
-        print(f"  ({fn.__name__} failed: {str(err).splitlines()[0][:100]})")
-        return None
-
-
-def _ort_qlinearmatmul(data, weight, threads: int):
-    from onnx import TensorProto, helper, numpy_helper
-
-    inits = [numpy_helper.from_array(np.ascontiguousarray(weight.T), "w")] + [
-        numpy_helper.from_array(np.array(v, dtype=d), n) for n, v, d in (
-            ("as", 0.05, "float32"), ("az", 0, "uint8"), ("ws", 0.01, "float32"), ("wz", 0, "int8"),
-            ("ys", 0.5, "float32"), ("yz", 0, "uint8"))]
-    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "w", "ws", "wz", "ys", "yz"], ["y"])
-    graph = helper.make_graph([node], "qmm", [helper.make_tensor_value_info("a", TensorProto.UINT8, list(data.shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializer=inits)
-    sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
-    return lambda: time_ort(sess, {"a": data})
-
-
-def _ort_fp32_gemm(m, k, n, threads):
-    from onnx import TensorProto, helper, numpy_helper
-
-    weight = numpy_helper.from_array(RNG.standard_normal((n, k)).astype("float32"), "w")
-    node = helper.make_node("Gemm", ["a", "w"], ["y"], transB=1)
-    graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[weight])
-    sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
-    feed = {"a": RNG.standard_normal((m, k)).astype("float32")}
-    return lambda: time_ort(sess, feed)
-
-
-def bench_dense(m, k, n, threads, trials, log_dir, rounds: int = 3):
-    """GOPS of the final ResNet-50 dense (m x k by n x k)."""
-    lanes = for_target(TARGET).lanes
-    gop = 2 * m * k * n / 1e9
-    data = RNG.integers(0, 256, (m, k)).astype("uint8")
-    weight = RNG.integers(-128, 128, (n, k)).astype("int8")
-    w_p = packing.pack_dense_weight(weight, lanes)
-    args = (te.placeholder(data.shape, "uint8"), te.placeholder(w_p.shape, "int8"), None, "int32")
-    timer = ours(DENSE_PACK_TASK, args, [data, w_p], (m, w_p.shape[0] * lanes), trials, log_dir)
-    x = relay.var("x", shape=(m, k))
-    fp32_lib = _build_relay(relay.nn.dense(x, relay.const(RNG.standard_normal((n, k)).astype("float32"))), x)
-    rows = []
-    for t in threads:
-        set_threads(t)
-        timers = {
-            "ours": timer,
-            "ORT QLinearMatMul": _ort_or_none(_ort_qlinearmatmul, data, weight, t),
-            "TVM fp32": graph_timer(fp32_lib, {"x": RNG.standard_normal((m, k)).astype("float32")}),
-            "ORT fp32": _ort_fp32_gemm(m, k, n, t),
-        }
-        seconds = side_by_side(timers, rounds)
-        rows.append((t, {name: gop / s for name, s in seconds.items()}))
-    return rows
-
-
-def _build_relay(expr, *params):
-    with tvm.transform.PassContext(opt_level=3):
-        return relay.build(tvm.IRModule.from_expr(relay.Function(list(params), expr)), target=TARGET)
-
-
-# --------------------------------------------------------------------------
-# End to end
-# --------------------------------------------------------------------------
-_REFERENCE = """
-import sys, numpy as np, tvm
-from tvm import relay
-from tvm.contrib import graph_executor
-mod = tvm.ir.load_json(open(sys.argv[1]).read())
-with tvm.transform.PassContext(opt_level=3):
-    lib = relay.build(mod, target="llvm")
-run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-run.set_input(**dict(np.load(sys.argv[2])))
-run.run()
-np.save(sys.argv[3], run.get_output(0).numpy())
-assert "tvm_tcutils" not in sys.modules
-"""
-
-
-def _onnx_mapping_shim() -> None:
-    """TVM 0.19's Relay-to-ONNX exporter reads ``onnx.mapping``, which onnx 1.23 removed."""
-    import types
-
-    import onnx
-    from onnx import helper
-
-    if hasattr(onnx, "mapping"):
-        return
-
-    class _ToTensor(dict):
-        def __missing__(self, key):
-            return helper.np_dtype_to_tensor_dtype(np.dtype(key))
-
-    class _ToNumpy(dict):
-        def __missing__(self, key):
-            return helper.tensor_dtype_to_np_dtype(key)
-
-    onnx.mapping = types.SimpleNamespace(NP_TYPE_TO_TENSOR_TYPE=_ToTensor(), TENSOR_TYPE_TO_NP_TYPE=_ToNumpy())
-
-
-def ort_resnet50(mod, params, tmp: str):
-    """fp32 ONNX of the same ResNet-50 (TVM's exporter) and its onnxruntime int8 QOperator version."""
-    import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    from tvm.contrib.target.onnx import to_onnx
-
-    _onnx_mapping_shim()
-    bound = relay.build_module.bind_params_by_name(mod["main"], params)
-    with tvm.transform.PassContext(opt_level=3):
-        simple = tvm.transform.Sequential([
-            relay.transform.InferType(), relay.transform.SimplifyInference(), relay.transform.FoldConstant(),
-            relay.transform.FoldScaleAxis(), relay.transform.FoldConstant(),
-        ])(tvm.IRModule.from_expr(bound))
-    model = to_onnx(simple, {}, "resnet50")
-    model.ir_version = min(model.ir_version, 8)
-    constants = {init.name for init in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in constants]  # weights are not inputs
-    del model.graph.input[:]
-    model.graph.input.extend(inputs)
-    fp32_path, int8_path = f"{tmp}/r50.onnx", f"{tmp}/r50_int8.onnx"
-    onnx.save(model, fp32_path)
-    name = inputs[0].name
-
-    class Calibration(CalibrationDataReader):
-        def __init__(self):
-            self.left = 4
-
-        def get_next(self):
-            self.left -= 1
-            return {name: RNG.standard_normal((1, 3, 224, 224)).astype("float32")} if self.left >= 0 else None
-
-    quantize_static(fp32_path, int8_path, Calibration(), quant_format=QuantFormat.QOperator,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    return name, onnx.load(fp32_path), onnx.load(int8_path)
-
-
-def bench_e2e(threads, check: bool, log: str = None):
-    from tvm_tcutils.dotprod.quantize import quantize_int8
-    from tvm_tcutils.measure import build
-    from tvm_tcutils.models import random_inputs
-
-    mod, params = load_model("resnet-50")
-    start = time.perf_counter()
-    qmod = quantize_int8(mod, params)
-    print(f"relay.quantize: {time.perf_counter() - start:.0f} s")
-    start = time.perf_counter()
-    int8_lib = build(qmod, {}, TARGET, log)
-    print(f"int8 build with tvm-tcutils: {time.perf_counter() - start:.0f} s")
-    fp32_lib = build(mod, params, TARGET)
-    inputs = random_inputs(mod, params)
-    with tempfile.TemporaryDirectory() as tmp:
-        onnx_input, ort_fp32, ort_int8 = ort_resnet50(mod, params, tmp)
-    for n in threads:
-        set_threads(n)
-        t8, t32 = time_graph(int8_lib, inputs), time_graph(fp32_lib, inputs)
-        feed = {onnx_input: inputs["data"]}
-        o8, o32 = time_ort(_ort_session(ort_int8, n), feed), time_ort(_ort_session(ort_fp32, n), feed)
-        print(f"ResNet-50 threads={n}: int8 tvm-tcutils {t8 * 1e3:.2f} ms | int8 ORT QOperator {o8 * 1e3:.2f} ms | "
-              f"fp32 TVM {t32 * 1e3:.2f} ms | fp32 ORT {o32 * 1e3:.2f} ms | ours vs ORT int8 x{o8 / t8:.2f}, "
-              f"vs TVM fp32 x{t32 / t8:.2f}", flush=True)
-    if check:
-        run = graph_executor.GraphModule(int8_lib["default"](tvm.cpu()))
-        run.set_input(**inputs)
-        run.run()
-        ours_out = run.get_output(0).numpy()
-        with tempfile.TemporaryDirectory() as tmp:
-            with open(f"{tmp}/m.json", "w") as f:
-                f.write(tvm.ir.save_json(qmod))
-            np.savez(f"{tmp}/in.npz", **inputs)
-            env = dict(os.environ, PYTHONPATH="")
-            subprocess.run([sys.executable, "-c", _REFERENCE, f"{tmp}/m.json", f"{tmp}/in.npz", f"{tmp}/ref.npy"],
-                           check=True, env=env)
-            ref = np.load(f"{tmp}/ref.npy")
-        print(f"ResNet-50 int8 output bit-exact vs TVM generic llvm (no tvm_tcutils): {np.array_equal(ours_out, ref)}"
-              f" (max abs diff {np.abs(ours_out.astype(float) - ref).max()})")
-
-
-# --------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------
-# --------------------------------------------------------------------------
-# Layout transforms
-# --------------------------------------------------------------------------
-def transform_shapes(isa):
-    """Distinct u8 ``layout_transform`` cases around ResNet-50's convs: (C, H, W, b), data and outputs."""
-    cases = []
-    for c, h, w, o, k, stride, pad in resnet50_layers():
-        out_h = (h + 2 * pad - k) // stride + 1
-        for case in ((c, h, w, packing.channel_block(c, isa.lanes)), (o, out_h, out_h, packing.channel_block(o, isa.lanes))):
-            if case not in cases:
-                cases.append(case)
-    return cases
-
-
-def bench_transforms(isa, threads):
-    """TVM's x86 injective schedule vs the package's byte-shuffle schedule, side by side (GB/s moved)."""
-    from tvm import topi
-
-    from tvm_tcutils.dotprod.topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
-
-    print("u8 layout transforms (GB/s: bytes read + written per second; same compute, two schedules)")
-    for c, h, w, block in transform_shapes(isa):
-        for src, dst, shape in (("NCHW", f"NCHW{block}c", (1, c, h, w)),
-                                (f"NCHW{block}c", "NCHW", (1, c // block, h, w, block))):
-            x = te.placeholder(shape, "uint8", name="x")
-            y = topi.layout_transform(x, src, dst)
-            data = tvm.nd.array(RNG.integers(0, 256, shape).astype("uint8"))
-            out = tvm.nd.empty([int(v) for v in y.shape], "uint8")
-            plan = byte_tile_plan(src, dst, shape, "uint8")
-            funcs = {"tvm": tvm.build(topi.x86.schedule_injective([y]), [x, y], TARGET)}
-            if plan is not None:
-                funcs["ours"] = tvm.build(schedule_byte_layout_transform(y, src, dst), [x, y], TARGET)
-            cells = []
-            for n in threads:
-                set_threads(n)
-                speed = {name: 2 * c * h * w / timeit(f, data, out) / 1e9 for name, f in funcs.items()}
-                ratio = f"x{speed['ours'] / speed['tvm']:4.2f}" if "ours" in speed else "(no plan: TVM's)"
-                cells.append(f"t={n} tvm {speed['tvm']:6.1f} ours {speed.get('ours', float('nan')):6.1f} {ratio}")
-            print(f"{src:>8} -> {dst:<8} {c:5d}x{h}x{w}  " + "  ".join(cells), flush=True)
-
-
-def report(name, rows, peaks):
-    for n, row in rows:
-        peak = peaks.get(n)
-        best_ours = max(v for key, v in row.items() if key.startswith("ours") and key not in ("ours graph", "ours qnn"))
-        ort = row.get("ORT QLinearConv", row.get("ORT QLinearMatMul"))
-        cells = "  ".join(f"{key} {value:7.1f}" for key, value in row.items())
-        of_peak = f"{best_ours / peak:5.1%}" if peak else "  n/a"
-        print(f"{name:<34} t={n}  {cells}  | ours/peak {of_peak}  ours/ORT x{best_ours / ort:4.2f}"
-              f"  qnn/ORT x{row.get('ours qnn', best_ours) / ort:4.2f}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -633,18 +71,20 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default=None, help="TVM target (default: this CPU's)")
     parser.add_argument("--transforms-only", action="store_true",
                         help="only the u8 layout transforms around ResNet-50's convs (TVM's schedule vs ours)")
+    add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     # TVM sizes its pool from TVM_NUM_THREADS when it first runs (by default half the logical
     # CPUs here): without this a "2-thread" row ran TVM on one thread.
     os.environ["TVM_NUM_THREADS"] = str(max(args.threads))
-    global TARGET
-    TARGET = args.target or TARGET
+    int8.TARGET = TARGET = args.target or int8.TARGET
     isa = for_target(TARGET)
     if isa is None or not isa.name.startswith("x86"):
         raise SystemExit(f"{TARGET} has no x86 dot-product ISA (VNNI, AVX2 or SSE4.2)")
     print(f"target {TARGET}: ISA {isa.name}, {isa.lanes} int32 lanes")
     print(f"host: {os.cpu_count()} logical CPUs; other processes may load the machine: compare ratios, "
           f"not absolute numbers (all columns GOPS)")
+    results = Results(__file__, argv, target=TARGET, isa=isa.name, threads=args.threads, trials=args.trials,
+                      rounds=args.rounds)
     if args.transforms_only:
         bench_transforms(isa, args.threads)
         return 0
@@ -668,11 +108,16 @@ def main(argv=None) -> int:
             c, h, w, o, k, stride, pad = layer
             rows = bench_conv(layer, args.threads, args.trials, log_dir, args.rounds)
             report(f"conv {k}x{k} {c}->{o} {h}x{w} s{stride}", rows, peaks)
+            results.add(layer=f"conv {k}x{k} {c}->{o} {h}x{w} s{stride}", shape=list(layer),
+                        gops_by_threads={n: row for n, row in rows})
         if not args.e2e_only:
             rows = bench_dense(1, 2048, 1000, args.threads, args.trials, log_dir, args.rounds)
             report("dense 2048->1000", rows, peaks)
+            results.add(layer="dense 2048->1000", gops_by_threads={n: row for n, row in rows})
     if args.e2e or args.e2e_only:
         bench_e2e(args.threads, args.e2e_check)
+    results.settings["peak_gops"] = peaks
+    results.write(args.json)
     return 0
 
 

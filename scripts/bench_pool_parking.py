@@ -19,6 +19,8 @@ With ``--spin-zero`` the script also runs itself in a child process with
 and prints that row: workers that never spin, the other way out, which slows
 TVM's own operators.
 
+The harness is ``tvm_tcutils.bench.toolchains``; results also go to JSON (``--json``).
+
     TVM_NUM_THREADS=2 PYTHONPATH=. python scripts/bench_pool_parking.py --spin-zero
 """
 from __future__ import annotations
@@ -31,69 +33,32 @@ import sys
 from typing import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import tvm  # noqa: E402
 
 import tvm_tcutils  # noqa: E402
-from tvm_tcutils import collage, native  # noqa: E402
-from tvm_tcutils.collage.cost.mock import MockCostEstimator  # noqa: E402
-from tvm_tcutils.collage.driver import greedy_partition  # noqa: E402
+from tvm_tcutils import native  # noqa: E402
+from tvm_tcutils.bench import toolchains as bench  # noqa: E402
+from tvm_tcutils.bench.competitors import compare  # noqa: E402
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.bench.table import markdown  # noqa: E402
 from tvm_tcutils.collage.toolchains import ort  # noqa: E402
 from tvm_tcutils.collage.toolchains.packed_call import _PARK_MIN_US_DEFAULT  # noqa: E402
+from tvm_tcutils.measure import ratio  # noqa: E402
 
-from bench_collage_models import interleaved_ms, runner  # noqa: E402
-
-_CHEAP = 0.05
-#: Mixes by operator kind: per-op costs (ms) that make the search send the named kinds to ORT.
-MIXES = {
-    # Convolutions (with their bias/activation) on onnxruntime; pooling, concatenation... on TVM.
-    "convs-on-ort": {
-        "ort": {"nn.conv2d": 1.0, "add": _CHEAP, "nn.relu": _CHEAP, "nn.bias_add": _CHEAP, "multiply": _CHEAP,
-                "*": 9.0},
-        "tvm": {"nn.conv2d": 3.0, "*": _CHEAP},
-    },
-    # The issue's per-op-kind split of the encoder: GELU's erf, softmax and batch_matmul on onnxruntime.
-    "attention-on-ort": {
-        "ort": {"erf": 0.1, "nn.softmax": 0.1, "nn.batch_matmul": 0.1, "*": 9.0},
-        "tvm": {"erf": 1.0, "nn.softmax": 1.0, "nn.batch_matmul": 1.0, "*": _CHEAP},
-    },
-}
+MIXES = bench.MIXES
 DEFAULT_MODELS = "inception_v3:convs-on-ort,bert-tiny-onnx:attention-on-ort"
 VARIANTS = ("no parking", "parking (default)", "parking always", "ORT greedy", "TVM alone")
-
-
-def mix(mod, params, rule: str):
-    """The module partitioned by ``MIXES[rule]`` (tvm and ort), and its partition counts."""
-    estimator = MockCostEstimator(MIXES[rule], overhead={"ort": 0.2, "tvm": 0.2})
-    result = collage.partition(mod, params, toolchains="tvm,ort", cost_estimator=estimator, validate_rounds=0)
-    counts = {name: sum(p.toolchain == name for p in result.partitions) for name in ("tvm", "ort")}
-    return result.mod, counts
 
 
 def time_variants(model: str, rule: str, rounds: int, repeat: int, only_unparked: bool,
                   extra_us: Sequence[float] = ()) -> dict:
     mod, params = tvm_tcutils.load_model(model)
-    mixed, counts = mix(mod, params, rule)
-    raw = ort.TOOLCHAIN.run_function(park=False)
-    wrap = native.get("tvm_tcutils.native.park_pool")
-    calls = {"no parking": raw}
-    if not only_unparked:
-        calls.update({"parking (default)": wrap(raw, _PARK_MIN_US_DEFAULT), "parking always": wrap(raw, 0.0)})
-        calls.update({f"parking >= {us:g}us": wrap(raw, us) for us in extra_us})
-    timers = {}
-    try:
-        # Compiled code looks the packed function up at its first call and keeps it: each variant is
-        # built and warmed up (``runner``) while its function is the registered one.
-        for label, function in calls.items():
-            tvm.register_func(ort.TOOLCHAIN.run_name, function, override=True)
-            timers[label] = runner(mixed, repeat)
-    finally:
-        tvm.register_func(ort.TOOLCHAIN.run_name, ort.TOOLCHAIN.run_function(), override=True)
-    timers["ORT greedy"] = runner(greedy_partition(mod, params, "ort"), repeat)
-    timers["TVM alone"] = runner(mod, repeat)
-    times = interleaved_ms(list(timers.values()), rounds)
-    return {"partitions": counts, "ms": dict(zip(timers, times)), "load": os.getloadavg()[0]}
+    mixed, counts = bench.mix(mod, params, rule)
+    thresholds = {} if only_unparked else {
+        "parking (default)": _PARK_MIN_US_DEFAULT, "parking always": 0.0,
+        **{f"parking >= {us:g}us": us for us in extra_us}}
+    timed = compare(bench.parking_timers(mod, params, mixed, repeat, thresholds), rounds)
+    return {"partitions": counts, "timings": timed, "ms": {k: t.median_ms for k, t in timed.items()},
+            "load": os.getloadavg()[0]}
 
 
 def main(argv=None) -> int:
@@ -105,8 +70,8 @@ def main(argv=None) -> int:
     parser.add_argument("--spin-zero", action="store_true",
                         help="also time the mix unparked in a child process with TVM_THREAD_POOL_SPIN_COUNT=0")
     parser.add_argument("--also-us", default="", help="more parking thresholds to time (us, comma-separated)")
-    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the child's output
-    parser.add_argument("--only-unparked", action="store_true", help=argparse.SUPPRESS)
+    add_json_argument(parser, __file__)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # the spin=0 child: JSON on stdout
     args = parser.parse_args(argv)
     pairs = [item.split(":") for item in args.models.split(",") if item]
     for pair in pairs:
@@ -119,15 +84,15 @@ def main(argv=None) -> int:
         raise SystemExit(f"onnxruntime toolchain unavailable: {reason}")
 
     extra_us = [float(v) for v in args.also_us.split(",") if v]
-    rows = {f"{m}:{r}": time_variants(m, r, args.rounds, args.repeat, args.only_unparked, extra_us) for m, r in pairs}
-    if args.json:
-        print(json.dumps(rows))
+    rows = {f"{m}:{r}": time_variants(m, r, args.rounds, args.repeat, args.child, extra_us) for m, r in pairs}
+    if args.child:
+        print(json.dumps({name: {"ms": row["ms"]} for name, row in rows.items()}))
         return 0
     spin_zero = {}
     if args.spin_zero:
         child = subprocess.run(
             [sys.executable, os.path.abspath(__file__), "--models", args.models, "--rounds", str(args.rounds),
-             "--repeat", str(args.repeat), "--json", "--only-unparked"],
+             "--repeat", str(args.repeat), "--child"],
             capture_output=True, text=True, env={**os.environ, "TVM_THREAD_POOL_SPIN_COUNT": "0"},
         )
         if child.returncode != 0:
@@ -135,23 +100,29 @@ def main(argv=None) -> int:
         spin_zero = json.loads(child.stdout.strip().splitlines()[-1])
 
     threads = os.environ.get("TVM_NUM_THREADS", "default")
+    results = Results(__file__, argv, rounds=args.rounds, repeat=args.repeat, tvm_num_threads=threads,
+                      park_min_us_default=_PARK_MIN_US_DEFAULT)
     print(f"{tvm_tcutils.host_target()}, TVM_NUM_THREADS={threads}, median of {args.rounds} rounds (ms); "
           f"default parking threshold {_PARK_MIN_US_DEFAULT:g} us")
     variants = [*VARIANTS, *(f"parking >= {us:g}us" for us in extra_us)]
     header = ["model:mix", "partitions", *variants, "parked/unparked", "load"]
     if spin_zero:
         header[-2:-2] = ["spin=0: mix", "spin=0: TVM alone"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
+    table = []
     for name, row in rows.items():
         ms = row["ms"]
+        parked = ratio(row["timings"]["parking (default)"], row["timings"]["no parking"])
         cells = [name, f"{row['partitions']['ort']} ORT + {row['partitions']['tvm']} TVM"]
         cells += [f"{ms[v]:.2f}" for v in variants]
         if spin_zero:
             other = spin_zero[name]["ms"]
             cells += [f"{other['no parking']:.2f}", f"{other['TVM alone']:.2f}"]
-        cells += [f"x{ms['parking (default)'] / ms['no parking']:.3f}", f"{row['load']:.1f}"]
-        print("| " + " | ".join(cells) + " |")
+        cells += [f"x{parked.value:.3f}", f"{row['load']:.1f}"]
+        table.append(cells)
+        results.add(model_mix=name, partitions=row["partitions"], timings=row["timings"], parked_over_unparked=parked,
+                    spin_zero_ms=spin_zero.get(name, {}).get("ms"), load=row["load"])
+    print(markdown(header, table))
+    results.write(args.json)
     return 0
 
 

@@ -1,9 +1,11 @@
+#!/usr/bin/env python
 """Benchmark: tvm-tcutils' HWNC tensor-core conv2d against TVM's own, side by side on one GPU.
 
 For every distinct HWNC layer of ResNet-50 (batch 8 by default) both
 implementations are built with the same settings (untuned fallback configs, or
 ``--trials`` AutoTVM trials each with the same tuner), run on the local GPU in
-the same process, and the median latencies and their ratio are printed.
+the same process, and the median latencies and their ratio are printed (and
+written as JSON, ``--json``). The harness is ``tvm_tcutils.bench.tensorcore``.
 
 TVM's template writes its packed output layout and leaves unpacking to
 others; ours includes the unpacking to HWNC, so the comparison is conservative
@@ -21,57 +23,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np  # noqa: E402
 
 import tvm_tcutils  # noqa: E402
 import tvm  # noqa: E402
 from tvm import autotvm  # noqa: E402
-from tvm.relay.testing import resnet  # noqa: E402
 
-from tvm_tcutils.strategy import tensorcore  # noqa: E402
+from tvm_tcutils.bench import tensorcore as bench  # noqa: E402
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.measure import ratio  # noqa: E402
 from tvm_tcutils.tensorcore.topi import conv2d_hwnc, wmma  # noqa: E402
-
-TVM_TASK = "conv2d_HWNCnc_tensorcore.cuda"
-
-
-def _layers(dtype: str, batch: int):
-    mod, _ = resnet.get_workload(num_layers=50, batch_size=batch)
-    mod, _ = tvm_tcutils.prepare_for_tensorcore(mod, dtype, "int32")  # skips the 3-channel stem
-    return sorted({row[4] for row in tensorcore.implementations(mod, _target(), ("nn.conv2d",))
-                   if row[3] == tensorcore.CONV2D_IMPL}, key=str)
-
-
-def _target() -> str:
-    return "cuda -arch=sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
-
-
-def _config(task, trials: int):
-    """The fallback config, or the best of ``trials`` AutoTVM measurements (same tuner for both)."""
-    if trials <= 0:
-        return autotvm.task.space.FallbackConfigEntity()
-    log = tempfile.NamedTemporaryFile(suffix=".log", delete=False).name
-    tuner = autotvm.tuner.XGBTuner(task, loss_type="rank")
-    measure = autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=autotvm.LocalRunner(number=20))
-    tuner.tune(n_trial=min(trials, len(task.config_space)), measure_option=measure,
-               callbacks=[autotvm.callback.log_to_file(log)])
-    return autotvm.task.ApplyHistoryBest(log).query(tvm.target.Target(_target()), task.workload)
-
-
-def _time(task, trials: int, arrays) -> float:
-    target = tvm.target.Target(_target())
-    with target:
-        sched, tensors = task.instantiate(_config(task, trials))
-        func = tvm.build(sched, tensors, target)
-    dev = tvm.cuda(0)
-    # AutoTVM lists the output first, then the inputs in traversal order: match inputs by shape.
-    args = [tvm.nd.empty([int(v) for v in tensors[0].shape], tensors[0].dtype, dev)]
-    for tensor in tensors[1:]:
-        (array,) = [a for a in arrays if tuple(a.shape) == tuple(int(v) for v in tensor.shape)]
-        args.append(tvm.nd.array(array, dev) if isinstance(array, np.ndarray) else array.copyto(dev))
-    return float(np.median(func.time_evaluator(func.entry_name, dev, number=50, repeat=5)(*args).results) * 1e3)
 
 
 def main(argv=None) -> int:
@@ -79,6 +43,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=["int4", "int8"], default="int8")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--trials", type=int, default=0, help="AutoTVM trials per task and implementation")
+    add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     caps = tvm_tcutils.capabilities()
     if not caps["cuda_codegen"] or not caps["cuda_device"]:
@@ -91,23 +56,30 @@ def main(argv=None) -> int:
         return 0
     if args.dtype == "int4":
         print("note: int4 inputs are uninitialized int4 NDArrays (NumPy has no int4); timings only")
+    results = Results(__file__, argv, dtype=args.dtype, batch=args.batch, trials=args.trials, arch=arch)
     rng = np.random.default_rng(0)
     print(f"{'layer (data, kernel)':<44} {'TVM ms':>9} {'tcutils ms':>10} {'TVM/tcutils':>11}")
     ratios = []
-    for workload in _layers(args.dtype, args.batch):
+    for workload in bench.layers(args.dtype, args.batch):
         task_args = workload[1:]
-        ours = autotvm.task.create(conv2d_hwnc.TASK, task_args, _target())
-        theirs = autotvm.task.create(TVM_TASK, task_args, _target())
+        ours = autotvm.task.create(conv2d_hwnc.TASK, task_args, bench.cuda_target())
+        theirs = autotvm.task.create(bench.TVM_TASK, task_args, bench.cuda_target())
         shapes = [task_args[0][1], task_args[1][1]]
         if args.dtype == "int8":
             arrays = [rng.integers(-128, 128, size=s).astype("int8") for s in shapes]
         else:
             arrays = [tvm.nd.empty(s, "int4") for s in shapes]
-        ms_theirs = _time(theirs, args.trials, arrays)
-        ms_ours = _time(ours, args.trials, arrays)
-        ratios.append(ms_theirs / ms_ours)
-        print(f"{str((tuple(shapes[0]), tuple(shapes[1]))):<44} {ms_theirs:9.3f} {ms_ours:10.3f} {ratios[-1]:11.2f}")
-    print(f"geometric mean TVM/tcutils: {float(np.exp(np.mean(np.log(ratios)))):.2f} (>1: tcutils faster)")
+        t_theirs = bench.time_task(theirs, args.trials, arrays)
+        t_ours = bench.time_task(ours, args.trials, arrays)
+        r = ratio(t_theirs, t_ours)
+        ratios.append(r.value)
+        results.add(data=list(shapes[0]), kernel=list(shapes[1]), tvm=t_theirs, ours=t_ours, tvm_over_ours=r)
+        print(f"{str((tuple(shapes[0]), tuple(shapes[1]))):<44} {t_theirs.median_ms:9.3f} {t_ours.median_ms:10.3f} "
+              f"{r.value:11.2f}")
+    geomean = float(np.exp(np.mean(np.log(ratios))))
+    results.settings["geomean_tvm_over_ours"] = geomean
+    print(f"geometric mean TVM/tcutils: {geomean:.2f} (>1: tcutils faster)")
+    results.write(args.json)
     return 0
 
 

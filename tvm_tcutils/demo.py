@@ -7,48 +7,16 @@ so that this module imports none of them until the demo runs.
 from __future__ import annotations
 
 import importlib
-import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import numpy as np
 
-from ._tvm import host_target, tvm
+from ._tvm import tvm
 from tvm import relay
-from tvm.contrib import graph_executor
 
-from .models import random_inputs
+from .measure import build_and_time
 
 Section = Callable[[str, tvm.IRModule, Dict], List[str]]
-
-
-def build_and_time(mod: tvm.IRModule, params: Dict, target: Optional[str] = None, repeat: int = 5):
-    """Build ``mod`` for ``target`` (default: this CPU, :func:`host_target`), run it on random inputs, time it.
-
-    Plain ``llvm`` would be baseline SSE2 code, several times slower than what onnxruntime runs on
-    the same CPU, and every comparison in the demo would flatter the other side.
-
-    Returns
-    -------
-    (outputs, build_seconds, median_ms)
-
-    Examples
-    --------
-    >>> from tvm_tcutils.models import load_model
-    >>> mod, params = load_model("mlp")
-    >>> outs, build_s, ms = build_and_time(mod, params)
-    >>> outs[0].shape
-    (1, 10)
-    """
-    start = time.perf_counter()
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target=target or host_target(), params=params)
-    build_seconds = time.perf_counter() - start
-    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    runner.set_input(**random_inputs(mod, params))
-    runner.run()
-    outputs = [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
-    timer = runner.module.time_evaluator("run", tvm.cpu(), number=1, repeat=repeat)
-    return outputs, build_seconds, float(np.median(timer().results) * 1e3)
 
 
 def count_ops(func: relay.Function) -> Dict[str, int]:
@@ -87,7 +55,7 @@ SECTIONS: List[str] = [
     "tvm_tcutils.demo:baseline_section",
     "tvm_tcutils.tensorcore.demo:prepare_section",
     "tvm_tcutils.tensorcore.demo:tensorcore_section",
-    "tvm_tcutils.collage.toolchains.demo:toolchains_section",
+    "tvm_tcutils.collage.demo:toolchains_section",
     "tvm_tcutils.dotprod.demo:int8_dot_product_section",
     "tvm_tcutils.collage.demo:collage_section",
 ]

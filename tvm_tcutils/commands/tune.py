@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import cli
+from . import _common as cli
 
 HELP = "tune a model's AutoTVM tasks (int8 dot-product templates included) with XGBTuner"
 

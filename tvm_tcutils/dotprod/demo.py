@@ -7,7 +7,8 @@ import numpy as np
 
 from .._tvm import host_target, tvm
 from tvm import relay
-from tvm.contrib import graph_executor
+
+from ..measure import Timer
 
 
 def int8_dot_product_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
@@ -38,14 +39,10 @@ def int8_dot_product_section(name: str, mod: tvm.IRModule, params: Dict) -> List
     x = relay.var("x", shape=data_shape, dtype="uint8")
     y = relay.nn.conv2d(x, relay.const(kernel), strides=strides, padding=padding,
                         channels=kernel_shape[0], kernel_size=(3, 3), out_dtype="int32")
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], y)), target=target)
-    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    runner.set_input(x=data)
-    runner.run()
-    out = runner.get_output(0).numpy()
+    timer = Timer(tvm.IRModule.from_expr(relay.Function([x], y)), None, target, repeat=5, warmup=1, inputs={"x": data})
+    out = timer.outputs()[0]
     exact = np.array_equal(out, conv2d_nchw_python(data.astype("int64"), kernel.astype("int64"), strides, padding))
-    seconds = np.median(runner.module.time_evaluator("run", tvm.cpu(), number=1, repeat=5)().results)
+    seconds = timer().median_ms / 1e3
     gops = 2 * out.size * kernel_shape[1] * 9 / seconds / 1e9
     return [
         f"{isa.name} ({isa.lanes} lanes) on {target}: conv {data_shape} x {kernel_shape} stride {strides}",

@@ -9,6 +9,8 @@ import numpy as np
 from .._tvm import tvm
 from tvm import relay
 
+from ..measure import build_and_time
+
 from ._graph import layer_calls, resolve_ops
 from .layout_config import LayoutConfig
 from .prepare import prepare_for_tensorcore
@@ -18,8 +20,6 @@ _HWNC = {"nn.conv2d": ["HWNC", "default"]}
 
 def prepare_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
     """Passes: prepare for HWNC int4 tensor cores; HWNC float model checked on llvm."""
-    from ..demo import build_and_time  # the demo module imports this one
-
     start = time.perf_counter()
     prepared, skipped = prepare_for_tensorcore(mod, "int4")
     seconds = time.perf_counter() - start
@@ -60,7 +60,7 @@ def tensorcore_section(name: str, mod: tvm.IRModule, params: Dict) -> List[str]:
             tvm.IRModule.from_expr(relay.Function([new_data] + list(func.params[1:]), body))
         )
         lines.append(f"{name} re-batched from {shape[0]} to {batch}")
-    except Exception as err:  # models with a hard-coded batch keep theirs
+    except (tvm.TVMError, TypeError, ValueError, IndexError) as err:  # models with a hard-coded batch keep theirs
         lines.append(f"{name} keeps its batch ({type(err).__name__}); legalization pads it to the tiles")
     for dtype in ("int4", "int8"):
         # The layers that do not qualify (e.g. a 3-channel stem) stay float NCHW.

@@ -1,0 +1,73 @@
+"""The shared benchmark harness (tvm_tcutils.bench): JSON results, timing in turns, TVM-vs-TVM ratios."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tvm_tcutils.bench import competitors, results, table
+from tvm_tcutils.measure import Timing
+
+
+def test_results_json_has_machine_command_date_and_rows(tmp_path):
+    res = results.Results("bench_example", ["--rounds", "3"], rounds=3)
+    timing = Timing((1.0, 2.0, 3.0))
+    res.add(model="mlp", ours=timing, missing=float("nan"))
+    path = res.write(str(tmp_path / "deep" / "bench_example.json"))
+    data = json.loads(open(path).read())
+    assert data["command"] == ["scripts/bench_example.py", "--rounds", "3"]
+    assert data["date"] == data["machine"]["date"] and data["machine"]["cores"] >= 1
+    assert data["settings"] == {"rounds": 3}
+    row = data["rows"][0]
+    assert row["ours"]["median_ms"] == 2.0 and row["ours"]["samples_ms"] == [1.0, 2.0, 3.0]
+    assert row["missing"] is None  # strict JSON: no NaN
+    assert os.listdir(tmp_path / "deep") == ["bench_example.json"]  # no temporary file left
+
+
+def test_json_write_is_atomic_on_failure(tmp_path):
+    path = tmp_path / "r.json"
+    results.write_json(str(path), {"old": 1})
+    with pytest.raises(TypeError):
+        results.write_json(str(path), {"bad": object()})
+    assert json.loads(path.read_text()) == {"old": 1}  # the previous file survives a failed write
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+def test_default_path_is_under_docs_benchmarks_data():
+    assert results.default_path("scripts/bench_int8.py").endswith(
+        os.path.join("docs", "benchmarks", "data", "bench_int8.json"))
+
+
+def test_compare_times_contenders_in_turns_and_keeps_missing_ones():
+    calls = []
+
+    def timer(name, ms):
+        return lambda: calls.append(name) or ms
+
+    timed = competitors.compare({"a": timer("a", 1.0), "none": None, "b": timer("b", 2.0)}, rounds=3)
+    assert calls == ["a", "b"] * 3
+    assert timed["a"].median_ms == 1.0 and timed["b"].median_ms == 2.0
+    assert list(timed) == ["a", "none", "b"] and timed["none"].samples_ms == ()
+
+
+def test_settled_pauses_and_warms_before_each_sample():
+    calls = []
+    sample = competitors.settled(lambda: calls.append(1) or 3.0, pause_s=0)
+    assert sample() == 3.0 and len(calls) == 2
+
+
+def test_tvm_vs_tvm_on_mlp_gives_ratio_near_one_with_interval(mlp_model):
+    mod, params = mlp_model
+    timed = competitors.compare({"first": competitors.relay_module(mod, params, repeat=5, min_repeat_ms=5),
+                                 "second": competitors.relay_module(mod, params, repeat=5, min_repeat_ms=5)},
+                                rounds=7)
+    r = competitors.ratios(timed, "second")["first"]
+    assert r.low <= r.value <= r.high
+    # One module timed twice: only the machine's noise separates them (a shared 2-core VM).
+    assert 0.5 < r.value < 2.0
+
+
+def test_tables_line_up():
+    assert table.aligned(["a", "bb"], [["xxx", 1]]).splitlines() == ["  a  bb", "xxx   1"]
+    assert table.markdown(["a"], [[1]]).splitlines()[-1] == "| 1 |"

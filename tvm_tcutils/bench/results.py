@@ -1,0 +1,147 @@
+"""Benchmark results as JSON, written next to the printed table.
+
+One file per run: the command line, where it ran (:func:`tvm_tcutils.measure.machine`,
+which includes the date), free-form settings and the rows. A row is a dict;
+:class:`~tvm_tcutils.measure.Timing` and :class:`~tvm_tcutils.measure.Ratio`
+values become their ``as_dict()`` (medians, spreads, samples; ratios with their
+interval). The file is written atomically (a temporary file in the same folder,
+then ``os.replace``), so a reader never sees half a file and an interrupted run
+leaves the previous one.
+
+Examples
+--------
+>>> import json, os, tempfile
+>>> from tvm_tcutils.measure import Timing, ratio
+>>> res = Results("bench_example", ["--rounds", "2"])
+>>> a, b = Timing((1.0, 1.1)), Timing((2.0, 2.2))
+>>> res.add(model="mlp", ours=a, theirs=b, ratio=ratio(a, b))
+>>> path = res.write(os.path.join(tempfile.mkdtemp(), "out.json"))
+>>> data = json.load(open(path))
+>>> data["rows"][0]["ours"]["median_ms"], data["command"][-2:]
+(1.05, ['--rounds', '2'])
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+from typing import Dict, List, Optional, Sequence
+
+#: Where a script's JSON goes unless ``--json`` says otherwise: ``docs/benchmarks/data/<script>.json``.
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "docs", "benchmarks", "data")
+
+
+def default_path(script: str) -> str:
+    """``docs/benchmarks/data/<script>.json`` of this checkout.
+
+    Examples
+    --------
+    >>> default_path("bench_passes").endswith(os.path.join("docs", "benchmarks", "data", "bench_passes.json"))
+    True
+    """
+    return os.path.join(DATA_DIR, f"{os.path.splitext(os.path.basename(script))[0]}.json")
+
+
+def add_json_argument(parser, script: str) -> None:
+    """``--json PATH`` (default :func:`default_path` of ``script``) on an ``argparse`` parser.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> p = argparse.ArgumentParser(); add_json_argument(p, "bench_x")
+    >>> p.parse_args(["--json", "r.json"]).json
+    'r.json'
+    """
+    parser.add_argument("--json", default=default_path(script), metavar="PATH",
+                        help="write the results as JSON here (default %(default)s)")
+
+
+def jsonable(value):
+    """``value`` with timings, ratios and numpy scalars made JSON-ready; ``nan``/``inf`` become ``None``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> jsonable({"x": np.float32(0.5), "y": [float("nan")], "z": (1, 2)})
+    {'x': 0.5, 'y': [None], 'z': [1, 2]}
+    """
+    if hasattr(value, "as_dict"):
+        return jsonable(value.as_dict())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # strict JSON has no nan/inf
+    return value
+
+
+def write_json(path: str, payload: dict) -> str:
+    """Write ``payload`` to ``path`` atomically (temporary file, then ``os.replace``); return ``path``.
+
+    Examples
+    --------
+    >>> p = os.path.join(tempfile.mkdtemp(), "sub", "x.json")
+    >>> write_json(p, {"a": 1}) == p and json.load(open(p))
+    {'a': 1}
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(jsonable(payload), out, indent=1, allow_nan=False)
+            out.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)  # an interrupted write leaves the previous file, and no temporary one
+        raise
+    return path
+
+
+class Results:
+    """The rows of one benchmark run, with what they depend on.
+
+    Parameters
+    ----------
+    script : str
+        The benchmark's name (``bench_passes``).
+    argv : sequence of str, optional
+        Its arguments (default ``sys.argv[1:]``).
+    settings : dict, optional
+        Anything else a reader needs (rounds, thread count, toolchains...).
+    """
+
+    def __init__(self, script: str, argv: Optional[Sequence[str]] = None, **settings):
+        from ..measure import machine
+
+        self.script = os.path.splitext(os.path.basename(script))[0]
+        argv = sys.argv[1:] if argv is None else list(argv)
+        self.command: List[str] = [f"scripts/{self.script}.py", *argv]
+        self.machine = machine()
+        self.settings: Dict[str, object] = dict(settings)
+        self.rows: List[dict] = []
+
+    def add(self, **row) -> None:
+        """Append one row (keyword arguments)."""
+        self.rows.append(row)
+
+    def payload(self) -> dict:
+        """The JSON document: ``script``, ``command``, ``date``, ``machine``, ``settings``, ``rows``."""
+        return {"script": self.script, "command": self.command, "date": self.machine["date"],
+                "machine": self.machine, "settings": self.settings, "rows": self.rows}
+
+    def write(self, path: Optional[str] = None) -> str:
+        """Write the JSON (default :func:`default_path`), say where on stderr, return the path."""
+        path = path or default_path(self.script)
+        write_json(path, self.payload())
+        print(f"results: {path}", file=sys.stderr)
+        return path

@@ -1,0 +1,277 @@
+"""Benchmarks of Collage's library toolchains: per-call cost, pool parking, per-operator-kind latency.
+
+Used by ``scripts/bench_packed_call.py``, ``bench_pool_parking.py`` and
+``bench_collage_toolchains.py``.
+
+Examples
+--------
+>>> mod = elementwise_chain(4)
+>>> str(mod["main"].body.op.name)
+'nn.relu'
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import numpy as np
+
+from .._tvm import tvm
+from tvm import relay
+
+from .competitors import SampleTimer, relay_module
+
+
+def elementwise_chain(ops: int) -> tvm.IRModule:
+    """``ops`` small elementwise ops on a 1x256 tensor: (add a constant, relu) repeated.
+
+    Each op is its own ``tcutils_ort`` partition in the packed-call benchmark.
+    """
+    x = relay.var("x", shape=(1, 256))
+    y = x
+    for _ in range(ops // 2):
+        y = relay.nn.relu(relay.add(y, relay.const(np.full((1, 256), -0.01, "float32"))))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+
+
+def with_run_function(function, build: Callable[[], SampleTimer]) -> SampleTimer:
+    """``build()`` while ``function`` is the registered onnxruntime run function; the default is put back.
+
+    Compiled code looks a packed function up at its first call and keeps it: a
+    variant is built and warmed up (which ``build`` does) while its function is
+    the registered one.
+    """
+    from .. import registry
+    from ..collage.toolchains import ort
+
+    variant = registry.Registry()
+    variant.add(registry.packed_func(ort.TOOLCHAIN.run_name, function, "benchmark variant of the ORT run function"))
+    variant.register()
+    try:
+        return build()
+    finally:
+        variant.unregister()
+        registry.register()  # the package's own run function again (re-installing is idempotent)
+
+
+def ort_alone_timer(repeat: int = 3, min_ms: float = 20.0) -> SampleTimer:
+    """One built partition's onnxruntime session, run from Python through the same I/O binding, without TVM."""
+    from ..collage.toolchains import ort
+    from ..collage.toolchains.packed_call import _address
+    from .competitors import python_call
+
+    state = next(iter(ort.TOOLCHAIN._states.values()))
+    a = tvm.nd.array(np.ones((1, 256), "float32"))
+    out = tvm.nd.empty((1, 256))
+    binding = state.binding([_address(a)], [_address(out)])
+    return python_call(lambda: state.session.run_with_iobinding(binding), repeat=repeat, min_ms=min_ms)
+
+
+def packed_call_timers(ops: int, min_repeat_ms: int = 20) -> Dict[str, SampleTimer]:
+    """Timers of a chain of ``ops`` ORT partitions with the C and the Python callback, and of TVM alone."""
+    from ..collage.toolchains import ort
+    from ..collage.toolchains.packed_call import byoc_partition
+
+    mod = elementwise_chain(ops)
+    parted = byoc_partition(mod, ort.COMPILER, merge=False)
+    timers = {"TVM alone": relay_module(mod, repeat=1, min_repeat_ms=min_repeat_ms)}
+    for label, function in (("Python callback", ort.TOOLCHAIN.run), ("C callback", ort.TOOLCHAIN.run_function())):
+        timers[label] = with_run_function(function, lambda: relay_module(parted, repeat=1, min_repeat_ms=min_repeat_ms))
+    return timers
+
+
+_CHEAP = 0.05
+#: Mixes by operator kind: per-op costs (ms) that make the search send the named kinds to ORT.
+MIXES = {
+    # Convolutions (with their bias/activation) on onnxruntime; pooling, concatenation... on TVM.
+    "convs-on-ort": {
+        "ort": {"nn.conv2d": 1.0, "add": _CHEAP, "nn.relu": _CHEAP, "nn.bias_add": _CHEAP, "multiply": _CHEAP,
+                "*": 9.0},
+        "tvm": {"nn.conv2d": 3.0, "*": _CHEAP},
+    },
+    # The issue's per-op-kind split of the encoder: GELU's erf, softmax and batch_matmul on onnxruntime.
+    "attention-on-ort": {
+        "ort": {"erf": 0.1, "nn.softmax": 0.1, "nn.batch_matmul": 0.1, "*": 9.0},
+        "tvm": {"erf": 1.0, "nn.softmax": 1.0, "nn.batch_matmul": 1.0, "*": _CHEAP},
+    },
+}
+
+
+def mix(mod, params, rule: str):
+    """The module partitioned by ``MIXES[rule]`` (tvm and ort), and its partition counts.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> _, counts = mix(*load_model("mlp"), "convs-on-ort")
+    >>> sorted(counts)
+    ['ort', 'tvm']
+    """
+    from .. import collage
+
+    estimator = collage.MockCostEstimator(MIXES[rule], overhead={"ort": 0.2, "tvm": 0.2})
+    result = collage.partition(mod, params, toolchains="tvm,ort", cost_estimator=estimator, validate_rounds=0)
+    counts = {name: sum(p.toolchain == name for p in result.partitions) for name in ("tvm", "ort")}
+    return result.mod, counts
+
+
+def parking_timers(mod, params, mixed, repeat: int,
+                   thresholds_us: Optional[Dict[str, float]]) -> Dict[str, SampleTimer]:
+    """Timers of a mixed module unparked and parked at each ``{label: threshold_us}``, ORT greedy, TVM alone."""
+    from .. import native
+    from ..collage.driver import greedy_partition
+    from ..collage.toolchains import ort
+    from .._tvm import host_target
+
+    def whole(m) -> SampleTimer:
+        return relay_module(m, None, host_target(), repeat=repeat, warmup=3, min_repeat_ms=50)
+
+    raw = ort.TOOLCHAIN.run_function(park=False)
+    calls = {"no parking": raw}
+    if thresholds_us:
+        wrap = native.get("tvm_tcutils.native.park_pool")
+        calls.update({label: wrap(raw, us) for label, us in thresholds_us.items()})
+    timers = {label: with_run_function(function, lambda: whole(mixed)) for label, function in calls.items()}
+    timers["ORT greedy"] = whole(greedy_partition(mod, params, "ort"))
+    timers["TVM alone"] = whole(mod)
+    return timers
+
+
+# ---------------------------------------------------------------------------
+# Per-operator-kind latency (scripts/bench_collage_toolchains.py)
+# ---------------------------------------------------------------------------
+SEQ, HIDDEN, HEADS = 128, 256, 4
+
+
+class Kinds:
+    """Small Relay functions, one per operator kind, at the shapes of the issue's models; seeded weights.
+
+    Examples
+    --------
+    >>> params, body = Kinds().build("softmax")
+    >>> [p.name_hint for p in params], sorted(Kinds.NAMES)[:2]
+    (['x'], ['batch_matmul', 'conv'])
+    """
+
+    NAMES = ("dense", "dense_out", "batch_matmul", "softmax", "gelu_erf", "layernorm", "conv")
+    HAS_BLAS = frozenset({"dense", "dense_out", "batch_matmul"})
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def weight(self, *shape):
+        return relay.const((self.rng.standard_normal(shape) * np.sqrt(2.0 / shape[-1])).astype("float32"))
+
+    def build(self, kind: str):
+        """``(params, body)`` of one kind."""
+        table = {
+            "dense": lambda: self._dense(4 * HIDDEN, HIDDEN),
+            "dense_out": lambda: self._dense(HIDDEN, 4 * HIDDEN),
+            "batch_matmul": self._batch_matmul, "softmax": self._softmax, "gelu_erf": self._gelu,
+            "layernorm": self._layer_norm, "conv": self._conv,
+        }
+        return table[kind]()
+
+    def _dense(self, units, k):
+        x = relay.var("x", shape=(SEQ, k))
+        return [x], relay.nn.bias_add(relay.nn.dense(x, self.weight(units, k)), self.weight(units))
+
+    def _batch_matmul(self):
+        q = relay.var("q", shape=(HEADS, SEQ, HIDDEN // HEADS))
+        k = relay.var("k", shape=(HEADS, SEQ, HIDDEN // HEADS))
+        return [q, k], relay.nn.batch_matmul(q, k)
+
+    def _softmax(self):
+        x = relay.var("x", shape=(1, HEADS, SEQ, SEQ))
+        return [x], relay.nn.softmax(x)
+
+    def _gelu(self):
+        x = relay.var("x", shape=(SEQ, 4 * HIDDEN))
+        erf = relay.erf(relay.divide(x, relay.const(np.sqrt(2.0), "float32")))
+        return [x], relay.multiply(relay.multiply(x, relay.add(erf, relay.const(1.0))), relay.const(0.5))
+
+    def _layer_norm(self):
+        # As TVM's ONNX importer writes LayerNormalization: mean, variance, sqrt, divide.
+        x = relay.var("x", shape=(SEQ, HIDDEN))
+        mean = relay.mean(x, axis=-1, keepdims=True)
+        var = relay.variance(x, axis=-1, keepdims=True, with_mean=mean)
+        norm = relay.divide(relay.subtract(x, mean), relay.sqrt(relay.add(var, relay.const(1e-12))))
+        return [x], relay.add(relay.multiply(norm, self.weight(HIDDEN)), self.weight(HIDDEN))
+
+    def _conv(self):
+        x = relay.var("x", shape=(1, 64, 56, 56))
+        y = relay.nn.conv2d(x, self.weight(64, 64, 3, 3), padding=(1, 1), channels=64, kernel_size=(3, 3))
+        return [x], relay.nn.relu(relay.nn.bias_add(y, self.weight(64)))
+
+
+def graph_timer(mod, inputs, params=None):
+    """(a settled timer of ``mod`` built for this CPU, its first output)."""
+    from ..measure import Timer
+    from .competitors import settled
+
+    timer = Timer(mod, params, repeat=5, warmup=1, inputs=inputs)
+    return settled(timer.sample), timer.outputs()[0]
+
+
+def ort_direct_timer(func=None, inputs=None, model=None) -> SampleTimer:
+    """onnxruntime on the ONNX of ``func`` (or ``model``) from Python, with an IOBinding, settled."""
+    import onnxruntime
+
+    from ..collage.toolchains import relay_to_onnx
+    from .competitors import onnx_session, settled
+
+    if model is None:
+        model = relay_to_onnx.to_onnx(relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"])
+    options = onnxruntime.SessionOptions()
+    # As the toolchain's sessions: idle threads sleep instead of spinning into the next variant's time.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    for arg, value in zip(session.get_inputs(), inputs.values()):
+        binding.bind_cpu_input(arg.name, value)
+    binding.bind_output(session.get_outputs()[0].name, "cpu")
+    session.run_with_iobinding(binding)
+    return settled(onnx_session(session, binding, repeat=5, min_ms=0.0))
+
+
+def kind_timers(kind: str, kinds: Kinds, with_ort: bool) -> Dict[str, SampleTimer]:
+    """Timers of one kind built each way (tvm, fastmath, ort, blas, ort-direct); outputs checked against TVM."""
+    from ..collage.toolchains import TVM_FASTMATH, blas, ort
+
+    params, body = kinds.build(kind)
+    func = relay.Function(params, body)
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
+    inputs = {p.name_hint: kinds.rng.standard_normal([int(d) for d in p.type_annotation.shape]).astype("float32")
+              for p in params}
+    timers = {}
+    timers["tvm"], expected = graph_timer(mod, inputs)
+    timers["fastmath"], got = graph_timer(TVM_FASTMATH.rewrite(mod), inputs)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    variants = []
+    if with_ort:
+        variants.append(("ort", ort.partition_for(mod)))
+    if kind in Kinds.HAS_BLAS:
+        variants.append(("blas", blas.partition_for(mod)))
+    for name, parted in variants:
+        timers[name], got = graph_timer(parted, inputs)
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
+    if with_ort:
+        timers["direct"] = ort_direct_timer(func, inputs)
+    return timers
+
+
+def model_timers(name: str) -> tuple:
+    """Timers of a whole model: TVM alone, greedy BYOC to ORT, onnxruntime on its ONNX graph; partition count."""
+    from .. import models
+    from ..collage.toolchains import ort
+
+    mod, params = models.load_model(name)
+    inputs = models.random_inputs(mod, params)
+    timers = {}
+    timers["tvm"], expected = graph_timer(mod, inputs, params)
+    parted = ort.partition_for(mod, params)
+    count = sum(1 for _, f in parted.functions.items() if f.attrs is not None and "Compiler" in f.attrs)
+    timers["byoc"], got = graph_timer(parted, inputs)
+    np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)
+    if name in models.ONNX_BUILDERS:
+        timers["onnx"] = ort_direct_timer(None, inputs, models.onnx_model(name))
+    return timers, count
