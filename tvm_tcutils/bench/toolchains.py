@@ -43,14 +43,8 @@ def with_run_function(function, build: Callable[[], SampleTimer]) -> SampleTimer
     from .. import registry
     from ..collage.toolchains import ort
 
-    variant = registry.Registry()
-    variant.add(registry.packed_func(ort.TOOLCHAIN.run_name, function, "benchmark variant of the ORT run function"))
-    variant.register()
-    try:
+    with registry.overriding_func(ort.TOOLCHAIN.run_name, function):
         return build()
-    finally:
-        variant.unregister()
-        registry.register()  # the package's own run function again (re-installing is idempotent)
 
 
 def ort_alone_timer(repeat: int = 3, min_ms: float = 20.0) -> SampleTimer:
