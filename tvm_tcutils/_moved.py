@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import warnings
@@ -35,6 +36,7 @@ MOVED: Dict[str, str] = {
     "tvm_tcutils.isa": "tvm_tcutils.dotprod.isa",
     "tvm_tcutils.hexagon_emulation": "tvm_tcutils.dotprod.hexagon",
     "tvm_tcutils.dot_product_tuning": "tvm_tcutils.tuning",
+    "tvm_tcutils.collage.toolchains.demo": "tvm_tcutils.collage.demo",
 }
 
 
@@ -84,7 +86,8 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         if new is None:
             # Packages that only ever held moved modules ("tvm_tcutils.strategy")
             # still import, as empty namespaces, so that their moved children resolve.
-            if any(prefix.startswith(fullname + ".") for prefix in MOVED):
+            if (any(prefix.startswith(fullname + ".") for prefix in MOVED)
+                    and importlib.machinery.PathFinder.find_spec(fullname, path) is None):
                 return importlib.util.spec_from_loader(fullname, _NamespaceLoader(), is_package=True)
             return None
         return importlib.util.spec_from_loader(fullname, _AliasLoader(new), is_package=True)

@@ -13,14 +13,20 @@ Every failure is a :class:`ModelError` with one line saying what was wrong.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import json
 import os
+import tempfile
 from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
 from ._tvm import tvm
 from tvm import relay
+
+from .onnx_writer import OnnxGraph
 
 Params = Dict[str, "tvm.nd.NDArray"]
 
@@ -208,15 +214,28 @@ def _first_line(err: BaseException) -> str:
     return (errors[-1] if errors else (lines[0] if lines else type(err).__name__))[:300]
 
 
-def _sidecar_params(path: str) -> Params:
-    params_path = os.path.splitext(path)[0] + ".params"
+def _sidecar_params(path: str, recorded: Optional[str] = None) -> Params:
+    """The ``.params`` beside ``path``, checked against the fingerprint the graph recorded.
+
+    ``recorded`` is None for graphs saved without one (older saves, other
+    tools): then any ``.params`` is taken as before.
+    """
+    params_path = _params_path(path)
     if not os.path.isfile(params_path):
+        if recorded:
+            raise ModelError(f"{path}: was saved with parameters, but {params_path} is missing")
         return {}
     try:
         with open(params_path, "rb") as handle:
-            return dict(relay.load_param_dict(handle.read()))
-    except Exception as err:
+            params = dict(relay.load_param_dict(handle.read()))
+    except (OSError, tvm.TVMError) as err:
         raise ModelError(f"{params_path}: not a Relay parameter file ({_first_line(err)})") from None
+    if recorded is not None and params_fingerprint(params) != recorded:
+        raise ModelError(
+            f"{params_path} does not belong to {path} (its fingerprint differs from the one the graph "
+            "recorded: another model's, or an older save's); save the model again or remove the file"
+        )
+    return params
 
 
 def _load_onnx(path: str):
@@ -226,42 +245,149 @@ def _load_onnx(path: str):
         onnx = ensure_onnx_mapping()
     except ImportError:
         raise ModelError(f"{path}: loading ONNX needs the onnx package: pip install 'tvm-tcutils[ort]'") from None
+    from google.protobuf import json_format, message
+
+    # What a missing, corrupt (binary or JSON protobuf) or invalid ONNX file raises.
+    unreadable = (OSError, ValueError, message.Error, json_format.Error, onnx.checker.ValidationError)
     try:
         model = onnx.load(path)
         onnx.checker.check_model(model)
-    except Exception as err:
+    except unreadable as err:
         raise ModelError(f"{path}: not a valid ONNX model ({_first_line(err)})") from None
     try:
         return relay.frontend.from_onnx(model, freeze_params=True)
-    except Exception as err:
-        raise ModelError(f"{path}: TVM cannot import this ONNX model ({_first_line(err)})") from None
+    # A boundary: TVM's ONNX frontend fails on models it does not cover with any exception
+    # type (OpNotImplemented, KeyError, AssertionError...). The user sees one line; the cause
+    # stays chained for --debug.
+    except Exception as err:  # noqa: BLE001
+        raise ModelError(f"{path}: TVM cannot import this ONNX model ({_first_line(err)})") from err
 
 
 def _load_json(path: str):
     try:
         with open(path) as handle:
-            mod = tvm.ir.load_json(handle.read())
-    except Exception as err:
+            text = handle.read()
+        mod = tvm.ir.load_json(text)
+        recorded = json.loads(text).get("attrs", {}).get(_JSON_ATTR)
+    except (OSError, ValueError, AttributeError, tvm.TVMError) as err:  # ValueError: not JSON, not UTF-8
         raise ModelError(f"{path}: not a saved Relay module ({_first_line(err)})") from None
     if not isinstance(mod, tvm.IRModule):
         raise ModelError(f"{path}: holds a {type(mod).__name__}, not a Relay IRModule")
-    return mod, _sidecar_params(path)
+    return mod, _sidecar_params(path, recorded)
 
 
 def _load_text(path: str):
     try:
         with open(path) as handle:
-            mod = tvm.relay.fromtext(handle.read())
-    except Exception as err:
+            text = handle.read()
+        mod = tvm.relay.fromtext(text)
+    except (OSError, ValueError, tvm.TVMError) as err:  # TVMError: TVM's parser's diagnostics
         raise ModelError(f"{path}: not a Relay text module ({_first_line(err)})") from None
-    return mod, _sidecar_params(path)
+    marks = [line[len(_TEXT_MARK):].strip() for line in text.splitlines()[:3] if line.startswith(_TEXT_MARK)]
+    return mod, _sidecar_params(path, marks[0] if marks else None)
 
 
-def save_model(path: str, mod: tvm.IRModule, params: Optional[Params] = None) -> None:
+#: Where a saved graph records the fingerprint of its parameters.
+_JSON_ATTR = "tcutils_params"
+_TEXT_MARK = "// tcutils-params: "
+
+
+def params_fingerprint(params: Optional[Params]) -> str:
+    """A digest of parameters: names, shapes, dtypes and content (``""`` for none).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> a = params_fingerprint({"w": np.zeros((2, 3), "float32")})
+    >>> a == params_fingerprint({"w": np.zeros((2, 3), "float32")}), a == params_fingerprint({"w": np.ones((2, 3), "float32")})
+    (True, False)
+    >>> params_fingerprint(None)
+    ''
+    """
+    if not params:
+        return ""
+    digest = hashlib.sha256()
+    for name in sorted(params):
+        value = params[name]
+        array = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+        digest.update(f"{name}|{array.shape}|{array.dtype}|".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return f"{len(params)}:{digest.hexdigest()[:32]}"
+
+
+def _params_path(path: str) -> str:
+    return os.path.splitext(path)[0] + ".params"
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, temp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+def check_output_path(path: str, overwrite: bool = True, argument: str = "path") -> str:
+    """Fail fast, before any work, when a model cannot be saved at ``path``.
+
+    Checks the extension, that the directory exists and is writable, and (with
+    ``overwrite=False``) that neither the graph nor its ``.params`` exists.
+
+    Examples
+    --------
+    >>> check_output_path("/no/such/dir/m.json")
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.models.ModelError: path /no/such/dir/m.json: directory /no/such/dir does not exist
+    """
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in _SAVERS:
+        raise ModelError(f"{argument} {path}: cannot save as {ext!r}; use one of {sorted(_SAVERS)}")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ModelError(f"{argument} {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise ModelError(f"{argument} {path}: directory {directory} is not writable")
+    if not overwrite:
+        existing = [p for p in (path, _params_path(path)) if os.path.exists(p)]
+        if existing:
+            raise ModelError(f"{argument} {path}: {' and '.join(existing)} already exist(s); "
+                             "choose another path or overwrite (--force)")
+    return path
+
+
+def _json_text(mod: tvm.IRModule, fingerprint: str) -> str:
+    saved = json.loads(tvm.ir.save_json(mod))
+    saved.setdefault("attrs", {})[_JSON_ATTR] = fingerprint
+    return json.dumps(saved)
+
+
+def _relay_text(mod: tvm.IRModule, fingerprint: str) -> str:
+    text = mod.astext(show_meta_data=True)
+    first, _, rest = text.partition("\n")
+    # After the version line, which the parser wants first.
+    return f"{first}\n{_TEXT_MARK}{fingerprint}\n{rest}"
+
+
+#: File extension -> how a module is written (the fingerprint goes inside).
+_SAVERS = {".json": _json_text, ".relay": _relay_text, ".txt": _relay_text}
+
+
+def save_model(path: str, mod: tvm.IRModule, params: Optional[Params] = None, overwrite: bool = True) -> None:
     """Save a module as JSON (``.json``) or text (``.relay``/``.txt``), params beside it.
 
     The parameters go to ``<stem>.params`` (``relay.save_param_dict``), which
-    :func:`load_model` reads back.
+    :func:`load_model` reads back. The graph records a fingerprint of them
+    (:func:`params_fingerprint`), so a ``.params`` file of another model or of
+    an older save is refused on load; saving without parameters removes a
+    stale ``.params``. Both files are written atomically (temporary file and
+    rename), parameters first.
 
     Examples
     --------
@@ -273,18 +399,18 @@ def save_model(path: str, mod: tvm.IRModule, params: Optional[Params] = None) ->
     >>> tvm.ir.structural_equal(loaded, mod)
     True
     """
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".json":
-        text = tvm.ir.save_json(mod)
-    elif ext in (".relay", ".txt"):
-        text = mod.astext(show_meta_data=True)
-    else:
-        raise ModelError(f"{path}: cannot save as {ext!r}; use one of ['.json', '.relay', '.txt']")
-    with open(path, "w") as handle:
-        handle.write(text)
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
+    if params is not None and not isinstance(params, dict):
+        raise TypeError(f"params must be a dict of name -> array or None, got {type(params).__name__}")
+    check_output_path(path, overwrite)
+    fingerprint = params_fingerprint(params)
+    text = _SAVERS[os.path.splitext(path)[1].lower()](mod, fingerprint)
     if params:
-        with open(os.path.splitext(path)[0] + ".params", "wb") as handle:
-            handle.write(relay.save_param_dict(params))
+        _write_atomically(_params_path(path), bytes(relay.save_param_dict(params)))
+    elif os.path.exists(_params_path(path)):
+        os.unlink(_params_path(path))
+    _write_atomically(path, text.encode())
 
 
 def random_inputs(mod: tvm.IRModule, params: Optional[Params] = None, seed: int = 0) -> Dict[str, np.ndarray]:
@@ -321,26 +447,16 @@ def random_inputs(mod: tvm.IRModule, params: Optional[Params] = None, seed: int 
 # MobileNet-v2 as an exporter would write them (batch norm folded into conv
 # biases, GELU in its erf form, LayerNormalization from opset 17).
 # --------------------------------------------------------------------------
-class _OnnxGraph:
-    """A small writer of ONNX graphs with seeded, realistically scaled weights."""
+class _OnnxGraph(OnnxGraph):
+    """The ONNX writer with seeded, realistically scaled weights and the zoo models' layers."""
 
     def __init__(self, seed: int):
-        from ._compat import ensure_onnx_mapping
-
-        self.onnx = ensure_onnx_mapping()
+        super().__init__()
         self.rng = np.random.default_rng(seed)
-        self.nodes: list = []
-        self.initializers: list = []
-        self._count = 0
-
-    def name(self, hint: str) -> str:
-        self._count += 1
-        return f"{hint}_{self._count}"
 
     def tensor(self, value: np.ndarray, hint: str) -> str:
-        name = self.name(hint)
-        self.initializers.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
+        # ascontiguousarray makes scalars 1-element vectors, as the zoo models always had them.
+        return self.const(np.ascontiguousarray(value), hint)
 
     def weight(self, shape, fan_in: int, gain: float = 2.0, scale: float = 1.0) -> str:
         std = scale * np.sqrt(gain / fan_in)
@@ -349,29 +465,18 @@ class _OnnxGraph:
     def bias(self, size: int, std: float = 0.02) -> str:
         return self.tensor(self.rng.normal(0.0, std, size=(size,)).astype("float32"), "b")
 
-    def node(self, op_type: str, inputs, **attrs) -> str:
-        out = self.name(op_type.lower())
-        self.nodes.append(self.onnx.helper.make_node(op_type, list(inputs), [out], **attrs))
-        return out
-
     def ints(self, values, hint: str = "shape") -> str:
         return self.tensor(np.asarray(values, dtype=np.int64), hint)
 
     def scalar(self, value: float) -> str:
         return self.tensor(np.asarray(value, dtype=np.float32), "c")
 
-    def model(self, name: str, input_shape, output: str, output_shape):
-        helper, float_type = self.onnx.helper, self.onnx.TensorProto.FLOAT
-        graph = helper.make_graph(
-            self.nodes, name,
-            [helper.make_tensor_value_info("input", float_type, list(input_shape))],
-            [helper.make_tensor_value_info(output, float_type, list(output_shape))],
-            self.initializers,
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tvm_tcutils")
-        model.ir_version = min(model.ir_version, 8)
-        self.onnx.checker.check_model(model)
-        return model
+    def finish(self, name: str, input_shape, output: str, output_shape):
+        """The checked model: float32 ``input`` -> ``output``, IR version at most 8."""
+        self.name = name
+        self.input("input", "float32", input_shape)
+        self.output(output, "float32", output_shape)
+        return self.model(max_ir_version=8)
 
     # -- layers ---------------------------------------------------------------
     def conv(self, x: str, cin: int, cout: int, kernel: int, stride: int = 1, group: int = 1,
@@ -432,7 +537,7 @@ def bert_onnx(batch: int = 1, seq: int = 128, hidden: int = 256, heads: int = 4,
         ffn = g.linear(g.gelu(g.linear(x, hidden, 4 * hidden, gain=2.0)), 4 * hidden, hidden)
         x = g.layer_norm(g.node("Add", [x, ffn]), hidden)
     out = g.node("Reshape", [x, g.ints([batch, seq, hidden])])
-    return g.model("bert_like_encoder", (batch, seq, hidden), out, (batch, seq, hidden))
+    return g.finish("bert_like_encoder", (batch, seq, hidden), out, (batch, seq, hidden))
 
 
 def resnet50_onnx(batch: int = 1, seed: int = 0):
@@ -463,7 +568,7 @@ def resnet50_onnx(batch: int = 1, seed: int = 0):
             cin = width * 4
     x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
     logits = g.node("Gemm", [x, g.weight((1000, cin), cin, gain=1.0), g.bias(1000)], transB=1)
-    return g.model("resnet50", (batch, 3, 224, 224), logits, (batch, 1000))
+    return g.finish("resnet50", (batch, 3, 224, 224), logits, (batch, 1000))
 
 
 def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
@@ -496,7 +601,7 @@ def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
     x = relu6(g.conv(x, cin, 1280, 1))
     x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
     logits = g.node("Gemm", [x, g.weight((1000, 1280), 1280, gain=1.0), g.bias(1000)], transB=1)
-    return g.model("mobilenet_v2", (batch, 3, 224, 224), logits, (batch, 1000))
+    return g.finish("mobilenet_v2", (batch, 3, 224, 224), logits, (batch, 1000))
 
 
 #: ONNX graphs built in code, by the zoo name that loads them imported into Relay.

@@ -157,6 +157,19 @@ def test_greedy_byoc_partitioning_is_always_a_choice():
     assert tvm.ir.structural_equal(result.mod, greedy, map_free_vars=True)
 
 
+class MockWholeModelTimer:
+    """A validation timer asking its estimator's ``measure_whole`` / ``measure_wholes``."""
+
+    def __init__(self, estimator):
+        self.estimator = estimator
+
+    def time(self, mod):
+        return self.estimator.measure_whole(mod)
+
+    def time_side_by_side(self, mods, rounds=5):
+        return self.estimator.measure_wholes(mods, rounds)
+
+
 class CrossingCosts(MockCostEstimator):
     """Mock costs, and 'whole-model timings' that charge each call into an external partition."""
 
@@ -164,6 +177,12 @@ class CrossingCosts(MockCostEstimator):
         super().__init__(costs, overhead)
         self.crossing_ms = crossing_ms
         self.timed = 0
+
+    def whole_model_timer(self):
+        return MockWholeModelTimer(self)
+
+    def measure_wholes(self, mods, rounds=5):
+        return None  # no side-by-side timing
 
     def measure_whole(self, mod):
         self.timed += 1

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import pytest
 
@@ -12,8 +10,8 @@ from tvm_tcutils.collage.cost.learned import XGBoostCostEstimator, node_flops
 from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator
 from tvm_tcutils.collage.cost.mock import MockCostEstimator
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from bench_collage_search import encoder, mock_toolchains, synthetic_costs  # noqa: E402
+from tvm_tcutils.bench.collage import mock_toolchains, synthetic_costs
+from tvm_tcutils.bench.models import encoder
 
 
 class SyntheticMeasured(MeasuredCostEstimator):

@@ -17,7 +17,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import collage_test_codegen as test_codegen  # noqa: E402
 
 from tvm_tcutils.collage import partition  # noqa: E402
-from tvm_tcutils.collage.cost.measured import CostCache, MeasuredCostEstimator, WorkerPool  # noqa: E402
+from tvm_tcutils import measure  # noqa: E402
+from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator  # noqa: E402
+from tvm_tcutils.collage.cost.store import CostStore  # noqa: E402
+from tvm_tcutils.collage.cost.workers import WorkerPool  # noqa: E402
 
 from test_collage_driver import elementwise_net  # noqa: E402
 
@@ -93,7 +96,7 @@ def test_crashing_and_hanging_toolchains_cost_infinity(tmp_path, caplog):
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "killed by signal 6" in messages  # SIGABRT: the worker died, not the search
     assert "timed out" in messages
-    cache = CostCache(str(tmp_path))
+    cache = CostStore(str(tmp_path))
     failed = [e for e in cache.entries.values() if e["ms"] is None]
     assert {e["toolchain"] for e in failed} == {"tcutils_test_abort", "tcutils_test_hang"}
     assert all(e["error"] for e in failed)
@@ -129,8 +132,8 @@ def test_keys_are_equal_exactly_for_equal_stand_alone_functions(model):
     from tvm_tcutils.collage.toolchains import resolve
     from tvm_tcutils.models import load_model
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-    from bench_collage_search import encoder, mock_toolchains
+    from tvm_tcutils.bench.collage import mock_toolchains
+    from tvm_tcutils.bench.models import encoder
 
     if model == "squeezenet":
         mod = prepare(*load_model("squeezenet1.0"))
@@ -212,28 +215,29 @@ def test_tuning_log_reaches_every_tvm_build_and_the_cache_key(tmp_path):
         outputs.append(runner.get_output(0).numpy())
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5)
 
-    # The log really is read by the measuring workers and by the build: a corrupt one fails both.
-    bad = tmp_path / "bad.log"
-    bad.write_text("not a tuning record\n")
-    broken = MeasuredCostEstimator(cache_dir="", repeat=2, progress=False, tuning_log=str(bad))
+    # The log really is read by the measuring workers and by the build: one gone missing fails both.
+    gone = tmp_path / "gone.log"
+    gone.write_text((tmp_path / "tuned.log").read_text())
+    broken = MeasuredCostEstimator(cache_dir="", repeat=2, progress=False, tuning_log=str(gone))
+    gone.unlink()
     try:
-        assert not math.isfinite(broken.measure_whole(mod))
+        assert not math.isfinite(broken.whole_model_timer().time(mod))
     finally:
         broken.close()
-    with pytest.raises(ValueError):
-        build_partitioned(result.mod, tuning_log=str(bad))
+    with pytest.raises(FileNotFoundError):
+        build_partitioned(result.mod, tuning_log=str(gone))
     with pytest.raises(FileNotFoundError, match="tuning_log"):
         MeasuredCostEstimator(cache_dir="", tuning_log=str(tmp_path / "missing.log"))
 
 
-def test_measure_wholes_times_side_by_side_and_isolates_build_failures():
+def test_whole_models_are_timed_side_by_side_and_build_failures_isolated():
     good = two_layer_net(0)
     # A dynamically shaped module: the graph executor cannot build it (an error, not a crash).
     x = relay.var("x", shape=(relay.Any(), 16))
     bad = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
     est = MeasuredCostEstimator(cache_dir="", repeat=2, progress=False)
     try:
-        times = est.measure_wholes([good, bad, good], rounds=2)
+        times = est.whole_model_timer().time_side_by_side([good, bad, good], rounds=2)
     finally:
         est.close()
     assert len(times) == 3 and math.isfinite(times[0]) and math.isfinite(times[2]) and times[1] == math.inf
@@ -251,7 +255,7 @@ def _conv_module(kernel: int = 1, channels: int = 64, size: int = 56, explicit_t
 
 def test_boundary_layout_nodes_are_the_transforms_around_a_conv_built_alone():
     import tvm_tcutils
-    from tvm_tcutils.collage.cost.measured import boundary_layout_nodes
+    from tvm_tcutils.measure import boundary_layout_nodes
 
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(_conv_module(), target=tvm_tcutils.host_target())
@@ -267,7 +271,7 @@ def test_boundary_layout_nodes_are_the_transforms_around_a_conv_built_alone():
 
 def test_tvm_candidates_are_timed_without_their_boundary_transforms():
     import tvm_tcutils
-    from tvm_tcutils.collage.cost.measured import measure_module
+    from tvm_tcutils.collage.cost.workers import time_candidate
 
     target = tvm_tcutils.host_target()
     # A 1x1 conv with few channels does little work next to the two transforms around it (about 60 %
@@ -275,25 +279,25 @@ def test_tvm_candidates_are_timed_without_their_boundary_transforms():
     text = tvm.ir.save_json(_conv_module(channels=16))
     whole, inner = [], []
     for _ in range(3):
-        whole.append(measure_module(text, target, 5, 1, 5, None, True))
-        inner.append(measure_module(text, target, 5, 1, 5, None, False))
+        whole.append(time_candidate(text, target, 5, 1, 5, None, True)["ms"])
+        inner.append(time_candidate(text, target, 5, 1, 5, None, False)["ms"])
     assert 0.1 * np.median(whole) <= np.median(inner) < 0.8 * np.median(whole), (whole, inner)
 
 
 def test_modules_with_their_own_layout_transforms_are_timed_whole(monkeypatch):
     import tvm_tcutils
-    from tvm_tcutils.collage.cost import measured
 
     # Its kernels include boundary transforms, but the model itself asked for one: nothing is discounted,
     # so the debug executor is never created.
     own = _conv_module(explicit_transform=True)
-    assert measured._has_layout_transform(own) and not measured._has_layout_transform(_conv_module())
+    assert measure._has_layout_transform(own) and not measure._has_layout_transform(_conv_module())
     looked_up = []
-    original = measured.boundary_layout_nodes
-    monkeypatch.setattr(measured, "boundary_layout_nodes", lambda *a: looked_up.append(1) or original(*a))
-    assert measured.module_timer(own, tvm_tcutils.host_target(), 2, 1, 1, None, False)() > 0
+    original = measure.boundary_layout_nodes
+    monkeypatch.setattr(measure, "boundary_layout_nodes", lambda *a: looked_up.append(1) or original(*a))
+    target = tvm_tcutils.host_target()
+    assert measure.Timer(own, None, target, 2, 1, 1, boundary_layout=False).sample() > 0
     assert not looked_up
-    assert measured.module_timer(_conv_module(), tvm_tcutils.host_target(), 2, 1, 1, None, False)() > 0
+    assert measure.Timer(_conv_module(), None, target, 2, 1, 1, boundary_layout=False).sample() > 0
     assert looked_up
 
 
@@ -301,11 +305,11 @@ def test_only_tvm_candidates_are_discounted(monkeypatch):
     est = MeasuredCostEstimator(cache_dir="", repeat=2, progress=False)
     flags = {}
 
-    def fake_run(payloads, on_result=None, timeout=None):
-        for k, payload in enumerate(payloads):
-            module = tvm.ir.load_json(payload[0])
+    def fake_run(tasks, on_result=None, timeout=None):
+        for k, (kind, task) in enumerate(tasks):
+            module = tvm.ir.load_json(task["mod_json"])
             external = any("Compiler" in (f.attrs or {}) for f in module.functions.values())
-            flags.setdefault(external, set()).add(payload[-1])
+            flags.setdefault(external, set()).add(task["boundary_layout"])
             on_result(k, {"ms": 1.0})
 
     monkeypatch.setattr(est.pool, "run", fake_run)
@@ -334,3 +338,18 @@ def test_cache_tags_are_computed_once_per_toolchain_and_keys_do_not_change(monke
     keys = [r.key for r in seen]
     assert keys == [CostRequest(r.graph, r.candidate, r.toolchain).key for r in seen]  # untagged: same keys
     assert cost_requests(None, [], [], {}) == []
+
+
+def test_a_bug_in_the_worker_stops_the_run_instead_of_costing_inf():
+    from tvm_tcutils.collage.cost.workers import WorkerError
+
+    pool = WorkerPool(1, 60.0)
+    try:
+        # A TypeError (a wrong argument) is a bug, not a failed build: it must not become an infinite cost.
+        with pytest.raises(WorkerError, match="TypeError"):
+            pool.run([("candidate", {"no_such_argument": 1})])
+        [failed] = pool.run([("candidate", dict(mod_json="{", target="llvm", repeat=1, warmup=0,
+                                                min_repeat_ms=0))])
+    finally:
+        pool.close()
+    assert failed["ms"] == math.inf and failed["error"]

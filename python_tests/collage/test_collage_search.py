@@ -11,7 +11,7 @@ from tvm import relay
 
 from tvm_tcutils.collage.candidates import Candidate
 from tvm_tcutils.collage import search as search_module
-from tvm_tcutils.collage.search import NoCoverError, partition_order, search
+from tvm_tcutils.collage.search import NoCoverError, is_valid, partition_order, search, search_valid
 from tvm_tcutils.collage.subgraph import IndexedGraph, bits, mask_of, popcount
 
 
@@ -211,6 +211,35 @@ def test_cycle_between_partitions_is_detected_and_avoided():
     masks = [c.mask for c in checked.chosen if c.mask & (c.mask - 1)]
     assert partition_order(graph, masks) is not None
     assert checked.cost == pytest.approx(0.5 + 3 * 1.0)  # one of A, B plus three singletons
+
+
+class _Kind:
+    def __init__(self, is_tvm):
+        self.is_tvm = is_tvm
+
+
+def test_search_valid_searches_again_only_when_external_partitions_form_a_cycle():
+    graph, idx = _cycle_graph()
+    a = mask_of([idx["a1"], idx["a2"]])
+    b = mask_of([idx["b1"], idx["b2"]])
+    cands = [Candidate("tvm", 1 << i, "single") for i in bits(graph.covered_mask)]
+    cands += [Candidate("ext", a, "A"), Candidate("ext", b, "B")]
+    cands.sort(key=Candidate.sort_key)
+    costs = [0.5 if c.label in ("A", "B") else 1.0 for c in cands]
+    external = {"tvm": _Kind(True), "ext": _Kind(False)}
+    plain = search(graph, cands, costs)
+    assert not is_valid(graph, plain.chosen, external)
+    valid = search_valid(graph, cands, costs, external)
+    assert is_valid(graph, valid.chosen, external) and valid.cost == pytest.approx(3.5)
+    # Both partitions in TVM: nothing is outlined, so the cheapest cover stands.
+    inside = {"tvm": _Kind(True), "ext": _Kind(True)}
+    assert search_valid(graph, cands, costs, inside).cost == pytest.approx(plain.cost) == pytest.approx(2.0)
+
+
+def test_the_learned_estimator_uses_the_search_validity_check():
+    from tvm_tcutils.collage.cost import learned
+
+    assert learned.search_valid is search_valid
 
 
 def test_no_cover_and_bad_costs():

@@ -10,9 +10,7 @@ stderr, read here with ``capfd``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import sys
 
 import pytest
 import tvm
@@ -22,12 +20,10 @@ from tvm.relay import dataflow_pattern as dfp
 import tvm_tcutils
 from tvm_tcutils import registry
 from tvm_tcutils.collage import CustomCostEstimator, partition, prepare
+from tvm_tcutils.bench.models import encoder
 from tvm_tcutils.collage.toolchains import TVM, Toolchain
 
 from conftest import small_conv_net
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from bench_collage_search import encoder  # noqa: E402
 
 HOOK = "example_target_hook"
 ARITY = {"nn.dense": 2, "add": 2, "multiply": 2, "exp": 1, "nn.relu": 1, "nn.bias_add": 2, "nn.softmax": 1,

@@ -3,8 +3,8 @@
 The flow: rules (:mod:`.rules`, from pattern tables, operator predicates and
 TVM's fusion kinds) -> candidates (:mod:`.candidates`) -> costs
 (:mod:`.cost`) -> search (:mod:`.search`, shortest path over covered nodes)
--> partitioned IRModule (:mod:`.outline`, :mod:`.driver`) -> any Relay
-executor builds it.
+-> validation, whole models timed (:mod:`.validate`) -> partitioned IRModule
+(:mod:`.outline`, :mod:`.driver`) -> any Relay executor builds it.
 
 Example
 -------

@@ -23,10 +23,10 @@ from tvm import relay
 
 from .candidates import Candidate, enumerate_candidates
 from .cost.base import CostEstimator, cost_requests
-from .outline import partitioned_module
-from .search import SearchResult, partition_order, search
+from .search import NoCoverError, search, search_valid
 from .subgraph import IndexedGraph, checked_main
 from .toolchains import TVM, Toolchain, resolve, tvm_toolchain
+from .validate import Validation, greedy_answers, outline_chosen
 
 logger = logging.getLogger("tvm_tcutils.collage")
 
@@ -138,160 +138,6 @@ def _estimate(graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict[
     return costs
 
 
-def _outline(graph: IndexedGraph, chosen: Sequence[Candidate], toolchains: Dict[str, Toolchain],
-             prepared: tvm.IRModule):
-    """The partitioned module of ``chosen`` (and its partitions' symbols), lowered the TVM toolchain's way."""
-    compilers = {name: tc.compiler for name, tc in toolchains.items()}
-    return partitioned_module(graph, chosen, compilers, prepared, rewrite=tvm_toolchain(toolchains).rewrite)
-
-
-def _search_valid(graph: IndexedGraph, cands, costs, toolchains) -> SearchResult:
-    result = search(graph, cands, costs)
-    external = [c.mask for c in result.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
-    if partition_order(graph, external) is None:
-        logger.info("partitions of the best cover depend on each other; searching again with cycle checks")
-        result = search(graph, cands, costs, check_cycles=True)
-    return result
-
-
-class _Validation:
-    """Builds and times whole-model partitionings; learns the cost of crossing between toolchains.
-
-    Candidates are measured alone, so their sum misses what a partitioning
-    pays at each boundary between toolchains (thread pools waking up, caches,
-    the call itself). When the estimator can time whole models, the chosen
-    partitioning is built and timed; the gap between that and its estimate,
-    spread over its external partitions, becomes a per-crossing penalty, and
-    the search runs again with it (``rounds`` times). Each single-toolchain
-    answer is timed too, and BYOC's greedy partitioning of each BYOC
-    toolchain (its largest candidates, TVM for the rest): the fastest
-    partitioning measured wins, so Collage is never measured slower than
-    these in its own run.
-    """
-
-    def __init__(self, graph, cands, costs, toolchains, prepared, estimator):
-        self.graph, self.cands, self.costs = graph, cands, costs
-        self.toolchains, self.prepared, self.estimator = toolchains, prepared, estimator
-        self.trials: List = []
-        self.side_by_side: List = []
-        self._measured: Dict[frozenset, float] = {}
-        self._labels: Dict[frozenset, str] = {}
-
-    def _external(self, cand: Candidate) -> bool:
-        return not cand.host and not self.toolchains[cand.toolchain].is_tvm
-
-    @staticmethod
-    def _key(result: SearchResult) -> frozenset:
-        return frozenset((c.toolchain, c.mask, c.composites) for c in result.chosen if not c.host)
-
-    def measured_of(self, result: SearchResult) -> Optional[float]:
-        return self._measured.get(self._key(result))
-
-    def _time(self, result: SearchResult, label: str) -> Optional[float]:
-        key = self._key(result)
-        if key not in self._measured:
-            mod, _ = _outline(self.graph, result.chosen, self.toolchains, self.prepared)
-            ms = self.estimator.measure_whole(mod)
-            if ms is None:
-                return None
-            self._measured[key] = ms
-            self._labels[key] = label
-            self.trials.append((label, result.cost, ms))
-            logger.info("validation: %s estimated %.3f ms, measured %.3f ms", label, result.cost, ms)
-        return self._measured[key]
-
-    def run(self, result: SearchResult, rounds: int, singles: Dict[str, SearchResult],
-            greedy: Optional[Dict[str, SearchResult]] = None) -> SearchResult:
-        if rounds == 0 or self._time(result, "collage") is None:
-            return result
-        tried = [result]
-        penalty = 0.0
-        current = result
-        for _ in range(rounds):
-            crossings = sum(1 for c in current.chosen if self._external(c))
-            if not crossings:
-                break
-            gap = self._measured[self._key(current)] - current.cost
-            penalty = max(0.0, penalty + gap / crossings)
-            costs = [x + penalty if self._external(c) else x for c, x in zip(self.cands, self.costs)]
-            current = _search_valid(self.graph, self.cands, costs, self.toolchains)
-            if self._key(current) in self._measured:
-                break
-            self._time(current, f"collage, {penalty * 1e3:.0f} us per crossing")
-            tried.append(current)
-        for name, single in singles.items():
-            self._time(single, "tvm alone" if self.toolchains[name].is_tvm else f"{name} + tvm")
-            tried.append(single)
-        for name, answer in (greedy or {}).items():
-            self._time(answer, f"{name} greedy")
-            tried.append(answer)
-        self._retime_side_by_side(tried)
-        return min(tried, key=lambda r: self._measured.get(self._key(r), math.inf))
-
-    def _retime_side_by_side(self, tried: List[SearchResult]) -> None:
-        """Time the distinct partitionings again, in turns, and keep those timings.
-
-        The timings above were taken one after the other, seconds apart; on a
-        machine whose load drifts that alone can flip the choice. Timed
-        round-robin in one process the ratios are fair.
-        """
-        distinct: Dict[frozenset, SearchResult] = {}
-        for result in tried:
-            if math.isfinite(self._measured.get(self._key(result), math.inf)):
-                distinct.setdefault(self._key(result), result)
-        if len(distinct) < 2:
-            return
-        mods = [_outline(self.graph, r.chosen, self.toolchains, self.prepared)[0] for r in distinct.values()]
-        times = self.estimator.measure_wholes(mods)
-        if not times:
-            return
-        for (key, result), ms in zip(distinct.items(), times):
-            self._measured[key] = ms
-            self.side_by_side.append((self._labels.get(key, "?"), result.cost, ms))
-            logger.info("validation, timed side by side: %s estimated %.3f ms, measured %.3f ms",
-                        self._labels.get(key, "?"), result.cost, ms)
-
-
-def _greedy_answers(graph: IndexedGraph, cands: List[Candidate], costs: List[float],
-                    toolchains: Dict[str, Toolchain]) -> Dict[str, SearchResult]:
-    """BYOC's greedy partitioning of each BYOC toolchain, as a search answer.
-
-    The toolchain's largest candidates (those inside no other of its
-    candidates: for a graph-style toolchain its maximal regions, as
-    ``MergeCompilerRegions`` makes them) are forced, TVM candidates touching
-    them are left out, and TVM covers the rest. Timed whole in validation: the
-    isolated costs of a fine-grained mix can miss what one big region gains in
-    a whole model (the toolchain's own fusion, fewer calls).
-    """
-    out: Dict[str, SearchResult] = {}
-    for name, tc in toolchains.items():
-        if tc.is_tvm:
-            continue
-        own = sorted((k for k, c in enumerate(cands) if c.toolchain == name and not c.host and math.isfinite(costs[k])),
-                     key=lambda k: (-cands[k].mask.bit_count(), k))
-        largest: List[int] = []
-        for k in own:
-            mask = cands[k].mask
-            if not any(mask & cands[j].mask == mask for j in largest):
-                largest.append(k)
-        if not largest:
-            continue
-        claimed = 0
-        for k in largest:
-            claimed |= cands[k].mask
-        keep = set(largest)
-        sub = [k for k, c in enumerate(cands)
-               if k in keep or c.host or (toolchains[c.toolchain].is_tvm and not c.mask & claimed)]
-        try:
-            answer = search(graph, [cands[k] for k in sub], [costs[k] for k in sub])
-        except RuntimeError:  # overlapping largest candidates can leave nodes without a cover
-            continue
-        external = [c.mask for c in answer.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
-        if partition_order(graph, external) is not None:  # regions depending on each other cyclically: skip
-            out[name] = answer
-    return out
-
-
 class _Partitioner:
     """The module pass behind :class:`CollagePartitioner` (see there)."""
 
@@ -341,12 +187,12 @@ class _Partitioner:
         seconds["estimate"] = time.perf_counter() - start
         start = time.perf_counter()
         if result is None:
-            result = _search_valid(graph, cands, costs, by_name)
+            result = search_valid(graph, cands, costs, by_name)
         seconds["search"] = time.perf_counter() - start
 
         single, single_results, greedy = {}, {}, {}
         if self.compare_single:
-            greedy = _greedy_answers(graph, cands, costs, by_name)
+            greedy = greedy_answers(graph, cands, costs, by_name)
             tvm_name = tvm_toolchain(by_name).name
             for tc in self.toolchains:
                 allowed = {tvm_name, tc.name}
@@ -354,15 +200,16 @@ class _Partitioner:
                 try:
                     single_results[tc.name] = search(graph, [cands[k] for k in sub], [costs[k] for k in sub])
                     single[tc.name] = single_results[tc.name].cost
-                except RuntimeError:
+                except NoCoverError:
                     single[tc.name] = math.inf
 
         start = time.perf_counter()
-        validation = _Validation(graph, cands, costs, by_name, prepared, estimator)
+        timer = estimator.whole_model_timer() if self.validate_rounds else None
+        validation = Validation(graph, cands, costs, by_name, prepared, timer)
         result = validation.run(result, self.validate_rounds, single_results, greedy)
         if validation.trials:
             seconds["validate"] = time.perf_counter() - start
-        out, symbols = _outline(graph, result.chosen, by_name, prepared)
+        out, symbols = outline_chosen(graph, result.chosen, by_name, prepared)
         partitions = [
             Partition(cand.toolchain, graph.op_names(cand.mask), cost, symbols.get(cand.mask), cand.label)
             for cand, cost in result.non_host()

@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import logging
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .candidates import Candidate
 from .subgraph import IndexedGraph, bits
+
+logger = logging.getLogger("tvm_tcutils.collage")
 
 
 @dataclasses.dataclass
@@ -328,3 +331,56 @@ def partition_order(graph: IndexedGraph, masks: Sequence[int]) -> Optional[List[
             if indeg[s] == 0:
                 heapq.heappush(ready, ((units[s] & -units[s]).bit_length(), s))
     return order if len(order) == len(units) else None
+
+
+def external_masks(chosen: Sequence[Candidate], toolchains: Mapping[str, object]) -> List[int]:
+    """The node sets of the chosen partitions that leave TVM (``toolchains``: name -> toolchain).
+
+    Examples
+    --------
+    >>> class TC:
+    ...     def __init__(self, is_tvm): self.is_tvm = is_tvm
+    >>> external_masks([Candidate("tvm", 0b01, "a"), Candidate("ort", 0b10, "b")],
+    ...                {"tvm": TC(True), "ort": TC(False)})
+    [2]
+    """
+    return [c.mask for c in chosen if not c.host and not toolchains[c.toolchain].is_tvm]
+
+
+def is_valid(graph: IndexedGraph, chosen: Sequence[Candidate], toolchains: Mapping[str, object]) -> bool:
+    """Whether the partitions leaving TVM can be outlined: none depends on another cyclically.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(2,))
+    >>> g = IndexedGraph(relay.Function([x], relay.nn.relu(relay.exp(x))))
+    >>> is_valid(g, [], {})
+    True
+    """
+    return partition_order(graph, external_masks(chosen, toolchains)) is not None
+
+
+def search_valid(graph: IndexedGraph, candidates: Sequence[Candidate], costs: Sequence[float],
+                 toolchains: Mapping[str, object]) -> SearchResult:
+    """:func:`search`, again with cycle checks when the cheapest cover is not :func:`is_valid`.
+
+    The checks make the search slower and are rarely needed, so they are only
+    paid for when the plain answer needs them.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> class TC:
+    ...     is_tvm = True
+    >>> x = relay.var("x", shape=(2,))
+    >>> g = IndexedGraph(relay.Function([x], relay.nn.relu(relay.exp(x))))
+    >>> cands = [Candidate("tvm", 0b010, "exp"), Candidate("tvm", 0b100, "relu")]
+    >>> search_valid(g, cands, [1.0, 1.0], {"tvm": TC()}).cost
+    2.0
+    """
+    result = search(graph, candidates, costs)
+    if not is_valid(graph, result.chosen, toolchains):
+        logger.info("partitions of the best cover depend on each other; searching again with cycle checks")
+        result = search(graph, candidates, costs, check_cycles=True)
+    return result

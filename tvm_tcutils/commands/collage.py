@@ -9,7 +9,7 @@ HELP = "partition a model across TVM, ONNX Runtime, BLAS (and BYOC toolchains) a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..cli import add_model_argument
+    from ._common import add_model_argument
 
     add_model_argument(parser)
     parser.add_argument("--toolchains", default=None,
@@ -42,7 +42,7 @@ def _fmt(ms: Optional[float]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import load_model_arg
+    from ._common import load_model_arg
     from ..collage import driver, report
     from ..collage.cost.measured import MeasuredCostEstimator
     from ..collage.toolchains import resolve, tvm_toolchain, with_max_depth
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     times = [None] * len(rows)
     if not args.no_compare:
         try:
-            found = measured.measure_wholes([rows[k][2] for k in timed]) or []
+            found = measured.whole_model_timer().time_side_by_side([rows[k][2] for k in timed]) or []
         finally:
             measured.close()
         for k, ms in zip(timed, found):

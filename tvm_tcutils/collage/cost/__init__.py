@@ -7,8 +7,13 @@ run). Estimators:
 * :class:`~.mock.MockCostEstimator`: a table of per-operator costs (tests);
 * :class:`~.custom.CustomCostEstimator`: any callable on (module, toolchain);
 * :class:`~.measured.MeasuredCostEstimator`: build and time each candidate in
-  worker processes, with a persistent on-disk cache;
+  worker processes (:mod:`.workers`), with a persistent on-disk cache
+  (:mod:`.store`);
 * :class:`~.learned.XGBoostCostEstimator`: measure some, predict the rest.
+
+Estimators only estimate; the driver validates a chosen partitioning whole
+(:mod:`tvm_tcutils.collage.validate`) with the timer an estimator offers
+(:meth:`CostEstimator.whole_model_timer`).
 """
 from __future__ import annotations
 

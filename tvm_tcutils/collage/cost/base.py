@@ -83,7 +83,16 @@ def cost_requests(graph: IndexedGraph, cands: Sequence[Candidate], indices: Sequ
 
 
 class CostEstimator:
-    """Base class of cost estimators (costs in milliseconds)."""
+    """Base class of cost estimators (costs in milliseconds).
+
+    Examples
+    --------
+    >>> class Flat(CostEstimator):
+    ...     def estimate(self, requests):
+    ...         return [1.0] * len(requests)
+    >>> Flat().estimate([]), Flat().whole_model_timer()
+    ([], None)
+    """
 
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
         """One cost per request (``inf``: the candidate cannot be used)."""
@@ -97,15 +106,13 @@ class CostEstimator:
         """
         return None
 
-    def measure_whole(self, mod: tvm.IRModule) -> Optional[float]:
-        """End-to-end latency (ms) of a whole partitioned module, or None if this estimator does not time."""
-        return None
+    def whole_model_timer(self):
+        """What times whole partitioned modules when the driver validates a partitioning, or None.
 
-    def measure_wholes(self, mods: Sequence[tvm.IRModule], rounds: int = 5) -> Optional[List[float]]:
-        """Latencies (ms) of several whole modules timed side by side (round-robin), or None.
-
-        Timed in turns, so that a drift of the machine's load during the
-        timing affects them all alike.
+        None (the default): costs are not times on this machine (a table, a
+        model), so the sum of candidate costs is trusted. Measuring estimators
+        return a :class:`~tvm_tcutils.collage.validate.WholeModelTimer` with
+        their own target and settings.
         """
         return None
 

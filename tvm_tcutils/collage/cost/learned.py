@@ -24,7 +24,7 @@ from ..._tvm import tvm
 from tvm import relay
 
 from ..candidates import Candidate
-from ..search import SearchResult, partition_order, search
+from ..search import SearchResult, search_valid
 from ..subgraph import IndexedGraph, bits
 from .base import CostEstimator, CostRequest, cost_requests
 from .measured import MeasuredCostEstimator
@@ -179,13 +179,9 @@ class XGBoostCostEstimator(CostEstimator):
         self.stats = {"candidates": 0, "measured": 0, "predicted": 0, "rounds": 0, "stop": ""}
         self._rows = None  # features of the last request list (the search loop reuses it)
 
-    def measure_whole(self, mod):
+    def whole_model_timer(self):
         """Whole models are timed by the measuring estimator."""
-        return self.measured.measure_whole(mod)
-
-    def measure_wholes(self, mods, rounds: int = 5):
-        """Whole models are timed by the measuring estimator."""
-        return self.measured.measure_wholes(mods, rounds)
+        return self.measured.whole_model_timer()
 
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
         """Costs of ``requests``: measured where cached or sampled, predicted elsewhere."""
@@ -210,7 +206,7 @@ class XGBoostCostEstimator(CostEstimator):
         for round_ in range(self.max_rounds):
             self.stats["rounds"] = round_ + 1
             costs = self._costs(cands, index, self._predict(requests, known))
-            result = self._search(graph, cands, costs, toolchains)
+            result = search_valid(graph, cands, costs, toolchains)
             todo = [requests[position[c]] for c in result.chosen if not c.host]
             todo = [r for r in todo if r.key not in known]
             if not todo:
@@ -246,14 +242,6 @@ class XGBoostCostEstimator(CostEstimator):
         for k, cost in zip(index, values):
             costs[k] = cost
         return costs
-
-    @staticmethod
-    def _search(graph, cands, costs, toolchains) -> SearchResult:
-        result = search(graph, cands, costs)
-        external = [c.mask for c in result.chosen if not c.host and not toolchains[c.toolchain].is_tvm]
-        if partition_order(graph, external) is None:
-            result = search(graph, cands, costs, check_cycles=True)
-        return result
 
     @staticmethod
     def _priced(result: SearchResult, costs: List[float]) -> SearchResult:

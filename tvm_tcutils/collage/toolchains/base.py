@@ -166,7 +166,7 @@ class Toolchain:
         for module in self.requires:
             try:
                 versions.append(f"{module}-{importlib.import_module(module).__version__}")
-            except Exception:
+            except (ImportError, AttributeError):  # not installed, or a module without a version
                 versions.append(module)
         return "/".join([self.name, self.compiler or "tvm", tvm.__version__, f"r{COST_REVISION}", *versions,
                          _thread_settings()])

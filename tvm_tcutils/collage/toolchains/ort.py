@@ -57,7 +57,7 @@ def available() -> Tuple[bool, str]:
         return False, _missing_reason()
     try:
         ort = importlib.import_module("onnxruntime")
-    except Exception as err:  # a broken install is as unusable as a missing one
+    except (ImportError, OSError, RuntimeError) as err:  # a broken install is as unusable as a missing one
         return False, f"onnxruntime does not import ({err}); install it with: pip install 'tvm-tcutils[ort]'"
     if "CPUExecutionProvider" not in ort.get_available_providers():
         return False, "onnxruntime has no CPUExecutionProvider"
@@ -80,7 +80,7 @@ def _missing_reason() -> str:
     for name in REQUIRED_MODULES:
         try:
             importlib.import_module(name)
-        except Exception:
+        except (ImportError, OSError, RuntimeError):  # missing, or a broken install
             missing.append(name)
     return f"{' and '.join(missing) or 'onnxruntime'} not installed; install with: pip install 'tvm-tcutils[ort]'"
 

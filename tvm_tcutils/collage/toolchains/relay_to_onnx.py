@@ -34,34 +34,21 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..._tvm import tvm
+from ...onnx_writer import OPSET, OnnxGraph, onnx_dtype  # noqa: F401  (OPSET: what the exporter emits)
 from tvm import relay
-
-#: The ONNX opset the converter emits.
-OPSET = 17
 
 #: Element types the converter claims (onnxruntime's CPU kernels cover them).
 FLOAT_TYPES = ("float32",)
 
 
-class _Graph:
-    """An ONNX graph under construction.
+class _Graph(OnnxGraph):
+    """The package's ONNX writer (:class:`tvm_tcutils.onnx_writer.OnnxGraph`) as TVM's converters see it.
 
-    Also offers the ``add_nodes`` / ``add_inputs`` / ``add_initializers``
+    Offers the ``add_nodes`` / ``add_inputs`` / ``add_initializers``
     interface of TVM's ``ModelContainer`` so that TVM's own op converters can
     write into it; inputs that TVM adds for its constants are dropped, because
     constants belong in the initializers only.
     """
-
-    def __init__(self, name: str):
-        import onnx
-
-        self.onnx = onnx
-        self.name = name
-        self.nodes: list = []
-        self.initializers: list = []
-        self.inputs: list = []
-        self.outputs: list = []
-        self._count = 0
 
     # -- TVM ModelContainer interface -------------------------------------
     def add_nodes(self, nodes) -> None:
@@ -73,34 +60,9 @@ class _Graph:
     def add_inputs(self, inputs) -> None:
         """Ignored: TVM's converters call it for constants, which are initializers here."""
 
-    # -- helpers ------------------------------------------------------------
-    def fresh(self, hint: str) -> str:
-        self._count += 1
-        return f"{hint}_{self._count}"
-
-    def node(self, op_type: str, inputs: Sequence[str], outputs: Optional[Sequence[str]] = None, **attrs) -> str:
-        """Add a node; returns its (first) output name."""
-        outputs = list(outputs) if outputs else [self.fresh(op_type.lower())]
-        self.nodes.append(self.onnx.helper.make_node(op_type, list(inputs), outputs, **attrs))
-        return outputs[0]
-
-    def const(self, value, hint: str = "const", dtype=None) -> str:
-        """Add an initializer; returns its name."""
-        from onnx import numpy_helper
-
-        array = np.asarray(value, dtype=dtype)
-        name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(array, name))
-        return name
-
-    def value_info(self, name: str, ttype) -> object:
-        return self.onnx.helper.make_tensor_value_info(name, _onnx_dtype(ttype.dtype), _shape(ttype))
-
-
-def _onnx_dtype(dtype: str) -> int:
-    import onnx
-
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(str(dtype)))
+    def relay_value(self, name: str, ttype):
+        """A graph input or output of a Relay tensor type."""
+        return self.value_info(name, ttype.dtype, _shape(ttype))
 
 
 def _shape(ttype) -> List[int]:
@@ -397,7 +359,7 @@ def _pad(graph, call, ins):
     if mode != "constant":
         return graph.node("Pad", [ins[0], pads], mode=mode)
     # Relay's pad value may have another type than the data (an int32 zero); ONNX's may not.
-    value = graph.node("Cast", [ins[1]], to=_onnx_dtype(call.checked_type.dtype))
+    value = graph.node("Cast", [ins[1]], to=onnx_dtype(call.checked_type.dtype))
     return graph.node("Pad", [ins[0], pads, value], mode=mode)
 
 
@@ -412,7 +374,7 @@ def _pad_ok(call: relay.Call) -> bool:
 
 
 def _cast(graph, call, ins):
-    return graph.node("Cast", ins[:1], to=_onnx_dtype(call.checked_type.dtype))
+    return graph.node("Cast", ins[:1], to=onnx_dtype(call.checked_type.dtype))
 
 
 def _leaky_relu(graph, call, ins):
@@ -551,10 +513,6 @@ def to_onnx(func: relay.Function, name: str = "tcutils"):
     >>> [n.op_type for n in model.graph.node]
     ['Relu', 'Identity']
     """
-    import onnx
-
-    from ..._compat import onnx_model_for_ort
-
     if not isinstance(func, relay.Function):
         raise TypeError(f"func must be a relay.Function, got {type(func).__name__}")
     func = _plain_function(func)
@@ -563,7 +521,7 @@ def to_onnx(func: relay.Function, name: str = "tcutils"):
     for index, param in enumerate(func.params):
         _expect_tensor(param.checked_type, f"parameter {param.name_hint}")
         names[param] = [f"in{index}"]
-        graph.inputs.append(graph.value_info(f"in{index}", param.checked_type))
+        graph.inputs.append(graph.relay_value(f"in{index}", param.checked_type))
     _convert_body(graph, func.body, names)
     results = names[func.body]
     out_type = func.body.checked_type
@@ -575,18 +533,9 @@ def to_onnx(func: relay.Function, name: str = "tcutils"):
         _expect_tensor(ttype, f"result {index}")
         # Distinct output names even when a result is an input or repeats.
         graph.node("Identity", [result], [f"out{index}"])
-        graph.outputs.append(graph.value_info(f"out{index}", ttype))
-    # Constants consumed only in a folded form (a transposed weight) are left out.
-    used = {name for node in graph.nodes for name in node.input}
-    initializers = [tensor for tensor in graph.initializers if tensor.name in used]
-    model = onnx.helper.make_model(
-        onnx.helper.make_graph(graph.nodes, name, graph.inputs, graph.outputs, initializers),
-        opset_imports=[onnx.helper.make_opsetid("", OPSET)],
-        producer_name="tvm_tcutils",
-    )
-    model = onnx_model_for_ort(model)
-    onnx.checker.check_model(model)
-    return model
+        graph.outputs.append(graph.relay_value(f"out{index}", ttype))
+    # Constants consumed only in a folded form (a transposed weight) are left out by the writer.
+    return graph.model()
 
 
 def _expect_tensor(ttype, what: str) -> None:

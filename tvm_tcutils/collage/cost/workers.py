@@ -1,0 +1,367 @@
+"""Worker processes that build and time modules, one task at a time each, with a timeout.
+
+A toolchain that aborts the process (an LLVM assertion, a segfault in a
+library) or hangs costs one task (``inf``, with the reason), the worker is
+replaced and the caller goes on. Each worker is a fresh interpreter (no fork of
+a process holding TVM's thread pool) that times through
+:mod:`tvm_tcutils.measure`, like everything else in the package.
+
+A task is ``(kind, arguments)``; :data:`TASKS` says what each kind runs:
+
+=============  ==============================================================
+``candidate``  one module timed alone: ``{"ms": median}``
+``wholes``     several whole modules timed in turns: ``{"ms_list": [...]}``
+=============  ==============================================================
+
+A build or run that fails (:data:`EXPECTED_FAILURES`) answers
+``{"ms": inf, "error": ...}``; any other exception in a worker is a bug (an
+``ImportError`` in the package, a ``TypeError``) and is raised in the caller
+as a :class:`WorkerError`, so that it stops the run instead of pricing every
+candidate at ``inf``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..._tvm import tvm
+
+#: What a failed build or run of a module raises (``tvm.TVMError`` is a ``RuntimeError``).
+EXPECTED_FAILURES: Tuple[type, ...] = (tvm.TVMError, RuntimeError, ValueError, OSError, ArithmeticError,
+                                       MemoryError)
+
+Task = Tuple[str, dict]
+
+logger = logging.getLogger("tvm_tcutils.collage")
+
+
+class WorkerError(Exception):
+    """A worker raised something other than a build or run failure: a bug, reported with its traceback."""
+
+
+def _load(mod_json: str) -> tvm.IRModule:
+    from tvm import relay
+
+    return relay.transform.InferType()(tvm.ir.load_json(mod_json))
+
+
+def time_candidate(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
+                   tuning_log: Optional[str] = None, boundary_layout: bool = True) -> dict:
+    """Build a saved module, warm it up on random inputs, time it: ``{"ms": median}``.
+
+    ``boundary_layout=False`` leaves out the layout transforms at its inputs and
+    outputs (see :class:`tvm_tcutils.measure.Timer`).
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    >>> time_candidate(text, "llvm", repeat=3, warmup=1, min_repeat_ms=1)["ms"] > 0
+    True
+    """
+    from ...measure import Timer
+
+    timer = Timer(_load(mod_json), None, target, repeat=repeat, warmup=warmup, min_repeat_ms=min_repeat_ms,
+                  tuning_log=tuning_log, boundary_layout=boundary_layout)
+    return {"ms": timer.sample()}
+
+
+def time_wholes(mod_jsons: Sequence[str], target: str, repeat: int, warmup: int, min_repeat_ms: int,
+                tuning_log: Optional[str] = None, rounds: int = 5) -> dict:
+    """Build saved whole modules and time them in turns: ``{"ms_list": [median, ...]}`` (``inf``: failed).
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    >>> all(ms > 0 for ms in time_wholes([text, text], "llvm", 2, 1, 1, rounds=2)["ms_list"])
+    True
+    """
+    from ...measure import measure_modules
+
+    timings = measure_modules([_load(text) for text in mod_jsons], target, repeat, warmup, min_repeat_ms,
+                              tuning_log, rounds)
+    return {"ms_list": [t.median_ms for t in timings]}
+
+
+#: Task kinds a worker runs.
+TASKS: Dict[str, Callable[..., dict]] = {"candidate": time_candidate, "wholes": time_wholes}
+
+
+def run_task(task: Task) -> dict:
+    """What a worker answers to one task (build or run failures become ``inf`` with the error).
+
+    Examples
+    --------
+    >>> run_task(("candidate", {"mod_json": "{", "target": "llvm", "repeat": 1, "warmup": 0,
+    ...                         "min_repeat_ms": 0}))["ms"]
+    inf
+    """
+    from ...measure import error_line
+
+    kind, arguments = task
+    start = time.perf_counter()
+    try:
+        result = TASKS[kind](**arguments)
+    except EXPECTED_FAILURES as err:  # a failed build or run costs this task only
+        return {"ms": math.inf, "error": f"{type(err).__name__}: {error_line(err)}"}
+    return dict(result, seconds=time.perf_counter() - start)
+
+
+def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str]) -> None:
+    """Main loop of a measuring worker process (started by :class:`WorkerPool`).
+
+    Reads ``(task_id, task)`` messages, answers ``(task_id, result)``; ``None``
+    ends it. An unexpected exception is answered as ``{"bug": traceback}``.
+
+    Examples
+    --------
+    >>> worker_entry  # doctest: +ELLIPSIS
+    <function worker_entry at ...>
+    """
+    import importlib
+
+    import tvm_tcutils  # noqa: F401  (registers the package's toolchains)
+
+    inbox = Connection(read_fd, writable=False)
+    outbox = Connection(write_fd, readable=False)
+    for name in imports:
+        importlib.import_module(name)
+    outbox.send(("ready", None))
+    while True:
+        try:
+            message = inbox.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        task_id, task = message
+        try:
+            outbox.send((task_id, run_task(task)))
+        except Exception:  # a bug, not a failed build: reported to the caller, which raises it
+            outbox.send((task_id, {"ms": math.inf, "bug": traceback.format_exc()[-4000:]}))
+
+
+class _Worker:
+    """One worker: a fresh interpreter (no fork of a process holding TVM's threads)."""
+
+    def __init__(self, imports: Sequence[str]):
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        code = (
+            f"from {__name__} import worker_entry; "
+            f"worker_entry({to_child_r}, {from_child_w}, {tuple(imports)!r})"
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=(to_child_r, from_child_w), env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.outbox = Connection(to_child_w, readable=False)
+        self.conn = Connection(from_child_r, writable=False)
+        self.task: Optional[int] = None
+        self.deadline = math.inf
+        self.ready = False
+        self.error = ""
+
+    def send(self, message) -> None:
+        self.outbox.send(message)
+
+    def stop(self, kill: bool = False) -> None:
+        if not kill and self.ready:
+            try:
+                self.outbox.send(None)
+            except OSError:
+                kill = True
+        if kill or not self.ready:
+            self.process.kill()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        for conn in (self.outbox, self.conn):
+            conn.close()
+        if self.process.stderr:
+            self.process.stderr.close()
+
+
+class WorkerPool:
+    """Worker processes running one task each at a time, with a timeout per task.
+
+    Parameters
+    ----------
+    workers : int
+        Number of processes.
+    timeout : float
+        Seconds one task may take (build and run) before its worker is killed.
+    imports : tuple of str
+        Modules each worker imports first (for example test-only codegens).
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    >>> pool = WorkerPool(1, 60.0)
+    >>> task = ("candidate", dict(mod_json=text, target="llvm", repeat=2, warmup=1, min_repeat_ms=1))
+    >>> [result] = pool.run([task]); pool.close()
+    >>> result["ms"] > 0
+    True
+    """
+
+    #: Seconds a new worker may take to import TVM and the package.
+    START_TIMEOUT = 120.0
+
+    def __init__(self, workers: int = 1, timeout: float = 120.0, imports: Sequence[str] = ()):
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.size = workers
+        self.timeout = timeout
+        self.imports = tuple(imports)
+        self._workers: List[_Worker] = []
+
+    def _spawn(self) -> _Worker:
+        worker = _Worker(self.imports)
+        worker.deadline = time.monotonic() + self.START_TIMEOUT
+        return worker
+
+    def run(self, tasks: Sequence[Task], on_result=None, timeout: Optional[float] = None) -> List[dict]:
+        """Run every task; returns one result dict per task (``ms`` or ``ms_list``, maybe ``error``).
+
+        ``timeout`` overrides the pool's seconds per task for this call.
+
+        Raises
+        ------
+        WorkerError
+            A worker raised something other than a build or run failure.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        results: List[Optional[dict]] = [None] * len(tasks)
+        pending = list(range(len(tasks)))[::-1]
+        while len(self._workers) < min(self.size, max(len(tasks), 1)):
+            self._workers.append(self._spawn())
+        while any(r is None for r in results):
+            for worker in self._workers:
+                if worker.ready and worker.task is None and pending:
+                    worker.task = pending.pop()
+                    worker.deadline = time.monotonic() + timeout
+                    worker.send((worker.task, tasks[worker.task]))
+            waitables = [w.conn for w in self._workers]
+            soonest = min(w.deadline for w in self._workers)
+            ready = wait(waitables, timeout=max(0.0, min(soonest - time.monotonic(), 1.0)))
+            for k, worker in enumerate(list(self._workers)):
+                failure = None
+                if worker.conn in ready:
+                    try:
+                        task_id, result = worker.conn.recv()
+                    except (EOFError, OSError):
+                        failure = self._death(worker)
+                    else:
+                        if task_id == "ready":
+                            worker.ready = True
+                            worker.deadline = math.inf
+                            continue
+                        if "bug" in result:
+                            self.close()
+                            raise WorkerError(f"the measuring worker failed on task {task_id}:\n{result['bug']}")
+                        results[task_id] = result
+                        worker.task = None
+                        worker.deadline = math.inf
+                        if on_result:
+                            on_result(task_id, result)
+                elif time.monotonic() > worker.deadline:
+                    failure = (
+                        f"timed out after {timeout:.0f} s" if worker.ready else "worker failed to start"
+                    )
+                if failure is None:
+                    continue
+                task = worker.task
+                worker.stop(kill=True)
+                self._workers[k] = self._spawn()
+                if task is not None:
+                    results[task] = {"ms": math.inf, "error": failure}
+                    if on_result:
+                        on_result(task, results[task])
+                elif not worker.ready:
+                    self.close()
+                    raise RuntimeError(f"Collage measuring worker could not start: {failure}: {worker.error}")
+        return [r for r in results if r is not None]
+
+    @staticmethod
+    def _death(worker: _Worker) -> str:
+        try:
+            code = worker.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        if not worker.ready and worker.process.stderr:
+            worker.error = worker.process.stderr.read().decode(errors="replace").strip()[-500:]
+        if code is not None and code < 0:
+            return f"worker killed by signal {-code} (crash in the toolchain)"
+        return f"worker exited with status {code}"
+
+    def close(self) -> None:
+        """Stop every worker."""
+        for worker in self._workers:
+            worker.stop(kill=worker.task is not None)
+        self._workers = []
+
+
+class PooledWholeModelTimer:
+    """Times whole modules in a :class:`WorkerPool`'s worker: the whole-model timer of validation.
+
+    Parameters
+    ----------
+    pool : WorkerPool
+        Runs the builds and timings (shared with the candidates' measuring).
+    target : str
+        Target of the builds.
+    repeat, warmup : int
+        Timed runs per sample (at least 10) and runs before timing.
+    tuning_log : str, optional
+        AutoTVM log applied to every build.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> mod = tvm.IRModule.from_expr(relay.Function([x], relay.exp(x)))
+    >>> timer = PooledWholeModelTimer(WorkerPool(1), "llvm", repeat=2, warmup=1)
+    >>> ms = timer.time(mod); timer.pool.close()
+    >>> ms > 0
+    True
+    """
+
+    def __init__(self, pool: WorkerPool, target: str, repeat: int = 10, warmup: int = 2,
+                 tuning_log: Optional[str] = None):
+        self.pool, self.target, self.repeat, self.warmup, self.tuning_log = pool, target, repeat, warmup, tuning_log
+
+    def time(self, mod: tvm.IRModule) -> Optional[float]:
+        """Latency (ms) of one whole module, ``inf`` if it fails; None if it could not be measured."""
+        times = self.time_side_by_side([mod], rounds=1)
+        return math.inf if times is None else times[0]
+
+    def time_side_by_side(self, mods: Sequence[tvm.IRModule], rounds: int = 5) -> Optional[List[float]]:
+        """Latencies (ms) of modules timed in turns in one worker (``inf`` for failures); None if the worker failed."""
+        task = ("wholes", dict(mod_jsons=[tvm.ir.save_json(m) for m in mods], target=self.target,
+                               repeat=max(self.repeat, 10), warmup=self.warmup, min_repeat_ms=50,
+                               tuning_log=self.tuning_log, rounds=rounds))
+        [result] = self.pool.run([task], timeout=max(self.pool.timeout, 60.0) * len(mods))
+        if result.get("error"):
+            logger.warning("whole-model measurement failed: %s", result["error"])
+            return None
+        return [float(ms) for ms in result["ms_list"]]
