@@ -18,7 +18,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ._tvm import tvm
 from tvm import autotvm, relay
+from tvm.autotvm.env import AutotvmGlobalScope, reset_global_scope
+from tvm.contrib.popen_pool import PopenPoolExecutor
 
+from . import processes
 from .models import Params
 
 logger = logging.getLogger("tvm_tcutils.tuning")
@@ -162,6 +165,23 @@ def _recorded(log: str) -> Dict[Tuple, List]:
     return done
 
 
+def _measure_worker_init(scope: AutotvmGlobalScope, parent: int) -> None:
+    """Set-up of an AutoTVM measuring worker: TVM's own, then die with the tuning process."""
+    reset_global_scope(scope)
+    processes.die_with_parent(parent)
+
+
+def _workers_die_with_us(part, timeout: float) -> None:
+    """Replace an AutoTVM builder's or runner's worker pool by one whose workers die with this process.
+
+    The pool is TVM's public ``PopenPoolExecutor`` with the same per-call time
+    limit; only its initializer differs. No worker has started yet: pools start
+    them on first use.
+    """
+    part.executor = PopenPoolExecutor(timeout=timeout, initializer=_measure_worker_init,
+                                      initargs=(AutotvmGlobalScope.current, os.getpid()))
+
+
 def tune(
     mod: tvm.IRModule,
     params: Params,
@@ -207,31 +227,37 @@ def tune(
     tasks = extract_tasks(mod, params, target)
     done = _recorded(log)
     _close_last_line(log)
-    measure = autotvm.measure_option(
-        builder=autotvm.LocalBuilder(),
-        runner=autotvm.LocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20),
-    )
+    builder = autotvm.LocalBuilder()
+    runner = autotvm.LocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
+    # The limits TVM gives its own pools (a runner's call covers n_parallel runs and a set-up).
+    _workers_die_with_us(builder, builder.timeout)
+    _workers_die_with_us(runner, runner.timeout * (runner.n_parallel + 1))
+    measure = autotvm.measure_option(builder=builder, runner=runner)
     summary = []
-    for index, task in enumerate(tasks):
-        history = done.get((str(task.target), task.workload), [])
-        todo = min(trials, len(task.config_space)) - len(history)
-        if on_task is not None:
-            on_task(index, len(tasks), task, max(todo, 0))
-        if todo <= 0:
-            summary.append((task.name, 0))
-            continue
-        tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
-        if history:
-            try:
-                tuner.load_history(history, min_seed_records=1)
-            except ValueError as err:  # xgboost's XGBoostError: feature widths of a few seed records differ
-                logger.warning("%s: the log's %d trials of %s could not seed the tuner's model (%s); they still "
-                               "count toward trials", log, len(history), task.name, str(err).splitlines()[0][:160])
-        callbacks = [autotvm.callback.log_to_file(log)]
-        if progress:
-            callbacks.insert(0, autotvm.callback.progress_bar(todo, prefix=f"[{index + 1}/{len(tasks)}] {task.name}"))
-        tuner.tune(n_trial=todo, early_stopping=early_stopping, measure_option=measure, callbacks=callbacks)
-        summary.append((task.name, todo))
+    # The runner's RPC tracker and server (and the server's per-measurement forks) cannot be
+    # configured: the reaper kills them if this process is killed.
+    with processes.reaper():
+        for index, task in enumerate(tasks):
+            history = done.get((str(task.target), task.workload), [])
+            todo = min(trials, len(task.config_space)) - len(history)
+            if on_task is not None:
+                on_task(index, len(tasks), task, max(todo, 0))
+            if todo <= 0:
+                summary.append((task.name, 0))
+                continue
+            tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
+            if history:
+                try:
+                    tuner.load_history(history, min_seed_records=1)
+                except ValueError as err:  # xgboost's XGBoostError: feature widths of a few seed records differ
+                    logger.warning("%s: the log's %d trials of %s could not seed the tuner's model (%s); they still "
+                                   "count toward trials", log, len(history), task.name, str(err).splitlines()[0][:160])
+            callbacks = [autotvm.callback.log_to_file(log)]
+            if progress:
+                prefix = f"[{index + 1}/{len(tasks)}] {task.name}"
+                callbacks.insert(0, autotvm.callback.progress_bar(todo, prefix=prefix))
+            tuner.tune(n_trial=todo, early_stopping=early_stopping, measure_option=measure, callbacks=callbacks)
+            summary.append((task.name, todo))
     return summary
 
 
