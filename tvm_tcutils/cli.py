@@ -31,18 +31,35 @@ COMMANDS = {
 USAGE_ERROR = 2
 
 
+def _add_verbosity(parser: argparse.ArgumentParser, default: str) -> None:
+    """``-q``/``-v``; a subcommand's copy has no default, so it does not undo the one before the command."""
+    chatter = parser.add_mutually_exclusive_group()
+    chatter.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const="quiet", default=default,
+                         help="print errors only on stderr (no warnings, no progress bars)")
+    chatter.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const="verbose", default=default,
+                         help="also show the package's info messages and TVM's own warnings (C++ and AutoTVM)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tvm-tcutils",
         description="Tensor-core preparation, int8 dot-product schedules and Collage for Apache TVM.",
     )
+    import tvm
+
+    import tvm_tcutils
+
+    parser.add_argument("--version", action="version",
+                        version=f"tvm-tcutils {tvm_tcutils.__version__} (TVM {tvm.__version__})")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    _add_verbosity(parser, default="default")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"tvm_tcutils.commands.{module_name}")
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
+        _add_verbosity(cmd, default=argparse.SUPPRESS)  # also after the command: 'bench MODEL -q'
         cmd.set_defaults(_run=module.run)
     return parser
 
@@ -64,12 +81,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError as err:
         print(f"tvm-tcutils: error: {err}", file=sys.stderr)
         return USAGE_ERROR
+    from . import processes
+    from .commands._verbosity import verbosity
     from .models import ModelError
 
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return int(args._run(args) or 0)
+        with verbosity(args.verbosity), \
+                processes.reaper(enabled=args.command in processes.REAPED_COMMANDS):  # none left if we are killed
+            return int(args._run(args) or 0)
     except (CommandError, ModelError, ValueError, TypeError, KeyError, FileNotFoundError) as err:
         if args.debug:
             raise

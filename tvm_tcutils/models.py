@@ -201,10 +201,53 @@ def load_model(
 
 
 def _type_checked(mod: tvm.IRModule, spec: str) -> tvm.IRModule:
+    with _diagnostics() as renders:
+        try:
+            return relay.transform.InferType()(mod)
+        except tvm.TVMError as err:
+            found = [diag for render in renders for diag in render]
+            if not found:
+                raise ModelError(f"{spec}: {_TYPE_ERROR}: {_first_line(err)}") from None
+            where, _, message = _diagnostic_line(found[0]).partition(": ")
+            raise ModelError(f"{spec}{where}: {_TYPE_ERROR}: {message}") from None
+
+
+#: How a module that does not type-check is reported (after the file name and location).
+_TYPE_ERROR = "type error (the module does not type-check)"
+
+
+@contextlib.contextmanager
+def _diagnostics():
+    """Collect the diagnostics TVM renders inside the block instead of printing them.
+
+    Yields a list that receives, per render, the list of error diagnostics.
+    TVM's default renderer prints each error over several lines (source
+    excerpt, carets); the caller reports the first one as one line. TVM keeps
+    one custom renderer per process: the default one is back after the block.
+    """
+    from tvm.ir import diagnostics
+
+    renders: list = []
+
+    def collect(ctx) -> None:
+        renders.append([d for d in ctx.diagnostics if int(d.level) <= int(diagnostics.DiagnosticLevel.ERROR)])
+
+    diagnostics.override_renderer(collect)
     try:
-        return relay.transform.InferType()(mod)
-    except tvm.TVMError as err:
-        raise ModelError(f"{spec}: the module does not type-check: {_first_line(err)}") from None
+        yield renders
+    finally:
+        diagnostics.override_renderer(None)
+
+
+def _diagnostic_line(diag) -> str:
+    """``":LINE:COLUMN: message"`` for a TVM diagnostic (``": message"`` without a location), first line only.
+
+    Placed after a file name, it reads as compilers write errors, which editors can jump to.
+    """
+    lines = str(diag.message).strip().splitlines()
+    message = lines[0] if lines else "error"
+    span = diag.span
+    return f": {message}" if span is None else f":{span.line}:{span.column}: {message}"
 
 
 def _first_line(err: BaseException) -> str:
@@ -280,9 +323,20 @@ def _load_text(path: str):
     try:
         with open(path) as handle:
             text = handle.read()
-        mod = tvm.relay.fromtext(text)
-    except (OSError, ValueError, tvm.TVMError) as err:  # TVMError: TVM's parser's diagnostics
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8
         raise ModelError(f"{path}: not a Relay text module ({_first_line(err)})") from None
+    # TVM's parser renders its own diagnostics, then type-checks and renders those: an error in
+    # the first render is a syntax error, in a later one a type error.
+    with _diagnostics() as renders:
+        try:
+            mod = tvm.relay.fromtext(text, path)
+        except tvm.TVMError as err:
+            failed = next(((k, found) for k, found in enumerate(renders) if found), None)
+            if failed is None:
+                raise ModelError(f"{path}: not a Relay text module ({_first_line(err)})") from None
+            kind = "syntax error (not a Relay text module)" if failed[0] == 0 else _TYPE_ERROR
+            where, _, message = _diagnostic_line(failed[1][0]).partition(": ")
+            raise ModelError(f"{path}{where}: {kind}: {message}") from None
     marks = [line[len(_TEXT_MARK):].strip() for line in text.splitlines()[:3] if line.startswith(_TEXT_MARK)]
     return mod, _sidecar_params(path, marks[0] if marks else None)
 

@@ -43,4 +43,4 @@ def test_collage_cli_bad_toolchain(toolchains, message):
 def test_collage_cli_missing_tuning_log(tmp_path):
     proc = run_cli("collage", "mlp", "--toolchains", "tvm", "--tuning-log", str(tmp_path / "none.log"))
     assert proc.returncode == 2
-    assert "tuning_log" in proc.stderr and "none.log" in proc.stderr and "Traceback" not in proc.stderr
+    assert "--tuning-log" in proc.stderr and "none.log" in proc.stderr and "Traceback" not in proc.stderr

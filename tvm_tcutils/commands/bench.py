@@ -3,10 +3,19 @@ from __future__ import annotations
 
 import argparse
 
+from . import _checks as checks
 from . import _common as cli
 
 #: Runs per sample: each of the ``--repeat`` rounds samples the median of this many runs of each build.
 _RUNS_PER_ROUND = 3
+
+#: Checked before any work (see commands._checks).
+CHECKS = (
+    *checks.MODEL_CHECKS,
+    checks.Check("--target", "target", checks.runnable_target),
+    checks.Check("--repeat", "repeat", checks.at_least(1)),
+    checks.Check("--log", "log", checks.existing_log),
+)
 
 HELP = "build a model (int8 by default: dot-product schedules) and time it against TVM's fp32 build"
 
@@ -27,8 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from ..dotprod.quantize import prepare
     from ..measure import Timer, interleave, ratio
 
-    if args.repeat < 1:
-        raise cli.CommandError(f"--repeat must be at least 1, got {args.repeat}")
+    checks.validate(args, CHECKS)
     target = args.target or host_target()  # code for another CPU may not run here (SIGILL)
     float_mod, float_params = cli.load_model_arg(args)
     mod, params = prepare(float_mod, float_params, args.dtype)

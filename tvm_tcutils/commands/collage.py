@@ -5,6 +5,25 @@ import argparse
 import math
 from typing import List, Optional
 
+from . import _checks as checks
+
+#: Checked before any work (see commands._checks); every search here measures costs, so
+#: toolchains must be buildable.
+CHECKS = (
+    *checks.MODEL_CHECKS,
+    checks.Check("--toolchains", "toolchains", checks.measured_toolchains),
+    checks.Check("--max-depth", "max_depth", checks.max_depths),
+    checks.Check("--target", "target", checks.runnable_target),
+    checks.Check("-o", "output", checks.model_output),
+    checks.Check("--dot", "dot", checks.picture_output),
+    checks.Check("--log", "log", checks.appendable_file),
+    checks.Check("--tuning-log", "tuning_log", checks.existing_log),
+    checks.Check("--cache-dir", "cache_dir", checks.cache_directory),
+    checks.Check("--workers", "workers", checks.at_least(1)),
+    checks.Check("--repeat", "repeat", checks.at_least(1)),
+    checks.Check("--timeout", "timeout", checks.positive),
+)
+
 HELP = "partition a model across TVM, ONNX Runtime, BLAS (and BYOC toolchains) at minimum latency"
 
 
@@ -14,11 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser)
     parser.add_argument("--toolchains", default=None,
                         help="comma-separated toolchains (default: tvm,ort,blas where installed); "
-                             "'tvm-tcutils collage --list' shows them")
+                             "an unknown name lists those usable here")
     parser.add_argument("--max-depth", default="",
-                        help="longest operator chain per partition, e.g. 'ort=6,tvm=3' (defaults: tvm 4, ort 4, blas 2)")
+                        help="longest operator chain per partition, e.g. 'ort=6,tvm=3' "
+                             "(defaults: tvm 4, ort 4, blas 2)")
     parser.add_argument("-o", "--output", help="write the partitioned module (.json/.relay) here")
     parser.add_argument("--dot", help="write the partitioned graph as Graphviz (.dot, or .svg/.png with Graphviz)")
+    parser.add_argument("--force", action="store_true", help="replace existing -o / --dot files")
     parser.add_argument("--estimator", choices=["measured", "learned"], default="measured",
                         help="measure every candidate, or learn from some (XGBoost) and measure the rest "
                              "only where they can change the answer")
@@ -48,13 +69,13 @@ def run(args: argparse.Namespace) -> int:
     from ..collage.toolchains import resolve, tvm_toolchain, with_max_depth
     from ..models import save_model
 
+    checks.validate(args, CHECKS)
     toolchains = with_max_depth(resolve(args.toolchains), args.max_depth)
-    if args.workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {args.workers}")
     mod, params = load_model_arg(args)
     measured = MeasuredCostEstimator(cache_dir=args.cache_dir, workers=args.workers, timeout=args.timeout,
                                      repeat=args.repeat, log_file=args.log, target=args.target,
-                                     tuning_log=args.tuning_log)
+                                     tuning_log=args.tuning_log,
+                                     progress=False if getattr(args, "verbosity", None) == "quiet" else None)
     estimator = measured
     if args.estimator == "learned":
         from ..collage.cost.learned import XGBoostCostEstimator

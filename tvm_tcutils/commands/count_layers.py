@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import argparse
 
+from tvm_tcutils.commands import _checks as checks
 from tvm_tcutils.tensorcore.rules import DEFAULT_PAD_FRACTION, WMMA_SHAPES
+
+#: Checked before any work (see commands._checks).
+CHECKS = (
+    *checks.MODEL_CHECKS,
+    checks.Check("--ops", "ops", checks.op_names),
+    checks.Check("--pad-fraction", "pad_fraction", checks.at_least(0.0)),
+)
 
 HELP = "print one row per layer of the given ops: shapes, types, layouts, HWNC tensor-core verdict"
 
@@ -23,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from tvm_tcutils.commands._common import load_model_arg
     from tvm_tcutils.tensorcore.layer_table import HEADER, layer_table
 
+    checks.validate(args, CHECKS)
     mod, _ = load_model_arg(args)
     rows = layer_table(mod, args.ops, dtype=args.dtype, pad_fraction=args.pad_fraction)
     print(HEADER)

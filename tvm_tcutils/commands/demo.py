@@ -13,7 +13,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tvm_tcutils.commands._checks import MODEL_CHECKS, validate
     from tvm_tcutils.commands._common import load_model_arg
+
+    validate(args, MODEL_CHECKS)
     from tvm_tcutils.demo import run_demo
 
     mod, params = load_model_arg(args)

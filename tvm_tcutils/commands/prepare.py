@@ -2,9 +2,17 @@
 from __future__ import annotations
 
 import argparse
-import os
 
+from tvm_tcutils.commands import _checks as checks
 from tvm_tcutils.tensorcore.rules import DEFAULT_PAD_FRACTION, WMMA_SHAPES
+
+#: Checked before any work (see commands._checks).
+CHECKS = (
+    *checks.MODEL_CHECKS,
+    checks.Check("-o", "output", checks.model_output),
+    checks.Check("--out-dtype", "out_dtype", checks.dtype),
+    checks.Check("--pad-fraction", "pad_fraction", checks.at_least(0.0)),
+)
 
 HELP = "convert conv2d layers to HWNC int4/int8 (skipping those that cannot use tensor cores) and save the model"
 
@@ -29,15 +37,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pad-fraction", type=float, default=DEFAULT_PAD_FRACTION,
                         help="extra work channel padding may add and still qualify (auto)")
     parser.add_argument("-o", "--output", required=True, help="where to save the model (.json, .relay or .txt)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing output file (and its .params); without it the command refuses")
 
 
 def run(args: argparse.Namespace) -> int:
-    from tvm_tcutils.commands._common import CommandError, load_model_arg
+    from tvm_tcutils.commands._common import load_model_arg
     from tvm_tcutils.models import save_model
     from tvm_tcutils.tensorcore import prepare_for_tensorcore
 
-    if os.path.splitext(args.output)[1].lower() not in (".json", ".relay", ".txt"):
-        raise CommandError(f"-o {args.output}: use a .json, .relay or .txt file name")
+    checks.validate(args, CHECKS)
     mod, params = load_model_arg(args)
     prepared, skipped = prepare_for_tensorcore(
         mod, args.dtype, args.out_dtype, skip_layers=args.skip_layers, pad_fraction=args.pad_fraction

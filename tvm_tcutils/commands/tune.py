@@ -3,7 +3,16 @@ from __future__ import annotations
 
 import argparse
 
+from . import _checks as checks
 from . import _common as cli
+
+#: Checked before any work (see commands._checks).
+CHECKS = (
+    *checks.MODEL_CHECKS,
+    checks.Check("--target", "target", checks.runnable_target),
+    checks.Check("--trials", "trials", checks.at_least(1)),
+    checks.Check("--log", "log", checks.new_or_log_file),
+)
 
 HELP = "tune a model's AutoTVM tasks (int8 dot-product templates included) with XGBTuner"
 
@@ -24,15 +33,16 @@ def run(args: argparse.Namespace) -> int:
     from ..dotprod.quantize import prepare
     from ..tuning import tune
 
-    if args.trials < 1:
-        raise cli.CommandError(f"--trials must be at least 1, got {args.trials}")
+    checks.validate(args, CHECKS)
     mod, params = prepare(*cli.load_model_arg(args), args.dtype)
 
     def announce(index, total, task, todo):
         state = f"{todo} new trials" if todo else "done (in the log)"
         print(f"task {index + 1}/{total} {task.name}: {state}", flush=True)
 
-    summary = tune(mod, params, args.target or host_target(), args.trials, args.log, progress=not args.no_progress,
+    quiet = getattr(args, "verbosity", None) == "quiet"
+    summary = tune(mod, params, args.target or host_target(), args.trials, args.log,
+                   progress=not (args.no_progress or quiet),
                    on_task=announce)
     print(f"tuned {len(summary)} tasks, {sum(n for _, n in summary)} new trials; log: {args.log}")
     return 0

@@ -1,0 +1,169 @@
+"""Every command checks its inputs and output paths before any work: one line naming the argument, status 2.
+
+Each bad input must fail in seconds (well under 15 s, TVM's import included),
+with one line on stderr that names the option, and leave the directory as it
+was. ``-o`` onto an existing model needs ``--force``.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from conftest import run_cli
+
+import tvm_tcutils
+
+pytestmark = pytest.mark.timeout(120)
+
+#: Seconds a refused command may take (issue 24: "each fail in under 15 seconds").
+FAST = 15.0
+
+TYPE_ERROR_RELAY = """#[version = "0.0.5"]
+def @main(%x: Tensor[(2, 3), float32], %y: Tensor[(4, 5), float32]) {
+  add(%x, %y)
+}
+"""
+
+
+def _files(root) -> set:
+    return {os.path.relpath(os.path.join(folder, name), root)
+            for folder, _, names in os.walk(root) for name in names}
+
+
+def _inputs(tmp_path) -> str:
+    """Bad input files in ``tmp_path/in``: a type-error Relay module, a text file that is no tuning log."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "typo.relay").write_text(TYPE_ERROR_RELAY)
+    (folder / "bad.log").write_text("this is not an AutoTVM record\n{\"input\": [\"llvm\"\n")
+    (folder / "existing.json").write_text("{}")
+    return str(folder)
+
+
+#: (case id, command line with {in} for the inputs folder, text the one error line must hold): the
+#: cases of issues 20 and 24, each run as the user runs it (a new process, timed).
+CASES = [
+    ("target", ["bench", "mlp", "--target", "banana"], "--target 'banana': not a TVM target"),
+    ("toolchain-unknown", ["collage", "mlp", "--toolchains", "tvm,banana"],
+     "--toolchains 'tvm,banana': unknown toolchain 'banana'; available: tvm"),
+    ("toolchains-empty", ["collage", "mlp", "--toolchains", ""], "--toolchains is empty"),
+    ("output-missing-dir", ["prepare", "mlp", "-o", "{in}/no/such/dir/out.json"], "-o "),
+    ("output-exists", ["prepare", "mlp", "-o", "{in}/existing.json"], "--force"),
+    ("dot-without-graphviz", ["collage", "mlp", "--toolchains", "tvm", "--dot", "picture.svg"], "--dot picture.svg"),
+    ("tune-log-missing-dir", ["tune", "mlp", "--log", "{in}/missing/dir/x.log"], "--log"),
+    ("bench-log-not-a-log", ["bench", "mlp", "--log", "{in}/bad.log"], "--log"),
+    ("type-error-relay", ["count-layers", "{in}/typo.relay"], "typo.relay:3:3: type error"),
+]
+
+#: More options, checked in this process (``cli.main``): same rules, without a process start each.
+IN_PROCESS = [
+    ("target-foreign-cpu", ["bench", "mlp", "--target", "llvm -mtriple=aarch64-linux-gnu"], "--target"),
+    ("max-depth", ["collage", "mlp", "--toolchains", "tvm", "--max-depth", "tvm=0"], "--max-depth"),
+    ("output-extension", ["prepare", "mlp", "-o", "out.onnx"], "-o out.onnx"),
+    ("collage-output-missing-dir", ["collage", "mlp", "--toolchains", "tvm", "-o", "{in}/nodir/p.json"], "-o "),
+    ("tune-log-not-a-log", ["tune", "mlp", "--log", "{in}/bad.log"], "--log"),
+    ("bench-log-missing", ["bench", "mlp", "--log", "{in}/none.log"], "--log"),
+    ("tuning-log-missing", ["collage", "mlp", "--toolchains", "tvm", "--tuning-log", "{in}/none.log"],
+     "--tuning-log"),
+    ("trials", ["tune", "mlp", "--log", "x.log", "--trials", "0"], "--trials must be at least 1, got 0"),
+    ("repeat", ["bench", "mlp", "--repeat", "0"], "--repeat must be at least 1"),
+    ("workers", ["collage", "mlp", "--toolchains", "tvm", "--workers", "0"], "--workers"),
+    ("timeout", ["collage", "mlp", "--toolchains", "tvm", "--timeout", "-1"], "--timeout"),
+    ("batch-size", ["count-layers", "mlp", "--batch-size", "0"], "--batch-size"),
+    ("ops", ["count-layers", "mlp", "--ops", "nn.conv3"], "--ops"),
+    ("out-dtype", ["prepare", "mlp", "-o", "out.json", "--out-dtype", "int33x"], "--out-dtype"),
+]
+
+
+@pytest.mark.parametrize("argv, needle", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_input_fails_fast_with_one_line(tmp_path, monkeypatch, argv, needle):
+    inputs = _inputs(tmp_path)
+    # No Graphviz: PATH without 'dot' (the interpreter is called by its full path).
+    monkeypatch.setenv("PATH", str(tmp_path / "in"))
+    before = _files(tmp_path)
+    start = time.monotonic()
+    proc = run_cli(*[arg.replace("{in}", inputs) for arg in argv], cwd=str(tmp_path), timeout=120)
+    seconds = time.monotonic() - start
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("tvm-tcutils: error: ") and needle in lines[0], lines[0]
+    assert seconds < FAST, f"{seconds:.1f} s"
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv, needle", [case[1:] for case in IN_PROCESS], ids=[case[0] for case in IN_PROCESS])
+def test_bad_option_is_refused_before_work(tmp_path, monkeypatch, capsys, argv, needle):
+    from tvm_tcutils import cli
+
+    inputs = _inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = _files(tmp_path)
+    status = cli.main([arg.replace("{in}", inputs) for arg in argv])
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and len(lines) == 1, err
+    assert lines[0].startswith("tvm-tcutils: error: ") and needle in lines[0], lines[0]
+    assert out == "" and _files(tmp_path) == before
+
+
+def test_unbuildable_toolchain_is_refused(tmp_path):
+    from tvm_tcutils.collage.toolchains import known
+
+    unbuildable = [name for name, tc in known().items() if tc.availability()[0] and not tc.buildable()]
+    if not unbuildable:
+        pytest.skip("every toolchain available here can be built")
+    proc = run_cli("collage", "mlp", "--toolchains", f"tvm,{unbuildable[0]}", cwd=str(tmp_path))
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert f"--toolchains 'tvm,{unbuildable[0]}': {unbuildable[0]} cannot be built here" in lines[0]
+    assert os.listdir(tmp_path) == []
+
+
+def test_output_needs_force_to_replace(tmp_path):
+    out = str(tmp_path / "out.json")
+    assert run_cli("prepare", "mlp", "-o", out).returncode == 0
+    first = os.path.getmtime(out)
+    refused = run_cli("prepare", "mlp", "-o", out)
+    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert os.path.getmtime(out) == first
+    forced = run_cli("prepare", "mlp", "-o", out, "--force")
+    assert forced.returncode == 0, forced.stderr
+    # The input model itself, updated on purpose, needs no --force.
+    again = run_cli("prepare", out, "-o", out)
+    assert again.returncode == 0, again.stderr
+    tvm_tcutils.load_model(out)
+
+
+def test_type_error_relay_file_is_one_line_model_error(tmp_path):
+    path = tmp_path / "typo.relay"
+    path.write_text(TYPE_ERROR_RELAY)
+    with pytest.raises(tvm_tcutils.models.ModelError) as info:
+        tvm_tcutils.load_model(str(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}:3:3: type error") and "Incompatible broadcast" in message
+    assert "\n" not in message and "not a Relay text module" not in message
+    path.write_text(TYPE_ERROR_RELAY.replace("add(%x, %y)", "add(%x, "))
+    with pytest.raises(tvm_tcutils.models.ModelError, match="syntax error .not a Relay text module."):
+        tvm_tcutils.load_model(str(path))
+
+
+def test_version():
+    proc = run_cli("--version")
+    assert proc.returncode == 0
+    tvm_version = tvm_tcutils.capabilities()["tvm_version"]
+    assert proc.stdout.strip() == f"tvm-tcutils {tvm_tcutils.__version__} (TVM {tvm_version})"
+
+
+def test_tvm_warnings_only_with_verbose(tmp_path):
+    # prepare's ConvertLayout warns from C++ about pooling layers without a desired layout.
+    quiet = run_cli("prepare", "resnet-18", "-o", str(tmp_path / "a.json"))
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr.strip() == ""
+    verbose = run_cli("prepare", "resnet-18", "-o", str(tmp_path / "b.json"), "-v")
+    assert verbose.returncode == 0, verbose.stderr
+    assert "Warning: Desired layout(s) not specified" in verbose.stderr
+    both = run_cli("-q", "-v", "info")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
