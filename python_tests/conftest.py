@@ -16,6 +16,14 @@ from tvm import relay  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_report_header(config) -> list[str]:
+    """Name the interpreter and TVM in the session header, so a CI log says what it ran on."""
+    return [
+        f"python: {sys.version.split()[0]} ({sys.executable})",
+        f"tvm: {tvm.__version__} ({os.path.dirname(tvm.__file__)})",
+    ]
+
+
 def pytest_collection_modifyitems(config, items):
     # Benchmarks run only when asked for with -m benchmark.
     if "benchmark" in (config.getoption("-m") or ""):
@@ -26,13 +34,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def run_python(code: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, env: dict | None = None, timeout: int = 300, cwd: str | None = None
+) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter with this checkout first on the path."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([ROOT, full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd
     )
 
 

@@ -52,9 +52,10 @@ def test_tune_resume_and_apply_history_best(int8_conv_model, tmp_path):
     assert not cfg.is_fallback
     best = min(records, key=lambda r: np.mean(r[1].costs))[0].config
     assert cfg.to_json_dict()["entity"] == best.to_json_dict()["entity"]
-    tuned, _ = measure.latency_ms(lib, mod, params, repeat=1)
-    untuned, _ = measure.latency_ms(measure.build(mod, params, target), mod, params, repeat=1)
-    assert tuned > 0 and untuned > 0
+    # The tuned schedule computes what the fallback one does (int8: bit for bit).
+    _, tuned = measure.latency_ms(lib, mod, params, repeat=1)
+    _, untuned = measure.latency_ms(measure.build(mod, params, target), mod, params, repeat=1)
+    np.testing.assert_array_equal(tuned, untuned)
 
 
 def test_bad_arguments():

@@ -17,7 +17,7 @@ PY
 lint=0
 "$VENV/bin/python" -m ruff check --output-format concise tvm_tcutils python_tests scripts || lint=$?
 tests=0
-"$VENV/bin/python" -m pytest python_tests "$@" || tests=$?
+"$VENV/bin/python" -m pytest "$@" || tests=$?  # testpaths: python_tests and the package's doctests
 if [ "$tests" -ne 0 ]; then exit "$tests"; fi
 if [ "$lint" -ne 0 ]; then echo "ruff check failed (see above)" >&2; fi
 exit "$lint"

@@ -252,8 +252,11 @@ def outputs(runner: graph_executor.GraphModule) -> List[np.ndarray]:
 
     Examples
     --------
-    >>> outputs  # doctest: +ELLIPSIS
-    <function outputs at ...>
+    >>> from tvm_tcutils.models import load_model, random_inputs
+    >>> mod, params = load_model("mlp")
+    >>> runner = graph_module(build(mod, params), random_inputs(mod, params))
+    >>> runner.run(); [out.shape for out in outputs(runner)]
+    [(1, 10)]
     """
     return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
 

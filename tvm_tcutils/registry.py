@@ -161,6 +161,8 @@ def op_attr(
     >>> def legalize_dense(attrs, inputs, types):
     ...     return None  # leave everything to TVM
     >>> hook = op_attr("nn.dense", "FTVMLegalize", legalize_dense, targets=["cpu"])
+    >>> hook.level > 10, hook.targets  # above TVM's own level 10, only for CPU targets
+    (True, ('cpu',))
     """
     return Hook(
         "op_attr", op_name, attr, level, _keys(targets), handler, description or _doc(handler)
@@ -184,6 +186,8 @@ def strategy(
     Examples
     --------
     >>> hook = strategy("nn.conv2d", [], targets=["cuda", "gpu"])
+    >>> hook.kind, hook.attr
+    ('strategy', 'FTVMStrategy')
     """
     return Hook(
         "strategy", op_name, "FTVMStrategy", level, _keys(targets), tuple(impls),
@@ -203,6 +207,8 @@ def autotvm_template(
     Examples
     --------
     >>> hook = autotvm_template("tcutils.example", lambda cfg, *a: None, lambda cfg, outs: None)
+    >>> hook.kind, hook.name
+    ('autotvm_template', 'tcutils.example')
     """
     return Hook("autotvm_template", task_name, "", 0, None, (compute, schedule), description)
 
@@ -213,6 +219,8 @@ def packed_func(name: str, func: Callable, description: str = "") -> Hook:
     Examples
     --------
     >>> hook = packed_func("tvm_tcutils.echo", lambda x: x)
+    >>> hook.kind, hook.payload(3)
+    ('packed_func', 3)
     """
     return Hook("packed_func", name, "", 0, None, func, description or _doc(func))
 
@@ -223,6 +231,8 @@ def pattern_table(compiler: str, table: Callable[[], list], description: str = "
     Examples
     --------
     >>> hook = pattern_table("tcutils_example", lambda: [])
+    >>> hook.kind, hook.name
+    ('pattern_table', 'tcutils_example')
     """
     return Hook("pattern_table", compiler, "", 0, None, table, description)
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -11,8 +10,7 @@ import tvm
 from tvm import autotvm, relay
 from tvm.contrib import graph_executor
 
-import tvm_tcutils
-from conftest import dot_target, host_dot_target, run_python, small_conv_net
+from conftest import dot_target, run_python, small_conv_net
 
 RNG = np.random.default_rng(3)
 HEXAGON = "hexagon -mcpu=hexagonv66 -mattr=+hvxv66,+hvx-length128b"
@@ -54,7 +52,9 @@ def _quantized_net():
     """
     mod = small_conv_net(channels=16, size=16)
     params = {}
-    with relay.quantize.qconfig(calibrate_mode="global_scale", global_scale=8.0, skip_conv_layers=[], weight_scale="max"):
+    with relay.quantize.qconfig(
+        calibrate_mode="global_scale", global_scale=8.0, skip_conv_layers=[], weight_scale="max"
+    ):
         qmod = relay.quantize.quantize(mod, params)
     inputs = {"data": RNG.standard_normal((1, 16, 16, 16)).astype("float32")}
     return qmod, inputs
@@ -214,22 +214,6 @@ def test_avx2_graph_packs_a_widened_folded_kernel(const_weights):
     assert [d.attrs.weight_layout for d in dense] == ["NC8n4c"] and dense[0].args[1].checked_type.dtype == "int8"
 
 
-def test_float_model_unchanged_by_package():
-    mod = small_conv_net(channels=8, size=12)
-    target = host_dot_target()  # the package's hooks are installed for it, and its code runs here
-    inputs = {"data": RNG.standard_normal((1, 8, 12, 12)).astype("float32")}
-    with_pkg = _optimized(mod, target)
-    out_pkg, _ = _build_run(mod, inputs, target)
-    tvm_tcutils.unregister()
-    try:
-        without = _optimized(mod, target)
-        out_tvm, _ = _build_run(mod, inputs, target)
-    finally:
-        tvm_tcutils.register()
-    assert tvm.ir.structural_equal(with_pkg, without)
-    np.testing.assert_array_equal(out_pkg, out_tvm)
-
-
 def test_extract_tasks_finds_templates():
     mod, _ = _odd_net("int8")
     for target in ("llvm -mcpu=znver4", HEXAGON):
@@ -283,7 +267,8 @@ def test_qnn_requantize_fused_into_packed_conv():
         if isinstance(node, relay.Function) and node.attrs and "Primitive" in node.attrs:
             ops = []
             relay.analysis.post_order_visit(
-                node, lambda n: ops.append(n.op.name) if isinstance(n, relay.Call) and isinstance(n.op, tvm.ir.Op) else None
+                node,
+                lambda n: ops.append(n.op.name) if isinstance(n, relay.Call) and isinstance(n.op, tvm.ir.Op) else None,
             )
             fused.append(ops)
 

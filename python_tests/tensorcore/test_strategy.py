@@ -298,21 +298,6 @@ def test_other_layouts_are_left_to_tvm(layout, kernel_layout, dshape, kshape):
     assert name == name_theirs
 
 
-def test_float_model_optimizes_identically_with_and_without_the_hooks(small_conv):
-    ours = _optimized(small_conv)
-    registry.unregister()
-    try:
-        theirs = _optimized(small_conv)
-    finally:
-        registry.register()
-    assert tvm.ir.structural_equal(ours, theirs)
-
-
-def _optimized(mod):
-    with tvm.transform.PassContext(opt_level=3):
-        return relay.optimize(mod, target=SM80)[0]
-
-
 def test_target_without_tensor_cores_goes_to_nhwc_and_hints_at_arch(caplog):
     mod = _conv_module((6, 6, 8, 64), (3, 3, 64, 64), "int4")
     with caplog.at_level(logging.INFO, logger="tvm_tcutils.tensorcore"):

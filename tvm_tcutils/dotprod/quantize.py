@@ -24,7 +24,14 @@ def quantize_int8(mod: tvm.IRModule, params: Params) -> tvm.IRModule:
     Examples
     --------
     >>> from tvm_tcutils.models import load_model
-    >>> qmod = quantize_int8(*load_model("mlp"))  # doctest: +SKIP
+    >>> qmod = quantize_int8(*load_model("mlp"))
+    >>> dense_weights = []
+    >>> relay.analysis.post_order_visit(qmod["main"], lambda e: dense_weights.append(
+    ...     e.args[1].checked_type.dtype) if isinstance(e, relay.Call) and e.op.name == "nn.dense" else None)
+    >>> dense_weights
+    ['int8', 'int8', 'int8']
+    >>> qmod["main"].ret_type  # inputs and outputs stay float
+    TensorType([1, 10], float32)
     """
     with relay.quantize.qconfig(
         calibrate_mode="global_scale", global_scale=8.0, weight_scale="max", skip_conv_layers=[],
@@ -39,7 +46,10 @@ def prepare(mod: tvm.IRModule, params: Params, dtype: str) -> Tuple[tvm.IRModule
     Examples
     --------
     >>> from tvm_tcutils.models import load_model
-    >>> mod, params = prepare(*load_model("mlp"), "float32")
+    >>> mod, params = prepare(*load_model("mlp"), "float32")   # as is
+    >>> qmod, qparams = prepare(*load_model("mlp"), "int8")     # weights bound as int8 constants
+    >>> len(params) > 0, qparams
+    (True, {})
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")

@@ -20,7 +20,7 @@ Examples
 >>> from tvm_tcutils import load_model, tensorcore
 >>> mod, _ = load_model("resnet-18")
 >>> tensorcore.count_layers(mod, ["nn.conv2d"])
-20
+21
 """
 from .count_layers import count_layers
 from .layer_table import Layer, layer_table

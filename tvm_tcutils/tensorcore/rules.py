@@ -141,7 +141,10 @@ def set_max_pad_fraction(fraction: float) -> None:
 
     Examples
     --------
-    >>> set_max_pad_fraction(DEFAULT_PAD_FRACTION)
+    >>> set_max_pad_fraction(0.25); max_pad_fraction()
+    0.25
+    >>> set_max_pad_fraction(DEFAULT_PAD_FRACTION); max_pad_fraction()
+    1.0
     """
     _PAD_FRACTION[0] = _check_fraction(fraction)
 
@@ -199,7 +202,7 @@ def target_arch(target: tvm.target.Target) -> int:
         device = tvm.cuda(0)
         if device.exist:
             return int(str(device.compute_version).replace(".", ""))
-    except Exception:  # no CUDA runtime in this TVM build: same as no device
+    except (tvm.TVMError, ValueError):  # no CUDA runtime in this TVM build: same as no device
         pass
     raise MissingArchError(
         f"target {str(target)!r} has no -arch and there is no GPU to ask, so TVM cannot tell whether "

@@ -231,7 +231,7 @@ def target_has(target, *features: str) -> bool:
         return False
     try:
         return bool(tvm.target.codegen.target_has_features(list(features), target))
-    except Exception:  # unknown triple / CPU: no claim
+    except (AttributeError, tvm.TVMError):  # TVM without LLVM, or a CPU LLVM does not know: no claim
         return False
 
 

@@ -237,6 +237,8 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     ...     cfg = autotvm.get_config()
     ...     out = conv2d_nchwc_dot(cfg, d, k, 1, 1, 1, "NCHW16c", "NCHW16c")
     ...     s = schedule_conv2d_nchwc_dot(cfg, [out])
+    >>> "vpdpbusd" in str(tvm.lower(s, [d, k, out]))  # tensorized with VNNI
+    True
     """
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     s = te.create_schedule([t.op for t in outs])
@@ -364,7 +366,10 @@ def schedule_conv2d_nchw_dot(cfg, outs, mode: str = "llvm"):
     >>> d = te.placeholder((1, 3, 8, 8), "uint8"); k = te.placeholder((5, 3, 3, 3), "int8")
     >>> with tvm.target.Target("llvm -mcpu=znver4"):
     ...     cfg = autotvm.get_config()
-    ...     s = schedule_conv2d_nchw_dot(cfg, [conv2d_nchw_dot(cfg, d, k, 1, 1, 1)])
+    ...     out = conv2d_nchw_dot(cfg, d, k, 1, 1, 1)
+    ...     s = schedule_conv2d_nchw_dot(cfg, [out])
+    >>> "vpdpbusd" in str(tvm.lower(s, [d, k, out]))  # tensorized with VNNI
+    True
     """
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     conv = find_op(outs, TAG)

@@ -98,7 +98,10 @@ def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
     >>> d = te.placeholder((2, 64), "uint8"); w = te.placeholder((4, 16, 16, 4), "int8")
     >>> with tvm.target.Target("llvm -mcpu=znver4"):
     ...     cfg = autotvm.get_config()
-    ...     s = schedule_dense_pack_dot(cfg, [dense_pack_dot(cfg, d, w)])
+    ...     out = dense_pack_dot(cfg, d, w)
+    ...     s = schedule_dense_pack_dot(cfg, [out])
+    >>> "vpdpbusd" in str(tvm.lower(s, [d, w, out]))  # tensorized with VNNI
+    True
     """
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     s = te.create_schedule([t.op for t in outs])
@@ -192,7 +195,10 @@ def schedule_dense_dot(cfg, outs, mode: str = "llvm"):
     >>> d = te.placeholder((2, 10), "uint8"); w = te.placeholder((5, 10), "int8")
     >>> with tvm.target.Target("llvm -mcpu=znver4"):
     ...     cfg = autotvm.get_config()
-    ...     s = schedule_dense_dot(cfg, [dense_dot(cfg, d, w)])
+    ...     out = dense_dot(cfg, d, w)
+    ...     s = schedule_dense_dot(cfg, [out])
+    >>> "vpdpbusd" in str(tvm.lower(s, [d, w, out]))  # tensorized with VNNI
+    True
     """
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     dense = find_op(outs, TAG)

@@ -72,6 +72,8 @@ def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, m
     --------
     >>> from tvm_tcutils.dotprod.isa import X86_VNNI
     >>> intrin = dot_product_intrin(X86_VNNI, "uint8", "int8")
+    >>> [t.dtype for t in intrin.inputs], intrin.op.output(0).shape  # 16 int32 lanes per call
+    (['uint8', 'int8'], [16])
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

@@ -173,8 +173,12 @@ def conv2d_hwnc_template(cfg, data, kernel, strides, padding, dilation, out_dtyp
 
     Examples
     --------
-    >>> from tvm_tcutils import registry
-    >>> compute, schedule = registry.template(TASK)  # doctest: +SKIP
+    >>> from tvm import autotvm
+    >>> x = te.placeholder((14, 14, 8, 64), "int8"); w = te.placeholder((3, 3, 64, 64), "int8")
+    >>> with tvm.target.Target("cuda -arch=sm_80"):
+    ...     out = conv2d_hwnc_template(autotvm.get_config(), x, w, 1, 1, 1)
+    >>> out.shape, out.dtype
+    ([14, 14, 8, 64], 'int32')
     """
     _, _, n, c = get_const_tuple(data.shape)
     kshape = get_const_tuple(kernel.shape)
@@ -191,9 +195,17 @@ def conv2d_hwnc_template(cfg, data, kernel, strides, padding, dilation, out_dtyp
 def schedule_conv2d_hwnc(cfg, outs) -> te.Schedule:
     """AutoTVM schedule of :data:`TASK` (see :mod:`.tiled_mma`).
 
+    Lowering needs no GPU, only the target:
+
     Examples
     --------
-    >>> from tvm_tcutils import registry
-    >>> compute, schedule = registry.template(TASK)  # doctest: +SKIP
+    >>> from tvm import autotvm
+    >>> x = te.placeholder((14, 14, 8, 64), "int8"); w = te.placeholder((3, 3, 64, 64), "int8")
+    >>> with tvm.target.Target("cuda -arch=sm_80"):
+    ...     cfg = autotvm.get_config()
+    ...     out = conv2d_hwnc_template(cfg, x, w, 1, 1, 1)
+    ...     sched = schedule_conv2d_hwnc(cfg, [out])
+    >>> "tvm_mma_sync" in str(tvm.lower(sched, [x, w, out]))
+    True
     """
     return tiled_mma.schedule(cfg, outs)

@@ -88,8 +88,12 @@ def dense_template(cfg, data, weight, out_dtype="int32") -> te.Tensor:
 
     Examples
     --------
-    >>> from tvm_tcutils import registry
-    >>> compute, schedule = registry.template(TASK)  # doctest: +SKIP
+    >>> from tvm import autotvm
+    >>> x = te.placeholder((16, 64), "int8"); w = te.placeholder((32, 64), "int8")
+    >>> with tvm.target.Target("cuda -arch=sm_80"):
+    ...     out = dense_template(autotvm.get_config(), x, w)
+    >>> out.shape, out.dtype
+    ([16, 32], 'int32')
     """
     n, i = get_const_tuple(data.shape)
     o = get_const_tuple(weight.shape)[0]
@@ -101,9 +105,17 @@ def dense_template(cfg, data, weight, out_dtype="int32") -> te.Tensor:
 def schedule_dense(cfg, outs) -> te.Schedule:
     """AutoTVM schedule of :data:`TASK` (see :mod:`.tiled_mma`).
 
+    Lowering needs no GPU, only the target:
+
     Examples
     --------
-    >>> from tvm_tcutils import registry
-    >>> compute, schedule = registry.template(TASK)  # doctest: +SKIP
+    >>> from tvm import autotvm
+    >>> x = te.placeholder((16, 64), "int8"); w = te.placeholder((32, 64), "int8")
+    >>> with tvm.target.Target("cuda -arch=sm_80"):
+    ...     cfg = autotvm.get_config()
+    ...     out = dense_template(cfg, x, w)
+    ...     sched = schedule_dense(cfg, [out])
+    >>> "tvm_mma_sync" in str(tvm.lower(sched, [x, w, out]))
+    True
     """
     return tiled_mma.schedule(cfg, outs)

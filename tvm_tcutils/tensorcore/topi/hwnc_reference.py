@@ -113,6 +113,11 @@ def schedule_conv2d_hwnc(outs: Union[te.Tensor, Sequence[te.Tensor]]) -> te.Sche
     >>> kernel = te.placeholder((3, 3, 6, 4), name="kernel")
     >>> out = conv2d_hwnc(data, kernel, 1, 1, 1)
     >>> func = tvm.build(schedule_conv2d_hwnc(out), [data, kernel, out], "llvm")
+    >>> import numpy as np
+    >>> ones = [tvm.nd.array(np.ones(shape, "float32")) for shape in ((8, 8, 1, 4), (3, 3, 6, 4))]
+    >>> result = tvm.nd.empty((8, 8, 1, 6)); func(*ones, result)
+    >>> result.numpy()[[4, 0], [4, 0], 0, 0].tolist()  # 3x3x4 inside, 2x2x4 at a padded corner
+    [36.0, 16.0]
     """
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     sched = te.create_schedule([out.op for out in outs])

@@ -97,6 +97,8 @@ def packed_gemm(
     >>> c = packed_gemm((1, 1, 8, 8), lambda r, c, i, j: te.sum(
     ...     a[r, k0, i, k1].astype("int32") * b[c, k0, j, k1].astype("int32"), axis=[k0, k1]),
     ...     wmma.WmmaShape(8, 8, 32), (8, 8), "gemm")
+    >>> c.op.attrs["wmma_m"], c.op.attrs["unit_cols"]
+    (8, 8)
     """
     attrs = {"wmma_m": shape.m, "wmma_n": shape.n, "wmma_k": shape.k, "unit_rows": unit[0], "unit_cols": unit[1]}
     return te.compute(shape_out, fcompute, name=name, tag=PACKED_GEMM_TAG, attrs=attrs)
@@ -155,6 +157,7 @@ def choose_shape(
 
     Examples
     --------
+    >>> from tvm import autotvm
     >>> cfg = autotvm.task.space.FallbackConfigEntity()
     >>> choose_shape(cfg, "int8", 32, 64, 64)
     (WmmaShape(m=16, n=16, k=16), (32, 32))
@@ -177,8 +180,11 @@ def define_knobs(cfg, rows: int, cols: int, k_tiles: int, unit: Sequence[int], b
 
     Examples
     --------
+    >>> from tvm import autotvm
     >>> cfg = autotvm.task.space.FallbackConfigEntity()
     >>> define_knobs(cfg, 64, 256, 4, (16, 16))
+    >>> cfg["tile_rows"].size, cfg["chunk"].val
+    ([1, 2, 2], 2)
     """
     ok = lambda e: e.size[1] <= MAX_WARPS and e.size[2] <= MAX_TILES and e.size[1] * e.size[2] <= MAX_WARP_TILES
     cfg.define_split("tile_rows", rows // unit[0], num_outputs=3, filter=ok)
@@ -203,7 +209,16 @@ def schedule(cfg, outs: Sequence[te.Tensor]) -> te.Schedule:
 
     Examples
     --------
-    >>> # see tvm_tcutils.tensorcore.topi.conv2d_hwnc.schedule_conv2d_hwnc
+    >>> from tvm import autotvm
+    >>> from tvm_tcutils.tensorcore.topi import dense
+    >>> x = te.placeholder((16, 64), "int8"); w = te.placeholder((32, 64), "int8")
+    >>> with tvm.target.Target("cuda -arch=sm_80"):  # lowering only: no GPU needed
+    ...     cfg = autotvm.get_config()
+    ...     out = dense.dense_template(cfg, x, w)
+    ...     sched = schedule(cfg, [out])
+    >>> lowered = str(tvm.lower(sched, [x, w, out]))
+    >>> all(call in lowered for call in ("tvm_load_matrix_sync", "tvm_mma_sync", "tvm_store_matrix_sync"))
+    True
     """
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     s = te.create_schedule([x.op for x in outs])

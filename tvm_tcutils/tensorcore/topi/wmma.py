@@ -101,6 +101,8 @@ def load_matrix(shape: WmmaShape, operand: str, dtype: str, scope: str = "shared
     Examples
     --------
     >>> intrin = load_matrix(WmmaShape(8, 8, 32), "a", "int4")
+    >>> intrin.name, intrin.op.output(0).dtype
+    ('wmma_load_a', 'int4')
     """
     if operand not in ("a", "b"):
         raise ValueError(f"operand must be 'a' or 'b', got {operand!r}")
@@ -125,6 +127,8 @@ def mma(shape: WmmaShape, dtype: str) -> te.TensorIntrin:
     Examples
     --------
     >>> intrin = mma(WmmaShape(16, 16, 16), "int8")
+    >>> intrin.name, [t.dtype for t in intrin.inputs]
+    ('wmma_mma', ['int8', 'int8'])
     """
     a = te.placeholder((shape.m, shape.k), dtype=dtype, name="a")
     b = te.placeholder((shape.n, shape.k), dtype=dtype, name="b")
@@ -177,6 +181,8 @@ def store_matrix(shape: WmmaShape, scope: str = "global") -> te.TensorIntrin:
     Examples
     --------
     >>> intrin = store_matrix(WmmaShape(8, 8, 32))
+    >>> intrin.name
+    'wmma_store'
     """
     frag = te.placeholder((shape.m, shape.n), dtype=ACCUMULATOR_DTYPE, name="frag")
     dst = te.compute((shape.m, shape.n), lambda i, j: frag[i, j], name="dst")
