@@ -1,12 +1,10 @@
 """Model loading: zoo names, ONNX files, saved modules, bad input."""
-import os
 
 import numpy as np
 import pytest
 import tvm
 from tvm import relay
 
-import tvm_tcutils
 from tvm_tcutils import models
 from tvm_tcutils.models import ModelError, load_model, save_model
 

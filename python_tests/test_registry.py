@@ -1,5 +1,4 @@
 """The one registry: delegation, levels, idempotence, listing and restoring."""
-import importlib
 
 import numpy as np
 import pytest

@@ -353,8 +353,10 @@ def params_fingerprint(params: Optional[Params]) -> str:
     --------
     >>> import numpy as np
     >>> a = params_fingerprint({"w": np.zeros((2, 3), "float32")})
-    >>> a == params_fingerprint({"w": np.zeros((2, 3), "float32")}), a == params_fingerprint({"w": np.ones((2, 3), "float32")})
-    (True, False)
+    >>> a == params_fingerprint({"w": np.zeros((2, 3), "float32")})
+    True
+    >>> a == params_fingerprint({"w": np.ones((2, 3), "float32")})
+    False
     >>> params_fingerprint(None)
     ''
     """

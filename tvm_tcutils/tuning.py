@@ -17,7 +17,7 @@ import os
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ._tvm import tvm
-from tvm import autotvm, relay
+from tvm import autotvm
 from tvm.autotvm.env import AutotvmGlobalScope, reset_global_scope
 from tvm.contrib.popen_pool import PopenPoolExecutor
 

@@ -93,7 +93,7 @@ def test_lowered_dense_calls_vrmpy():
 def test_vrmpy_signature_matches_llvm_declaration(tmp_path):
     # Build the HVX TIR as LLVM IR (x86 host: the IR is made, never run) in a subprocess: a call whose
     # types differ from LLVM's declaration would abort LLVM.
-    code = f"""
+    code = """
 import tvm
 from tvm import te, autotvm
 from tvm_tcutils.dotprod.topi.conv2d_nchwc import conv2d_nchwc_dot, schedule_conv2d_nchwc_dot

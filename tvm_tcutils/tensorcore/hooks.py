@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import List
 
-from .._tvm import tvm
-from tvm import relay
 from tvm.relay.op.strategy.generic import wrap_topi_schedule
 from tvm.topi.utils import get_const_tuple
 
@@ -55,8 +53,11 @@ def hooks() -> List[registry.Hook]:
 
     Examples
     --------
-    >>> sorted({(hook.kind, hook.name) for hook in hooks()})[:3]
-    [('autotvm_template', 'tcutils.conv2d_hwnc_tensorcore.cuda'), ('autotvm_template', 'tcutils.dense_tensorcore.cuda'), ('op_attr', 'nn.conv2d')]
+    >>> for kind, name in sorted({(hook.kind, hook.name) for hook in hooks()})[:3]:
+    ...     print(kind, name)
+    autotvm_template tcutils.conv2d_hwnc_tensorcore.cuda
+    autotvm_template tcutils.dense_tensorcore.cuda
+    op_attr nn.conv2d
     """
     declared = [
         registry.op_attr(op_name, "FTVMConvertOpLayout", handler, description=handler.__doc__.strip())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence, Union
 
-from ..._tvm import tvm
+from ..._tvm import tvm  # noqa: F401  (TVM checked first; the examples use it)
 from tvm import te, topi
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple, traverse_inline

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from ..._tvm import tvm
-from tvm import autotvm, te
+from tvm import te
 from tvm.autotvm.task.space import OtherOptionEntity
 
 from ..rules import fitting_shapes
@@ -186,7 +186,9 @@ def define_knobs(cfg, rows: int, cols: int, k_tiles: int, unit: Sequence[int], b
     >>> cfg["tile_rows"].size, cfg["chunk"].val
     ([1, 2, 2], 2)
     """
-    ok = lambda e: e.size[1] <= MAX_WARPS and e.size[2] <= MAX_TILES and e.size[1] * e.size[2] <= MAX_WARP_TILES
+    def ok(e) -> bool:
+        return e.size[1] <= MAX_WARPS and e.size[2] <= MAX_TILES and e.size[1] * e.size[2] <= MAX_WARP_TILES
+
     cfg.define_split("tile_rows", rows // unit[0], num_outputs=3, filter=ok)
     cfg.define_split("tile_cols", cols // unit[1], num_outputs=3, filter=ok)
     cfg.define_knob("chunk", [c for c in CHUNKS if k_tiles % c == 0])
