@@ -50,10 +50,12 @@ def test_every_demo_section_resolves_to_a_documented_function():
 
 def test_output_into_a_closed_pipe_ends_quietly():
     # `tvm-tcutils count-layers MODEL | head -1`: the reader leaves early; no traceback, status 0.
-    code = ("import subprocess, sys\n"
+    # A one-page pipe, so the table cannot sit in the pipe's buffer whole.
+    code = ("import fcntl, os, subprocess, sys\n"
+            "r, w = os.pipe(); fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ\n"
             "p = subprocess.Popen([sys.executable, '-m', 'tvm_tcutils', 'count-layers', 'resnet-50'],"
-            " stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n"
-            "p.stdout.readline(); p.stdout.close()\n"
+            " stdout=w, stderr=subprocess.PIPE)\n"
+            "os.close(w); f = os.fdopen(r, 'rb'); f.readline(); f.close()\n"
             "err = p.stderr.read().decode(); print(p.wait()); print('Traceback' in err)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["0", "False"], out.stdout + out.stderr
