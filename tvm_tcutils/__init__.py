@@ -7,7 +7,7 @@ and installs the package's hooks into TVM's registries once (see
 from __future__ import annotations
 
 from ._tvm import TESTED_TVM_VERSIONS, host_target  # noqa: F401  (checks TVM first)
-from . import _moved
+from . import _compat, _moved
 from .installation import capabilities  # noqa: F401
 from .models import ModelError, load_model, save_model  # noqa: F401
 from .tensorcore import LayoutConfig, count_layers, layer_table, prepare_for_tensorcore, recast  # noqa: F401
@@ -16,4 +16,5 @@ from .registry import register, registered, unregister  # noqa: F401
 __version__ = "0.1.0"
 
 _moved.install()
+_compat.install_onnx_shim()
 register()

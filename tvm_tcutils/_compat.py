@@ -5,9 +5,16 @@ which onnx 1.19+ removed. :func:`ensure_onnx_mapping` puts back the few tables
 TVM uses, computed from ``onnx.helper``'s own type conversion functions, so
 both directions work with whichever onnx is installed. This is the only place
 that patches a third-party module.
+
+``import tvm_tcutils`` calls :func:`install_onnx_shim`: the tables go in when
+onnx is imported (right away if it already is), so that a user's own
+``relay.frontend.from_onnx`` works too, while importing the package neither
+imports onnx (about 0.2 s) nor needs it installed.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import sys
 import types
 
@@ -53,6 +60,58 @@ def ensure_onnx_mapping():
     onnx.mapping = mapping
     sys.modules["onnx.mapping"] = mapping
     return onnx
+
+
+class _ShimmingLoader(importlib.abc.Loader):
+    """onnx's own loader, followed by :func:`ensure_onnx_mapping` once the package has run."""
+
+    def __init__(self, loader: importlib.abc.Loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        ensure_onnx_mapping()
+
+    def __getattr__(self, name: str):
+        # Resource and source queries (get_data, is_package, ...) are the real loader's.
+        return getattr(self._loader, name)
+
+
+class OnnxMappingFinder(importlib.abc.MetaPathFinder):
+    """Finds ``onnx`` where Python would, and makes its import also put back ``onnx.mapping``."""
+
+    #: Marks the finder across ``importlib.reload`` of this module (a new class object each time).
+    tcutils_onnx_shim = True
+
+    def find_spec(self, name, path, target=None):
+        if name != "onnx":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None  # not installed: Python's own ModuleNotFoundError, unchanged
+        spec.loader = _ShimmingLoader(spec.loader)
+        return spec
+
+
+def install_onnx_shim() -> None:
+    """Make ``onnx.mapping`` available whenever onnx is (or gets) imported; idempotent.
+
+    Examples
+    --------
+    >>> install_onnx_shim()
+    >>> import onnx
+    >>> from onnx.mapping import TENSOR_TYPE_TO_NP_TYPE
+    >>> TENSOR_TYPE_TO_NP_TYPE[onnx.TensorProto.INT8].name
+    'int8'
+    """
+    if sys.modules.get("onnx") is not None:  # None: marked unimportable
+        ensure_onnx_mapping()
+        return
+    if not any(getattr(finder, "tcutils_onnx_shim", False) for finder in sys.meta_path):
+        sys.meta_path.insert(0, OnnxMappingFinder())
 
 
 def onnx_model_for_ort(model):

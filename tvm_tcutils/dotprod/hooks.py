@@ -1,8 +1,11 @@
 """What the int8 dot-product capability installs into TVM (applied by :mod:`tvm_tcutils.registry`).
 
 AutoTVM templates, ``FTVMLegalize`` / ``FTVMAlterOpLayout`` handlers and
-strategy rows for int8 ``nn.conv2d``, ``nn.dense`` and the u8 layout
-transforms, all declared as data in :mod:`tvm_tcutils.dotprod.strategy`.
+strategy rows for int8 ``nn.conv2d``, ``nn.dense``, ``nn.batch_matmul`` (which
+``qnn.batch_matmul`` lowers to) and the u8 layout transforms, all declared as
+data in :mod:`tvm_tcutils.dotprod.strategy`. With them no int8 op reaches TVM
+0.19's own x86 int8 intrinsics (``python_tests/dotprod/test_int8_op_sweep.py``
+checks every int8 / QNN op on VNNI, AVX-512BW, AVX2 and SSE targets).
 """
 from __future__ import annotations
 

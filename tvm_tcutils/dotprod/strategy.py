@@ -22,6 +22,13 @@ For targets with a 4-way dot-product ISA (see :mod:`tvm_tcutils.dotprod.isa`) an
 * Strategy rows select the tensorized computes. They are *exclusive* for the
   8-bit cases they handle, because TVM's own x86 int8 path aborts LLVM 22 on
   VNNI targets and saturates (wrong results) on AVX2 ones.
+* Every 8-bit ``nn.batch_matmul`` with int32 output on x86 (``qnn.batch_matmul``
+  lowers to one) gets :mod:`.topi.batch_matmul`: tensorized for the dtype pairs
+  the ISA multiplies, exact plain int32 arithmetic for the others. TVM's
+  legalization (i8 data to u8, padding) still runs before it.
+* A u8 x u8 dense on VNNI keeps its plain layout: TVM's alteration would pack
+  it for ``vpdpbusd``, which cannot multiply it, and no implementation takes
+  the packed op.
 
 Everything else (float, grouped convs, other layouts, targets without an
 ISA) goes to TVM's own hooks unchanged.
@@ -39,7 +46,7 @@ from tvm.topi.utils import get_const_tuple
 
 from .. import registry
 from .isa import DotProductISA, for_target
-from .topi import conv2d_nchwc, dense_pack
+from .topi import batch_matmul, conv2d_nchwc, dense_pack
 from .topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
 from .topi.packing import channel_block, kernel_layout, round_up
 
@@ -48,6 +55,7 @@ CONV2D_NCHWC_TASK = "tcutils.conv2d_nchwc_dot"
 CONV2D_NCHW_TASK = "tcutils.conv2d_nchw_dot"
 DENSE_PACK_TASK = "tcutils.dense_pack_dot"
 DENSE_TASK = "tcutils.dense_dot"
+BATCH_MATMUL_TASK = "tcutils.batch_matmul_dot"
 
 #: Target keys whose hooks this module installs (a Hexagon target has both keys).
 TARGET_KEYS = ("cpu", "hexagon")
@@ -259,6 +267,10 @@ def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     return relay.nn.contrib_conv2d_nchwc(data, kernel, **new_attrs)
 
 
+def _unchanged_dense(attrs, inputs) -> relay.Expr:
+    return relay.nn.dense(inputs[0], inputs[1], units=attrs.units, out_dtype=attrs.out_dtype)
+
+
 def alter_dense(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     """Turn a legal 8-bit dense into ``contrib_dense_pack`` with an ``NC{L}n4c`` weight."""
     isa = _isa()
@@ -266,7 +278,9 @@ def alter_dense(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     if isa is None or not _int8_pair(data_t.dtype, weight_t.dtype, out_type.dtype):
         return None
     if isa.variant(data_t.dtype, weight_t.dtype) is None:
-        return None
+        # TVM's own alteration would pack a u8 x u8 weight NC16n4c for an instruction that cannot
+        # multiply it (and no implementation takes the result): the dense stays as it is.
+        return _unchanged_dense(attrs, inputs) if isa.name.startswith("x86") else None
     w_shape = _static(weight_t.shape)
     if w_shape is None or w_shape[0] % isa.lanes or w_shape[1] % 4 or len(data_t.shape) != 2:
         return None
@@ -329,6 +343,28 @@ def _applies_dense(attrs, inputs, out_type, target) -> bool:
     return isa is not None and len(inputs[0].shape) == 2 and len(inputs[1].shape) == 2
 
 
+def _int8_batch_matmul_isa(inputs, out_type, target) -> Optional[DotProductISA]:
+    """The x86 ISA of an 8-bit, int32-out, static-shape ``nn.batch_matmul`` TVM would mis-compile, or None."""
+    isa = for_target(target)
+    if isa is None or not isa.name.startswith("x86") or target.kind.name != "llvm":
+        return None
+    if not _int8_pair(inputs[0].dtype, inputs[1].dtype, out_type.dtype):
+        return None
+    if _static(inputs[0].shape) is None or _static(inputs[1].shape) is None or len(inputs[0].shape) != 3:
+        return None
+    return isa
+
+
+def _applies_batch_matmul_dot(attrs, inputs, out_type, target) -> bool:
+    isa = _int8_batch_matmul_isa(inputs, out_type, target)
+    return isa is not None and isa.variant(inputs[0].dtype, inputs[1].dtype) is not None
+
+
+def _applies_batch_matmul_exact(attrs, inputs, out_type, target) -> bool:
+    isa = _int8_batch_matmul_isa(inputs, out_type, target)
+    return isa is not None and isa.variant(inputs[0].dtype, inputs[1].dtype) is None
+
+
 def _applies_layout_transform(attrs, inputs, out_type, target) -> bool:
     # Measured on x86 only (AVX2): Hexagon and other CPUs keep TVM's schedule.
     return (
@@ -370,6 +406,16 @@ STRATEGY_ROWS = (
     ("nn.contrib_dense_pack", _row(
         "dense_pack_dot.tcutils", DENSE_PACK_TASK, _strategy.wrap_compute_dense, _applies_dense_pack)),
     ("nn.dense", _row("dense_dot.tcutils", DENSE_TASK, _strategy.wrap_compute_dense, _applies_dense)),
+    # Every 8-bit batch_matmul on x86 (qnn.batch_matmul lowers to it): TVM's int8 schedule aborts
+    # LLVM on VNNI targets and saturates on AVX-512BW ones; pairs the ISA lacks get the exact one.
+    ("nn.batch_matmul", _row(
+        "batch_matmul_dot.tcutils", BATCH_MATMUL_TASK, _strategy.wrap_compute_batch_matmul,
+        _applies_batch_matmul_dot, need_out_dtype=True)),
+    ("nn.batch_matmul", registry.StrategyImpl(
+        "batch_matmul_exact.tcutils",
+        _strategy.wrap_compute_batch_matmul(batch_matmul.batch_matmul_exact, need_out_dtype=True),
+        _strategy.wrap_topi_schedule(batch_matmul.schedule_batch_matmul_exact),
+        _applies_batch_matmul_exact, plevel=30, exclusive=True)),
     # Not exclusive: TVM's generic transform stays in the strategy, below it.
     ("layout_transform", registry.StrategyImpl(
         "layout_transform_bytes.tcutils", _strategy.wrap_compute_layout_transform(topi.layout_transform),
@@ -382,6 +428,7 @@ TEMPLATES = {
     CONV2D_NCHW_TASK: (conv2d_nchwc.conv2d_nchw_dot, conv2d_nchwc.schedule_conv2d_nchw_dot),
     DENSE_PACK_TASK: (dense_pack.dense_pack_dot, dense_pack.schedule_dense_pack_dot),
     DENSE_TASK: (dense_pack.dense_dot, dense_pack.schedule_dense_dot),
+    BATCH_MATMUL_TASK: (batch_matmul.batch_matmul_dot, batch_matmul.schedule_batch_matmul_dot),
 }
 
 #: (op, attribute, handler) of the layout hooks.

@@ -1,0 +1,132 @@
+"""int8 batch_matmul on x86 (issue 22): the package's rows, their numerics, and float left alone."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import tvm
+import tvm_tcutils
+from tvm import autotvm, relay, te
+
+from conftest import host_dot_target, run_python
+from tvm_tcutils.dotprod.topi import batch_matmul as bmm
+
+RNG = np.random.default_rng(5)
+
+
+def _rand(shape, dtype):
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _selected(x_dtype, y_dtype, target, shape=(2, 4, 64, 32)):
+    b, m, k, n = shape
+    x = relay.var("x", shape=(b, m, k), dtype=x_dtype)
+    y = relay.var("y", shape=(b, n, k), dtype=y_dtype)
+    call = relay.nn.batch_matmul(x, y, out_dtype="int32")
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x, y], call)))
+    call = mod["main"].body
+    with tvm.target.Target(target):
+        impl, _ = relay.backend.te_compiler.select_implementation(
+            call.op, call.attrs, [te.placeholder(a.checked_type.shape, a.checked_type.dtype) for a in call.args],
+            call.checked_type, tvm.target.Target(target))
+    return impl.name
+
+
+@pytest.mark.parametrize("target, pair, expected", [
+    ("llvm -mcpu=cascadelake", ("uint8", "int8"), "batch_matmul_dot.tcutils"),
+    ("llvm -mcpu=cascadelake", ("uint8", "uint8"), "batch_matmul_exact.tcutils"),
+    ("llvm -mcpu=skylake-avx512", ("uint8", "int8"), "batch_matmul_dot.tcutils"),
+    ("llvm -mcpu=core-avx2", ("int8", "int8"), "batch_matmul_dot.tcutils"),
+    ("llvm", ("uint8", "int8"), "batch_matmul_int8.x86"),  # no dot-product ISA: TVM's own (exact there)
+])
+def test_int8_batch_matmul_takes_the_package_rows(target, pair, expected):
+    assert _selected(*pair, target) == expected
+
+
+def test_float_batch_matmul_keeps_tvm_implementation():
+    assert _selected("float32", "float32", "llvm -mcpu=cascadelake") == "batch_matmul.x86"
+
+
+@pytest.mark.parametrize("transpose_a, transpose_b", [(False, True), (False, False), (True, True)])
+@pytest.mark.parametrize("pair", [("uint8", "int8"), ("int8", "uint8"), ("uint8", "uint8")])
+@pytest.mark.parametrize("batches", [(2, 2), (1, 3)])
+def test_batch_matmul_kernels_are_exact(transpose_a, transpose_b, pair, batches):
+    target = tvm.target.Target(host_dot_target())
+    m, k, n = 3, 21, 19
+    x_np = _rand((batches[0],) + ((k, m) if transpose_a else (m, k)), pair[0])
+    y_np = _rand((batches[1],) + ((n, k) if transpose_b else (k, n)), pair[1])
+    x, y = te.placeholder(x_np.shape, pair[0], "x"), te.placeholder(y_np.shape, pair[1], "y")
+    from tvm_tcutils.dotprod.isa import for_target
+
+    native = for_target(target).variant(*pair) is not None
+    with target:
+        if native:
+            cfg = autotvm.get_config()
+            out = bmm.batch_matmul_dot(cfg, x, y, None, "int32", transpose_a, transpose_b)
+            s = bmm.schedule_batch_matmul_dot(cfg, [out])
+        else:
+            out = bmm.batch_matmul_exact(x, y, None, "int32", transpose_a, transpose_b)
+            s = bmm.schedule_batch_matmul_exact([out])
+        func = tvm.build(s, [x, y, out], target)
+    res = tvm.nd.empty([int(d) for d in out.shape], "int32")
+    func(tvm.nd.array(x_np), tvm.nd.array(y_np), res)
+    xs = x_np.transpose(0, 2, 1) if transpose_a else x_np
+    ys = y_np if transpose_b else y_np.transpose(0, 2, 1)
+    ref = np.einsum("bmk,bnk->bmn", xs.astype(np.int64), ys.astype(np.int64)).astype("int32")
+    np.testing.assert_array_equal(res.numpy(), ref)
+
+
+def test_vnni_batch_matmul_is_tensorized():
+    x = relay.var("x", shape=(2, 4, 64), dtype="uint8")
+    y = relay.var("y", shape=(2, 32, 64), dtype="int8")
+    mod = tvm.IRModule.from_expr(relay.Function([x, y], relay.nn.batch_matmul(x, y, out_dtype="int32")))
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target="llvm -mcpu=cascadelake")
+    assert "vpdpbusd" in lib.get_lib().get_source("asm")
+
+
+_FLOAT_PROGRAM = r"""
+import hashlib, json, sys
+if sys.argv[1] == "with":
+    import tvm_tcutils  # noqa: F401
+import numpy as np, tvm
+from tvm import relay
+from tvm.contrib import graph_executor
+rng = np.random.default_rng(0)
+x = relay.var("x", shape=(2, 6, 24))
+y = relay.nn.batch_matmul(x, relay.const(rng.standard_normal((2, 20, 24)).astype("float32")))
+y = relay.nn.batch_matmul(relay.nn.relu(y), relay.var("z", shape=(2, 20, 16)), transpose_b=False)
+y = relay.nn.dense(relay.reshape(y, (12, 16)), relay.const(rng.standard_normal((10, 16)).astype("float32")))
+mod = tvm.IRModule.from_expr(relay.Function(relay.analysis.free_vars(y), y))
+inputs = {"x": rng.standard_normal((2, 6, 24)).astype("float32"),
+          "z": rng.standard_normal((2, 20, 16)).astype("float32")}
+result = {}
+for target in ("llvm", "llvm -mcpu=cascadelake", "llvm -mcpu=core-avx2"):
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=target)
+    entry = {"graph": hashlib.sha256(lib.get_graph_json().encode()).hexdigest(),
+             "asm": hashlib.sha256(lib.get_lib().get_source("asm").encode()).hexdigest()}
+    if target == "llvm":
+        run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+        run.set_input(**inputs)
+        run.run()
+        entry["out"] = run.get_output(0).numpy().ravel().tolist()
+    result[target] = entry
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_float_dense_and_batch_matmul_compile_the_same_with_and_without_the_package():
+    def run(mode):
+        proc = run_python(_FLOAT_PROGRAM.replace("sys.argv[1]", repr(mode)), timeout=500)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    with ThreadPoolExecutor(2) as pool:
+        without, with_package = pool.map(run, ("without", "with"))
+    assert without == with_package

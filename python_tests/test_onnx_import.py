@@ -1,0 +1,110 @@
+"""``import tvm_tcutils`` makes TVM 0.19's ONNX importer work with the installed onnx (issue 22).
+
+TVM 0.19 reads ``onnx.mapping``, which onnx 1.19+ removed; the package puts it
+back when onnx gets imported (:func:`tvm_tcutils._compat.install_onnx_shim`),
+without importing onnx itself. Each check runs in a fresh interpreter, since
+the order of the imports is what is tested.
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_python
+
+pytest.importorskip("onnx")
+
+_MODEL = r"""
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+def matmul_model():
+    w = numpy_helper.from_array(np.arange(12, dtype="float32").reshape(4, 3) / 10, "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3])], initializer=[w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+"""
+
+_FROM_ONNX = r"""
+from tvm import relay
+mod, params = relay.frontend.from_onnx(matmul_model(), {"x": (2, 4)})
+print("OK", mod["main"].checked_type.ret_type)
+"""
+
+
+def _run(code: str):
+    proc = run_python(code, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_from_onnx_works_after_import_tvm_tcutils():
+    out = _run("import tvm_tcutils, onnx\n" + _MODEL + _FROM_ONNX)
+    assert "OK Tensor[(2, 3), float32]" in out
+
+
+@pytest.mark.timeout(300)
+def test_from_onnx_works_when_onnx_was_imported_first():
+    out = _run("import onnx, tvm_tcutils\n" + _MODEL + _FROM_ONNX)
+    assert "OK Tensor[(2, 3), float32]" in out
+
+
+@pytest.mark.timeout(300)
+def test_import_does_not_import_onnx_nor_need_it():
+    # onnx unimportable (None in sys.modules): the package still imports, and so would not load it.
+    code = (
+        "import sys\n"
+        "import tvm_tcutils\n"
+        "assert 'onnx' not in sys.modules, 'import tvm_tcutils imported onnx'\n"
+        "sys.modules['onnx'] = None\n"
+        "import importlib, tvm_tcutils._compat as c\n"
+        "c.install_onnx_shim()\n"
+        "try:\n"
+        "    import onnx\n"
+        "except ImportError:\n"
+        "    print('NO ONNX')\n"
+    )
+    assert "NO ONNX" in _run(code)
+
+
+@pytest.mark.timeout(600)
+def test_qlinearmatmul_3d_int8_imports_builds_and_matches_onnxruntime():
+    # The attention matmul of quantized transformers: TVM's own VNNI path aborted on it (exit 134).
+    pytest.importorskip("onnxruntime")
+    code = r"""
+import numpy as np, onnx, onnxruntime as ort, tvm, tvm_tcutils
+from onnx import TensorProto, helper
+from tvm import relay
+from tvm.contrib import graph_executor
+from tvm_tcutils._compat import onnx_model_for_ort
+
+rng = np.random.default_rng(0)
+a = rng.integers(-128, 128, (2, 5, 36)).astype("int8")
+b = rng.integers(-128, 128, (2, 36, 20)).astype("int8")
+consts = [helper.make_tensor(name, dt, [], [val]) for name, dt, val in [
+    ("a_s", TensorProto.FLOAT, 0.02), ("a_z", TensorProto.INT8, 3), ("b_s", TensorProto.FLOAT, 0.01),
+    ("b_z", TensorProto.INT8, 0), ("y_s", TensorProto.FLOAT, 0.5), ("y_z", TensorProto.INT8, -2)]]
+node = helper.make_node("QLinearMatMul", ["a", "a_s", "a_z", "b", "b_s", "b_z", "y_s", "y_z"], ["y"])
+graph = helper.make_graph([node], "g",
+    [helper.make_tensor_value_info("a", TensorProto.INT8, a.shape),
+     helper.make_tensor_value_info("b", TensorProto.INT8, b.shape)],
+    [helper.make_tensor_value_info("y", TensorProto.INT8, [2, 5, 20])], initializer=consts)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+ref = ort.InferenceSession(onnx_model_for_ort(model).SerializeToString(),
+                           providers=["CPUExecutionProvider"]).run(None, {"a": a, "b": b})[0]
+mod, params = relay.frontend.from_onnx(model, {"a": a.shape, "b": b.shape})
+for target in ("llvm -mcpu=cascadelake", "llvm -mcpu=skylake-avx512", tvm_tcutils.host_target()):
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=target, params=params)
+    if target != tvm_tcutils.host_target():
+        continue  # built without abort; this CPU may not run it
+    run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    run.set_input(a=a, b=b)
+    run.run()
+    diff = np.abs(run.get_output(0).numpy().astype(int) - ref.astype(int))
+    assert diff.max() <= 1, diff.max()
+print("OK")
+"""
+    assert "OK" in _run(code)

@@ -1,0 +1,238 @@
+"""int8 batch_matmul on x86: tensorized with the dot-product instruction, or exact and plain.
+
+TVM 0.19 sends a u8 x i8 ``batch_matmul`` (which its legalization makes of
+every i8 x i8 one on AVX-512 targets) to a schedule tensorized with its own
+VNNI / ``vpmaddubsw`` intrinsic: LLVM 22 aborts the process on VNNI targets and
+the 16-bit saturating path gives wrong int32 results on AVX-512BW ones. Two
+replacements:
+
+* :func:`batch_matmul_dot` (an AutoTVM template) for dtype pairs the target's
+  ISA multiplies natively: both operands are packed once per call, ``x`` to
+  ``(B, M, K4)`` and ``y`` to ``(B, N/L, K4/4, L, 4)`` (``L`` lanes, ``K4`` =
+  ``K`` rounded up to 4), which also undoes ``transpose_a`` / ``transpose_b``,
+  and each ``L``-lane output block is one dot-product step per 4 ``K``;
+* :func:`batch_matmul_exact` for every other 8-bit pair: int32 products summed
+  in int32, vectorized over ``N``.
+
+Both broadcast a batch of 1 against the other operand's batch, as Relay does.
+"""
+from __future__ import annotations
+
+from typing import Callable, Tuple
+
+from ..._tvm import tvm  # noqa: F401  (TVM checked first)
+from tvm import te, tir
+from tvm.autotvm.task.space import OtherOptionEntity
+from tvm.topi.utils import get_const_tuple
+
+from .common import current_isa, divisors_up_to, find_op, inline_between
+from .intrinsics import dot_product_intrin
+from .packing import round_up
+
+#: Tag of the tensorized product, used by the schedule to find it among fused ops.
+TAG = "batch_matmul_dot"
+#: Tag of the exact fallback.
+EXACT_TAG = "batch_matmul_exact"
+
+
+def _dims(x: te.Tensor, y: te.Tensor, transpose_a: bool, transpose_b: bool) -> Tuple[int, int, int, int]:
+    """``(batch, M, K, N)`` of ``x @ y`` after the transposes; raises on mismatched shapes."""
+    (xb, x1, x2), (yb, y1, y2) = get_const_tuple(x.shape), get_const_tuple(y.shape)
+    m, k = (x2, x1) if transpose_a else (x1, x2)
+    n, k_y = (y1, y2) if transpose_b else (y2, y1)
+    if k != k_y or (xb != yb and 1 not in (xb, yb)):
+        raise ValueError(f"batch_matmul of {x.shape} and {y.shape} (transpose_a={transpose_a}, "
+                         f"transpose_b={transpose_b}) does not fit")
+    return max(xb, yb), m, k, n
+
+
+def _reader(t: te.Tensor, transposed: bool) -> Callable:
+    """``read(b, row, k)`` of a (batch, rows, K) operand stored as given (batch 1 broadcast)."""
+    single = int(t.shape[0]) == 1
+
+    def read(b, row, k):
+        b = 0 if single else b
+        return t[b, k, row] if transposed else t[b, row, k]
+
+    return read
+
+
+def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=False, transpose_b=True):
+    """int8 ``batch_matmul`` tensorized with the current target's dot-product instruction.
+
+    Parameters
+    ----------
+    cfg : ConfigSpace or ConfigEntity
+        AutoTVM configuration (knobs ``tile_m`` and ``tile_nb``: output rows and ``L``-lane blocks per tile).
+    x, y : te.Tensor
+        ``(B, M, K)`` and ``(B, N, K)`` (``(B, K, M)`` / ``(B, K, N)`` when transposed), 8-bit, a dtype
+        pair the ISA multiplies natively.
+    out_shape : sequence, optional
+        Relay's output shape (checked against the operands when given).
+    out_dtype : str
+        Must be ``"int32"``.
+    transpose_a, transpose_b : bool
+        As in Relay's ``nn.batch_matmul``.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> x = te.placeholder((2, 3, 10), "uint8"); y = te.placeholder((2, 5, 10), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     out = batch_matmul_dot(autotvm.get_config(), x, y)
+    >>> [int(d) for d in out.shape], out.dtype
+    ([2, 3, 5], 'int32')
+    """
+    if out_dtype not in ("int32", None, ""):
+        raise ValueError(f"out_dtype must be 'int32' for a dot-product batch_matmul, got {out_dtype!r}")
+    isa = current_isa(x.dtype, y.dtype)
+    batch, m, k, n = _dims(x, y, transpose_a, transpose_b)
+    if out_shape is not None and tuple(get_const_tuple(out_shape)) != (batch, m, n):
+        raise ValueError(f"out_shape {out_shape} does not match the operands' ({batch}, {m}, {n})")
+    lanes = isa.lanes
+    k_p, n_p = round_up(k, 4), round_up(n, lanes)
+    read_x, read_y = _reader(x, transpose_a), _reader(y, not transpose_b)
+    zero_x, zero_y = tir.const(0, x.dtype), tir.const(0, y.dtype)
+    x_pack = te.compute(
+        (batch, m, k_p),
+        lambda b, i, c: tir.if_then_else(c < k, read_x(b, i, te.min(c, k - 1)), zero_x),
+        name="bmm_data_pack", tag="dot_pack",
+    )
+    y_pack = te.compute(
+        (batch, n_p // lanes, k_p // 4, lanes, 4),
+        lambda b, o, c, ol, cs: tir.if_then_else(
+            tir.all(o * lanes + ol < n, c * 4 + cs < k),
+            read_y(b, te.min(o * lanes + ol, n - 1), te.min(c * 4 + cs, k - 1)), zero_y,
+        ),
+        name="bmm_weight_pack", tag="dot_pack",
+    )
+    budget = max(1, isa.accumulator_budget())
+    cfg.define_knob("tile_m", divisors_up_to(m, budget))
+    cfg.define_knob("tile_nb", divisors_up_to(n_p // lanes, budget))
+    if cfg.is_fallback:
+        tile_m = divisors_up_to(m, 4)[-1]
+        cfg["tile_m"] = OtherOptionEntity(tile_m)
+        cfg["tile_nb"] = OtherOptionEntity(divisors_up_to(n_p // lanes, max(1, budget // tile_m))[-1])
+    r_ko = te.reduce_axis((0, k_p // 4), name="k_outer")
+    r_ki = te.reduce_axis((0, 4), name="k_inner")
+    product = te.compute(
+        (batch, m, n_p),
+        lambda b, i, j: te.sum(
+            x_pack[b, i, r_ko * 4 + r_ki].astype("int32")
+            * y_pack[b, j // lanes, r_ko, j % lanes, r_ki].astype("int32"),
+            axis=[r_ko, r_ki],
+        ),
+        name="batch_matmul_dot", tag=TAG,
+    )
+    cfg.add_flop(2 * batch * m * n * k)
+    return te.compute((batch, m, n), lambda b, i, j: product[b, i, j], name="bmm_slice", tag="injective,dot_unpack")
+
+
+def schedule_batch_matmul_dot(cfg, outs):
+    """Schedule :func:`batch_matmul_dot` (packing, the tensorized product, the sliced output).
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> x = te.placeholder((2, 3, 10), "uint8"); y = te.placeholder((2, 5, 10), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     cfg = autotvm.get_config()
+    ...     out = batch_matmul_dot(cfg, x, y)
+    ...     s = schedule_batch_matmul_dot(cfg, [out])
+    >>> "vpdpbusd" in str(tvm.lower(s, [x, y, out]))  # tensorized with VNNI
+    True
+    """
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    product = find_op(outs, TAG)
+    if product is None:
+        raise ValueError(f"no {TAG} op among the outputs")
+    # A root of the schedule, so that its bounds are its whole (lane-padded) shape, not the sliced part.
+    s = te.create_schedule([product.op] + [t.op for t in outs])
+    x_pack, y_pack = product.op.input_tensors
+    isa = current_isa(x_pack.dtype, y_pack.dtype)
+    intrin = dot_product_intrin(isa, str(x_pack.dtype), str(y_pack.dtype))
+    lanes = isa.lanes
+    for pack in (x_pack, y_pack):
+        axes = s[pack].op.axis
+        s[pack].parallel(s[pack].fuse(axes[0], axes[1]))
+        s[pack].vectorize(axes[-1])
+    # The product stays a stage of its own (its N is padded to the lanes); whatever follows it
+    # (the slice, fused elementwise ops) is one parallel, vectorized loop nest over the output.
+    _schedule_elementwise_tail(s, outs, product)
+    b, i, j = s[product].op.axis
+    r_ko, r_ki = s[product].op.reduce_axis
+    i_o, i_i = s[product].split(i, factor=cfg["tile_m"].val)
+    j_o, j_i = s[product].split(j, factor=cfg["tile_nb"].val * lanes)
+    j_b, j_l = s[product].split(j_i, factor=lanes)
+    s[product].reorder(b, i_o, j_o, r_ko, i_i, j_b, j_l, r_ki)
+    s[product].parallel(s[product].fuse(b, i_o, j_o))
+    s[product].unroll(i_i)
+    s[product].unroll(j_b)
+    s[product].tensorize(j_l, intrin)
+    return s
+
+
+def _schedule_elementwise_tail(s: te.Schedule, outs, stop: te.Tensor) -> None:
+    """Inline the injective ops between ``outs`` and ``stop``; parallelize and vectorize the outputs."""
+    inline_between(s, outs, stop)
+    for out in outs:
+        if out.op == stop.op or not isinstance(out.op, te.ComputeOp):
+            continue
+        axes = s[out].op.axis
+        fused = s[out].fuse(*axes[:-1]) if len(axes) > 1 else axes[0]
+        s[out].parallel(fused)
+        if len(axes) > 1:
+            s[out].vectorize(s[out].split(axes[-1], factor=16)[1])
+
+
+def batch_matmul_exact(x, y, out_shape=None, out_dtype="int32", transpose_a=False, transpose_b=True):
+    """8-bit ``batch_matmul`` as plain int32 multiply-adds: exact for any dtype pair.
+
+    For the pairs a target's dot-product instruction does not take (u8 x u8 on VNNI): TVM's own
+    int8 path would pack them for an instruction that cannot multiply them.
+
+    Examples
+    --------
+    >>> from tvm import te
+    >>> x = te.placeholder((1, 3, 8), "uint8"); y = te.placeholder((4, 5, 8), "uint8")
+    >>> out = batch_matmul_exact(x, y)
+    >>> [int(d) for d in out.shape], out.dtype
+    ([4, 3, 5], 'int32')
+    """
+    batch, m, k, n = _dims(x, y, transpose_a, transpose_b)
+    dtype = out_dtype or "int32"
+    read_x, read_y = _reader(x, transpose_a), _reader(y, not transpose_b)
+    r_k = te.reduce_axis((0, k), name="k")
+    return te.compute(
+        (batch, m, n),
+        lambda b, i, j: te.sum(read_x(b, i, r_k).astype(dtype) * read_y(b, j, r_k).astype(dtype), axis=r_k),
+        name="batch_matmul_exact", tag=EXACT_TAG,
+    )
+
+
+def schedule_batch_matmul_exact(outs):
+    """Schedule :func:`batch_matmul_exact`: parallel over batch and rows, ``N`` innermost and vectorized.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te
+    >>> x = te.placeholder((2, 3, 8), "uint8"); y = te.placeholder((2, 20, 8), "uint8")
+    >>> out = batch_matmul_exact(x, y)
+    >>> f = tvm.build(schedule_batch_matmul_exact([out]), [x, y, out], "llvm")
+    """
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    s = te.create_schedule([t.op for t in outs])
+    product = find_op(outs, EXACT_TAG)
+    if product is None:
+        raise ValueError(f"no {EXACT_TAG} op among the outputs")
+    _schedule_elementwise_tail(s, outs, product)
+    b, i, j = s[product].op.axis
+    (r_k,) = s[product].op.reduce_axis
+    j_o, j_i = s[product].split(j, factor=16)
+    s[product].reorder(b, i, j_o, r_k, j_i)
+    s[product].parallel(s[product].fuse(b, i))
+    s[product].vectorize(j_i)
+    return s
