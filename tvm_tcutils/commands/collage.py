@@ -31,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ._common import add_model_argument
 
     add_model_argument(parser)
+    # MODEL may be left out with --list.
+    next(action for action in parser._actions if action.dest == "model").nargs = "?"
+    parser.add_argument("--list", action="store_true",
+                        help="list the toolchains known here (installed / buildable / patterns only) and exit")
     parser.add_argument("--toolchains", default=None,
                         help="comma-separated toolchains (default: tvm,ort,blas where installed); "
                              "an unknown name lists those usable here")
@@ -62,13 +66,52 @@ def _fmt(ms: Optional[float]) -> str:
     return "failed" if not math.isfinite(ms) else f"{ms:.3f}"
 
 
+def _status(toolchain) -> str:
+    """``installed, buildable``, ``installed, patterns only`` (searchable, its codegen is missing), or
+    ``missing: <reason>``."""
+    ok, reason = toolchain.availability()
+    if not ok:
+        return f"missing: {reason}"
+    return "installed, buildable" if toolchain.buildable() else "installed, patterns only"
+
+
+def toolchain_lines() -> List[str]:
+    """The ``collage --list`` table: every known toolchain, its status here and what it is.
+
+    Examples
+    --------
+    >>> lines = toolchain_lines()
+    >>> lines[0].split()
+    ['toolchain', 'status', 'description']
+    >>> [line for line in lines if line.startswith("tvm ")][0].split()[1:3]
+    ['installed,', 'buildable']
+    """
+    from ..collage.toolchains import known
+
+    rows = [(name, _status(tc), tc.description) for name, tc in known().items()]
+    width = max(len(name) for name, _, _ in rows) + 2
+    status_width = max((len(status) for _, status, _ in rows if not status.startswith("missing")), default=0) + 2
+    lines = [f"{'toolchain':<{width}}{'status':<{status_width}}description"]
+    for name, status, description in rows:
+        if status.startswith("missing"):  # the reason is long: it gets the line's end
+            lines.append(f"{name:<{width}}{status}")
+        else:
+            lines.append(f"{name:<{width}}{status:<{status_width}}{description}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
-    from ._common import load_model_arg
+    from ._common import CommandError, load_model_arg
     from ..collage import driver, report
     from ..collage.cost.measured import MeasuredCostEstimator
     from ..collage.toolchains import resolve, tvm_toolchain, with_max_depth
     from ..models import save_model
 
+    if args.list:
+        print("\n".join(toolchain_lines()))
+        return 0
+    if args.model is None:
+        raise CommandError("collage: name a MODEL (or use --list to see the toolchains)")
     checks.validate(args, CHECKS)
     toolchains = with_max_depth(resolve(args.toolchains), args.max_depth)
     mod, params = load_model_arg(args)

@@ -2,7 +2,8 @@
 
 Known toolchains: ``tvm`` (TVM itself), ``tvm-fastmath`` (TVM with its
 ``FastMath`` rewrite; one TVM toolchain per search), ``ort`` (ONNX Runtime, compiler
-``tcutils_ort``, graph style), ``blas`` (an optimized BLAS, compiler
+``tcutils_ort``, graph style), ``openvino`` and ``openvino-bf16`` (OpenVINO's CPU
+runtime in f32 / bf16, compilers ``tcutils_openvino[_bf16]``, graph style), ``blas`` (an optimized BLAS, compiler
 ``tcutils_blas``, library style), and every BYOC integration that registered
 a pattern table in ``relay.op.contrib`` (dnnl, cutlass, tensorrt, ...), under
 its own name. BYOC toolchains are searchable wherever their pattern table is
@@ -19,6 +20,7 @@ from ..._tvm import tvm  # noqa: F401
 from tvm.relay.op.contrib import register as _contrib
 
 from .base import Toolchain
+from .openvino import TOOLCHAIN_BF16 as _OPENVINO_BF16, TOOLCHAIN_F32 as _OPENVINO
 from .tvm import TVM, TVM_FASTMATH
 
 logger = logging.getLogger("tvm_tcutils.collage")
@@ -32,6 +34,8 @@ PACKAGE_TOOLCHAINS: Dict[str, Toolchain] = {
         "ort", "tcutils_ort", pattern_table="tcutils_ort", combine=True, max_depth=4,
         requires=("onnxruntime", "onnx"), description="ONNX Runtime (CPU provider), graph style",
     ),
+    "openvino": _OPENVINO,
+    "openvino-bf16": _OPENVINO_BF16,
     "blas": Toolchain(
         "blas", "tcutils_blas", pattern_table="tcutils_blas", max_depth=2,
         description="dense / batch_matmul / matmul through an optimized BLAS, library style",
