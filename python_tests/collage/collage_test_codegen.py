@@ -6,6 +6,9 @@
   partition of injective / elementwise / reduction ops.
 * ``tcutils_test_abort``: aborts the process (like an LLVM assertion).
 * ``tcutils_test_hang``: never returns.
+* ``tcutils_test_chatty``: writes 1 MiB to stderr and stdout, then builds like ``tcutils_test``.
+* ``tcutils_test_spawn_hang``: starts a sleeping child process (its pid
+  written to the file ``$TCUTILS_TEST_GRANDCHILD``), then never returns.
 
 They are declared as hooks and installed through a throw-away
 ``tvm_tcutils.registry.Registry``, the package's one way into TVM's registries.
@@ -51,10 +54,29 @@ def _hang(func):
     time.sleep(3600)
 
 
+def _chatty(func):
+    # More than a pipe holds (64 KiB): a worker whose stderr is not read blocks here.
+    for fd in (2, 1):
+        os.write(fd, b"x" * (1 << 20))
+    return _codegen(func)
+
+
+def _spawn_hang(func):
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    with open(os.environ["TCUTILS_TEST_GRANDCHILD"], "w") as handle:
+        handle.write(str(child.pid))
+    time.sleep(3600)
+
+
 HOOKS = [
     registry.packed_func("relay.ext.tcutils_test", _codegen),
     registry.packed_func("relay.ext.tcutils_test_abort", _abort),
     registry.packed_func("relay.ext.tcutils_test_hang", _hang),
+    registry.packed_func("relay.ext.tcutils_test_chatty", _chatty),
+    registry.packed_func("relay.ext.tcutils_test_spawn_hang", _spawn_hang),
 ]
 _REGISTRY = registry.Registry()
 _REGISTRY.add(*HOOKS)

@@ -107,8 +107,15 @@ def test_worker_pool_and_estimator_arguments():
         WorkerPool(0)
     with pytest.raises(ValueError, match="timeout must be positive"):
         WorkerPool(1, 0)
-    with pytest.raises(ValueError, match="repeat must be at least 1"):
+    with pytest.raises(ValueError, match="repeat must be an int >= 1"):
         MeasuredCostEstimator(cache_dir="", repeat=0)
+    bad = [(TypeError, "workers", dict(workers=1.5)), (ValueError, "timeout", dict(timeout=-1)),
+           (TypeError, "warmup", dict(warmup="2")), (ValueError, "target", dict(target="no-such-target")),
+           (TypeError, "worker_imports", dict(worker_imports="collage_test_codegen")),
+           (FileNotFoundError, "tuning_log", dict(tuning_log="/no/such.log"))]
+    for error, name, kwargs in bad:
+        with pytest.raises(error, match=name):
+            MeasuredCostEstimator(cache_dir="", **kwargs)
 
 
 def concat_net():

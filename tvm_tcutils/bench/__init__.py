@@ -9,7 +9,8 @@ from data, not from pasted output.
 Modules: :mod:`.results`, :mod:`.table`, :mod:`.competitors`, :mod:`.models`
 (benchmark models), :mod:`.workloads` (TVM-only workloads a child process
 without the package can load), :mod:`.collage` (Collage's synthetic toolchains
-and costs), :mod:`.int8` (the int8 dot-product benchmark's contenders).
+and costs), :mod:`.int8` (the int8 dot-product benchmark's contenders), :mod:`.collage_memory`
+(peak process-tree memory of a measured Collage search).
 
 Examples
 --------

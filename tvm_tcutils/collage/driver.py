@@ -15,16 +15,17 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from .._tvm import host_target, tvm
 from ..measure import tuning_log_scope
 from tvm import relay
 
+from . import arguments
 from .candidates import Candidate, enumerate_candidates
 from .cost.base import CostEstimator, cost_requests
 from .search import NoCoverError, search, search_valid
-from .subgraph import IndexedGraph, checked_main
+from .subgraph import IndexedGraph
 from .toolchains import TVM, Toolchain, resolve, tvm_toolchain
 from .validate import Validation, greedy_answers, outline_chosen
 
@@ -102,7 +103,10 @@ def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
 
     These are passes ``relay.build`` runs first anyway (``FoldScaleAxis`` is
     left to it: it doubles the time and TVM's fusion absorbs the scales);
-    ``mod`` is not changed.
+    ``mod`` is not changed. A module that does not type-check, or ``params``
+    that are not arrays of ``main``'s parameters (names, shapes, dtypes),
+    raise ``TypeError`` / ``ValueError`` naming the argument (see
+    :mod:`.arguments`).
 
     Examples
     --------
@@ -111,12 +115,10 @@ def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
     >>> len(prepare(mod, params)["main"].params)
     1
     """
-    main = checked_main(mod)
+    main = arguments.typed_main(mod)
+    params = arguments.params_for(main, params)
     if params:
-        unknown = sorted(set(params) - {p.name_hint for p in main.params})
-        if unknown:
-            raise ValueError(f"params: {unknown[:3]} are not parameters of main")
-        main = relay.build_module.bind_params_by_name(main, dict(params))
+        main = relay.build_module.bind_params_by_name(main, params)
     new = tvm.IRModule({gv: mod[gv] for gv in mod.get_global_vars() if gv.name_hint != "main"})
     new["main"] = main
     seq = tvm.transform.Sequential([
@@ -143,17 +145,18 @@ class _Partitioner:
 
     def __init__(self, toolchains: ToolchainSpec = None, cost_estimator: Optional[CostEstimator] = None,
                  params: Optional[Dict] = None, compare_single: bool = True, validate_rounds: int = 2):
+        # Every argument is checked here, before the search starts (the module in run, first thing).
         self.toolchains = resolve(toolchains)
         if cost_estimator is not None and not isinstance(cost_estimator, CostEstimator):
             raise TypeError(
                 f"cost_estimator must be a CostEstimator, got {type(cost_estimator).__name__}"
             )
         self.cost_estimator = cost_estimator
+        if params is not None and not isinstance(params, Mapping):
+            raise TypeError(f"params must be a dict of parameter name -> array, got {type(params).__name__}")
         self.params = dict(params or {})
-        self.compare_single = compare_single
-        if validate_rounds < 0:
-            raise ValueError(f"validate_rounds must be >= 0, got {validate_rounds}")
-        self.validate_rounds = validate_rounds
+        self.compare_single = arguments.flag("compare_single", compare_single)
+        self.validate_rounds = arguments.whole_number("validate_rounds", validate_rounds)
         self.last_result: Optional[CollageResult] = None
 
     def run(self, mod: tvm.IRModule) -> CollageResult:
@@ -265,9 +268,10 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
     Parameters
     ----------
     mod : IRModule
-        The model (not changed).
+        The model (not changed); it must type-check.
     params : dict, optional
-        Its parameters; they are bound into the result as constants.
+        Its parameters (name -> NumPy or TVM array, of the shape and dtype of
+        that parameter of ``main``); they are bound into the result as constants.
     toolchains : str or list, optional
         See :func:`~.toolchains.resolve`.
     cost_estimator : CostEstimator, optional
@@ -284,6 +288,11 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
     -------
     CollageResult
         ``result.mod`` is the partitioned module.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Before any search, for a bad argument; the message starts with its name.
 
     Examples
     --------
@@ -320,8 +329,16 @@ def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Toolchai
     >>> mod, params = load_model("mlp")
     >>> lib, result = build(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}))
     """
+    # Checked before the search: a bad target must not cost a search first.
+    arguments.choice("executor", executor, _EXECUTORS)
+    arguments.target(target)
+    arguments.existing_file("tuning_log", tuning_log)
     result = partition(mod, params, toolchains, cost_estimator, compare_single=False)
     return build_partitioned(result.mod, target=target, executor=executor, tuning_log=tuning_log), result
+
+
+#: Executors :func:`build` and :func:`build_partitioned` build for.
+_EXECUTORS = ("graph", "vm")
 
 
 def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: Optional[str] = None,
@@ -336,9 +353,13 @@ def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: 
     >>> from tvm_tcutils.models import load_model
     >>> lib = build_partitioned(*load_model("mlp"))
     """
-    if executor not in ("graph", "vm"):
-        raise ValueError(f"executor must be one of ['graph', 'vm'], got {executor!r}")
-    target = target or host_target()
+    arguments.choice("executor", executor, _EXECUTORS)
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
+    if params is not None and not isinstance(params, Mapping):
+        raise TypeError(f"params must be a dict of parameter name -> array, got {type(params).__name__}")
+    arguments.existing_file("tuning_log", tuning_log)
+    target = arguments.target(target) or host_target()
     with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=3):
         if executor == "graph":
             return relay.build(mod, target=target, params=params)

@@ -36,6 +36,16 @@ class CostRequest:
                 candidate_module(self.graph, self.candidate, self.toolchain.compiler))
         return self._module
 
+    def release(self) -> None:
+        """Drop the stand-alone module (computed again if asked for): sent to a worker, it is not needed here.
+
+        Examples
+        --------
+        >>> req = CostRequest(None, None, None, _module="m"); req.release(); req._module is None
+        True
+        """
+        self._module = None
+
     @property
     def key(self) -> str:
         """Cache key: structure (constants by shape only), input shapes and toolchain version.

@@ -7,6 +7,11 @@ worker processes (:mod:`.workers`), one task at a time each, with a timeout
 per candidate: a toolchain that aborts the process or hangs costs that
 candidate (``inf``, logged) and the search goes on.
 
+Memory is bounded by the model, not by the number of candidates: a
+candidate is built and serialised only when a worker is free to measure it,
+its module is dropped once sent, and the model's large constants are written
+once per search (:mod:`.shared`) instead of travelling with every candidate.
+
 Results go to the persistent cost store (:mod:`.store`, ``costs.jsonl`` in
 the cache directory) keyed by the candidate's structure (constants by shape
 only), input shapes, toolchain version, target and tuning log, so re-runs, and
@@ -20,11 +25,15 @@ import math
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+import weakref
+from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..._tvm import host_target, tvm
 from ...tuning import tuning_log_digest
+from ..arguments import existing_file, flag, positive_number, whole_number
+from ..arguments import target as check_target
 from .base import CostEstimator, CostRequest
+from .shared import SharedConstants
 from .store import DEFAULT_CACHE, FAILURE_TTL, CostStore, cost_ms, default_cache_dir  # noqa: F401
 from .workers import PooledWholeModelTimer, WorkerPool
 
@@ -113,14 +122,26 @@ class MeasuredCostEstimator(CostEstimator):
                  progress: Optional[bool] = None, log_file: Optional[str] = None,
                  worker_imports: Sequence[str] = (), tuning_log: Optional[str] = None,
                  retry_failed: bool = False, failure_ttl: float = FAILURE_TTL):
-        if repeat < 1:
-            raise ValueError(f"repeat must be at least 1, got {repeat}")
+        # All checked before a worker starts; messages name the argument (see ..arguments).
+        whole_number("workers", workers, least=1)
+        positive_number("timeout", timeout)
+        whole_number("repeat", repeat, least=1)
+        whole_number("warmup", warmup)
+        whole_number("min_repeat_ms", min_repeat_ms)
+        positive_number("failure_ttl", failure_ttl, zero=True)
+        check_target(target)
+        flag("retry_failed", retry_failed)
+        if progress is not None:
+            flag("progress", progress)
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a directory path, '' or None, got {type(cache_dir).__name__}")
+        if isinstance(worker_imports, str) or not all(isinstance(m, str) for m in worker_imports):
+            raise TypeError(f"worker_imports must be a list of module names, got {worker_imports!r}")
+        existing_file("tuning_log", tuning_log)
         directory = default_cache_dir() if cache_dir is None else cache_dir
         self.cache = CostStore(directory, failure_ttl, retry_failed) if directory else None
         self.pool = WorkerPool(workers, timeout, worker_imports)
         self.settings = (target or host_target(), repeat, warmup, min_repeat_ms)
-        if tuning_log and not os.path.isfile(tuning_log):
-            raise FileNotFoundError(f"tuning_log: no such file {tuning_log!r}")
         self.tuning_log = os.path.abspath(tuning_log) if tuning_log else None
         self._log_digest = tuning_log_digest(tuning_log)
         self.progress = sys.stderr.isatty() if progress is None else progress
@@ -128,6 +149,17 @@ class MeasuredCostEstimator(CostEstimator):
         self.stats = {"cached": 0, "measured": 0, "failed": 0}
         self._memory: Dict[str, dict] = {}
         self._unbuildable: set = set()
+        self._shared: Optional[SharedConstants] = None
+        self._shared_graph = None  # a weak reference to the graph whose constants _shared holds
+
+    def _share(self, graph) -> SharedConstants:
+        """The shared constants of ``graph`` (the current search's model): a new set for a new graph."""
+        if self._shared is None or self._shared_graph() is not graph:
+            if self._shared is not None:
+                self._shared.close()
+            self._shared = SharedConstants(node.expr for node in graph.nodes if node.kind == "const")
+            self._shared_graph = weakref.ref(graph)
+        return self._shared
 
     def _disk_key(self, key: str) -> str:
         # One cache directory serves every target: a cost measured for another CPU is not this one's.
@@ -139,6 +171,8 @@ class MeasuredCostEstimator(CostEstimator):
         return None if entry is None else cost_ms(entry)
 
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
+        if requests and requests[0].graph is not None:
+            self._share(requests[0].graph)  # also for validation, when every cost is cached
         todo: Dict[str, CostRequest] = {}
         for req in requests:
             if self.lookup(req) is None and req.key not in todo:
@@ -163,10 +197,17 @@ class MeasuredCostEstimator(CostEstimator):
         target, repeat, warmup, min_repeat_ms = self.settings
         # A TVM candidate's layout transforms at its boundary cancel between neighbours in a TVM
         # region; a crossing to another toolchain pays them, which validation's crossing penalty learns.
-        tasks = [("candidate", dict(mod_json=tvm.ir.save_json(r.module), target=target, repeat=repeat,
-                                    warmup=warmup, min_repeat_ms=min_repeat_ms, tuning_log=self.tuning_log,
-                                    boundary_layout=not r.toolchain.is_tvm)) for r in requests]
         bar = Progress(len(requests), self.progress)
+
+        def tasks() -> Iterator[tuple]:
+            # Pulled by the pool when a worker is free: one candidate serialised at a time per worker.
+            for req in requests:
+                shared = self._share(req.graph)
+                text = shared.dumps(req.module)
+                req.release()  # the text has it; the module would otherwise live as long as the request
+                yield ("candidate", dict(mod_json=text, target=target, repeat=repeat, warmup=warmup,
+                                         min_repeat_ms=min_repeat_ms, tuning_log=self.tuning_log,
+                                         boundary_layout=not req.toolchain.is_tvm, constants=shared.directory))
 
         def record(k: int, result: dict) -> None:
             req = requests[k]
@@ -187,15 +228,18 @@ class MeasuredCostEstimator(CostEstimator):
                     handle.write(line + "\n")
             bar.step(failed)
 
-        self.pool.run(tasks, record)
+        self.pool.run(tasks(), record)
 
     def whole_model_timer(self) -> PooledWholeModelTimer:
         """Times whole modules in this estimator's workers, with its target, repeats and tuning log."""
         target, repeat, warmup, _ = self.settings
-        return PooledWholeModelTimer(self.pool, target, repeat, warmup, self.tuning_log)
+        return PooledWholeModelTimer(self.pool, target, repeat, warmup, self.tuning_log, self._shared)
 
     def close(self) -> None:
         self.pool.close()
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
 
     def __del__(self):
         try:

@@ -13,6 +13,20 @@ A task is ``(kind, arguments)``; :data:`TASKS` says what each kind runs:
 ``wholes``     several whole modules timed in turns: ``{"ms_list": [...]}``
 =============  ==============================================================
 
+Tasks are pulled from an iterable only when a worker is free to take one
+(:meth:`WorkerPool.run`), so a search over thousands of candidates holds at
+most one serialised candidate per worker. A module may name constants that
+were shared once per search (``constants``: a directory, see :mod:`.shared`).
+
+Builds leave memory behind in a worker (loaded libraries, TVM's and the
+toolchains' caches): a worker grown past :data:`RECYCLE_BYTES` is replaced
+between two tasks, so a long search does not grow with the number of
+candidates. Each worker runs in its own process group (killed whole on a timeout, so a
+toolchain's own child processes go with it) and dies with its parent
+(:func:`tvm_tcutils.processes.die_with_parent`); its stdout and stderr are read
+all the time by threads that keep the last :data:`TAIL_BYTES` for error
+messages, so a chatty toolchain never blocks on a full pipe.
+
 A build or run that fails (:data:`EXPECTED_FAILURES`) answers
 ``{"ms": inf, "error": ...}``; any other exception in a worker is a bug (an
 ``ImportError`` in the package, a ``TypeError``) and is raised in the caller
@@ -21,17 +35,21 @@ candidate at ``inf``.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..._tvm import tvm
+from ...processes import WORKER_POPEN_OPTIONS, die_with_parent, kill_group
+from .shared import SharedConstants, load_modules
 
 #: What a failed build or run of a module raises (``tvm.TVMError`` is a ``RuntimeError``).
 EXPECTED_FAILURES: Tuple[type, ...] = (tvm.TVMError, RuntimeError, ValueError, OSError, ArithmeticError,
@@ -46,18 +64,42 @@ class WorkerError(Exception):
     """A worker raised something other than a build or run failure: a bug, reported with its traceback."""
 
 
-def _load(mod_json: str) -> tvm.IRModule:
+#: Bytes of a worker's stdout and stderr kept (the last ones) for error messages.
+TAIL_BYTES = 64 * 1024
+
+#: A worker resident above this many bytes after a task is replaced before its next one.
+RECYCLE_BYTES = 1 << 30
+
+
+def resident_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` in bytes (0 when unknown: not Linux, or the process is gone).
+
+    Examples
+    --------
+    >>> resident_bytes(os.getpid()) > 0 or not sys.platform.startswith("linux")
+    True
+    """
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _load(mod_jsons: Sequence[str], constants: Optional[str] = None) -> List[tvm.IRModule]:
     from tvm import relay
 
-    return relay.transform.InferType()(tvm.ir.load_json(mod_json))
+    return [relay.transform.InferType()(mod) for mod in load_modules(mod_jsons, constants)]
 
 
 def time_candidate(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
-                   tuning_log: Optional[str] = None, boundary_layout: bool = True) -> dict:
+                   tuning_log: Optional[str] = None, boundary_layout: bool = True,
+                   constants: Optional[str] = None) -> dict:
     """Build a saved module, warm it up on random inputs, time it: ``{"ms": median}``.
 
     ``boundary_layout=False`` leaves out the layout transforms at its inputs and
-    outputs (see :class:`tvm_tcutils.measure.Timer`).
+    outputs (see :class:`tvm_tcutils.measure.Timer`); ``constants`` is the
+    directory of the search's shared constants (:mod:`.shared`).
 
     Examples
     --------
@@ -69,13 +111,14 @@ def time_candidate(mod_json: str, target: str, repeat: int, warmup: int, min_rep
     """
     from ...measure import Timer
 
-    timer = Timer(_load(mod_json), None, target, repeat=repeat, warmup=warmup, min_repeat_ms=min_repeat_ms,
+    [mod] = _load([mod_json], constants)
+    timer = Timer(mod, None, target, repeat=repeat, warmup=warmup, min_repeat_ms=min_repeat_ms,
                   tuning_log=tuning_log, boundary_layout=boundary_layout)
     return {"ms": timer.sample()}
 
 
 def time_wholes(mod_jsons: Sequence[str], target: str, repeat: int, warmup: int, min_repeat_ms: int,
-                tuning_log: Optional[str] = None, rounds: int = 5) -> dict:
+                tuning_log: Optional[str] = None, rounds: int = 5, constants: Optional[str] = None) -> dict:
     """Build saved whole modules and time them in turns: ``{"ms_list": [median, ...]}`` (``inf``: failed).
 
     Examples
@@ -88,7 +131,7 @@ def time_wholes(mod_jsons: Sequence[str], target: str, repeat: int, warmup: int,
     """
     from ...measure import measure_modules
 
-    timings = measure_modules([_load(text) for text in mod_jsons], target, repeat, warmup, min_repeat_ms,
+    timings = measure_modules(_load(mod_jsons, constants), target, repeat, warmup, min_repeat_ms,
                               tuning_log, rounds)
     return {"ms_list": [t.median_ms for t in timings]}
 
@@ -117,11 +160,12 @@ def run_task(task: Task) -> dict:
     return dict(result, seconds=time.perf_counter() - start)
 
 
-def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str]) -> None:
+def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str], parent: Optional[int] = None) -> None:
     """Main loop of a measuring worker process (started by :class:`WorkerPool`).
 
     Reads ``(task_id, task)`` messages, answers ``(task_id, result)``; ``None``
     ends it. An unexpected exception is answered as ``{"bug": traceback}``.
+    First of all it asks to be killed when ``parent`` (its parent's pid) dies.
 
     Examples
     --------
@@ -130,6 +174,7 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str]) -> None:
     """
     import importlib
 
+    die_with_parent(parent)  # before the slow imports: a parent killed meanwhile takes the worker along
     import tvm_tcutils  # noqa: F401  (registers the package's toolchains)
 
     inbox = Connection(read_fd, writable=False)
@@ -151,24 +196,53 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str]) -> None:
             outbox.send((task_id, {"ms": math.inf, "bug": traceback.format_exc()[-4000:]}))
 
 
+class _Tail:
+    """Reads a pipe until it closes (in a daemon thread), keeping its last ``size`` bytes."""
+
+    def __init__(self, pipe, size: int = TAIL_BYTES):
+        self.size = size
+        self.chunks: Deque[bytes] = collections.deque()
+        self.held = 0
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._drain, args=(pipe,), daemon=True)
+        self.thread.start()
+
+    def _drain(self, pipe) -> None:
+        with pipe:
+            for chunk in iter(lambda: pipe.read1(65536), b""):
+                with self.lock:
+                    self.chunks.append(chunk)
+                    self.held += len(chunk)
+                    while self.held - len(self.chunks[0]) >= self.size:
+                        self.held -= len(self.chunks.popleft())
+
+    def text(self, limit: Optional[int] = None) -> str:
+        """The last ``limit`` (default all kept) bytes read, decoded."""
+        with self.lock:
+            data = b"".join(self.chunks)[-(limit or self.size):]
+        return data.decode(errors="replace")
+
+
 class _Worker:
-    """One worker: a fresh interpreter (no fork of a process holding TVM's threads)."""
+    """One worker: a fresh interpreter (no fork of a process holding TVM's threads) in its own process group."""
 
     def __init__(self, imports: Sequence[str]):
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         code = (
             f"from {__name__} import worker_entry; "
-            f"worker_entry({to_child_r}, {from_child_w}, {tuple(imports)!r})"
+            f"worker_entry({to_child_r}, {from_child_w}, {tuple(imports)!r}, {os.getpid()})"
         )
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.process = subprocess.Popen(
             [sys.executable, "-c", code], pass_fds=(to_child_r, from_child_w), env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **WORKER_POPEN_OPTIONS,
         )
         os.close(to_child_r)
         os.close(from_child_w)
+        # Read all the time: a worker writing more than a pipe holds (64 KiB) would block for ever.
+        self.stdout, self.stderr = _Tail(self.process.stdout), _Tail(self.process.stderr)
         self.outbox = Connection(to_child_w, readable=False)
         self.conn = Connection(from_child_r, writable=False)
         self.task: Optional[int] = None
@@ -179,6 +253,10 @@ class _Worker:
     def send(self, message) -> None:
         self.outbox.send(message)
 
+    def output(self, limit: int = 2000) -> str:
+        """The end of what the worker wrote to stderr (or stdout when stderr is empty)."""
+        return (self.stderr.text(limit) or self.stdout.text(limit)).strip()
+
     def stop(self, kill: bool = False) -> None:
         if not kill and self.ready:
             try:
@@ -186,16 +264,16 @@ class _Worker:
             except OSError:
                 kill = True
         if kill or not self.ready:
-            self.process.kill()
+            kill_group(self.process)  # the worker and whatever its toolchain started
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            kill_group(self.process)
             self.process.wait()
         for conn in (self.outbox, self.conn):
             conn.close()
-        if self.process.stderr:
-            self.process.stderr.close()
+        for tail in (self.stdout, self.stderr):
+            tail.thread.join(timeout=1)  # the pipe closes with the last process holding it
 
 
 class WorkerPool:
@@ -209,6 +287,9 @@ class WorkerPool:
         Seconds one task may take (build and run) before its worker is killed.
     imports : tuple of str
         Modules each worker imports first (for example test-only codegens).
+    recycle_bytes : int
+        A worker whose resident memory exceeds this after a task is replaced
+        (0: never).
 
     Examples
     --------
@@ -217,15 +298,19 @@ class WorkerPool:
     >>> text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
     >>> pool = WorkerPool(1, 60.0)
     >>> task = ("candidate", dict(mod_json=text, target="llvm", repeat=2, warmup=1, min_repeat_ms=1))
-    >>> [result] = pool.run([task]); pool.close()
+    >>> [result] = pool.run(iter([task])); pool.close()
     >>> result["ms"] > 0
     True
+
+    ``run`` takes any iterable and pulls the next task only when a worker is
+    free, so a generator's tasks are made one at a time as workers need them.
     """
 
     #: Seconds a new worker may take to import TVM and the package.
     START_TIMEOUT = 120.0
 
-    def __init__(self, workers: int = 1, timeout: float = 120.0, imports: Sequence[str] = ()):
+    def __init__(self, workers: int = 1, timeout: float = 120.0, imports: Sequence[str] = (),
+                 recycle_bytes: int = RECYCLE_BYTES):
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         if not timeout > 0:
@@ -233,6 +318,8 @@ class WorkerPool:
         self.size = workers
         self.timeout = timeout
         self.imports = tuple(imports)
+        self.recycle_bytes = recycle_bytes
+        self.recycled = 0
         self._workers: List[_Worker] = []
 
     def _spawn(self) -> _Worker:
@@ -240,9 +327,13 @@ class WorkerPool:
         worker.deadline = time.monotonic() + self.START_TIMEOUT
         return worker
 
-    def run(self, tasks: Sequence[Task], on_result=None, timeout: Optional[float] = None) -> List[dict]:
-        """Run every task; returns one result dict per task (``ms`` or ``ms_list``, maybe ``error``).
+    def run(self, tasks: Iterable[Task], on_result: Optional[Callable[[int, dict], None]] = None,
+            timeout: Optional[float] = None) -> List[dict]:
+        """Run every task; returns one result dict per task, in order (``ms`` or ``ms_list``, maybe ``error``).
 
+        ``tasks`` may be a generator: a task is taken from it only when a
+        worker is free to run it and dropped once sent, so at most one task per
+        worker is held. ``on_result(index, result)`` is called as each ends;
         ``timeout`` overrides the pool's seconds per task for this call.
 
         Raises
@@ -251,19 +342,34 @@ class WorkerPool:
             A worker raised something other than a build or run failure.
         """
         timeout = self.timeout if timeout is None else timeout
-        results: List[Optional[dict]] = [None] * len(tasks)
-        pending = list(range(len(tasks)))[::-1]
-        while len(self._workers) < min(self.size, max(len(tasks), 1)):
+        wanted = min(self.size, len(tasks)) if hasattr(tasks, "__len__") else self.size
+        source: Iterator[Task] = iter(tasks)
+        results: Dict[int, dict] = {}
+        taken = 0
+        exhausted = False
+        while len(self._workers) < max(wanted, 1):
             self._workers.append(self._spawn())
-        while any(r is None for r in results):
+
+        def finish(index: int, result: dict) -> None:
+            results[index] = result
+            if on_result:
+                on_result(index, result)
+
+        while True:
             for worker in self._workers:
-                if worker.ready and worker.task is None and pending:
-                    worker.task = pending.pop()
+                if worker.ready and worker.task is None and not exhausted:
+                    task = next(source, None)
+                    if task is None:
+                        exhausted = True
+                        break
+                    worker.task, taken = taken, taken + 1
                     worker.deadline = time.monotonic() + timeout
-                    worker.send((worker.task, tasks[worker.task]))
-            waitables = [w.conn for w in self._workers]
+                    worker.send((worker.task, task))
+                    del task  # the pipe has it: only the worker holds the payload now
+            if exhausted and all(w.task is None for w in self._workers):
+                break
             soonest = min(w.deadline for w in self._workers)
-            ready = wait(waitables, timeout=max(0.0, min(soonest - time.monotonic(), 1.0)))
+            ready = wait([w.conn for w in self._workers], timeout=max(0.0, min(soonest - time.monotonic(), 1.0)))
             for k, worker in enumerate(list(self._workers)):
                 failure = None
                 if worker.conn in ready:
@@ -279,11 +385,13 @@ class WorkerPool:
                         if "bug" in result:
                             self.close()
                             raise WorkerError(f"the measuring worker failed on task {task_id}:\n{result['bug']}")
-                        results[task_id] = result
                         worker.task = None
                         worker.deadline = math.inf
-                        if on_result:
-                            on_result(task_id, result)
+                        finish(task_id, result)
+                        if self.recycle_bytes and resident_bytes(worker.process.pid) > self.recycle_bytes:
+                            worker.stop()  # what its builds left behind goes with it
+                            self._workers[k] = self._spawn()
+                            self.recycled += 1
                 elif time.monotonic() > worker.deadline:
                     failure = (
                         f"timed out after {timeout:.0f} s" if worker.ready else "worker failed to start"
@@ -292,15 +400,14 @@ class WorkerPool:
                     continue
                 task = worker.task
                 worker.stop(kill=True)
+                output = worker.output(500)
                 self._workers[k] = self._spawn()
                 if task is not None:
-                    results[task] = {"ms": math.inf, "error": failure}
-                    if on_result:
-                        on_result(task, results[task])
+                    finish(task, {"ms": math.inf, "error": failure + (f"; its output ends: {output}" if output else "")})
                 elif not worker.ready:
                     self.close()
-                    raise RuntimeError(f"Collage measuring worker could not start: {failure}: {worker.error}")
-        return [r for r in results if r is not None]
+                    raise RuntimeError(f"Collage measuring worker could not start: {failure}: {worker.error or output}")
+        return [results[k] for k in range(taken)]
 
     @staticmethod
     def _death(worker: _Worker) -> str:
@@ -308,8 +415,9 @@ class WorkerPool:
             code = worker.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             code = None
-        if not worker.ready and worker.process.stderr:
-            worker.error = worker.process.stderr.read().decode(errors="replace").strip()[-500:]
+        if not worker.ready:
+            worker.stderr.thread.join(timeout=5)  # the rest of what it wrote before dying
+            worker.error = worker.output(500)
         if code is not None and code < 0:
             return f"worker killed by signal {-code} (crash in the toolchain)"
         return f"worker exited with status {code}"
@@ -334,6 +442,9 @@ class PooledWholeModelTimer:
         Timed runs per sample (at least 10) and runs before timing.
     tuning_log : str, optional
         AutoTVM log applied to every build.
+    constants : SharedConstants, optional
+        The search's shared constants (:mod:`.shared`): whole modules are sent
+        without them (a model's weights are written once, not once per module).
 
     Examples
     --------
@@ -347,8 +458,9 @@ class PooledWholeModelTimer:
     """
 
     def __init__(self, pool: WorkerPool, target: str, repeat: int = 10, warmup: int = 2,
-                 tuning_log: Optional[str] = None):
+                 tuning_log: Optional[str] = None, constants: Optional[SharedConstants] = None):
         self.pool, self.target, self.repeat, self.warmup, self.tuning_log = pool, target, repeat, warmup, tuning_log
+        self.constants = constants
 
     def time(self, mod: tvm.IRModule) -> Optional[float]:
         """Latency (ms) of one whole module, ``inf`` if it fails; None if it could not be measured."""
@@ -357,9 +469,11 @@ class PooledWholeModelTimer:
 
     def time_side_by_side(self, mods: Sequence[tvm.IRModule], rounds: int = 5) -> Optional[List[float]]:
         """Latencies (ms) of modules timed in turns in one worker (``inf`` for failures); None if the worker failed."""
-        task = ("wholes", dict(mod_jsons=[tvm.ir.save_json(m) for m in mods], target=self.target,
+        dumps = self.constants.dumps if self.constants else tvm.ir.save_json
+        task = ("wholes", dict(mod_jsons=[dumps(m) for m in mods], target=self.target,
                                repeat=max(self.repeat, 10), warmup=self.warmup, min_repeat_ms=50,
-                               tuning_log=self.tuning_log, rounds=rounds))
+                               tuning_log=self.tuning_log, rounds=rounds,
+                               constants=self.constants.directory if self.constants else None))
         [result] = self.pool.run([task], timeout=max(self.pool.timeout, 60.0) * len(mods))
         if result.get("error"):
             logger.warning("whole-model measurement failed: %s", result["error"])

@@ -217,8 +217,9 @@ def compile_function(func: relay.Function) -> "tvm.runtime.Module":
     """
     _require()
     func = function_of(func)
-    model = relay_to_onnx.to_onnx(func, name=str(func.attrs["global_symbol"]))
-    return TOOLCHAIN.build_module(func, model.SerializeToString())
+    # The model proto is dropped once serialised: with VGG's 0.4 GB dense weight it is one copy less at the peak.
+    payload = relay_to_onnx.to_onnx(func, name=str(func.attrs["global_symbol"])).SerializeToString()
+    return TOOLCHAIN.build_module(func, payload)
 
 
 def partition_for(mod: tvm.IRModule, params=None) -> tvm.IRModule:

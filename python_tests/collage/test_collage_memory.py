@@ -1,0 +1,233 @@
+"""Bounded memory and robust workers of the measured search, and early argument errors (issue 20)."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import collage_test_codegen as test_codegen  # noqa: E402
+
+from tvm_tcutils import collage  # noqa: E402
+from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator  # noqa: E402
+from tvm_tcutils.collage.cost.shared import PREFIX, SharedConstants, load_module  # noqa: E402
+from tvm_tcutils.collage.cost.workers import WorkerPool  # noqa: E402
+
+from test_collage_driver import elementwise_net  # noqa: E402
+
+
+def exp_task(n: int = 4):
+    x = relay.var("x", shape=(n,))
+    text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    return ("candidate", dict(mod_json=text, target="llvm", repeat=1, warmup=0, min_repeat_ms=0))
+
+
+def weighted_net(size: int = 64):
+    """A dense and an add, each reading a constant large enough to be shared (16 and 4 KiB)."""
+    rng = np.random.default_rng(0)
+    x = relay.var("x", shape=(16, size))
+    w = relay.const(rng.standard_normal((size, size)).astype("float32"))
+    b = relay.const(rng.standard_normal((16, size)).astype("float32"))
+    y = relay.add(relay.nn.dense(x, w), b)
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.tanh(y))))
+
+
+def test_the_pool_pulls_a_task_only_when_a_worker_is_free():
+    made, done = [], []
+
+    def tasks():
+        for k in range(7):
+            made.append(k)
+            assert len(made) - len(done) <= pool.size, "more tasks materialised than workers"
+            yield exp_task(4 + k)
+
+    pool = WorkerPool(2, 120.0)
+    try:
+        results = pool.run(tasks(), lambda k, r: done.append(k))
+    finally:
+        pool.close()
+    assert len(results) == 7 and all(r["ms"] > 0 for r in results)
+    assert sorted(done) == list(range(7))
+
+
+def test_a_worker_grown_past_the_limit_is_replaced_between_tasks():
+    pool = WorkerPool(1, 120.0, recycle_bytes=1)  # every worker is "too big" after its task
+    try:
+        results = pool.run(iter([exp_task(4), exp_task(5)]))
+    finally:
+        pool.close()
+    assert [r["ms"] > 0 for r in results] == [True, True]
+    assert pool.recycled == 2
+
+
+def test_payloads_carry_no_weights_and_shared_constants_are_written_once(tmp_path):
+    """Every candidate, TVM's and a BYOC toolchain's (constant inside a composite), is sent without its weights."""
+    est = MeasuredCostEstimator(cache_dir="", repeat=2, timeout=60, progress=False,
+                                worker_imports=["collage_test_codegen"])
+    sizes = []
+    run = est.pool.run
+
+    def recording(tasks, *args, **kwargs):
+        def sized():
+            for task in tasks:
+                sizes.extend(len(text) for text in task[1].get("mod_jsons", [task[1].get("mod_json", "")]))
+                yield task
+        return run(sized(), *args, **kwargs)
+
+    est.pool.run = recording
+    try:
+        result = collage.partition(weighted_net(), None, ["tvm", test_codegen.toolchain(ops=["add", "tanh"])],
+                                   est, validate_rounds=1)
+        shared = sorted(os.listdir(est._shared.directory))
+    finally:
+        est.close()
+    assert math.isfinite(result.estimated_ms) and result.measured_ms and math.isfinite(result.measured_ms)
+    assert est.stats["failed"] == 0 and est.stats["measured"] > 3
+    assert shared == ["c0.npy", "c1.npy"]  # the weight and the bias, once each
+    assert sizes and max(sizes) < 16 * 1024  # a 64x64 float32 weight alone is 16 KiB (22 KiB in base64)
+
+
+def test_shared_constants_round_trip_a_byoc_module():
+    mod = weighted_net()
+    consts = [n for n in [mod["main"].body.args[0].args[0].args[1], mod["main"].body.args[0].args[1]]]
+    shelf = SharedConstants(consts)
+    try:
+        text = shelf.dumps(mod)
+        assert PREFIX in text
+        back = load_module(text, shelf.directory)
+    finally:
+        shelf.close()
+    assert tvm.ir.structural_equal(relay.transform.InferType()(back), mod, map_free_vars=True)
+    assert not os.path.exists(shelf.directory)
+
+
+def test_a_candidate_writing_a_mebibyte_to_stderr_is_measured(tmp_path):
+    chatty = test_codegen.toolchain("tcutils_test_chatty", combine=False, ops=["tanh", "exp"])
+    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, timeout=60, progress=False,
+                                worker_imports=["collage_test_codegen"])
+    try:
+        collage.partition(elementwise_net(), None, ["tvm", chatty], est, validate_rounds=0)
+    finally:
+        est.close()
+    entries = [e for e in est._memory.values() if e["toolchain"] == "tcutils_test_chatty"]
+    assert entries and all(e["ms"] is not None and math.isfinite(e["ms"]) for e in entries), entries
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc")
+def test_a_timed_out_workers_children_are_killed(tmp_path, monkeypatch):
+    marker = tmp_path / "grandchild.pid"
+    monkeypatch.setenv("TCUTILS_TEST_GRANDCHILD", str(marker))
+    spawner = test_codegen.toolchain("tcutils_test_spawn_hang", combine=False, ops=["tanh"])
+    est = MeasuredCostEstimator(cache_dir="", repeat=1, timeout=8, progress=False,
+                                worker_imports=["collage_test_codegen"])
+    try:
+        collage.partition(elementwise_net(), None, ["tvm", spawner], est, validate_rounds=0)
+    finally:
+        est.close()
+    errors = [e["error"] for e in est._memory.values() if e["toolchain"] == "tcutils_test_spawn_hang"]
+    assert errors and all("timed out" in e for e in errors)
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the hung candidate's child process outlived its worker"
+
+
+def snapshot(mod):
+    return tvm.ir.load_json(tvm.ir.save_json(mod))
+
+
+def ill_typed():
+    x, y = relay.var("x", shape=(2, 3)), relay.var("y", shape=(4,))
+    return tvm.IRModule.from_expr(relay.Function([x, y], relay.add(x, y)))
+
+
+BAD_PARTITION_ARGUMENTS = [
+    ("params", TypeError, lambda m: dict(params=[("x", np.ones(3))])),
+    ("params", TypeError, lambda m: dict(params={"x": [1.0, 2.0]})),
+    ("params", ValueError, lambda m: dict(params={"no_such_input": np.ones((4, 8), "float32")})),
+    ("params", ValueError, lambda m: dict(params={"x": np.ones((4, 9), "float32")})),
+    ("validate_rounds", TypeError, lambda m: dict(validate_rounds=1.5)),
+    ("validate_rounds", ValueError, lambda m: dict(validate_rounds=-1)),
+    ("toolchains", ValueError, lambda m: dict(toolchains="tvm,no-such-toolchain")),
+    ("compare_single", TypeError, lambda m: dict(compare_single="no")),
+    ("cost_estimator", TypeError, lambda m: dict(cost_estimator="measured")),
+]
+
+
+@pytest.mark.parametrize("name,error,kwargs", BAD_PARTITION_ARGUMENTS,
+                         ids=[f"{n}-{k}" for k, (n, _, _) in enumerate(BAD_PARTITION_ARGUMENTS)])
+def test_bad_partition_arguments_fail_fast_naming_the_argument(name, error, kwargs):
+    mod = elementwise_net()
+    before = snapshot(mod)
+    start = time.monotonic()
+    with pytest.raises(error, match=name):
+        collage.partition(mod, **kwargs(mod))  # default estimator: no worker may start before the check
+    assert time.monotonic() - start < 2.0
+    assert tvm.ir.structural_equal(mod, before)
+
+
+def test_an_ill_typed_module_is_a_type_error_naming_mod():
+    mod = ill_typed()
+    before = snapshot(mod)
+    start = time.monotonic()
+    with pytest.raises(TypeError, match="mod does not type-check"):
+        collage.partition(mod)
+    with pytest.raises(TypeError, match="mod must be a tvm.IRModule"):
+        collage.partition(mod["main"])
+    assert time.monotonic() - start < 2.0
+    assert tvm.ir.structural_equal(mod, before)
+
+
+def test_build_checks_its_own_arguments_before_the_search():
+    mod = elementwise_net()
+    start = time.monotonic()
+    for error, name, kwargs in [(ValueError, "target", dict(target="no-such-target")),
+                                (ValueError, "executor", dict(executor="aot")),
+                                (FileNotFoundError, "tuning_log", dict(tuning_log="/no/such.log"))]:
+        with pytest.raises(error, match=name):
+            collage.build(mod, None, "tvm", **kwargs)
+        with pytest.raises(error, match=name):
+            collage.build_partitioned(mod, **kwargs)
+    with pytest.raises(TypeError, match="params"):
+        collage.build_partitioned(mod, params=[1])
+    assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_workers_die_with_their_parent():
+    import signal
+    import subprocess
+
+    code = ("import sys; from tvm_tcutils.collage.cost.workers import WorkerPool\n"
+            "pool = WorkerPool(1, 60.0); pool.run([])\n"  # starts the worker, runs nothing
+            "print(pool._workers[0].process.pid, flush=True); sys.stdin.read()")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        deadline = time.monotonic() + 60
+        while "worker_entry" not in open(f"/proc/{worker}/cmdline").read() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # past die_with_parent, the first line of worker_entry
+    finally:
+        parent.send_signal(signal.SIGKILL)  # no cleanup runs: only the kernel can end the worker
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)
