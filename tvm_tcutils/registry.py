@@ -525,11 +525,12 @@ def unregister() -> None:
     Examples
     --------
     >>> import tvm_tcutils
-    >>> tvm_tcutils.unregister()
-    >>> tvm_tcutils.registered()
+    >>> # One statement, so that the hooks are back whatever the checks below say.
+    >>> tvm_tcutils.unregister(); left = tvm_tcutils.registered(); back = tvm_tcutils.register()
+    >>> [row for row in left if row.name in ("nn.conv2d", "nn.dense")]  # the package's own are gone
     []
-    >>> len(tvm_tcutils.register()) > 0  # and back
-    True
+    >>> sorted({row.name for row in back} >= {"nn.conv2d", "nn.dense"} for _ in [0])
+    [True]
     """
     _REGISTRY.unregister()
 

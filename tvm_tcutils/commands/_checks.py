@@ -429,18 +429,17 @@ def op_names(names, option: str, args: argparse.Namespace) -> None:
 
     Examples
     --------
-    >>> op_names(["nn.conv2d", "nn.conv3"], "--ops", argparse.Namespace())
+    >>> op_names(["nn.conv2d", "nn.dens"], "--ops", argparse.Namespace())
     Traceback (most recent call last):
     ...
-    tvm_tcutils.commands._common.CommandError: --ops: 'nn.conv3' is not a Relay operator (e.g. nn.conv2d, nn.dense)
+    tvm_tcutils.commands._common.CommandError: --ops: 'nn.dens' is not a registered Relay operator; did you mean nn.dense, ...?
     """
-    from .._tvm import tvm
+    from ..tensorcore._graph import resolve_ops  # the passes' own check, with its suggestions
 
-    for name in names:
-        try:
-            tvm.ir.Op.get(name)
-        except tvm.TVMError:
-            raise CommandError(f"{option}: {name!r} is not a Relay operator (e.g. nn.conv2d, nn.dense)") from None
+    try:
+        resolve_ops(list(names), option)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
 
 
 #: What every command with the shared ``MODEL`` argument checks (see ``_common.add_model_argument``).
