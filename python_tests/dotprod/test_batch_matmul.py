@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import tvm
-import tvm_tcutils
 from tvm import autotvm, relay, te
 
 from conftest import host_dot_target, run_python

@@ -277,7 +277,7 @@ def _accepts(predicate: Optional[Callable], expr: relay.Expr, name: str) -> bool
         return True
     try:
         return bool(predicate(expr))
-    except Exception as err:  # a BYOC predicate bug rejects the match, not the search
+    except Exception as err:  # noqa: BLE001  (a BYOC predicate's bug rejects the match, not the search)
         logger.debug("predicate of %s raised %s; match rejected", name, err)
         return False
 
@@ -476,7 +476,8 @@ class CombineRule(PartitionRule):
         if len(out) >= self.limit:
             logger.warning("%s: stopped at %d candidates (limit)", self.name, self.limit)
         if self.maximal:
-            out.extend(c for c in _maximal_regions(graph, toolchain, base, pieces) if (c.mask, c.composites) not in seen)
+            out.extend(c for c in _maximal_regions(graph, toolchain, base, pieces)
+                       if (c.mask, c.composites) not in seen)
         # A union made only of glue is not worth a partition.
         return [c for c in out if any(graph.nodes[i].kind == "call" for i in bits(c.mask))]
 
@@ -522,7 +523,8 @@ class PrimitiveRule(PartitionRule):
         self.name = f"primitive({rule.name})"
 
     def candidates(self, graph: IndexedGraph, toolchain: str) -> List[Candidate]:
-        return [Candidate(toolchain, c.mask, c.label, c.composites, c.host) for c in self.rule.candidates(graph, toolchain)]
+        return [Candidate(toolchain, c.mask, c.label, c.composites, c.host)
+                for c in self.rule.candidates(graph, toolchain)]
 
 
 class OnlyValidRule(PartitionRule):

@@ -432,7 +432,7 @@ def op_names(names, option: str, args: argparse.Namespace) -> None:
     >>> op_names(["nn.conv2d", "nn.dens"], "--ops", argparse.Namespace())
     Traceback (most recent call last):
     ...
-    tvm_tcutils.commands._common.CommandError: --ops: 'nn.dens' is not a registered Relay operator; did you mean nn.dense, ...?
+    tvm_tcutils.commands._common.CommandError: --ops: 'nn.dens' is not a registered Relay operator; ...
     """
     from ..tensorcore._graph import resolve_ops  # the passes' own check, with its suggestions
 

@@ -262,7 +262,7 @@ def run(sched: te.Schedule, args: Sequence[te.Tensor], inputs: Sequence[np.ndarr
     out_t = args[-1]
     out = np.zeros([int(d) for d in out_t.shape], str(out_t.dtype))
     tools = hexagon_emulator()
-    flags = [f"--target=hexagon-unknown-linux-musl", f"-mcpu={CPU}", "-mhvx", "-mhvx-length=128b", "-O2",
+    flags = ["--target=hexagon-unknown-linux-musl", f"-mcpu={CPU}", "-mhvx", "-mhvx-length=128b", "-O2",
              "-ffreestanding", "-fno-builtin", "-w"] + [f"-I{d}" for d in _include_dirs()]
     with tempfile.TemporaryDirectory(prefix="tcu_hexagon_") as tmp:
         files = {"kernel.c": kernel_source(sched, args), "harness.c": harness_source([*inputs, out])}

@@ -34,7 +34,7 @@ class CustomCostEstimator(CostEstimator):
         for req in requests:
             try:
                 cost = float(self.fn(req.module, req.toolchain.name))
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001  (the user's function: its failure costs the candidate, as documented)
                 logger.warning("custom cost of %s on %s failed: %s", req.ops, req.toolchain.name, err)
                 cost = math.inf
             out.append(cost if cost >= 0 else math.inf)

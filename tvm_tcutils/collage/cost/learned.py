@@ -188,7 +188,8 @@ class XGBoostCostEstimator(CostEstimator):
         known = self._initial(list(requests))
         return self._predict(list(requests), known)
 
-    def search(self, graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict) -> Tuple[SearchResult, List[float]]:
+    def search(self, graph: IndexedGraph, cands: Sequence[Candidate],
+               toolchains: Dict) -> Tuple[SearchResult, List[float]]:
         """Alternate search and measuring; return the best fully measured answer.
 
         Each round searches with measured costs where known and predictions

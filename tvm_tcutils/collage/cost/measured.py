@@ -28,7 +28,7 @@ import time
 import weakref
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from ..._tvm import host_target, tvm
+from ..._tvm import host_target
 from ...tuning import tuning_log_digest
 from ..arguments import existing_file, flag, positive_number, whole_number
 from ..arguments import target as check_target

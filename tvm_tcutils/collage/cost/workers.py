@@ -192,7 +192,7 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str], parent: Op
         task_id, task = message
         try:
             outbox.send((task_id, run_task(task)))
-        except Exception:  # a bug, not a failed build: reported to the caller, which raises it
+        except Exception:  # noqa: BLE001  (a bug, not a failed build: sent to the caller, which raises it)
             outbox.send((task_id, {"ms": math.inf, "bug": traceback.format_exc()[-4000:]}))
 
 
@@ -403,7 +403,8 @@ class WorkerPool:
                 output = worker.output(500)
                 self._workers[k] = self._spawn()
                 if task is not None:
-                    finish(task, {"ms": math.inf, "error": failure + (f"; its output ends: {output}" if output else "")})
+                    tail = f"; its output ends: {output}" if output else ""
+                    finish(task, {"ms": math.inf, "error": failure + tail})
                 elif not worker.ready:
                     self.close()
                     raise RuntimeError(f"Collage measuring worker could not start: {failure}: {worker.error or output}")

@@ -285,7 +285,7 @@ class PackedToolchain:
                     raise TypeError(f"{self.run_name}: argument {i} must be a tensor, got TVM type code {codes[i]}")
                 tensors.append(args[i])
             status = self._run(ctypes.string_at(args[0]).decode(), tensors)
-        except Exception as err:  # reported to TVM like its own Python callbacks do; re-raised at the caller
+        except Exception as err:  # noqa: BLE001  (handed to TVM as its own callbacks do; re-raised at the caller)
             _LIB.TVMAPISetLastPythonError(ctypes.py_object(err))
             return -1
         value, code = ctypes.c_int64(status), ctypes.c_int(ArgTypeCode.INT)

@@ -29,7 +29,7 @@ claims exactly those calls.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -528,7 +528,8 @@ def to_onnx(func: relay.Function, name: str = "tcutils"):
     out_types = list(out_type.fields) if isinstance(out_type, relay.TupleType) else [out_type]
     if len(results) != len(out_types):
         # A multi-result operator (batch_norm, dropout) returned whole: only its first result converts.
-        raise NotImplementedError(f"the function returns {len(out_types)} results, of which only {len(results)} convert")
+        raise NotImplementedError(
+            f"the function returns {len(out_types)} results, of which only {len(results)} convert")
     for index, (result, ttype) in enumerate(zip(results, out_types)):
         _expect_tensor(ttype, f"result {index}")
         # Distinct output names even when a result is an input or repeats.
@@ -687,7 +688,8 @@ def _layer_norm_rewrite():
                 return post
             ndim, size = len(ttype.shape), int(ttype.shape[-1])
             reductions = [node_map[self.mean][0]] + [
-                node for node in node_map[self.var] if isinstance(node, relay.Call) and node.op.name in ("mean", "variance")
+                node for node in node_map[self.var]
+                if isinstance(node, relay.Call) and node.op.name in ("mean", "variance")
             ]
             if not all(_over_last_axis(node, ndim) for node in reductions):
                 return post

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Sequence, Tuple
 
 from ..._tvm import tvm
-from tvm import autotvm, te, topi
+from tvm import te, topi
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 
-from ..._tvm import tvm
 from tvm import te, tir
 
 from ..isa import DotProductISA
@@ -41,12 +40,14 @@ def tile_compute(isa: DotProductISA, data_dtype: str, kernel_dtype: str):
     k = te.reduce_axis((0, red), name="k")
     if group == red:
         kernel = te.placeholder((lanes, red), dtype=kernel_dtype, name="dot_kernel")
-        tap = lambda l: kernel[l, k]  # noqa: E731
+        def tap(lane):
+            return kernel[lane, k]
     else:  # a widened kernel: red // group blocks of lanes x group
         kernel = te.placeholder((red // group, lanes, group), dtype=kernel_dtype, name="dot_kernel")
-        tap = lambda l: kernel[k // group, l, k % group]  # noqa: E731
+        def tap(lane):
+            return kernel[k // group, lane, k % group]
     out = te.compute(
-        (lanes,), lambda l: te.sum(data[k].astype("int32") * tap(l).astype("int32"), axis=k), name="dot_out"
+        (lanes,), lambda lane: te.sum(data[k].astype("int32") * tap(lane).astype("int32"), axis=k), name="dot_out"
     )
     return data, kernel, out
 

@@ -137,7 +137,9 @@ def pad_dense_data(data: np.ndarray) -> np.ndarray:
 
 
 def channel_block(channels: int, lanes: int) -> int:
-    """The input-channel block for ``channels`` (after padding to 4): ``lanes`` when it divides, else the largest multiple of 4 that does.
+    """The input-channel block for ``channels`` (after padding to 4).
+
+    ``lanes`` when it divides, else the largest multiple of 4 that does.
 
     Examples
     --------
