@@ -1,6 +1,7 @@
 """``tvm-tcutils collage`` end to end on a small model."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -44,3 +45,19 @@ def test_collage_cli_missing_tuning_log(tmp_path):
     proc = run_cli("collage", "mlp", "--toolchains", "tvm", "--tuning-log", str(tmp_path / "none.log"))
     assert proc.returncode == 2
     assert "--tuning-log" in proc.stderr and "none.log" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_collage_cli_retry_failed_measures_cached_failures_again(tmp_path):
+    cache, log = tmp_path / "cache", tmp_path / "measured.log"
+    common = ["collage", "mlp", "--toolchains", "tvm", "--cache-dir", str(cache), "--repeat", "1", "--no-compare"]
+    assert run_cli(*common).returncode == 0
+    # Every cached cost becomes a fresh failure, as a crashed or timed-out candidate leaves it.
+    path = cache / "costs.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert records
+    path.write_text("".join(json.dumps(dict(r, ms=None, error="worker killed by signal 9")) + "\n" for r in records))
+    proc = run_cli(*common, "--log", str(log))
+    assert proc.returncode != 0 or not log.exists() or log.read_text() == ""  # failures kept: nothing measured
+    proc = run_cli(*common, "--log", str(log), "--retry-failed")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(log.read_text().splitlines()) >= len(records) > 0

@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compare", action="store_true",
                         help="skip measuring the whole model for each single toolchain")
     parser.add_argument("--log", help="append one line per measurement to this file")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="measure again the candidates the cost cache holds as failed (otherwise after a day)")
     parser.add_argument("--tuning-log", default=None,
                         help="AutoTVM log for TVM's candidates (from 'tvm-tcutils tune MODEL --dtype float32')")
     parser.add_argument("--target", default=None,
@@ -117,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     mod, params = load_model_arg(args)
     measured = MeasuredCostEstimator(cache_dir=args.cache_dir, workers=args.workers, timeout=args.timeout,
                                      repeat=args.repeat, log_file=args.log, target=args.target,
-                                     tuning_log=args.tuning_log,
+                                     tuning_log=args.tuning_log, retry_failed=args.retry_failed,
                                      progress=False if getattr(args, "verbosity", None) == "quiet" else None)
     estimator = measured
     if args.estimator == "learned":
