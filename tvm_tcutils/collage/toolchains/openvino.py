@@ -43,7 +43,9 @@ from tvm import relay
 from ... import registry
 from . import ort, relay_to_onnx
 from .base import Toolchain
-from .packed_call import PackedToolchain, byoc_partition, function_of, tensor_data, tensor_view
+from .packed_call import (
+    PackedToolchain, byoc_partition, function_of, missing_modules, modules_present, tensor_data, tensor_view,
+)
 
 #: Python modules the toolchains need.
 REQUIRED_MODULES = ("openvino", "onnx")
@@ -107,22 +109,11 @@ NOT_RUN: Dict[str, str] = {}
 
 def _installed() -> bool:
     """Cheap check (no import) that the required modules are present."""
-    for name in REQUIRED_MODULES:
-        try:
-            if importlib.util.find_spec(name) is None:
-                return False
-        except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
-            return False
-    return True
+    return modules_present(REQUIRED_MODULES)
 
 
 def _missing_reason() -> str:
-    missing = []
-    for name in REQUIRED_MODULES:
-        try:
-            importlib.import_module(name)
-        except (ImportError, OSError, RuntimeError):  # missing, or a broken install
-            missing.append(name)
+    missing = missing_modules(REQUIRED_MODULES)
     return f"{' and '.join(missing) or 'openvino'} not installed; install with: {INSTALL_HINT}"
 
 

@@ -25,7 +25,9 @@ from tvm.relay.dataflow_pattern import is_op, is_tuple, wildcard
 
 from ... import registry
 from . import relay_to_onnx
-from .packed_call import PackedToolchain, byoc_partition, function_of, tensor_data, tensor_view
+from .packed_call import (
+    PackedToolchain, byoc_partition, function_of, missing_modules, modules_present, tensor_data, tensor_view,
+)
 
 #: BYOC compiler name of this toolchain.
 COMPILER = "tcutils_ort"
@@ -66,22 +68,11 @@ def available() -> Tuple[bool, str]:
 
 def _installed() -> bool:
     """Cheap check (no import) that the required modules are present."""
-    for name in REQUIRED_MODULES:
-        try:
-            if importlib.util.find_spec(name) is None:
-                return False
-        except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
-            return False
-    return True
+    return modules_present(REQUIRED_MODULES)
 
 
 def _missing_reason() -> str:
-    missing = []
-    for name in REQUIRED_MODULES:
-        try:
-            importlib.import_module(name)
-        except (ImportError, OSError, RuntimeError):  # missing, or a broken install
-            missing.append(name)
+    missing = missing_modules(REQUIRED_MODULES)
     return f"{' and '.join(missing) or 'onnxruntime'} not installed; install with: pip install 'tvm-tcutils[ort]'"
 
 

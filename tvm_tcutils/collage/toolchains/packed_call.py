@@ -40,9 +40,11 @@ import base64
 import ctypes
 import dataclasses
 import hashlib
+import importlib
+import importlib.util
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -62,6 +64,40 @@ _BYTE_OFFSET = ctypes.sizeof(TVMArray) - ctypes.sizeof(ctypes.c_uint64)
 
 #: Calls shorter than this (microseconds, their previous run) do not park TVM's pool: a wake-up costs more.
 _PARK_MIN_US_DEFAULT = 500.0
+
+
+def modules_present(names: Sequence[str]) -> bool:
+    """Cheap check (no import) that the Python modules ``names`` are installed.
+
+    Examples
+    --------
+    >>> modules_present(["json"]), modules_present(["no_such_module_here"])
+    (True, False)
+    """
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+        except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
+            return False
+    return True
+
+
+def missing_modules(names: Sequence[str]) -> List[str]:
+    """The modules of ``names`` that do not import (missing, or a broken install).
+
+    Examples
+    --------
+    >>> missing_modules(["json", "no_such_module_here"])
+    ['no_such_module_here']
+    """
+    missing = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except (ImportError, OSError, RuntimeError):
+            missing.append(name)
+    return missing
 
 
 def park_min_us() -> Optional[float]:
