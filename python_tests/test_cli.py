@@ -59,3 +59,12 @@ def test_output_into_a_closed_pipe_ends_quietly():
             "err = p.stderr.read().decode(); print(p.wait()); print('Traceback' in err)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["0", "False"], out.stdout + out.stderr
+
+
+def test_count_layers_tvm_numbering(capsys):
+    from tvm_tcutils.cli import main
+
+    assert main(["count-layers", "resnet-18", "--numbering", "tvm"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:-1]]
+    assert [int(row[0]) for row in rows][:6] == [0, 1, 2, 2, 3, 4]  # a shortcut conv shares TVM's index 2
+    assert len(rows) == 21

@@ -108,6 +108,42 @@ def test_bad_inputs():
         layer_table(small_conv_net(), ["nn.conv2d"], dtype="int3x")
 
 
+@pytest.mark.parametrize("numbering, error", [("depth", ValueError), ("TVM", ValueError), (1, TypeError)])
+def test_bad_numbering(numbering, error):
+    for call in (count_layers, layer_table):
+        with pytest.raises(error, match="numbering.*'chain', 'tvm'"):
+            call(small_conv_net(), ["nn.conv2d"], numbering=numbering)
+    no_main = tvm.IRModule({"helper": small_conv_net()["main"]})
+    assert count_layers(no_main, ["nn.conv2d"]) == 2
+    with pytest.raises(ValueError, match="numbering='tvm' numbers the layers of main"):
+        count_layers(no_main, ["nn.conv2d"], numbering="tvm")
+
+
+@pytest.mark.parametrize("name", ["resnet-18", "squeezenet1.1", "inception_v3", "mobilenet", "mlp"])
+def test_tvm_numbering_equals_tvms_count_layers(name):
+    mod = model(name)
+    for ops in (["nn.conv2d"], ["nn.conv2d", "nn.dense"], ["nn.relu", "add"], ["concatenate"]):
+        assert count_layers(mod, ops, numbering="tvm") == tvm_count_layers(mod, ops), ops
+
+
+def test_tvm_numbering_counts_main_only():
+    main = small_conv_net()["main"]
+    mod = tvm.IRModule({"main": main, "helper": main})
+    assert count_layers(mod, ["nn.conv2d"], numbering="tvm") == tvm_count_layers(mod, ["nn.conv2d"]) == 2
+    rows = layer_table(mod, ["nn.conv2d"], numbering="tvm")
+    assert [row.index for row in rows] == [0, 1]
+
+
+def test_layer_table_tvm_numbering_shares_indices_of_parallel_layers():
+    mod = model("resnet-18")
+    chain, tvm_rows = layer_table(mod, ["nn.conv2d"]), layer_table(mod, ["nn.conv2d"], numbering="tvm")
+    # the same rows in the same order; only the index column differs
+    assert [(r.op, r.input_shapes, r.reason) for r in chain] == [(r.op, r.input_shapes, r.reason) for r in tvm_rows]
+    indices = [row.index for row in tvm_rows]
+    assert sorted(set(indices)) == list(range(tvm_count_layers(mod, ["nn.conv2d"])))
+    assert len(indices) - len(set(indices)) == 4  # the four shortcut convs
+
+
 @pytest.mark.parametrize("name", ["resnet-18", "inception_v3", "squeezenet1.1"])
 def test_iterative_walk_is_tvms_post_order(name):
     from tvm_tcutils.tensorcore._graph import post_order

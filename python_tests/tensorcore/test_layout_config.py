@@ -113,6 +113,47 @@ def test_nested_scopes():
     assert [layout for layout, _ in layouts(fourth)] == ["NCHW", "HWNC"]
 
 
+def _mixed_conv_net():
+    """nn.conv2d, conv2d_transpose, qnn.conv2d, nn.conv2d: only the nn.conv2d calls are layers to TVM's LayoutConfig."""
+    x, w = relay.var("x", shape=(1, 8, 8, 8)), relay.var("w", shape=(8, 8, 3, 3))
+    y = relay.nn.conv2d(x, w, padding=(1, 1))
+    y = relay.nn.conv2d_transpose(y, w, padding=(1, 1), channels=8, kernel_size=(3, 3))
+    y = relay.qnn.op.conv2d(
+        relay.cast(y, "int8"), relay.cast(w, "int8"), relay.const(0), relay.const(0), relay.const(1.0),
+        relay.const(1.0), kernel_size=(3, 3), channels=8, padding=(1, 1),
+    )
+    y = relay.nn.conv2d(relay.cast(y, "float32"), w, padding=(1, 1))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x, w], y)))
+
+
+def _convert_all(mod, data_layout):
+    ops = ("nn.conv2d", "qnn.conv2d", "nn.conv2d_transpose")
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.transform.ConvertLayout({op: [data_layout, "default"] for op in ops})(mod)
+
+
+def _tvm_numbering_runs(make_config, mod):
+    """Three conversions through one scope object: two in one entry, one after re-entering."""
+    config = make_config([1, 2])
+    with config:
+        runs = [_convert_all(mod, "NHWC"), _convert_all(mod, "NHWC")]
+    with config:
+        runs.append(_convert_all(mod, "NHWC"))
+    return runs
+
+
+def test_tvm_numbering_equals_tvms_layout_config(request):
+    mod = _mixed_conv_net()
+    ours = _tvm_numbering_runs(lambda skip: LayoutConfig(skip_layers=skip, numbering="tvm"), mod)
+    request.getfixturevalue("tvm_handlers_only")
+    theirs = _tvm_numbering_runs(lambda skip: relay.transform.LayoutConfig(skip_layers=skip), mod)
+    for mine, tvms in zip(ours, theirs):
+        assert tvm.ir.structural_equal(mine, tvms)
+    # nn.conv2d 0 and 1 in the first run, 2 and 3 in the second: layers 1 and 2 kept, once each.
+    kept = [[layout for layout, _ in layouts(out)] for out in ours]
+    assert kept == [["NHWC", "NCHW"], ["NCHW", "NHWC"], ["NHWC", "NHWC"]]
+
+
 def test_scope_is_per_thread():
     seen = []
     with LayoutConfig(skip_layers=[0]):
@@ -140,6 +181,8 @@ def test_negative_indices_need_the_layer_count():
         (dict(skip_layers=[2], num_layers=2), ValueError, "out of range"),
         (dict(skip_layers=[0], num_layers=-1), TypeError, "num_layers"),
         (dict(skip_layers=[0], num_layers="2"), TypeError, "num_layers"),
+        (dict(skip_layers=[0], numbering="depth"), ValueError, "numbering: 'depth' .* valid: 'chain', 'tvm'"),
+        (dict(skip_layers=[0], numbering=None), TypeError, "numbering"),
     ],
 )
 def test_bad_scopes(kwargs, error, words):

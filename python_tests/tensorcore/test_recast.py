@@ -1,14 +1,16 @@
 """recast: TVM's recast as the oracle, numbering, numerics, bad input."""
 import functools
+import random
 
 import numpy as np
 import pytest
 import tvm
 from tvm import relay
+from tvm.relay.analysis import count_layers as tvm_count_layers
 from tvm.relay.transform import recast as tvm_recast
 
 from conftest import build_and_run, conv_chain, small_conv_net
-from tvm_tcutils import count_layers, load_model, recast
+from tvm_tcutils import count_layers, layer_table, load_model, recast
 from tvm_tcutils.models import random_inputs
 
 
@@ -63,6 +65,112 @@ def _casted_layers(mod, dtype):
 
     relay.analysis.post_order_visit(mod["main"], visit)
     return [i for i, cast in enumerate(found) if cast]
+
+
+def _bit_sets(count):
+    """Skip lists that tell every pair of indices below ``count`` apart (index i is in list b iff bit b of i is 1)."""
+    return [[i for i in range(count) if i >> bit & 1] for bit in range(max(count - 1, 1).bit_length())]
+
+
+@pytest.mark.parametrize("name", ["resnet-18", "squeezenet1.1"])
+def test_tvm_numbering_returns_what_tvm_recast_returns(name):
+    # The bit sets check every layer's index with a few of TVM's (slow) recasts.
+    mod, _ = model(name)
+    count = tvm_count_layers(mod, ["nn.conv2d"])
+    for skip in [[], [-1], *_bit_sets(count)]:
+        ours = recast(mod, "int8", "int32", skip_layers=skip, numbering="tvm")
+        theirs = tvm_recast(mod, "int8", "int32", skip_layers=list(skip))
+        assert tvm.ir.structural_equal(ours, theirs), (name, skip)
+
+
+def parallel_graphs():
+    """{name: (function, ops)}: graphs whose TVM numbering hangs on operand order and first visits."""
+    x, w = relay.var("x", shape=(1, 4, 8, 8)), relay.var("w", shape=(4, 4, 3, 3))
+
+    def conv(data):
+        return relay.nn.conv2d(data, w, padding=(1, 1))
+
+    stem = conv(x)
+    long, short = conv(conv(stem)), conv(stem)
+    a, b, c, d, e = (relay.var(name, shape=(2, 2)) for name in "abcde")
+    deep = relay.add(relay.add(c, d), e)
+    bodies = {
+        "long branch first": (relay.add(long, short), ["nn.conv2d"]),
+        "short branch first": (relay.add(short, long), ["nn.conv2d"]),
+        "shared layer reached first by the short path": (relay.add(stem, conv(conv(stem))), ["nn.conv2d"]),
+        "concatenated branches": (relay.concatenate([short, long, stem], axis=1), ["nn.conv2d", "concatenate"]),
+        "layers in both operands of a layer": (relay.add(relay.add(a, b), deep), ["add"]),
+        "deeper in the first operand": (relay.add(deep, relay.add(a, b)), ["add"]),
+        "no layer": (relay.nn.relu(x), ["nn.conv2d"]),
+    }
+    return {name: (relay.Function(relay.analysis.free_vars(body), body), ops) for name, (body, ops) in bodies.items()}
+
+
+@pytest.mark.parametrize("name", list(parallel_graphs()))
+def test_tvm_numbering_on_parallel_layers(name):
+    function, ops = parallel_graphs()[name]
+    dtype = "int8" if ops[0] == "nn.conv2d" else "float16"
+    count = tvm_count_layers(function, ops)
+    assert count_layers(function, ops, numbering="tvm") == count
+    for skip in [[], *([i] for i in range(count)), *_bit_sets(count)]:
+        ours = recast(function, dtype, "int32", ops=ops, skip_layers=skip, numbering="tvm")
+        theirs = tvm_recast(function, dtype, "int32", ops=ops, skip_layers=list(skip))
+        assert tvm.ir.structural_equal(ours, theirs), (skip, ours, theirs)
+        # layer_table names the layers recast skips
+        rows = layer_table(function, ops, numbering="tvm")
+        kept = [row.index in skip for row in rows]
+        assert kept == [not cast for cast in _layers_cast(ours, ops, dtype)]
+
+
+def _layers_cast(expr, ops, dtype):
+    """Per layer call in dataflow order: whether its first input is cast to ``dtype``."""
+    found = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name in ops:
+            arg = node.args[0]
+            arg = arg.fields[0] if isinstance(arg, relay.Tuple) else arg
+            found.append(isinstance(arg, relay.Call) and arg.op.name == "cast" and str(arg.attrs.dtype) == dtype)
+
+    relay.analysis.post_order_visit(expr, visit)
+    return found
+
+
+@pytest.mark.parametrize("kind", ["function", "expression", "module", "typed module"])
+def test_output_types_are_those_of_tvm_recast(kind):
+    # Untyped in, untyped out (no ret_type added), as TVM's recast; typed in, typed out.
+    def make():
+        x, w, p = relay.var("x", shape=(1, 4, 8, 8)), relay.var("w", shape=(4, 4, 3, 3)), relay.var("p", shape=(1, 4, 8, 8))
+        inner = relay.Function([p], relay.nn.relu(relay.nn.conv2d(p, w, padding=(1, 1))))
+        body = relay.nn.conv2d(relay.Call(inner, [x]), w, padding=(1, 1))
+        function = relay.Function([x, w], body)
+        made = {"function": function, "expression": body, "module": tvm.IRModule.from_expr(function)}
+        return made.get(kind) or _typed(tvm.IRModule.from_expr(function))
+
+    ours = recast(make(), "int8", "int32", numbering="tvm")
+    theirs = tvm_recast(make(), "int8", "int32")
+    assert tvm.ir.structural_equal(ours, theirs, map_free_vars=True)
+    main = ours["main"] if isinstance(ours, tvm.IRModule) else ours
+    if kind in ("function", "module"):
+        assert main.ret_type is None
+    if kind == "typed module":
+        assert main.ret_type is not None
+
+
+def test_a_module_typed_only_at_its_main_function():
+    # InferType leaves a type on the Function node of the module it is given, none on its body.
+    mod = conv_chain(3)
+    relay.transform.InferType()(mod)
+    assert _casted_layers(recast(mod, "int8", "int32", skip_layers=[1]), "int8") == [0, 2]
+
+
+def test_tvm_numbering_recasts_main_only_and_keeps_the_other_functions():
+    main = small_conv_net()["main"]
+    mod = tvm.IRModule({"main": main, "other": main})
+    out = recast(mod, "int8", "int32", skip_layers=[0], numbering="tvm")
+    assert _casted_layers(out, "int8") == [1]
+    assert out["other"].same_as(mod["other"])
+    assert tvm.ir.structural_equal(out["main"], tvm_recast(mod, "int8", "int32", skip_layers=[0])["main"])
 
 
 def test_every_parallel_layer_has_its_own_index():
@@ -155,6 +263,9 @@ def test_numerics_follow_the_cast():
         (dict(skip_layers=[True]), TypeError, "skip_layers"),
         (dict(skip_layers="0"), TypeError, "skip_layers"),
         (dict(skip_layers=3), TypeError, "skip_layers"),
+        (dict(numbering="depth"), ValueError, "numbering: 'depth' is not a layer numbering; valid: 'chain', 'tvm'"),
+        (dict(numbering=None), TypeError, "numbering must be one of 'chain', 'tvm'"),
+        (dict(numbering="tvm", skip_layers=[2]), ValueError, r"skip_layers: layer 2 is out of range"),
     ],
 )
 def test_bad_input(kwargs, error, words):
@@ -185,3 +296,33 @@ def test_ops_with_tuple_results_are_refused():
     mod = _typed(tvm.IRModule.from_expr(relay.Function([x], relay.split(x, 2, axis=1)[0])))
     with pytest.raises(ValueError, match="split returns .* not one tensor"):
         recast(mod, "float16", "float16", ops=["split"])
+
+
+def _random_graph(rng, size=16):
+    """A random graph of adds, multiplies, relus, tuples and called functions: TVM's numbering's corner cases."""
+    nodes = [relay.var(f"v{i}", shape=(2, 2)) for i in range(3)]
+    for _ in range(size):
+        a, b = rng.choice(nodes), rng.choice(nodes)
+        p = relay.var("p", shape=(2, 2))
+        nodes.append(rng.choice([
+            lambda: relay.add(a, b),
+            lambda: relay.multiply(a, b),
+            lambda: relay.Tuple([a, b, rng.choice(nodes)])[rng.randrange(3)],
+            lambda: relay.nn.relu(a),
+            lambda: relay.Call(relay.Function([p], relay.add(relay.nn.relu(p), p)), [a]),
+        ])())
+    out = relay.Tuple([nodes[-1], rng.choice(nodes[3:])])
+    return relay.Function(relay.analysis.free_vars(out), out)
+
+
+def test_tvm_numbering_on_random_graphs():
+    rng = random.Random(7)
+    for _ in range(12):
+        function = _random_graph(rng)
+        for ops in (["add"], ["add", "nn.relu"]):
+            count = tvm_count_layers(function, ops)
+            assert count_layers(function, ops, numbering="tvm") == count
+            for skip in [[], *_bit_sets(count)]:
+                ours = recast(function, "float16", "float16", ops=ops, skip_layers=skip, numbering="tvm")
+                theirs = tvm_recast(function, "float16", "float16", ops=ops, skip_layers=skip)
+                assert tvm.ir.structural_equal(ours, theirs), (ops, skip, function)

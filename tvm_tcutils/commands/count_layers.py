@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from tvm_tcutils.commands import _checks as checks
+from tvm_tcutils.tensorcore._graph import NUMBERINGS
 from tvm_tcutils.tensorcore.rules import DEFAULT_PAD_FRACTION, WMMA_SHAPES
 
 #: Checked before any work (see commands._checks).
@@ -25,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tensor-core type the verdict assumes (default int4)")
     parser.add_argument("--pad-fraction", type=float, default=DEFAULT_PAD_FRACTION,
                         help="extra work channel padding may add and still qualify")
+    parser.add_argument("--numbering", choices=list(NUMBERINGS), default="chain",
+                        help="layer index column: chain (every call its own index, default) or tvm "
+                             "(TVM 0.19's recast numbering: by depth, parallel layers share an index)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     checks.validate(args, CHECKS)
     mod, _ = load_model_arg(args)
-    rows = layer_table(mod, args.ops, dtype=args.dtype, pad_fraction=args.pad_fraction)
+    rows = layer_table(mod, args.ops, dtype=args.dtype, pad_fraction=args.pad_fraction, numbering=args.numbering)
     print(HEADER)
     for row in rows:
         print(row)

@@ -10,16 +10,32 @@ in which ``relay.transform.ConvertLayout`` visits calls, so the indices of
 ``prepare_for_tensorcore`` all name the same call. In a module, ``main`` is
 numbered first and the other Relay functions follow in name order.
 
-Every walk here is :func:`post_order`, an explicit-stack walk in the order of
-``relay.analysis.post_order_visit``: that one recurses in C++ and overflows
-the native stack near 50,000 chained nodes. So no pass recurses, and all are
+TVM's numbering (``numbering="tvm"``, for scripts ported from TVM)
+-----------------------------------------------------------------
+TVM 0.19's ``relay.analysis.count_layers`` and ``relay.transform.recast``
+number the layers of ``main`` by depth from the output instead: a walk from
+the output (operands left to right, each node at its first visit) keeps a
+depth that each layer raises by one; ``count_layers`` returns the deepest
+depth and ``recast`` calls a layer ``count - 1 - depth before it``. How the
+depth is set back after each operand differs between the two (see
+:func:`_tvm_walk`). Parallel layers therefore share an index, and some
+indices name no layer. TVM's ``LayoutConfig`` numbers ``nn.conv2d`` calls
+in ConvertLayout's visit order, like the default numbering, but on one count
+that never restarts. :data:`NUMBERINGS` lists the schemes; the
+``numbering="tvm"`` results equal TVM's (the tests compare them on models
+and on random graphs).
+
+Every walk here is :func:`post_order` or an explicit-stack walk in the same
+order: ``relay.analysis.post_order_visit`` recurses in C++ and overflows the
+native stack near 50,000 chained nodes. So no pass recurses, and all are
 linear in the size of the graph.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import numbers
-from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .._tvm import tvm
 from tvm import relay
@@ -158,6 +174,134 @@ def layer_calls(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> List[relay.
     return [call for _, _, calls in function_layers(expr_or_mod, ops) for call in calls]
 
 
+#: Per numbered function: its global var (None for an expression), the function
+#: and its layers in dataflow order, each with its index.
+Numbered = List[Tuple[Optional[tvm.ir.GlobalVar], relay.Expr, List[Tuple[relay.Call, int]]]]
+
+
+def _chain_layers(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> Tuple[int, Numbered]:
+    numbered, first = [], 0
+    for global_var, expr, calls in function_layers(expr_or_mod, ops):
+        numbered.append((global_var, expr, [(call, first + i) for i, call in enumerate(calls)]))
+        first += len(calls)
+    return first, numbered
+
+
+def _tvm_walk(expr: relay.Expr, wanted: FrozenSet[int], for_recast: bool) -> Tuple[int, Dict[int, int]]:
+    """Replay the depth counter of TVM's layer visitors; the deepest depth and each layer's depth before it.
+
+    A pre-order walk from the output, operands left to right, each node taken
+    at its first visit, with one depth counter that a layer raises by one
+    and a call sets back after each of its operands: to the depth before the
+    call for ``recast``, which also walks into the called function; to the
+    raised depth for ``count_layers``, which does not. Nothing else sets it
+    back, so a layer in a tuple field raises the depth of the next fields.
+    The stack holds nodes to visit and, as ``(None, depth)``, set-backs.
+    """
+    seen, before, deepest, depth = set(), {}, 0, 0
+    stack: list = [(expr, 0)]
+    while stack:
+        node, restore = stack.pop()
+        if node is None:
+            depth = restore
+            continue
+        key = node_key(node)
+        if key in seen:
+            continue
+        seen.add(key)
+        if type(node) is not relay.Call:
+            stack.extend((child, 0) for child in reversed(_children(node)))
+            continue
+        if node_key(node.op) in wanted:
+            before[key] = depth
+            depth += 1
+            deepest = max(deepest, depth)
+        back = before.get(key, depth) if for_recast else depth
+        steps = [(node.op, 0)] if for_recast else []
+        for arg in node.args:
+            steps += [(arg, 0), (None, back)]
+        stack.extend(reversed(steps))
+    return deepest, before
+
+
+def _tvm_layers(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op]) -> Tuple[int, Numbered]:
+    functions = relay_functions(expr_or_mod)
+    if isinstance(expr_or_mod, tvm.IRModule):
+        functions = [(gv, fn) for gv, fn in functions if gv.name_hint == "main"]
+        if not functions:
+            raise ValueError("numbering='tvm' numbers the layers of main, and the module has no Relay main")
+    global_var, expr = functions[0]
+    wanted = frozenset(node_key(op) for op in ops)
+    count, _ = _tvm_walk(expr, wanted, for_recast=False)
+    _, depth = _tvm_walk(expr, wanted, for_recast=True)
+    # recast's walk may meet layers that count_layers' does not (in called functions): depth > count.
+    calls = [node for node in post_order(expr) if type(node) is relay.Call and node_key(node.op) in wanted]
+    return count, [(global_var, expr, [(call, count - 1 - depth[node_key(call)]) for call in calls])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Numbering:
+    """A layer numbering scheme: what it means and how it numbers a graph."""
+
+    meaning: str
+    layers: Callable[[ExprOrMod, Sequence[tvm.ir.Op]], Tuple[int, Numbered]]
+
+
+#: The values of the passes' ``numbering`` argument (see the module docstring).
+NUMBERINGS: Dict[str, Numbering] = {
+    "chain": Numbering(
+        "every call its own index, in dataflow order from the inputs, across all functions of a module",
+        _chain_layers,
+    ),
+    "tvm": Numbering(
+        "TVM 0.19's: main only; count_layers and recast by depth from the output (parallel layers share "
+        "an index), LayoutConfig by nn.conv2d calls on one count that never restarts",
+        _tvm_layers,
+    ),
+}
+
+
+def check_numbering(numbering: str, arg: str = "numbering") -> str:
+    """Return ``numbering`` if it names a scheme of :data:`NUMBERINGS`, else ValueError/TypeError naming ``arg``.
+
+    Examples
+    --------
+    >>> check_numbering("tvm")
+    'tvm'
+    >>> check_numbering("depth")
+    Traceback (most recent call last):
+    ...
+    ValueError: numbering: 'depth' is not a layer numbering; valid: 'chain', 'tvm'
+    """
+    valid = ", ".join(map(repr, NUMBERINGS))
+    if not isinstance(numbering, str):
+        raise TypeError(f"{arg} must be one of {valid}, got {numbering!r}")
+    if numbering not in NUMBERINGS:
+        raise ValueError(f"{arg}: {numbering!r} is not a layer numbering; valid: {valid}")
+    return numbering
+
+
+def numbered_layers(expr_or_mod: ExprOrMod, ops: Sequence[tvm.ir.Op], numbering: str = "chain") -> Tuple[int, Numbered]:
+    """The number of layers and, per numbered function, its layers with their indices.
+
+    ``numbering`` must be checked (:func:`check_numbering`). Under ``"tvm"``
+    the number is TVM's ``count_layers``, not the number of calls.
+
+    Examples
+    --------
+    >>> x, w = relay.var("x", shape=(1, 4, 8, 8)), relay.var("w", shape=(4, 4, 1, 1))
+    >>> conv = relay.nn.conv2d(x, w)
+    >>> diamond = relay.add(relay.nn.conv2d(conv, w), relay.nn.conv2d(conv, w))
+    >>> for numbering in NUMBERINGS:
+    ...     count, [(_, _, layers)] = numbered_layers(diamond, resolve_ops("nn.conv2d", "ops"), numbering)
+    ...     print(numbering, count, [index for _, index in layers])
+    chain 3 [0, 1, 2]
+    tvm 2 [0, 1, 1]
+    """
+    relay_functions(expr_or_mod)  # type check of the argument
+    return NUMBERINGS[numbering].layers(expr_or_mod, ops)
+
+
 def node_key(node: tvm.runtime.Object) -> int:
     """Identity of a node (its address), for dictionaries keyed by node."""
     return node.handle.value
@@ -193,8 +337,12 @@ def resolve_skip_layers(
 
 
 def _is_typed(expr: relay.Expr) -> bool:
+    # InferType may leave a type on the Function node of the module it was given
+    # and none on the body, so a function counts as typed only with its body.
+    nodes = (expr, expr.body) if isinstance(expr, relay.Function) else (expr,)
     try:
-        expr.checked_type
+        for node in nodes:
+            node.checked_type
     except ValueError:
         return False
     return True

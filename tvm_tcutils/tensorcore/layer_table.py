@@ -8,7 +8,7 @@ from .._tvm import tvm
 from tvm import relay
 
 from .rules import DATA_LAYOUT, KERNEL_LAYOUT, Verdict, hwnc_conv2d_qualifies
-from ._graph import ExprOrMod, check_dtype, layer_calls, resolve_ops, typed
+from ._graph import ExprOrMod, check_dtype, check_numbering, numbered_layers, resolve_ops, typed
 
 #: Ops that have HWNC tensor-core schedules.
 CONV_OPS = ("nn.conv2d", "qnn.conv2d")
@@ -97,6 +97,7 @@ def layer_table(
     dtype: str = "int4",
     out_dtype: str = "int32",
     pad_fraction: Optional[float] = None,
+    numbering: str = "chain",
 ) -> List[Layer]:
     """Describe every layer of ``valid_ops``, numbered as by :func:`count_layers`.
 
@@ -112,6 +113,10 @@ def layer_table(
         Channel-padding tolerance of the verdict; default: the current setting
         that the tensor-core legalization also reads
         (:func:`tvm_tcutils.tensorcore.rules.max_pad_fraction`, 1.0 unless changed).
+    numbering : {"chain", "tvm"}
+        The layer numbering of the ``index`` column; under ``"tvm"`` the
+        layers of ``main`` only, and parallel ones share an index (as in
+        TVM's ``recast``).
 
     Returns
     -------
@@ -130,12 +135,15 @@ def layer_table(
     '3 input channels would be padded to 32 (+967% work > 100% allowed)'
     >>> all(row.qualifies for row in rows[1:])
     True
+    >>> [row.index for row in layer_table(mod, ["nn.conv2d"], numbering="tvm")][:6]  # a shortcut: 2 twice
+    [0, 1, 2, 2, 3, 4]
     """
     ops = resolve_ops(valid_ops, "valid_ops")
     check_dtype(dtype, "dtype")
     check_dtype(out_dtype, "out_dtype")
+    _, functions = numbered_layers(typed(expr_or_mod), ops, check_numbering(numbering))
     rows = []
-    for index, call in enumerate(layer_calls(typed(expr_or_mod), ops)):
+    for call, index in (layer for _, _, layers in functions for layer in layers):
         inputs = [t for arg in call.args for t in _tensor_types(arg.checked_type)]
         outputs = _tensor_types(call.checked_type)
         verdict = conv2d_verdict(call, dtype, out_dtype, pad_fraction)

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import functools
-from typing import Dict, FrozenSet, Iterable, Optional, Sequence, Union
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .._tvm import tvm
 from tvm import relay
 from tvm.relay.dataflow_pattern import CallPattern, DFPatternCallback, is_op, rewrite
 
 from ._graph import (
-    AttrsReplacer, ExprOrMod, check_dtype, function_layers, node_key, resolve_ops,
-    resolve_skip_layers, typed,
+    AttrsReplacer, ExprOrMod, Numbered, check_dtype, check_numbering, node_key, numbered_layers, post_order,
+    relay_functions, resolve_ops, resolve_skip_layers, typed,
 )
 
 
@@ -43,29 +43,57 @@ def _result_dtype(call: relay.Call) -> str:
     return str(result.dtype)
 
 
+#: Per layer call (by node key): its index and the data type its result had.
+Layers = Dict[int, Tuple[int, str]]
+
+
 class _Recaster(DFPatternCallback):
     """Rewrites each matching call that is not skipped; one pass, no fixpoint."""
 
     def __init__(
-        self, ops: Sequence[tvm.ir.Op], index: Dict[int, int], skip: FrozenSet[int], dtype: str,
-        attrs: _AttrsWithOutDtype, result_dtypes: Sequence[str],
+        self, ops: Sequence[tvm.ir.Op], layers: Layers, skip: FrozenSet[int], dtype: str,
+        attrs: _AttrsWithOutDtype,
     ):
         super().__init__(require_type=False, rewrite_once=True)
         self.pattern = CallPattern(functools.reduce(lambda a, b: a | b, [is_op(op.name) for op in ops]), None)
-        self._index = index
+        self._layers = layers
         self._skip = skip
         self._dtype = dtype
         self._attrs = attrs
-        self._result_dtypes = result_dtypes
 
     def callback(self, pre, post, node_map):
-        # ``pre`` is the node of the input graph, so its layer index is known.
-        index = self._index[node_key(pre)]
-        if index in self._skip:
+        # ``pre`` is the node of the input graph, so its layer is known; calls of
+        # functions left out of the numbering are not layers.
+        layer = self._layers.get(node_key(pre))
+        if layer is None or layer[0] in self._skip:
             return post
         args = [_cast_argument(arg, self._dtype) for arg in post.args]
         new_call = relay.Call(post.op, args, self._attrs(post.attrs), None, post.span)
-        return relay.cast(new_call, self._result_dtypes[index])
+        return relay.cast(new_call, layer[1])
+
+
+def _result_dtypes(original: ExprOrMod, source: ExprOrMod, functions: Numbered) -> List[Layers]:
+    """Per numbered function of ``original``, its layers with the result types read in ``source``.
+
+    ``source`` is ``original`` or its type-checked copy, the same graph node
+    for node: both walks meet the nodes in the same order. Reading types there
+    lets the rewrite work on the input's own nodes, which keeps its (lack of)
+    type annotations.
+    """
+    copies = {gv.name_hint if gv is not None else None: fn for gv, fn in relay_functions(source)}
+    result = []
+    for global_var, function, layers in functions:
+        index = {node_key(call): i for call, i in layers}
+        if source is original:
+            pairs = [(call, call) for call, _ in layers]
+        else:
+            twin = copies[global_var.name_hint if global_var is not None else None]
+            pairs = [
+                (node, typed_node) for node, typed_node in zip(post_order(function), post_order(twin), strict=True)
+                if node_key(node) in index
+            ]
+        result.append({node_key(n): (index[node_key(n)], _result_dtype(typed_node)) for n, typed_node in pairs})
+    return result
 
 
 def recast(
@@ -74,20 +102,24 @@ def recast(
     out_dtype: str,
     ops: Union[str, Iterable[str]] = ("nn.conv2d",),
     skip_layers: Optional[Iterable[int]] = None,
+    numbering: str = "chain",
 ) -> ExprOrMod:
     """Make chosen layers compute in another data type, leaving the rest of the graph as it was.
 
     Each argument of a matching call is cast to ``dtype``, the call computes in
     ``out_dtype`` (its ``out_dtype`` attribute, where it has one) and its
     result is cast back to the type it had. The casts are plain conversions,
-    not quantization: use it to build and time models in a new type.
+    not quantization: use it to build and time models in a new type. The
+    rest of the graph is the input's own nodes: an input without types gives
+    an output without types, as TVM's ``relay.transform.recast`` does.
 
     Parameters
     ----------
     expr_or_mod : tvm.IRModule or relay.Expr
         Every Relay function of a module is recast (layers numbered across
-        them, ``main`` first); an expression gives an expression back. Not
-        modified.
+        them, ``main`` first; ``main`` alone under ``numbering="tvm"``, the
+        others kept as they are); an expression gives an expression back.
+        Not modified.
     dtype : str
         Type the inputs of each layer are cast to, e.g. ``"int8"``.
     out_dtype : str
@@ -97,6 +129,10 @@ def recast(
     skip_layers : list of int, optional
         Layer indices to leave alone (see :func:`count_layers`); negative
         indices count from the last layer.
+    numbering : {"chain", "tvm"}
+        How ``skip_layers`` name layers: ``"tvm"`` as TVM's recast does, so
+        ``recast(..., numbering="tvm")`` returns what ``relay.transform.recast``
+        returns (see :data:`tvm_tcutils.tensorcore._graph.NUMBERINGS`).
 
     Returns
     -------
@@ -106,8 +142,8 @@ def recast(
     Raises
     ------
     ValueError, TypeError
-        Unknown op or dtype, a skip index out of range or not an integer, or
-        an input that does not type-check.
+        Unknown op, dtype or numbering, a skip index out of range or not an
+        integer, or an input that does not type-check.
 
     Examples
     --------
@@ -116,14 +152,17 @@ def recast(
     >>> int8 = recast(mod, "int8", "int32", skip_layers=[0, -1])
     >>> "int8" in int8.astext()
     True
+    >>> tvm_style = recast(mod, "int8", "int32", skip_layers=[0], numbering="tvm")
+    >>> tvm.ir.structural_equal(tvm_style, relay.transform.recast(mod, "int8", "int32", skip_layers=[0]))
+    True
     """
     op_list = resolve_ops(ops, "ops")
     check_dtype(dtype, "dtype")
     check_dtype(out_dtype, "out_dtype")
-    source = typed(expr_or_mod)
-    layers = [call for _, _, calls in function_layers(source, op_list) for call in calls]
-    skip = resolve_skip_layers(skip_layers, len(layers))
-    return recast_layers(source, op_list, dtype, out_dtype, skip, [_result_dtype(call) for call in layers])
+    count, functions = numbered_layers(expr_or_mod, op_list, check_numbering(numbering))
+    skip = resolve_skip_layers(skip_layers, count)
+    layers = _result_dtypes(expr_or_mod, typed(expr_or_mod), functions)
+    return _rewrite(expr_or_mod, functions, layers, op_list, dtype, out_dtype, skip)
 
 
 def recast_layers(
@@ -134,7 +173,8 @@ def recast_layers(
 
     ``source`` needs no types: ``prepare_for_tensorcore`` passes the layers'
     result types from before layout conversion (which keeps them) and so
-    saves a type inference of the whole graph.
+    saves a type inference of the whole graph. Layers are numbered as by
+    default.
 
     Examples
     --------
@@ -145,13 +185,21 @@ def recast_layers(
     >>> out.astext().count("int8")
     4
     """
-    rewritten, first, attrs = [], 0, _AttrsWithOutDtype(out_dtype)
-    for global_var, function, calls in function_layers(source, ops):
-        # Indexed per function: functions may share nodes.
-        index = {node_key(call): first + i for i, call in enumerate(calls)}
-        recaster = _Recaster(ops, index, skip, dtype, attrs, result_dtypes)
-        rewritten.append((global_var, rewrite(recaster, function)))
-        first += len(calls)
+    _, functions = numbered_layers(source, ops)
+    layers = [{node_key(call): (i, result_dtypes[i]) for call, i in calls} for _, _, calls in functions]
+    return _rewrite(source, functions, layers, ops, dtype, out_dtype, skip)
+
+
+def _rewrite(
+    source: ExprOrMod, functions: Numbered, layers: List[Layers], ops: Sequence[tvm.ir.Op], dtype: str,
+    out_dtype: str, skip: FrozenSet[int],
+) -> ExprOrMod:
+    attrs = _AttrsWithOutDtype(out_dtype)
+    # One recaster per function: functions may share nodes, numbered differently in each.
+    rewritten = [
+        (global_var, rewrite(_Recaster(ops, function_layers, skip, dtype, attrs), function))
+        for (global_var, function, _), function_layers in zip(functions, layers)
+    ]
     if not isinstance(source, tvm.IRModule):
         return rewritten[0][1]
     result = source.clone()
