@@ -22,11 +22,15 @@ thread count, in one process (ratios are measured side by side):
 The target is this CPU's (``tvm_tcutils.host_target()``) unless ``--target`` says otherwise; it
 must have an x86 dot-product ISA (VNNI, AVX2 or SSE4.2).
 
-``--e2e`` adds int8 ResNet-50 (``relay.quantize``) built with the package vs TVM fp32 and vs
-onnxruntime running the same network exported to ONNX (TVM's exporter) and quantized by
-``onnxruntime.quantization`` (QOperator: QLinearConv), and
-``--e2e-check`` compares its output bit for bit with TVM's generic ``llvm`` build run in a
-subprocess that does not import the package.
+``--e2e`` adds the zoo's ``resnet-50-onnx`` end to end (``--e2e-model`` another zoo name or an
+``.onnx`` file), int8 three ways with the package -- ``relay.quantize`` of the float model, and
+the files onnxruntime's ``quantize_static`` writes (u8 activations, s8 per-channel weights;
+cached under ``~/.cache/tvm-tcutils/int8``) in QOperator and in QDQ format, imported with
+``relay.frontend.from_onnx`` -- side by side with onnxruntime on both files, OpenVINO on the
+QDQ file, and fp32 TVM and onnxruntime: every contender of a thread count timed in turns,
+``--rounds`` rounds, ratios to onnxruntime (QDQ) and to OpenVINO with bootstrap intervals.
+``--e2e-check`` compares the ``relay.quantize`` build's output bit for bit with TVM's generic
+``llvm`` build run in a subprocess that does not import the package.
 
 ``--transforms-only`` times the u8 ``layout_transform`` ops around those convs (``NCHW`` <->
 ``NCHW{b}c``) with TVM's x86 injective schedule and with the package's byte-shuffle schedule.
@@ -38,6 +42,7 @@ Usage::
 
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --transforms-only
+    PYTHONPATH=. python scripts/bench_int8.py --threads 1 --e2e-only --e2e-model resnet-50-onnx --rounds 5
 """
 from __future__ import annotations
 
@@ -68,6 +73,8 @@ def main(argv=None) -> int:
     parser.add_argument("--e2e", action="store_true", help="also int8 ResNet-50 end to end")
     parser.add_argument("--e2e-check", action="store_true", help="with --e2e: bit-exact check vs TVM generic")
     parser.add_argument("--e2e-only", action="store_true", help="skip the per-layer table")
+    parser.add_argument("--e2e-model", default="resnet-50-onnx",
+                        help="zoo ONNX model or .onnx file for --e2e (a small one checks the script quickly)")
     parser.add_argument("--target", default=None, help="TVM target (default: this CPU's)")
     parser.add_argument("--transforms-only", action="store_true",
                         help="only the u8 layout transforms around ResNet-50's convs (TVM's schedule vs ours)")
@@ -115,7 +122,8 @@ def main(argv=None) -> int:
             report("dense 2048->1000", rows, peaks)
             results.add(layer="dense 2048->1000", gops_by_threads={n: row for n, row in rows})
     if args.e2e or args.e2e_only:
-        bench_e2e(args.threads, args.e2e_check)
+        for row in bench_e2e(args.threads, args.e2e_check, model=args.e2e_model, rounds=max(args.rounds, 3)):
+            results.add(layer=f"end to end {row.pop('model')}", **row)
     results.settings["peak_gops"] = peaks
     results.write(args.json)
     return 0

@@ -190,6 +190,70 @@ def interleave(timers: Mapping[str, Callable[[], float]], rounds: int = 5) -> Di
     return {name: Timing(tuple(values)) for name, values in samples.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class Interleaved:
+    """What :func:`interleave_until` timed, and why it stopped.
+
+    ``stopped`` is ``"decided"`` (the caller's test passed), ``"budget"`` (the
+    time budget ended) or ``"rounds"`` (the round cap was reached).
+    """
+
+    timings: Dict[str, Timing]
+    rounds: int
+    seconds: float
+    stopped: str
+
+
+def interleave_until(timers: Mapping[str, Callable[[], float]], decided: Callable[[Dict[str, Timing]], bool],
+                     min_rounds: int = 5, max_rounds: int = 50, budget_s: Optional[float] = None,
+                     clock: Callable[[], float] = time.perf_counter,
+                     on_round: Optional[Callable[[int], None]] = None) -> Interleaved:
+    """:func:`interleave` one round at a time until ``decided(timings)``, the budget or ``max_rounds`` ends it.
+
+    The sequential form of :func:`interleave`: every round times each
+    competitor once, in turns, and from ``min_rounds`` on ``decided`` sees
+    the timings so far (for example "the interval of a :func:`ratio`
+    excludes 1"). ``budget_s`` is checked between rounds, so a round that
+    has started is finished; at least one round is always run.
+    ``on_round(rounds_done)`` is called after each round (progress).
+
+    Examples
+    --------
+    >>> ticks = iter(range(100))
+    >>> out = interleave_until({"a": lambda: 1.0, "b": lambda: 2.0},
+    ...                        lambda t: ratio(t["a"], t["b"]).separated, min_rounds=3)
+    >>> out.rounds, out.stopped
+    (3, 'decided')
+    >>> interleave_until({"a": lambda: 1.0}, lambda t: False, 1, 9, budget_s=2.5,
+    ...                  clock=lambda: float(next(ticks))).stopped
+    'budget'
+    """
+    if not 1 <= min_rounds <= max_rounds:
+        raise ValueError(f"need 1 <= min_rounds <= max_rounds, got min_rounds={min_rounds}, max_rounds={max_rounds}")
+    if budget_s is not None and not budget_s >= 0:
+        raise ValueError(f"budget_s must be a number of seconds >= 0 or None, got {budget_s}")
+    start = clock()
+    samples: Dict[str, List[float]] = {name: [] for name in timers}
+    rounds, stopped = 0, "rounds"
+    while rounds < max_rounds:
+        # interleave's turn-taking and failure rules, one round at a time (a failed timer stays empty).
+        live = {name: timer for name, timer in timers.items() if rounds == 0 or samples[name]}
+        for name, timing in interleave(live, 1).items():
+            samples[name] = samples[name] + list(timing.samples_ms) if timing.samples_ms else []
+        rounds += 1
+        if on_round is not None:
+            on_round(rounds)
+        timings = {name: Timing(tuple(values)) for name, values in samples.items()}
+        if rounds >= min_rounds and decided(timings):
+            stopped = "decided"
+            break
+        if budget_s is not None and clock() - start >= budget_s:
+            stopped = "budget"
+            break
+    return Interleaved({name: Timing(tuple(values)) for name, values in samples.items()}, rounds,
+                       clock() - start, stopped)
+
+
 # ---------------------------------------------------------------------------
 # Building and running
 # ---------------------------------------------------------------------------
@@ -217,6 +281,10 @@ def build(mod: tvm.IRModule, params: Optional[Params] = None, target: Optional[s
           tuning_log: Optional[str] = None, opt_level: int = 3):
     """``relay.build`` for ``target`` (default this CPU), under ``apply_history_best(tuning_log)``.
 
+    A module with ``qnn.quantize`` first goes through the packed function ``tcutils.prebuild`` when
+    one is registered (``import tvm_tcutils`` registers the int8 capability's: QDQ regions become
+    integer ops on targets with a dot-product instruction); other modules are built as they are.
+
     Examples
     --------
     >>> from tvm_tcutils.models import load_model
@@ -224,8 +292,18 @@ def build(mod: tvm.IRModule, params: Optional[Params] = None, target: Optional[s
     >>> lib.get_graph_json().startswith("{")
     True
     """
+    target = target or host_target()
+    # A capability's rewrite before the build (the int8 capability's: QDQ models as integer ops on
+    # dot-product targets), looked up by name so that this core module imports no capability.
+    prebuild = tvm.get_global_func("tcutils.prebuild", allow_missing=True)
+    if prebuild is not None and _calls_op(mod, "qnn.quantize"):
+        if params:  # the rewrite reads quantized weights as constants
+            bound = tvm.IRModule(dict(mod.functions.items()), dict(mod.type_definitions.items()))
+            bound["main"] = relay.build_module.bind_params_by_name(mod["main"], params)
+            mod, params = bound, None
+        mod = prebuild(mod, str(target))
     with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=opt_level):
-        return relay.build(mod, target=target or host_target(), params=params)
+        return relay.build(mod, target=target, params=params)
 
 
 def graph_module(lib, inputs: Mapping[str, np.ndarray], debug: bool = False,
@@ -297,15 +375,92 @@ def boundary_layout_nodes(graph_json: str, input_names: Sequence[str]) -> List[i
     return found
 
 
-def _has_layout_transform(mod: tvm.IRModule) -> bool:
+def _calls_op(mod: tvm.IRModule, name: str) -> bool:
     found = []
 
     def visit(expr) -> None:
-        if isinstance(expr, relay.Call) and getattr(expr.op, "name", "") == "layout_transform":
+        if isinstance(expr, relay.Call) and getattr(expr.op, "name", "") == name:
             found.append(expr)
 
     relay.analysis.post_order_visit(mod["main"], visit)
     return bool(found)
+
+
+def _has_layout_transform(mod: tvm.IRModule) -> bool:
+    return _calls_op(mod, "layout_transform")
+
+
+# ---------------------------------------------------------------------------
+# Where a built module runs: this machine, or a device behind TVM's RPC tracker
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class Loaded:
+    """A built library loaded where it will be timed: its executor, that device, and how to let it go.
+
+    ``release`` ends what the backend holds for it (a remote file and session); it is
+    called once, by :meth:`Timer.close` or when the timer is collected.
+    """
+
+    runner: graph_executor.GraphModule
+    device: object
+    release: Callable[[], None] = lambda: None
+    #: Where it runs, for logs: ``"local"`` or the RPC server's ``host:port``.
+    where: str = "local"
+
+
+class Backend:
+    """Where :class:`Timer` runs what it built: the measurement backend interface.
+
+    Builds always happen here (cross-compiling for the backend's device when
+    its target says so); :meth:`load` puts the built library where it runs
+    and returns its executor. :attr:`cache_key` names the device in cost
+    caches, so costs measured on different devices never mix. The local
+    backend (:data:`LOCAL`) is the default; :class:`tvm_tcutils.rpc.RemoteBackend`
+    measures on a server of TVM's RPC tracker.
+
+    Examples
+    --------
+    >>> LOCAL.cache_key, LOCAL.name
+    ('', 'local')
+    """
+
+    name = "abstract"
+    #: ``""`` for this machine (keeps the cache keys of local costs as they were).
+    cache_key = ""
+
+    def load(self, lib, inputs: Mapping[str, np.ndarray], debug: bool = False) -> Loaded:
+        """Load ``lib`` where it runs, with ``inputs`` set (``debug``: TVM's debug executor)."""
+        raise NotImplementedError
+
+    def lost(self, err: BaseException) -> bool:
+        """Whether ``err`` says the device went away (a retry on another may succeed), not that the module failed."""
+        return False
+
+    def missing(self, functions: Sequence[str]) -> List[str]:
+        """Which of the global ``functions`` the device lacks (a toolchain's runtime functions)."""
+        return [name for name in functions if tvm.get_global_func(name, allow_missing=True) is None]
+
+
+class LocalBackend(Backend):
+    """This machine's CPU: today's code path, nothing to start.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model, random_inputs
+    >>> mod, params = load_model("mlp")
+    >>> loaded = LocalBackend().load(build(mod, params), random_inputs(mod, params))
+    >>> loaded.where, loaded.device == tvm.cpu()
+    ('local', True)
+    """
+
+    name = "local"
+
+    def load(self, lib, inputs: Mapping[str, np.ndarray], debug: bool = False) -> Loaded:
+        return Loaded(graph_module(lib, inputs, debug), tvm.cpu())
+
+
+#: The default backend.
+LOCAL = LocalBackend()
 
 
 class Timer:
@@ -335,6 +490,10 @@ class Timer:
         TVM without the debug executor, is timed whole.
     lib : optional
         An already built library of ``mod`` (skips the build).
+    backend : Backend, optional
+        Where the module runs (default :data:`LOCAL`, this CPU; a
+        :class:`tvm_tcutils.rpc.RemoteBackend` runs it on an RPC server; the
+        build is for ``target`` either way).
 
     Attributes
     ----------
@@ -353,7 +512,8 @@ class Timer:
 
     def __init__(self, mod: tvm.IRModule, params: Optional[Params] = None, target: Optional[str] = None,
                  repeat: int = 10, warmup: int = 2, min_repeat_ms: int = 0, tuning_log: Optional[str] = None,
-                 boundary_layout: bool = True, lib=None, inputs: Optional[Mapping[str, np.ndarray]] = None):
+                 boundary_layout: bool = True, lib=None, inputs: Optional[Mapping[str, np.ndarray]] = None,
+                 backend: Optional[Backend] = None):
         from .models import random_inputs
 
         if repeat < 1:
@@ -368,11 +528,12 @@ class Timer:
             self._skipped = boundary_layout_nodes(self.lib.get_graph_json(), list(self.inputs))
         if not _has_debug_executor():  # a TVM built without the profiler: time the module whole
             self._skipped = []
-        self.runner = graph_module(self.lib, self.inputs, debug=bool(self._skipped))
+        self._loaded = (backend or LOCAL).load(self.lib, self.inputs, debug=bool(self._skipped))
+        self.runner, self.where = self._loaded.runner, self._loaded.where
         for _ in range(max(warmup, 0)):
             self.runner.run()
         self._evaluator = self.runner.module.time_evaluator(
-            "run", tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+            "run", self._loaded.device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
 
     def _node_ms(self, index: int) -> float:
         raw = self.runner.module["run_individual_node"](index, 1, self.repeat, self.min_repeat_ms, 100, 0, 1)
@@ -395,6 +556,16 @@ class Timer:
     def outputs(self) -> List[np.ndarray]:
         """The outputs of the last run."""
         return outputs(self.runner)
+
+    def close(self) -> None:
+        """Let the loaded module go (on a remote backend: its file and session); the timer is then done."""
+        loaded, self._loaded = getattr(self, "_loaded", None), None
+        self._evaluator = self.runner = None
+        if loaded is not None:
+            loaded.release()
+
+    def __del__(self):
+        self.close()
 
 
 def _has_debug_executor() -> bool:

@@ -27,7 +27,7 @@ from ..dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_PACK_TASK
 from ..dotprod.topi import packing
 from ..measure import graph_module, time_function
 from ..models import load_model
-from .competitors import SampleTimer, compare, onnx_session, relay_module, te_function, timed_once
+from .competitors import SampleTimer, compare, onnx_session, python_call, relay_module, te_function, timed_once
 from .models import conv_layers
 
 TARGET = host_target()  # code for another CPU may not run here (SIGILL); the script's --target sets it
@@ -399,101 +399,134 @@ assert "tvm_tcutils" not in sys.modules
 """
 
 
-def _onnx_mapping_shim() -> None:
-    """TVM 0.19's Relay-to-ONNX exporter reads ``onnx.mapping``, which onnx 1.23 removed."""
-    import types
+#: Where onnxruntime-quantized zoo models are kept between runs (``$TVM_TCUTILS_CACHE`` overrides the parent).
+QUANTIZED_CACHE = os.path.join(
+    os.environ.get("TVM_TCUTILS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-tcutils")), "int8")
 
+
+def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None) -> Dict[str, str]:
+    """``{"fp32", "qdq", "qoperator"}`` -> ONNX file: a model and its ``quantize_static`` versions.
+
+    ``model`` is a zoo name (``resnet-50-onnx``) or an ``.onnx`` file. The quantized files
+    (u8 activations, s8 per-channel weights, ``calibration`` random inputs) are written once
+    into ``cache_dir`` (default :data:`QUANTIZED_CACHE`) and reused.
+    """
     import onnx
-    from onnx import helper
 
-    if hasattr(onnx, "mapping"):
-        return
+    from ..dotprod.quantize import ORT_FORMATS, ort_quantize
+    from ..models import onnx_model
 
-    class _ToTensor(dict):
-        def __missing__(self, key):
-            return helper.np_dtype_to_tensor_dtype(np.dtype(key))
+    folder = cache_dir or QUANTIZED_CACHE
+    os.makedirs(folder, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(model))[0] if model.endswith(".onnx") else model
+    files = {"fp32": model if model.endswith(".onnx") else os.path.join(folder, f"{stem}.onnx")}
+    if not os.path.exists(files["fp32"]):
+        partial = files["fp32"] + ".partial"
+        onnx.save(onnx_model(model), partial)
+        os.replace(partial, files["fp32"])
+    float_model = onnx.load(files["fp32"])
+    shape = [d.dim_value for d in float_model.graph.input[0].type.tensor_type.shape.dim]
+    samples = [{float_model.graph.input[0].name: RNG.standard_normal(shape).astype("float32")}
+               for _ in range(calibration)]
+    for fmt in ORT_FORMATS:
+        files[fmt] = os.path.join(folder, f"{stem}-{fmt}-per-channel-cal{calibration}.onnx")
+        if not os.path.exists(files[fmt]):
+            ort_quantize(files["fp32"], files[fmt], samples, fmt, per_channel=True)
+    return files
 
-    class _ToNumpy(dict):
-        def __missing__(self, key):
-            return helper.tensor_dtype_to_np_dtype(key)
 
-    onnx.mapping = types.SimpleNamespace(NP_TYPE_TO_TENSOR_TYPE=_ToTensor(), TENSOR_TYPE_TO_NP_TYPE=_ToNumpy())
+def _openvino_timer(path: str, feed, threads: int) -> Optional[SampleTimer]:
+    """OpenVINO's CPU plugin on an ONNX file (it runs QDQ models in int8), or None if not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        print("OpenVINO not installed: its column stays empty")
+        return None
+    compiled = ov.Core().compile_model(path, "CPU", {
+        "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+        "ENABLE_CPU_PINNING": False})
+    request = compiled.create_infer_request()
+    return python_call(lambda: request.infer(feed), repeat=3, min_ms=100)
 
 
-def ort_resnet50(mod, params, tmp: str):
-    """fp32 ONNX of the same ResNet-50 (TVM's exporter) and its onnxruntime int8 QOperator version."""
+#: End-to-end contenders: (column, runtime, what it runs).
+E2E_COLUMNS = (
+    ("tcutils relay.quantize", "tvm-tcutils", "relay.quantize of the float model"),
+    ("tcutils QOperator", "tvm-tcutils", "onnxruntime QOperator file (from_onnx)"),
+    ("tcutils QDQ", "tvm-tcutils", "onnxruntime QDQ file (from_onnx, QDQ regions made integer)"),
+    ("ORT QOperator", "onnxruntime", "QOperator file"),
+    ("ORT QDQ", "onnxruntime", "QDQ file"),
+    ("OpenVINO QDQ", "OpenVINO", "QDQ file"),
+    ("TVM fp32", "TVM", "float model"),
+    ("ORT fp32", "onnxruntime", "float model"),
+)
+
+
+def bench_e2e(threads, check: bool, log: str = None, model: str = "resnet-50-onnx", rounds: int = 5):
+    """int8 ``model`` end to end: the package's three int8 routes against onnxruntime and OpenVINO.
+
+    Every contender of one thread count is timed in turns (``rounds`` rounds); each row prints the
+    medians and every int8 contender's ratio to onnxruntime (QDQ) and OpenVINO (QDQ) with its
+    bootstrap interval. Returns the rows (JSON-ready).
+    """
     import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    from tvm.contrib.target.onnx import to_onnx
 
-    _onnx_mapping_shim()
-    bound = relay.build_module.bind_params_by_name(mod["main"], params)
-    with tvm.transform.PassContext(opt_level=3):
-        simple = tvm.transform.Sequential([
-            relay.transform.InferType(), relay.transform.SimplifyInference(), relay.transform.FoldConstant(),
-            relay.transform.FoldScaleAxis(), relay.transform.FoldConstant(),
-        ])(tvm.IRModule.from_expr(bound))
-    model = to_onnx(simple, {}, "resnet50")
-    model.ir_version = min(model.ir_version, 8)
-    constants = {init.name for init in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in constants]  # weights are not inputs
-    del model.graph.input[:]
-    model.graph.input.extend(inputs)
-    fp32_path, int8_path = f"{tmp}/r50.onnx", f"{tmp}/r50_int8.onnx"
-    onnx.save(model, fp32_path)
-    name = inputs[0].name
-
-    class Calibration(CalibrationDataReader):
-        def __init__(self):
-            self.left = 4
-
-        def get_next(self):
-            self.left -= 1
-            return {name: RNG.standard_normal((1, 3, 224, 224)).astype("float32")} if self.left >= 0 else None
-
-    quantize_static(fp32_path, int8_path, Calibration(), quant_format=QuantFormat.QOperator,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    return name, onnx.load(fp32_path), onnx.load(int8_path)
-
-
-def bench_e2e(threads, check: bool, log: str = None):
     from ..dotprod.quantize import quantize_int8
     from ..measure import build
-    from ..models import random_inputs
+    from .competitors import ratios
 
-    mod, params = load_model("resnet-50")
+    files = ort_quantized(model)
+    mod, params = relay.frontend.from_onnx(onnx.load(files["fp32"]), freeze_params=True)
+    name = onnx.load(files["fp32"]).graph.input[0].name
+    shape = [int(d) for d in mod["main"].params[0].checked_type.shape]
+    feed = {name: RNG.standard_normal(shape).astype("float32")}
     qmod, seconds = timed_once(lambda: quantize_int8(mod, params))
     print(f"relay.quantize: {seconds:.0f} s")
-    int8_lib, seconds = timed_once(lambda: build(qmod, {}, TARGET, log))
-    print(f"int8 build with tvm-tcutils: {seconds:.0f} s")
-    fp32_lib = build(mod, params, TARGET)
-    inputs = random_inputs(mod, params)
-    with tempfile.TemporaryDirectory() as tmp:
-        onnx_input, ort_fp32, ort_int8 = ort_resnet50(mod, params, tmp)
+    libs = {}
+    for column, source in (("tcutils relay.quantize", qmod), ("TVM fp32", mod)):
+        libs[column], seconds = timed_once(lambda m=source: build(m, params if m is mod else {}, TARGET, log))
+        print(f"{column} build: {seconds:.0f} s")
+    for column, fmt in (("tcutils QOperator", "qoperator"), ("tcutils QDQ", "qdq")):
+        qonnx = relay.frontend.from_onnx(onnx.load(files[fmt]), {name: shape}, freeze_params=True)[0]
+        libs[column], seconds = timed_once(lambda m=qonnx: build(m, None, TARGET, log))
+        print(f"{column} build: {seconds:.0f} s")
+    rows = []
     for n in threads:
         set_threads(n)
-        feed = {onnx_input: inputs["data"]}
-        timed = compare({"t8": graph_timer(int8_lib, inputs, 5, 200), "t32": graph_timer(fp32_lib, inputs, 5, 200),
-                         "o8": time_ort(_ort_session(ort_int8, n), feed),
-                         "o32": time_ort(_ort_session(ort_fp32, n), feed)}, rounds=1)
-        t8, t32, o8, o32 = (timed[k].median_ms / 1e3 for k in ("t8", "t32", "o8", "o32"))
-        print(f"ResNet-50 threads={n}: int8 tvm-tcutils {t8 * 1e3:.2f} ms | int8 ORT QOperator {o8 * 1e3:.2f} ms | "
-              f"fp32 TVM {t32 * 1e3:.2f} ms | fp32 ORT {o32 * 1e3:.2f} ms | ours vs ORT int8 x{o8 / t8:.2f}, "
-              f"vs TVM fp32 x{t32 / t8:.2f}", flush=True)
+        timers = {column: graph_timer(lib, feed, 5, 200) for column, lib in libs.items()}
+        timers.update({column: time_ort(_ort_session(onnx.load(files[key]), n), feed)
+                       for column, key in (("ORT QOperator", "qoperator"), ("ORT QDQ", "qdq"), ("ORT fp32", "fp32"))})
+        timers["OpenVINO QDQ"] = _openvino_timer(files["qdq"], feed, n)
+        timed = compare({column: timers[column] for column, _, _ in E2E_COLUMNS}, rounds=rounds)
+        vs_ort, vs_ov = ratios(timed, "ORT QDQ"), ratios(timed, "OpenVINO QDQ")
+        print(f"{model} threads={n} (ms, median of {rounds} interleaved rounds +- half the interquartile range):")
+        for column, runtime, what in E2E_COLUMNS:
+            print(f"  {column:<24} {str(timed[column]):<32} vs ORT QDQ {vs_ort[column]}  "
+                  f"vs OpenVINO QDQ {vs_ov[column]}   ({runtime}: {what})", flush=True)
+        rows.append({"threads": n, "model": model,
+                     "timings": {column: timed[column].as_dict() for column in timed},
+                     "vs_ort_qdq": {column: r.as_dict() for column, r in vs_ort.items()},
+                     "vs_openvino_qdq": {column: r.as_dict() for column, r in vs_ov.items()}})
     if check:
-        run = graph_module(int8_lib, inputs)
-        run.run()
-        ours_out = run.get_output(0).numpy()
-        with tempfile.TemporaryDirectory() as tmp:
-            with open(f"{tmp}/m.json", "w") as f:
-                f.write(tvm.ir.save_json(qmod))
-            np.savez(f"{tmp}/in.npz", **inputs)
-            env = dict(os.environ, PYTHONPATH="")
-            subprocess.run([sys.executable, "-c", _REFERENCE, f"{tmp}/m.json", f"{tmp}/in.npz", f"{tmp}/ref.npy"],
-                           check=True, env=env)
-            ref = np.load(f"{tmp}/ref.npy")
-        print(f"ResNet-50 int8 output bit-exact vs TVM generic llvm (no tvm_tcutils): {np.array_equal(ours_out, ref)}"
-              f" (max abs diff {np.abs(ours_out.astype(float) - ref).max()})")
+        _check_against_generic(libs["tcutils relay.quantize"], qmod, feed)
+    return rows
+
+
+def _check_against_generic(int8_lib, qmod, inputs) -> None:
+    """The package's int8 build vs TVM's generic ``llvm`` build in a process without the package."""
+    run = graph_module(int8_lib, inputs)
+    run.run()
+    ours_out = run.get_output(0).numpy()
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/m.json", "w") as f:
+            f.write(tvm.ir.save_json(qmod))
+        np.savez(f"{tmp}/in.npz", **inputs)
+        env = dict(os.environ, PYTHONPATH="")
+        subprocess.run([sys.executable, "-c", _REFERENCE, f"{tmp}/m.json", f"{tmp}/in.npz", f"{tmp}/ref.npy"],
+                       check=True, env=env)
+        ref = np.load(f"{tmp}/ref.npy")
+    print(f"int8 output bit-exact vs TVM generic llvm (no tvm_tcutils): {np.array_equal(ours_out, ref)}"
+          f" (max abs diff {np.abs(ours_out.astype(float) - ref).max()})")
 
 
 # --------------------------------------------------------------------------

@@ -11,6 +11,8 @@ the package's kernels. The parts, in the order the compiler meets them:
 * :mod:`.topi`: the TE computes and schedules, tensorized with the ISA's
   intrinsic, and the byte-shuffle u8 layout transforms;
 * :mod:`.quantize`: int8 model preparation for ``tvm-tcutils tune`` / ``bench``;
+* :mod:`.qdq`: QDQ models (onnxruntime's ``quantize_static`` default) as integer ``qnn``
+  ops, which :func:`tvm_tcutils.measure.build` applies on dot-product targets;
 * :mod:`.hexagon`: compiles and runs HVX kernels under ``qemu-hexagon``.
 
 Examples

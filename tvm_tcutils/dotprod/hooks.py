@@ -5,14 +5,20 @@ strategy rows for int8 ``nn.conv2d``, ``nn.dense``, ``nn.batch_matmul`` (which
 ``qnn.batch_matmul`` lowers to) and the u8 layout transforms, all declared as
 data in :mod:`tvm_tcutils.dotprod.strategy`. With them no int8 op reaches TVM
 0.19's own x86 int8 intrinsics (``python_tests/dotprod/test_int8_op_sweep.py``
-checks every int8 / QNN op on VNNI, AVX-512BW, AVX2 and SSE targets).
+checks every int8 / QNN op on VNNI, AVX-512BW, AVX2 and SSE targets). Also the packed function
+:data:`PREBUILD_FUNC`, through which :func:`tvm_tcutils.measure.build` turns QDQ models into
+integer ops (:mod:`.qdq`) for targets with a dot-product ISA.
 """
 from __future__ import annotations
 
 from typing import List
 
 from .. import registry
-from . import strategy
+from . import qdq, strategy
+
+#: Packed function :func:`tvm_tcutils.measure.build` applies to a module before ``relay.build``
+#: (``(mod, target) -> mod``): here QDQ regions become integer ops on dot-product targets.
+PREBUILD_FUNC = "tcutils.prebuild"
 
 
 def hooks() -> List[registry.Hook]:
@@ -21,6 +27,8 @@ def hooks() -> List[registry.Hook]:
     Examples
     --------
     >>> sorted({h.kind for h in hooks()})
-    ['autotvm_template', 'op_attr', 'strategy']
+    ['autotvm_template', 'op_attr', 'packed_func', 'strategy']
     """
-    return strategy.hooks()
+    return strategy.hooks() + [registry.packed_func(
+        PREBUILD_FUNC, lambda mod, target: qdq.prepare_for_target(mod, str(target)),
+        description="QDQ regions as integer qnn ops for targets with a dot-product ISA (dotprod.qdq)")]

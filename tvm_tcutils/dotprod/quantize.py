@@ -1,7 +1,11 @@
 """int8 models for the dot-product schedules: the quantization ``tune`` and ``bench`` apply."""
 from __future__ import annotations
 
-from typing import Tuple
+import os
+import tempfile
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
 
 from .._tvm import tvm
 from tvm import relay
@@ -56,3 +60,69 @@ def prepare(mod: tvm.IRModule, params: Params, dtype: str) -> Tuple[tvm.IRModule
     if dtype == "int8":
         return quantize_int8(mod, params), {}
     return mod, params
+
+
+#: onnxruntime ``quantize_static`` formats :func:`ort_quantize` writes.
+ORT_FORMATS = ("qdq", "qoperator")
+
+
+def ort_quantize(model, path: str, samples: Sequence[Dict[str, np.ndarray]], fmt: str = "qdq",
+                 per_channel: bool = True) -> str:
+    """Quantize an ONNX model with onnxruntime's ``quantize_static`` (u8 activations, s8 weights).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto or str
+        The float model (or its file).
+    path : str
+        Where the quantized model goes (written whole or not at all).
+    samples : sequence of dict
+        Calibration inputs (name -> array), at least one.
+    fmt : {"qdq", "qoperator"}
+        ``QuantFormat.QDQ`` (QuantizeLinear / DequantizeLinear around float ops, the default of
+        ``quantize_static``) or ``QuantFormat.QOperator`` (``QLinearConv``, ``QLinearAdd``...).
+    per_channel : bool
+        Per-output-channel weight scales.
+
+    Returns
+    -------
+    str
+        ``path``.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from tvm_tcutils.onnx_writer import OnnxGraph
+    >>> g = OnnxGraph(); g.input("x", "float32", [1, 4])
+    >>> g.output(g.node("MatMul", ["x", g.const(np.eye(4, dtype="float32"), "w")]), "float32", [1, 4])
+    >>> out = ort_quantize(g.model(), os.path.join(tempfile.mkdtemp(), "q.onnx"), [{"x": np.ones((1, 4), "float32")}])
+    >>> import onnx; sorted({n.op_type for n in onnx.load(out).graph.node})
+    ['DequantizeLinear', 'MatMul', 'QuantizeLinear']
+    """
+    if fmt not in ORT_FORMATS:
+        raise ValueError(f"fmt must be one of {ORT_FORMATS}, got {fmt!r}")
+    if not samples:
+        raise ValueError("samples must hold at least one calibration input")
+    import onnx
+    from onnxruntime import quantization as ortq
+
+    class _Reader(ortq.CalibrationDataReader):
+        def __init__(self):
+            self._rest = iter(samples)
+
+        def get_next(self):
+            return next(self._rest, None)
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        source = model if isinstance(model, str) else os.path.join(scratch, "float.onnx")
+        if not isinstance(model, str):
+            onnx.save(model, source)
+        partial = os.path.join(scratch, "quantized.onnx")
+        ortq.quantize_static(
+            source, partial, _Reader(),
+            quant_format=ortq.QuantFormat.QDQ if fmt == "qdq" else ortq.QuantFormat.QOperator,
+            per_channel=per_channel, activation_type=ortq.QuantType.QUInt8, weight_type=ortq.QuantType.QInt8)
+        os.replace(partial, path)  # atomic: a reader never sees half a model
+    return path

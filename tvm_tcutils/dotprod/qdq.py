@@ -1,0 +1,540 @@
+"""QDQ models (``QuantizeLinear`` / ``DequantizeLinear`` around float ops) as integer ``qnn`` ops.
+
+Quantizers such as onnxruntime's ``quantize_static`` write their default QDQ
+format: every float op reads ``DequantizeLinear`` outputs and its result goes
+through ``QuantizeLinear``. ``relay.frontend.from_onnx`` keeps that shape
+(``qnn.quantize(op(qnn.dequantize(x), qnn.dequantize(W))))``), so the convs run
+in float and the dot-product schedules never see an 8-bit operand.
+:func:`to_integer` replaces each such region, ended by a ``qnn.quantize``, by
+the integer op it stands for:
+
+========================================  ====================================================
+float region (before ``qnn.quantize``)    integer form
+========================================  ====================================================
+``conv2d`` (+ ``bias_add``), per-channel  ``qnn.conv2d`` (int32) + int32 bias, requantized
+``dense`` / ONNX ``MatMul`` (+ bias)      ``qnn.dense`` (int32) + int32 bias, requantized
+``batch_matmul`` (MatMul of activations)  ``qnn.batch_matmul`` (int32), requantized
+``add`` of two quantized tensors          ONNX ``QLinearAdd`` arithmetic
+``concatenate``                           each input requantized, then concatenated
+``global_avg_pool2d``                     int32 sum, requantized
+``max_pool2d``, reshapes, transposes...   the same op on the 8-bit tensor
+``relu`` / ``clip`` after any of these     a clamp of the 8-bit result
+========================================  ====================================================
+
+Conv weights must be constants (per-tensor or per-output-channel scales, zero
+points 0, as quantizers write them); a MatMul's other operand may be such a
+constant or a per-tensor quantized activation. A region that does not fit stays
+float, exactly as it was.
+
+Requantization (``requantize=``, see :data:`REQUANTIZE`) defaults to
+``"onnx"``: ``saturate(round_half_to_even(float32(acc) * multiplier) + zero_point)``
+with ``multiplier = float32(x_scale * w_scale) / y_scale`` evaluated in float32,
+what onnxruntime's ``QLinearConv`` / ``QLinearMatMul`` compute, so results
+match them bit for bit. ``"qnn"`` uses TVM's ``qnn.requantize`` / ``qnn.add``
+instead (float32 arithmetic with rounding half up on x86 SSE4.1+ targets).
+
+The rewrite visits each node once (no recursion: deep models are fine) and
+returns a new module; the input module is not changed.
+
+Examples
+--------
+>>> import numpy as np
+>>> from tvm import relay
+>>> x = relay.var("x", shape=(1, 4, 6, 6))
+>>> w = relay.const(np.ones((8, 4, 3, 3), "int8"))
+>>> dq = lambda q, s, z: relay.qnn.op.dequantize(q, relay.const(s), relay.const(z))
+>>> xq = relay.qnn.op.quantize(x, relay.const(0.1), relay.const(3), out_dtype="uint8")
+>>> y = relay.nn.conv2d(dq(xq, 0.1, 3), dq(w, 0.02, 0), kernel_size=(3, 3), channels=8)
+>>> mod = tvm.IRModule.from_expr(relay.qnn.op.quantize(y, relay.const(0.5), relay.const(0), out_dtype="uint8"))
+>>> ops = lambda m: sorted({c.op.name for c in calls(m)})
+>>> ops(mod)
+['nn.conv2d', 'qnn.dequantize', 'qnn.quantize']
+>>> ops(to_integer(mod))   # integer conv; ONNX rounding (half to even)
+['add', 'cast', 'clip', 'divide', 'equal', 'floor', 'logical_and', 'multiply', 'not_equal', \
+'qnn.conv2d', 'subtract']
+>>> ops(to_integer(mod, requantize="qnn"))
+['qnn.conv2d', 'qnn.quantize', 'qnn.requantize']
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .._tvm import tvm
+from tvm import relay
+
+from .isa import for_target
+
+#: Requantization modes: ``"onnx"`` (float32 multiplier, round half to even, as onnxruntime) and
+#: ``"qnn"`` (TVM's ``qnn.requantize`` / ``qnn.add``).
+REQUANTIZE = ("onnx", "qnn")
+
+#: Ops that move or select 8-bit values without arithmetic: ``op(dequantize(q))`` is
+#: ``dequantize(op(q))`` with the same scale and zero point.
+VALUE_PRESERVING_OPS = (
+    "nn.max_pool2d", "nn.batch_flatten", "reshape", "transpose", "squeeze", "expand_dims",
+    "layout_transform", "strided_slice", "nn.global_max_pool2d",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """How a tensor is quantized: ``real = scale * (q - zero_point)`` (scale per channel on ``axis``)."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    dtype: str
+    axis: int = -1
+
+    @property
+    def per_tensor(self) -> bool:
+        return self.scale.size == 1 and self.zero_point.size == 1
+
+    def scalar(self) -> Tuple[np.float32, int]:
+        return np.float32(self.scale.reshape(-1)[0]), int(self.zero_point.reshape(-1)[0])
+
+
+def calls(mod_or_expr) -> List[relay.Call]:
+    """Every operator call of a module's ``main`` (or of an expression), in post order.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(2,))
+    >>> [c.op.name for c in calls(relay.nn.relu(relay.exp(x)))]
+    ['exp', 'nn.relu']
+    """
+    expr = mod_or_expr["main"] if isinstance(mod_or_expr, tvm.IRModule) else mod_or_expr
+    found: List[relay.Call] = []
+    relay.analysis.post_order_visit(
+        expr, lambda e: found.append(e) if isinstance(e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    return found
+
+
+def _op(expr, *names: str) -> bool:
+    return isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in names
+
+
+def _const(expr) -> Optional[np.ndarray]:
+    return expr.data.numpy() if isinstance(expr, relay.Constant) else None
+
+
+def round_half_even(value: relay.Expr) -> relay.Expr:
+    """Float32 rounding to the nearest integer, ties to even (ONNX ``QuantizeLinear``), for |value| < 2**22.
+
+    Written with ``floor`` so that it means the same on every target (TVM's ``round`` follows the
+    backend's C or LLVM rounding).
+
+    Examples
+    --------
+    >>> v = relay.const(np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.4, -2.6], "float32"))
+    >>> relay.create_executor().evaluate(round_half_even(v)).numpy().tolist()
+    [0.0, 2.0, 2.0, 0.0, -2.0, 2.0, -3.0]
+    """
+    half = relay.const(0.5, "float32")
+    shifted = relay.add(value, half)   # exact for |value| < 2**22
+    down = relay.floor(shifted)        # round half up
+    odd = relay.not_equal(relay.subtract(down, relay.multiply(relay.const(2.0), relay.floor(
+        relay.multiply(down, half)))), relay.const(0.0))
+    # A tie (``shifted`` whole) rounded up to an odd number goes one down. Written without
+    # ``where``: TVM's fuser then keeps this in the producing conv's kernel.
+    to_even = relay.logical_and(relay.equal(shifted, down), odd)
+    return relay.subtract(down, relay.cast(to_even, "float32"))
+
+
+def _saturate(value: relay.Expr, out: QParams) -> relay.Expr:
+    """``saturate(round_half_even(value) + zero_point)`` as ``out.dtype`` (``value`` float32, scaled)."""
+    _, zero = out.scalar()
+    info = np.iinfo(out.dtype)
+    # Clamped before rounding (as onnxruntime): the bounds are integers, so the result is the same
+    # and the float stays small enough for exact rounding.
+    clamped = relay.clip(value, float(info.min - zero), float(info.max - zero))
+    rounded = relay.cast(round_half_even(clamped), "int32")
+    return relay.cast(relay.add(rounded, relay.const(zero, "int32")), out.dtype)
+
+
+def _channel_const(values: np.ndarray, rank: int, axis: int, dtype: str) -> relay.Constant:
+    """A per-channel vector shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
+    values = np.asarray(values, dtype)
+    if values.size == 1:
+        return relay.const(values.reshape(()))
+    shape = [1] * rank
+    shape[axis] = values.size
+    return relay.const(values.reshape(shape))
+
+
+def _scale_const(scale: np.ndarray) -> relay.Constant:
+    """A scale as QNN ops take it: a scalar, or a vector per channel."""
+    return relay.const(np.float32(scale.reshape(-1)[0]) if scale.size == 1 else scale.reshape(-1))
+
+
+class _Rewriter:
+    """One pass over a function body: each ``qnn.quantize`` of a known float region becomes integer."""
+
+    def __init__(self, requantize: str):
+        self.requantize = requantize
+        self.memo: Dict[relay.Expr, relay.Expr] = {}
+        #: float op -> rule(region, out quantization) -> integer expression or None.
+        self.rules: Dict[str, Callable[[relay.Call, QParams], Optional[relay.Expr]]] = {
+            "nn.conv2d": self._conv2d, "nn.dense": self._dense, "nn.batch_matmul": self._batch_matmul,
+            "nn.bias_add": self._bias_add,
+            "add": self._add, "concatenate": self._concatenate, "nn.global_avg_pool2d": self._global_avg_pool,
+            "nn.relu": self._relu, "clip": self._clip,
+            **{name: self._value_preserving for name in VALUE_PRESERVING_OPS},
+        }
+
+    # -- traversal ------------------------------------------------------------
+    def rewrite(self, body: relay.Expr) -> relay.Expr:
+        order: List[relay.Expr] = []
+        relay.analysis.post_order_visit(body, order.append)
+        for node in order:
+            self.memo[node] = self._visit(node)
+        return self.memo[body]
+
+    def _visit(self, node: relay.Expr) -> relay.Expr:
+        new = self.memo
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            if node.op.name == "qnn.quantize":
+                integer = self._quantize(node)
+                if integer is not None:
+                    return integer
+            return relay.Call(node.op, [new[a] for a in node.args], node.attrs, node.type_args, node.span)
+        if isinstance(node, relay.Tuple):
+            return relay.Tuple([new[f] for f in node.fields], node.span)
+        if isinstance(node, relay.TupleGetItem):
+            return relay.TupleGetItem(new[node.tuple_value], node.index)
+        # Variables, constants, and constructs the rewrite leaves alone (functions, lets, ifs) as they are.
+        return node
+
+    # -- quantization parameters ------------------------------------------------
+    @staticmethod
+    def _qparams(call: relay.Call, dtype: str) -> Optional[QParams]:
+        scale, zero = _const(call.args[1]), _const(call.args[2])
+        if scale is None or zero is None:
+            return None
+        return QParams(scale.astype("float32"), zero.astype("int64"), dtype, int(call.attrs.axis))
+
+    def _dequantized(self, expr) -> Optional[Tuple[relay.Expr, QParams]]:
+        """(the rewritten 8-bit tensor, its quantization) of a per-tensor ``qnn.dequantize``, also seen
+        through value-preserving ops (``reshape(dequantize(q))`` is ``dequantize(reshape(q))``)."""
+        chain = []
+        while _op(expr, *VALUE_PRESERVING_OPS) and len(expr.args) == 1:
+            chain.append(expr)
+            expr = expr.args[0]
+        if not _op(expr, "qnn.dequantize"):
+            return None
+        params = self._qparams(expr, str(expr.args[0].checked_type.dtype))
+        if params is None or not params.per_tensor or params.dtype not in ("uint8", "int8"):
+            return None
+        q = self.memo[expr.args[0]]
+        for call in reversed(chain):
+            q = relay.Call(call.op, [q], call.attrs, call.type_args, call.span)
+        return q, params
+
+    def _weight(self, expr, channel_axis: int) -> Optional[Tuple[np.ndarray, QParams]]:
+        """(8-bit constant, quantization) of a dequantized constant weight, symmetric, per tensor or per
+        channel on ``channel_axis``."""
+        if not _op(expr, "qnn.dequantize"):
+            return None
+        data = _const(expr.args[0])
+        params = self._qparams(expr, str(expr.args[0].checked_type.dtype))
+        if data is None or params is None or data.dtype != np.int8 or np.any(params.zero_point != 0):
+            return None
+        if not params.per_tensor and params.axis % data.ndim != channel_axis % data.ndim:
+            return None
+        return data, params
+
+    def _quantize(self, call: relay.Call) -> Optional[relay.Expr]:
+        out = self._qparams(call, str(call.attrs.out_dtype))
+        if out is None or not out.per_tensor:
+            return None
+        region = self._region(call.args[0], out) if isinstance(call.args[0], relay.Call) else None
+        if region is None and self.requantize == "onnx" and call.args[0].checked_type.dtype == "float32":
+            # A float tensor (a model input): ONNX QuantizeLinear rounds half to even, qnn.quantize
+            # half away from zero.
+            return _saturate(relay.divide(self.memo[call.args[0]], relay.const(out.scalar()[0])), out)
+        return region
+
+    def _region(self, expr, out: QParams) -> Optional[relay.Expr]:
+        if not isinstance(expr, relay.Call) or not isinstance(expr.op, tvm.ir.Op):
+            return None
+        rule = self.rules.get(expr.op.name)
+        return rule(expr, out) if rule is not None else None
+
+    # -- requantization -----------------------------------------------------------
+    def _requantize(self, acc: relay.Expr, acc_scale: np.ndarray, acc_zero: int, out: QParams, rank: int,
+                    axis: int) -> relay.Expr:
+        """int32 ``acc`` of real value ``acc_scale * (acc - acc_zero)`` quantized as ``out``."""
+        out_scale, out_zero = out.scalar()
+        if self.requantize == "qnn":
+            return relay.qnn.op.requantize(
+                acc, _scale_const(np.asarray(acc_scale, "float32")),
+                relay.const(acc_zero, "int32"), relay.const(out_scale), relay.const(out_zero, "int32"),
+                axis=axis, out_dtype=out.dtype)
+        multiplier = (np.asarray(acc_scale, "float32") / out_scale).astype("float32")
+        if acc_zero:
+            acc = relay.subtract(acc, relay.const(acc_zero, "int32"))
+        scaled = relay.multiply(relay.cast(acc, "float32"), _channel_const(multiplier, rank, axis, "float32"))
+        return _saturate(scaled, out)
+
+    def _rescale(self, q: relay.Expr, params: QParams, out: QParams, rank: int) -> relay.Expr:
+        """An 8-bit tensor re-quantized to ``out`` (ONNX: dequantize in float32, then quantize)."""
+        scale, zero = params.scalar()
+        out_scale, out_zero = out.scalar()
+        if scale == out_scale and zero == out_zero and params.dtype == out.dtype:
+            return q
+        if self.requantize == "qnn":
+            return relay.qnn.op.requantize(q, relay.const(scale), relay.const(zero, "int32"),
+                                           relay.const(out_scale), relay.const(out_zero, "int32"),
+                                           out_dtype=out.dtype)
+        real = relay.multiply(self._centered(q, zero), relay.const(scale))
+        return _saturate(relay.divide(real, relay.const(out_scale)), out)
+
+    @staticmethod
+    def _centered(q: relay.Expr, zero: int) -> relay.Expr:
+        """``float32(q - zero)``."""
+        return relay.cast(relay.subtract(relay.cast(q, "int32"), relay.const(zero, "int32")), "float32")
+
+    # -- rules ----------------------------------------------------------------------
+    def _conv2d(self, conv: relay.Call, out: QParams, bias=None) -> Optional[relay.Expr]:
+        attrs = conv.attrs
+        if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+            return None
+        data, weight = self._dequantized(conv.args[0]), self._weight(conv.args[1], 0)
+        if data is None or weight is None:
+            return None
+        (x, x_params), (w, w_params) = data, weight
+        x_scale, x_zero = x_params.scalar()
+        acc = relay.qnn.op.conv2d(
+            x, relay.const(w), relay.const(x_zero, "int32"), relay.const(0, "int32"), relay.const(x_scale),
+            _scale_const(w_params.scale), kernel_size=tuple(w.shape[2:]), channels=w.shape[0],
+            strides=attrs.strides, padding=attrs.padding, dilation=attrs.dilation, groups=attrs.groups,
+            out_dtype="int32")
+        return self._finish(acc, x_scale * w_params.scale.reshape(-1), bias, out, rank=4, axis=1)
+
+    def _dense(self, dense: relay.Call, out: QParams, bias=None) -> Optional[relay.Expr]:
+        data = self._dequantized(dense.args[0])
+        weight_expr, transposed = dense.args[1], False
+        if _op(weight_expr, "transpose") and [int(a) for a in weight_expr.attrs.axes or [1, 0]] == [1, 0]:
+            weight_expr, transposed = weight_expr.args[0], True  # ONNX MatMul: (K, N) weight
+        if data is None or len(dense.args[0].checked_type.shape) != 2:
+            return None
+        (x, x_params), units = data, int(dense.checked_type.shape[1])
+        x_scale, x_zero = x_params.scalar()
+        weight = self._weight(weight_expr, 1 if transposed else 0)
+        if weight is not None:
+            w, w_params = weight
+            w_expr, w_zero = relay.const(np.ascontiguousarray(w.T) if transposed else w), 0
+        else:  # a MatMul of two activations: the weight is a quantized tensor too
+            activation = self._dequantized(weight_expr)
+            if activation is None:
+                return None
+            w_expr, w_params = activation
+            w_expr = relay.transpose(w_expr, [1, 0]) if transposed else w_expr
+            w_zero = w_params.scalar()[1]
+        acc = relay.qnn.op.dense(x, w_expr, relay.const(x_zero, "int32"), relay.const(w_zero, "int32"),
+                                 relay.const(x_scale), _scale_const(w_params.scale), units=units, out_dtype="int32")
+        return self._finish(acc, x_scale * w_params.scale.reshape(-1), bias, out, rank=2, axis=1)
+
+    def _batch_matmul(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
+        a, b = self._dequantized(call.args[0]), self._dequantized(call.args[1])
+        if a is None or b is None:
+            return None
+        (qa, pa), (qb, pb) = a, b
+        (sa, za), (sb, zb) = pa.scalar(), pb.scalar()
+        # qnn.batch_matmul takes (batch, M, K) x (batch, N, K).
+        qa = relay.transpose(qa, [0, 2, 1]) if call.attrs.transpose_a else qa
+        qb = qb if call.attrs.transpose_b else relay.transpose(qb, [0, 2, 1])
+        acc = relay.qnn.op.batch_matmul(qa, qb, relay.const(za, "int32"), relay.const(zb, "int32"),
+                                        relay.const(sa), relay.const(sb), out_dtype="int32")
+        return self._requantize(acc, np.asarray(sa * sb, "float32"), 0, out, 3, -1)
+
+    def _finish(self, acc, acc_scale: np.ndarray, bias, out: QParams, rank: int, axis: int) -> Optional[relay.Expr]:
+        """Add a dequantized constant bias to the int32 accumulator (in its scale), then requantize."""
+        acc_scale = np.asarray(acc_scale, "float32")
+        if bias is not None:
+            b_data, b_params = _const(bias.args[0]), self._qparams(bias, "int32")
+            if b_data is None or b_params is None or np.any(b_params.zero_point != 0):
+                return None
+            if np.array_equal(np.broadcast_to(b_params.scale, acc_scale.shape), acc_scale):
+                b_int = b_data.astype("int32")   # quantizers store the bias in the accumulator's scale
+            else:
+                b_int = np.rint(b_data * (b_params.scale.astype("float64") / acc_scale)).astype("int32")
+            acc = relay.add(acc, _channel_const(b_int, rank, axis, "int32"))
+        return self._requantize(acc, acc_scale, 0, out, rank, axis)
+
+    def _bias_add(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
+        inner = call.args[0]
+        if not _op(call.args[1], "qnn.dequantize"):
+            return None
+        if _op(inner, "nn.conv2d") and int(call.attrs.axis) == 1:
+            return self._conv2d(inner, out, bias=call.args[1])
+        if _op(inner, "nn.dense") and int(call.attrs.axis) in (1, -1):
+            return self._dense(inner, out, bias=call.args[1])
+        return None
+
+    def _add(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
+        lhs, rhs = call.args
+        if _op(lhs, "nn.dense") and _op(rhs, "qnn.dequantize") and str(rhs.args[0].checked_type.dtype) == "int32":
+            return self._dense(lhs, out, bias=rhs)   # ONNX Gemm: MatMul + Add of an int32 bias
+        a, b = self._dequantized(lhs), self._dequantized(rhs)
+        if a is None or b is None or a[1].dtype != b[1].dtype:
+            return None
+        (qa, pa), (qb, pb) = a, b
+        (sa, za), (sb, zb), (sc, zc) = pa.scalar(), pb.scalar(), out.scalar()
+        if self.requantize == "qnn":
+            return relay.qnn.op.add(qa, qb, relay.const(sa), relay.const(za, "int32"), relay.const(sb),
+                                    relay.const(zb, "int32"), relay.const(sc), relay.const(zc, "int32"))
+        # ONNX: each input dequantized in float32, summed, then quantized.
+        real = relay.add(relay.multiply(self._centered(qa, za), relay.const(sa)),
+                         relay.multiply(self._centered(qb, zb), relay.const(sb)))
+        return _saturate(relay.divide(real, relay.const(sc)), out)
+
+    def _concatenate(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
+        fields = call.args[0].fields if isinstance(call.args[0], relay.Tuple) else None
+        inputs = [self._dequantized(f) for f in fields or []]
+        if not inputs or any(i is None for i in inputs) or len({p.dtype for _, p in inputs} | {out.dtype}) != 1:
+            return None
+        rank = len(call.checked_type.shape)
+        return relay.concatenate([self._rescale(q, p, out, rank) for q, p in inputs], int(call.attrs.axis))
+
+    def _global_avg_pool(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
+        data = self._dequantized(call.args[0])
+        if data is None or call.attrs.layout != "NCHW":
+            return None
+        (x, params), (h, w) = data, [int(d) for d in call.args[0].checked_type.shape[2:]]
+        scale, zero = params.scalar()
+        total = relay.sum(relay.cast(x, "int32"), axis=[2, 3], keepdims=True)
+        if self.requantize == "qnn":
+            return self._requantize(total, np.asarray(scale / np.float32(h * w), "float32"), zero * h * w, out, 4, 1)
+        # onnxruntime's QLinearGlobalAveragePool: (sum - N * zero) * (x_scale / (y_scale * N)) in float32.
+        multiplier = scale / (out.scalar()[0] * np.float32(h * w))
+        centered = relay.cast(relay.subtract(total, relay.const(zero * h * w, "int32")), "float32")
+        return _saturate(relay.multiply(centered, relay.const(np.float32(multiplier))), out)
+
+    def _value_preserving(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
+        if len(call.args) != 1:
+            return None
+        # quantize(reshape(region)) = reshape(quantize(region)): quantization is elementwise.
+        inner = self._region(call.args[0], out)
+        if inner is not None:
+            return relay.Call(call.op, [inner], call.attrs, call.type_args, call.span)
+        data = self._dequantized(call)
+        return None if data is None else self._rescale(*data, out, len(call.checked_type.shape))
+
+    def _relu(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
+        # quantize(relu(v)) = max(quantize(v), quantize(0)): quantization is monotone.
+        inner = self._region(call.args[0], out)
+        return None if inner is None else relay.maximum(inner, relay.const(out.scalar()[1], out.dtype))
+
+    def _clip(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
+        inner = self._region(call.args[0], out)
+        if inner is None:
+            return None
+        scale, zero = out.scalar()
+        info = np.iinfo(out.dtype)
+        bounds = [int(np.clip(np.rint(np.float32(v) / scale) + zero, info.min, info.max))
+                  for v in (call.attrs.a_min, call.attrs.a_max)]
+        return relay.clip(inner, *bounds)
+
+
+def to_integer(mod: tvm.IRModule, requantize: str = "onnx") -> tvm.IRModule:
+    """``mod`` with its fake-quantized (QDQ) regions as integer ``qnn`` ops (see the module's table).
+
+    Parameters
+    ----------
+    mod : IRModule
+        A Relay module, typically ``relay.frontend.from_onnx`` of a QDQ model
+        (constants bound: ``freeze_params=True``). Not changed.
+    requantize : {"onnx", "qnn"}
+        ``"onnx"``: float32 multiplier, round half to even, saturation (matches
+        onnxruntime); ``"qnn"``: TVM's ``qnn.requantize`` / ``qnn.add``.
+
+    Returns
+    -------
+    IRModule
+        A new module; the same object when ``mod`` has no ``qnn.quantize``.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(2, 3))
+    >>> float_mod = tvm.IRModule.from_expr(relay.nn.relu(x))
+    >>> to_integer(float_mod) is float_mod
+    True
+    >>> to_integer(float_mod, requantize="fast")
+    Traceback (most recent call last):
+    ...
+    ValueError: requantize must be one of ('onnx', 'qnn'), got 'fast'
+    """
+    if requantize not in REQUANTIZE:
+        raise ValueError(f"requantize must be one of {REQUANTIZE}, got {requantize!r}")
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
+    if not any(_op(c, "qnn.quantize") for c in calls(mod)):
+        return mod
+    typed = relay.transform.FoldConstant()(relay.transform.InferType()(mod))
+    main = typed["main"]
+    body = _Rewriter(requantize).rewrite(main.body)
+    out = tvm.IRModule(dict(typed.functions.items()), dict(typed.type_definitions.items()))
+    out["main"] = relay.Function(main.params, body, None, main.type_params, main.attrs)
+    return relay.transform.InferType()(out)
+
+
+def quantized_to_integer(requantize: str = "onnx") -> tvm.transform.Pass:
+    """:func:`to_integer` as a module pass, for ``tvm.transform.Sequential`` pipelines.
+
+    Examples
+    --------
+    >>> seq = tvm.transform.Sequential([relay.transform.InferType(), quantized_to_integer()])
+    >>> x = relay.var("x", shape=(4,))
+    >>> seq(tvm.IRModule.from_expr(relay.exp(x)))["main"].body.op.name
+    'exp'
+    """
+    if requantize not in REQUANTIZE:
+        raise ValueError(f"requantize must be one of {REQUANTIZE}, got {requantize!r}")
+
+    def transform(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return to_integer(mod, requantize)
+
+    return tvm.transform.module_pass(transform, opt_level=0, name="tcutils.QuantizedToInteger")
+
+
+def prepare_for_target(mod: tvm.IRModule, target) -> tvm.IRModule:
+    """What the package's build applies: :func:`to_integer` for targets with a dot-product ISA.
+
+    Other targets, and modules without ``qnn.quantize``, get ``mod`` itself back.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(4,))
+    >>> mod = tvm.IRModule.from_expr(relay.exp(x))
+    >>> prepare_for_target(mod, "llvm -mcpu=znver4") is mod
+    True
+    """
+    return to_integer(mod) if for_target(target) is not None else mod
+
+
+def _reads_dequantized(expr) -> bool:
+    while _op(expr, *VALUE_PRESERVING_OPS) and len(expr.args) == 1:
+        expr = expr.args[0]
+    return _op(expr, "qnn.dequantize")
+
+
+def qdq_regions(mod: tvm.IRModule) -> Sequence[str]:
+    """The float ops that compute on dequantized tensors (what runs in float), in post order.
+
+    Ops that only move values (:data:`VALUE_PRESERVING_OPS`) and QNN ops are not listed.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(4,))
+    >>> dq = relay.qnn.op.dequantize(relay.qnn.op.quantize(x, relay.const(0.1), relay.const(0)),
+    ...                              relay.const(0.1), relay.const(0))
+    >>> q = relay.qnn.op.quantize(relay.exp(relay.reshape(dq, (2, 2))), relay.const(0.1), relay.const(0))
+    >>> qdq_regions(tvm.IRModule.from_expr(q))
+    ['exp']
+    """
+    return [c.op.name for c in calls(mod)
+            if not c.op.name.startswith("qnn.") and c.op.name not in VALUE_PRESERVING_OPS
+            and any(_reads_dequantized(a) for a in c.args)]
