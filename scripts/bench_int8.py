@@ -13,6 +13,9 @@ thread count, in one process (ratios are measured side by side):
   conv, layout transforms included): the whole-op comparison with onnxruntime;
 * ``ORT QLinearConv`` (NCHW, ONNX op) and ``ORT NHWC`` (``com.microsoft.QLinearConv``,
   ``channels_last=1``), whole op with requantize; QLinearMatMul for the dense;
+* ``u8s7 op`` / ``u8s7 qnn`` (AVX2 targets without VNNI): ``ours op`` / ``ours qnn`` with weights in
+  [-64, 64] (reduce-range), which run on the 8-bit ``vpmaddubsw`` step, exactly (onnxruntime's speed
+  does not depend on the weights' values, so its columns serve both);
 * ``TVM fp32`` (TVM's own x86 schedule, same target) and ``ORT fp32`` (MLAS);
 * ``peak``: on VNNI a register-only ``vpdpbusd`` loop through the package's own tensor
   intrinsic, 16 independent accumulator chains per thread; on AVX2 the exact step's arithmetic
@@ -32,6 +35,13 @@ QDQ file, and fp32 TVM and onnxruntime: every contender of a thread count timed 
 ``--e2e-check`` compares the ``relay.quantize`` build's output bit for bit with TVM's generic
 ``llvm`` build run in a subprocess that does not import the package.
 
+``--reduce-range`` (with ``--target "llvm -mcpu=core-avx2"``, or on an AVX2 CPU without VNNI)
+times ``--e2e-model`` quantized by onnxruntime with ``reduce_range=True`` (7-bit weights): the
+package's build with every layer on the exact step against its default build, where those layers
+take the 8-bit ``vpmaddubsw`` step (and are checked to give the same bytes), and onnxruntime on the
+QDQ and QOperator files, in turns, with ratios and their intervals. onnxruntime picks its kernels
+from the CPU it runs on, so its column is an AVX2 one only on an AVX2 CPU without VNNI.
+
 ``--transforms-only`` times the u8 ``layout_transform`` ops around those convs (``NCHW`` <->
 ``NCHW{b}c``) with TVM's x86 injective schedule and with the package's byte-shuffle schedule.
 
@@ -43,6 +53,7 @@ Usage::
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --transforms-only
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 --e2e-only --e2e-model resnet-50-onnx --rounds 5
+    PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --reduce-range --target "llvm -mcpu=core-avx2"
 """
 from __future__ import annotations
 
@@ -56,11 +67,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils.bench import int8  # noqa: E402
 from tvm_tcutils.bench.int8 import (  # noqa: E402
-    avx2_peak_gops, bench_conv, bench_dense, bench_e2e, bench_transforms, peak_gops, report, resnet50_layers,
-    set_threads,
+    avx2_peak_gops, bench_conv, bench_dense, bench_e2e, bench_reduce_range, bench_transforms, peak_gops, report,
+    resnet50_layers, set_threads,
 )
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
-from tvm_tcutils.dotprod.isa import for_target  # noqa: E402
+from tvm_tcutils.dotprod.isa import for_target, range_isa  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -78,6 +89,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default=None, help="TVM target (default: this CPU's)")
     parser.add_argument("--transforms-only", action="store_true",
                         help="only the u8 layout transforms around ResNet-50's convs (TVM's schedule vs ours)")
+    parser.add_argument("--reduce-range", action="store_true",
+                        help="only --e2e-model with 7-bit weights: exact vs reduce-range build vs onnxruntime")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     # TVM sizes its pool from TVM_NUM_THREADS when it first runs (by default half the logical
@@ -94,6 +107,14 @@ def main(argv=None) -> int:
                       rounds=args.rounds)
     if args.transforms_only:
         bench_transforms(isa, args.threads)
+        return 0
+    if args.reduce_range:
+        if range_isa(TARGET) is None:
+            raise SystemExit(f"{TARGET} has no reduce-range step (AVX2 without VNNI): use --target "
+                             f"'llvm -mcpu=core-avx2'")
+        for row in bench_reduce_range(args.threads, model=args.e2e_model, rounds=max(args.rounds, 3)):
+            results.add(layer=f"reduce-range {row.pop('model')}", **row)
+        results.write(args.json)
         return 0
     peaks = {}
     for n in args.threads:

@@ -116,3 +116,36 @@ def test_avx2_widening_stays_inside_128_bit_halves(data_dtype, kernel_dtype):
         assert len(sources) == 32
         for position, source in enumerate(sources):
             assert source >= 32 or source // 16 == position // 16, (position, source)
+
+
+def test_reduce_range_isa_is_chosen_per_layer_not_per_target():
+    from tvm_tcutils.dotprod.isa import RANGE_ISAS, X86_AVX2_U8S7
+
+    assert X86_AVX2_U8S7 in RANGE_ISAS and X86_AVX2_U8S7 not in ISAS  # never a target's ISA
+    assert by_name("x86_avx2_u8s7") is X86_AVX2_U8S7
+    assert [(v.data_dtype, v.kernel_dtype) for v in X86_AVX2_U8S7.variants] == [("uint8", "int8")]
+
+
+def test_reduce_range_step_is_pmaddubsw_widened_by_pmaddwd_with_ones():
+    import numpy as np
+    from tvm import autotvm, te, tir
+
+    from tvm_tcutils.dotprod.isa import X86_AVX2_U8S7
+    from tvm_tcutils.dotprod.topi.dense_pack import dense_pack_dot, schedule_dense_pack_dot
+    from tvm_tcutils.dotprod.topi.packing import pack_dense_weight
+
+    acc, data, kernel = tir.Var("acc", "int32x8"), tir.Var("d", "uint8x32"), tir.Var("k", "int8x32")
+    step = X86_AVX2_U8S7.emit(X86_AVX2_U8S7.variant("uint8", "int8"), acc, data, kernel)
+    assert isinstance(step, tir.Add) and step.a.same_as(acc)
+    lookup = tvm.target.codegen.llvm_lookup_intrinsic_id
+    widen, pairs = step.b, step.b.args[2]
+    assert int(widen.args[0]) == lookup("llvm.x86.avx2.pmadd.wd") and widen.args[3].value.value == 1
+    assert int(pairs.args[0]) == lookup("llvm.x86.avx2.pmadd.ub.sw") and pairs.dtype == "int16x16"
+    # The call matches LLVM's declaration (a wrong signature aborts LLVM).
+    w = pack_dense_weight(np.zeros((8, 64), "int8"), 8, marked=True)
+    d, wp = te.placeholder((1, 64), "uint8"), te.placeholder(w.shape, "int8")
+    with tvm.target.Target("llvm -mcpu=core-avx2"):
+        cfg = autotvm.get_config()
+        out = dense_pack_dot(cfg, d, wp)
+        lib = tvm.build(schedule_dense_pack_dot(cfg, [out]), [d, wp, out], target="llvm -mcpu=core-avx2")
+    assert "declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)" in lib.get_source("ll")

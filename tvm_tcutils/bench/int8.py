@@ -22,7 +22,7 @@ import numpy as np
 from .._tvm import host_target, tvm
 from tvm import autotvm, relay, te, tir
 
-from ..dotprod.isa import for_target
+from ..dotprod.isa import for_target, range_isa
 from ..dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_PACK_TASK
 from ..dotprod.topi import packing
 from ..measure import graph_module, time_function
@@ -201,9 +201,11 @@ def ours(task_name: str, args, arrays, out_shape, trials: int, log_dir: str) -> 
             for name, (f, tensors) in funcs.items()}
 
 
-def ours_conv(layer, data, kernel, trials, log_dir):
+def ours_conv(layer, data, kernel, trials, log_dir, isa=None):
+    """The packed conv2d template on ``layer`` for ``isa`` (default the target's; a reduce-range ISA
+    gets its marked kernel, whose values the caller keeps in its range)."""
     c, h, w, o, k, stride, pad = layer
-    isa = for_target(TARGET)
+    isa = isa or for_target(TARGET)
     lanes = isa.lanes
     ic_bn = packing.channel_block(c, lanes)
     d_p, k_p = packing.pack_data_nchwc(data, ic_bn), packing.pack_kernel_for(isa, kernel, ic_bn)
@@ -300,11 +302,19 @@ def bench_conv(layer, threads, trials, log_dir, rounds: int = 3):
     graph_lib, graph_in = _relay_conv(layer, "uint8")
     qnn_lib, qnn_in = _relay_qnn_conv(layer, data, kernel)
     fp32_lib, fp32_in = _relay_conv(layer, "float32")
+    narrow = range_isa(TARGET)
+    if narrow is not None:
+        # The same layer with reduce-range weights (what quantize_static(reduce_range=True) writes),
+        # on the 8-bit step: the op alone, and the whole op, which the package routes there itself.
+        kernel_rr = _reduce_range_weights(narrow, kernel.shape)
+        timer["u8s7 op"] = ours_conv(layer, data, kernel_rr, 0, log_dir, narrow)["ours untuned"]
+        rr_qnn_lib, _ = _relay_qnn_conv(layer, data, kernel_rr)
     rows = []
     for n in threads:
         set_threads(n)
         timers = {
             **timer,
+            **({"u8s7 qnn": graph_timer(rr_qnn_lib, qnn_in)} if narrow is not None else {}),
             "ours graph": graph_timer(graph_lib, graph_in),
             "ours qnn": graph_timer(qnn_lib, qnn_in),
             "ORT QLinearConv": _ort_qlinearconv(layer, data, kernel, n, nhwc=False),
@@ -314,6 +324,12 @@ def bench_conv(layer, threads, trials, log_dir, rounds: int = 3):
         }
         rows.append((n, gops(timers, gop, rounds)))
     return rows
+
+
+def _reduce_range_weights(isa, shape) -> np.ndarray:
+    """Random int8 weights spanning ``isa.kernel_range`` (as ``quantize_static(reduce_range=True)`` writes them)."""
+    low, high = isa.kernel_range
+    return RNG.integers(low, high + 1, shape).astype("int8")
 
 
 def _ort_or_none(fn, *args, **kwargs):
@@ -361,6 +377,12 @@ def bench_dense(m, k, n, threads, trials, log_dir, rounds: int = 3):
     w_p = packing.pack_dense_weight(weight, lanes)
     args = (te.placeholder(data.shape, "uint8"), te.placeholder(w_p.shape, "int8"), None, "int32")
     timer = ours(DENSE_PACK_TASK, args, [data, w_p], (m, w_p.shape[0] * lanes), trials, log_dir)
+    narrow = range_isa(TARGET)
+    if narrow is not None:  # reduce-range weights on the 8-bit step (its marked packing)
+        w_rr = packing.pack_dense_weight(_reduce_range_weights(narrow, (n, k)), narrow.lanes, marked=True)
+        rr_args = (te.placeholder(data.shape, "uint8"), te.placeholder(w_rr.shape, "int8"), None, "int32")
+        timer["u8s7 op"] = ours(DENSE_PACK_TASK, rr_args, [data, w_rr], (m, w_rr.shape[0] * narrow.lanes), 0,
+                                log_dir)["ours untuned"]
     x = relay.var("x", shape=(m, k))
     fp32_lib = _build_relay(relay.nn.dense(x, relay.const(RNG.standard_normal((n, k)).astype("float32"))), x)
     rows = []
@@ -404,12 +426,14 @@ QUANTIZED_CACHE = os.path.join(
     os.environ.get("TVM_TCUTILS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-tcutils")), "int8")
 
 
-def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None) -> Dict[str, str]:
+def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None,
+                  reduce_range: bool = False) -> Dict[str, str]:
     """``{"fp32", "qdq", "qoperator"}`` -> ONNX file: a model and its ``quantize_static`` versions.
 
     ``model`` is a zoo name (``resnet-50-onnx``) or an ``.onnx`` file. The quantized files
-    (u8 activations, s8 per-channel weights, ``calibration`` random inputs) are written once
-    into ``cache_dir`` (default :data:`QUANTIZED_CACHE`) and reused.
+    (u8 activations, s8 per-channel weights -- 7-bit, in [-64, 64], with ``reduce_range`` --
+    ``calibration`` random inputs) are written once into ``cache_dir`` (default
+    :data:`QUANTIZED_CACHE`) and reused.
     """
     import onnx
 
@@ -429,9 +453,9 @@ def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None) -> Di
     samples = [{float_model.graph.input[0].name: RNG.standard_normal(shape).astype("float32")}
                for _ in range(calibration)]
     for fmt in ORT_FORMATS:
-        files[fmt] = os.path.join(folder, f"{stem}-{fmt}-per-channel-cal{calibration}.onnx")
+        files[fmt] = os.path.join(folder, f"{stem}-{fmt}-per-channel{'-rr' * reduce_range}-cal{calibration}.onnx")
         if not os.path.exists(files[fmt]):
-            ort_quantize(files["fp32"], files[fmt], samples, fmt, per_channel=True)
+            ort_quantize(files["fp32"], files[fmt], samples, fmt, per_channel=True, reduce_range=reduce_range)
     return files
 
 
@@ -447,6 +471,45 @@ def _openvino_timer(path: str, feed, threads: int) -> Optional[SampleTimer]:
         "ENABLE_CPU_PINNING": False})
     request = compiled.create_infer_request()
     return python_call(lambda: request.infer(feed), repeat=3, min_ms=100)
+
+
+def _model_timers(libs, files: Mapping[str, str], ort_columns, feed, threads: int) -> Dict[str, SampleTimer]:
+    """Timers of built modules (``libs``: column -> lib) and of onnxruntime on ``files`` (``ort_columns``:
+    (column, key of ``files``) pairs) at ``threads`` threads."""
+    import onnx
+
+    timers = {column: graph_timer(lib, feed, 5, 200) for column, lib in libs.items()}
+    timers.update({column: time_ort(_ort_session(onnx.load(files[key]), threads), feed)
+                   for column, key in ort_columns})
+    return timers
+
+
+def _in_turns(timers, columns, baselines: Mapping[str, str], rounds: int, title: str) -> dict:
+    """Time ``timers`` in turns; print each column's median and its ratio to every baseline; the JSON row.
+
+    ``columns``: (column, runtime, what it runs) rows, in print order; ``baselines``: JSON key ->
+    baseline column (``{"vs_ort_qdq": "ORT QDQ"}``).
+
+    Examples
+    --------
+    >>> row = _in_turns({"a": lambda: 1.0, "b": lambda: 2.0}, (("a", "x", "y"), ("b", "x", "y")),
+    ...                 {"vs_b": "b"}, 2, "two contenders:")  # doctest: +ELLIPSIS
+    two contenders:
+      a ...
+    >>> sorted(row), row["vs_b"]["a"]["value"]
+    (['timings', 'vs_b'], 0.5)
+    """
+    from .competitors import ratios
+
+    timed = compare({column: timers[column] for column, _, _ in columns}, rounds=rounds)
+    by_baseline = {key: ratios(timed, column) for key, column in baselines.items()}
+    width = max(len(column) for column, _, _ in columns) + 2
+    print(title)
+    for column, runtime, what in columns:
+        cells = "  ".join(f"vs {baselines[key]} {r[column]}" for key, r in by_baseline.items())
+        print(f"  {column:<{width}} {str(timed[column]):<32} {cells}   ({runtime}: {what})", flush=True)
+    return {"timings": {column: timing.as_dict() for column, timing in timed.items()},
+            **{key: {column: r.as_dict() for column, r in rs.items()} for key, rs in by_baseline.items()}}
 
 
 #: End-to-end contenders: (column, runtime, what it runs).
@@ -473,7 +536,6 @@ def bench_e2e(threads, check: bool, log: str = None, model: str = "resnet-50-onn
 
     from ..dotprod.quantize import quantize_int8
     from ..measure import build
-    from .competitors import ratios
 
     files = ort_quantized(model)
     mod, params = relay.frontend.from_onnx(onnx.load(files["fp32"]), freeze_params=True)
@@ -493,22 +555,68 @@ def bench_e2e(threads, check: bool, log: str = None, model: str = "resnet-50-onn
     rows = []
     for n in threads:
         set_threads(n)
-        timers = {column: graph_timer(lib, feed, 5, 200) for column, lib in libs.items()}
-        timers.update({column: time_ort(_ort_session(onnx.load(files[key]), n), feed)
-                       for column, key in (("ORT QOperator", "qoperator"), ("ORT QDQ", "qdq"), ("ORT fp32", "fp32"))})
+        timers = _model_timers(libs, files, (("ORT QOperator", "qoperator"), ("ORT QDQ", "qdq"), ("ORT fp32", "fp32")),
+                               feed, n)
         timers["OpenVINO QDQ"] = _openvino_timer(files["qdq"], feed, n)
-        timed = compare({column: timers[column] for column, _, _ in E2E_COLUMNS}, rounds=rounds)
-        vs_ort, vs_ov = ratios(timed, "ORT QDQ"), ratios(timed, "OpenVINO QDQ")
-        print(f"{model} threads={n} (ms, median of {rounds} interleaved rounds +- half the interquartile range):")
-        for column, runtime, what in E2E_COLUMNS:
-            print(f"  {column:<24} {str(timed[column]):<32} vs ORT QDQ {vs_ort[column]}  "
-                  f"vs OpenVINO QDQ {vs_ov[column]}   ({runtime}: {what})", flush=True)
-        rows.append({"threads": n, "model": model,
-                     "timings": {column: timed[column].as_dict() for column in timed},
-                     "vs_ort_qdq": {column: r.as_dict() for column, r in vs_ort.items()},
-                     "vs_openvino_qdq": {column: r.as_dict() for column, r in vs_ov.items()}})
+        title = f"{model} threads={n} (ms, median of {rounds} interleaved rounds +- half the interquartile range):"
+        rows.append({"threads": n, "model": model, **_in_turns(
+            timers, E2E_COLUMNS, {"vs_ort_qdq": "ORT QDQ", "vs_openvino_qdq": "OpenVINO QDQ"}, rounds, title)})
     if check:
         _check_against_generic(libs["tcutils relay.quantize"], qmod, feed)
+    return rows
+
+
+#: Reduce-range contenders: (column, runtime, what it runs). All on files quantized with ``reduce_range=True``.
+REDUCE_RANGE_COLUMNS = (
+    ("tcutils exact", "tvm-tcutils", "QDQ file, every layer on the exact step (dotprod.isa.exact_only)"),
+    ("tcutils reduce-range", "tvm-tcutils", "QDQ file, layers with weights in [-64, 64] on vpmaddubsw"),
+    ("ORT QDQ", "onnxruntime", "QDQ file"),
+    ("ORT QOperator", "onnxruntime", "QOperator file"),
+)
+
+
+def bench_reduce_range(threads, model: str = "resnet-50-onnx", rounds: int = 5):
+    """``model`` quantized by onnxruntime with ``reduce_range=True``: the package's exact and
+    reduce-range builds for :data:`TARGET` against onnxruntime on the same files.
+
+    Checks first that the two builds give the same bytes (and how far onnxruntime is), then times
+    every contender of one thread count in turns; each row prints medians and ratios to
+    onnxruntime (QDQ) and to the exact build with bootstrap intervals. Returns the rows.
+    """
+    import onnx
+
+    from ..dotprod.isa import exact_only
+    from ..measure import build, outputs
+
+    files = ort_quantized(model, reduce_range=True)
+    name = onnx.load(files["fp32"]).graph.input[0].name
+    qmod = relay.frontend.from_onnx(onnx.load(files["qdq"]), freeze_params=True)[0]
+    shape = [int(d) for d in qmod["main"].params[0].checked_type.shape]
+    feed = {name: RNG.standard_normal(shape).astype("float32")}
+    libs = {}
+    with exact_only():
+        libs["tcutils exact"], seconds = timed_once(lambda: build(qmod, None, TARGET))
+    print(f"tcutils exact build: {seconds:.0f} s")
+    libs["tcutils reduce-range"], seconds = timed_once(lambda: build(qmod, None, TARGET))
+    steps = libs["tcutils reduce-range"].get_lib().get_source("asm").count("vpmaddubsw")
+    print(f"tcutils reduce-range build: {seconds:.0f} s, {steps} vpmaddubsw in its code")
+    results = {}
+    for column, lib in libs.items():
+        run = graph_module(lib, feed)
+        run.run()
+        results[column] = outputs(run)[0]
+    expected = _ort_session(onnx.load(files["qdq"]), 1).run(None, feed)[0]
+    same = np.array_equal(results["tcutils exact"], results["tcutils reduce-range"])
+    print(f"reduce-range output == exact output: {same}; max |ours - ORT QDQ| "
+          f"{np.abs(results['tcutils reduce-range'].astype(float) - expected).max()}")
+    rows = []
+    for n in threads:
+        set_threads(n)
+        timers = _model_timers(libs, files, (("ORT QDQ", "qdq"), ("ORT QOperator", "qoperator")), feed, n)
+        title = f"{model} reduce_range threads={n} (ms, median of {rounds} interleaved rounds):"
+        rows.append({"threads": n, "model": model, "bit_exact_vs_exact_build": same, "vpmaddubsw": steps,
+                     **_in_turns(timers, REDUCE_RANGE_COLUMNS, {"vs_ort_qdq": "ORT QDQ", "vs_exact": "tcutils exact"},
+                                 rounds, title)})
     return rows
 
 

@@ -67,7 +67,7 @@ ORT_FORMATS = ("qdq", "qoperator")
 
 
 def ort_quantize(model, path: str, samples: Sequence[Dict[str, np.ndarray]], fmt: str = "qdq",
-                 per_channel: bool = True) -> str:
+                 per_channel: bool = True, reduce_range: bool = False) -> str:
     """Quantize an ONNX model with onnxruntime's ``quantize_static`` (u8 activations, s8 weights).
 
     Parameters
@@ -83,6 +83,8 @@ def ort_quantize(model, path: str, samples: Sequence[Dict[str, np.ndarray]], fmt
         ``quantize_static``) or ``QuantFormat.QOperator`` (``QLinearConv``, ``QLinearAdd``...).
     per_channel : bool
         Per-output-channel weight scales.
+    reduce_range : bool
+        7-bit weights (int8 in [-64, 64]), which AVX2 runs on the 8-bit multiply-add exactly.
 
     Returns
     -------
@@ -123,6 +125,7 @@ def ort_quantize(model, path: str, samples: Sequence[Dict[str, np.ndarray]], fmt
         ortq.quantize_static(
             source, partial, _Reader(),
             quant_format=ortq.QuantFormat.QDQ if fmt == "qdq" else ortq.QuantFormat.QOperator,
-            per_channel=per_channel, activation_type=ortq.QuantType.QUInt8, weight_type=ortq.QuantType.QInt8)
+            per_channel=per_channel, reduce_range=reduce_range, activation_type=ortq.QuantType.QUInt8,
+            weight_type=ortq.QuantType.QInt8)
         os.replace(partial, path)  # atomic: a reader never sees half a model
     return path

@@ -15,6 +15,11 @@ For targets with a 4-way dot-product ISA (see :mod:`tvm_tcutils.dotprod.isa`) an
   ``OIHW{b/4}i{L}o4i`` kernel (on AVX2 ``OIHW{b/2}i{L}o2i``, cast to int16) and
   ``contrib_dense_pack`` with an ``NC{L}n4c`` weight; Relay inserts the layout
   transforms and folds them (and the cast) for constants.
+* Both hooks decide per layer (:func:`layer_isa`): a constant int8 kernel whose
+  values all lie in a reduce-range ISA's range (AVX2 without VNNI: [-64, 64], where
+  ``vpmaddubsw`` cannot saturate on u8 data) gets that ISA, packed with its mark
+  (``OIHW1h{b/4}i8o4i`` int8; dense: one zero quad more); every other kernel keeps
+  the target's exact ISA.
 * 8-bit ``layout_transform`` between ``NCHW`` and ``NCHW{b}c`` on x86 gets a
   byte-shuffle schedule (:mod:`..topi.dot_product.layout_transform`): the
   transforms at the edges of a run of packed convs move 2-4x faster. Same
@@ -35,6 +40,7 @@ ISA) goes to TVM's own hooks unchanged.
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -45,10 +51,10 @@ from tvm.relay.op import strategy as _strategy
 from tvm.topi.utils import get_const_tuple
 
 from .. import registry
-from .isa import DotProductISA, for_target
+from .isa import DotProductISA, for_layer, for_target, range_isa
 from .topi import batch_matmul, conv2d_nchwc, dense_pack
 from .topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
-from .topi.packing import channel_block, kernel_layout, round_up
+from .topi.packing import channel_block, conv_kernel_marked, dense_weight_marked, kernel_layout, round_up
 
 #: Task names of the AutoTVM templates.
 CONV2D_NCHWC_TASK = "tcutils.conv2d_nchwc_dot"
@@ -63,8 +69,29 @@ TARGET_KEYS = ("cpu", "hexagon")
 _INT8 = ("int8", "uint8")
 
 
-def _isa() -> Optional[DotProductISA]:
-    return for_target(tvm.target.Target.current(allow_none=True))
+def layer_isa(data_dtype: str, kernel: relay.Expr, shift: bool = True) -> Optional[DotProductISA]:
+    """The ISA for one conv2d / dense on the current target: a reduce-range ISA when ``kernel`` is a
+    constant whose values it takes exactly (and it multiplies ``data_dtype`` data, or -- ``shift``,
+    as legalization may -- the u8 data made of it), else the target's ISA.
+
+    Examples
+    --------
+    >>> import numpy as np, tvm
+    >>> with tvm.target.Target("llvm -mcpu=core-avx2"):
+    ...     narrow = layer_isa("uint8", relay.const(np.full((8, 4), -64, "int8"))).name
+    ...     wide = layer_isa("uint8", relay.const(np.full((8, 4), 127, "int8"))).name
+    ...     unknown = layer_isa("uint8", relay.var("w", shape=(8, 4), dtype="int8")).name
+    >>> narrow, wide, unknown
+    ('x86_avx2_u8s7', 'x86_avx2', 'x86_avx2')
+    """
+    target = tvm.target.Target.current(allow_none=True)
+    checkable = isinstance(kernel, relay.Constant) and kernel.data.dtype == "int8" and range_isa(target)
+    isa = for_layer(target, kernel.data.numpy() if checkable else None)
+    if isa is not None and isa.kernel_range is not None:
+        fits = _legal_pair(isa, str(data_dtype), "int8") if shift else isa.variant(str(data_dtype), "int8")
+        if fits is None:
+            return for_target(target)
+    return isa
 
 
 def _static(shape) -> Optional[Tuple[int, ...]]:
@@ -123,9 +150,9 @@ def _conv_compensation(kernel: relay.Expr, k_shape, in_hw, out_hw, attrs, pads) 
     return relay.reshape(relay.multiply(comp, relay.const(128, "int32")), (1, out_c, out_hw[0], out_hw[1]))
 
 
-def _legal_plan(types) -> Optional[Tuple[DotProductISA, bool, List[Tuple[int, ...]]]]:
+def _legal_plan(types, kernel) -> Optional[Tuple[DotProductISA, bool, List[Tuple[int, ...]]]]:
     """(ISA, shift data by 128?, static shapes) for an 8-bit op on the current target, or None."""
-    isa = _isa()
+    isa = layer_isa(types[0].dtype, kernel)
     if isa is None or not _int8_pair(types[0].dtype, types[1].dtype, types[-1].dtype):
         return None
     shapes = [_static(t.shape) for t in types]
@@ -139,7 +166,7 @@ def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
     """Fit an 8-bit NCHW conv2d to the target's dot-product instruction (dtype shift, channel padding)."""
     if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return None
-    plan = _legal_plan(types)
+    plan = _legal_plan(types, inputs[1])
     if plan is None or attrs.out_layout not in ("", "NCHW"):
         return None
     isa, shift, (d_shape, k_shape, o_shape) = plan
@@ -170,7 +197,7 @@ def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
 
 def legalize_dense(attrs, inputs, types) -> Optional[relay.Expr]:
     """Fit an 8-bit dense to the target's dot-product instruction (dtype shift, K / N padding)."""
-    plan = _legal_plan(types)
+    plan = _legal_plan(types, inputs[1])
     if plan is None or len(plan[2][0]) != 2:
         return None
     isa, shift, (d_shape, w_shape, _) = plan
@@ -236,17 +263,18 @@ def _placeholder(tensor_type, shape=None):
 
 def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     """Turn a legal 8-bit conv2d into ``contrib_conv2d_NCHWc`` with a dot-product kernel layout."""
-    isa = _isa()
+    isa = layer_isa(types[0].dtype, inputs[1], shift=False)  # legalization is over: the pair must be native
     blocks = _packable_conv(attrs, list(types) + [out_type], isa)
     if blocks is None:
         return None
     ic_bn, oc_bn = blocks
     k_dtype = isa.conv_kernel_dtype(types[1].dtype)
     group = isa.kernel_group(k_dtype)
+    marked = isa.kernel_range is not None
     new_attrs = {key: attrs[key] for key in attrs.keys()}
     new_attrs.update(
         data_layout=f"NCHW{ic_bn}c",
-        kernel_layout=kernel_layout(ic_bn, oc_bn, group),
+        kernel_layout=kernel_layout(ic_bn, oc_bn, group, marked),
         out_layout=f"NCHW{oc_bn}c",
         out_dtype="int32",
     )
@@ -256,7 +284,8 @@ def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
         CONV2D_NCHW_TASK, [_placeholder(types[0]), _placeholder(types[1]), *conv_args, "int32"],
         CONV2D_NCHWC_TASK, [
             _placeholder(types[0], (n, c // ic_bn, h, w, ic_bn)),
-            te.placeholder((o // oc_bn, c // ic_bn, kh, kw, ic_bn // group, oc_bn, group), dtype=k_dtype),
+            te.placeholder((o // oc_bn, c // ic_bn, kh, kw) + (1,) * marked + (ic_bn // group, oc_bn, group),
+                           dtype=k_dtype),
             *conv_args, new_attrs["data_layout"], new_attrs["out_layout"], "int32",
         ],
     )
@@ -273,8 +302,8 @@ def _unchanged_dense(attrs, inputs) -> relay.Expr:
 
 def alter_dense(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     """Turn a legal 8-bit dense into ``contrib_dense_pack`` with an ``NC{L}n4c`` weight."""
-    isa = _isa()
     data_t, weight_t = types
+    isa = layer_isa(data_t.dtype, inputs[1], shift=False)
     if isa is None or not _int8_pair(data_t.dtype, weight_t.dtype, out_type.dtype):
         return None
     if isa.variant(data_t.dtype, weight_t.dtype) is None:
@@ -285,19 +314,24 @@ def alter_dense(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     if w_shape is None or w_shape[0] % isa.lanes or w_shape[1] % 4 or len(data_t.shape) != 2:
         return None
     n, k = w_shape
+    marked = isa.kernel_range is not None
     _carry_tuned_config(
         DENSE_TASK, [_placeholder(data_t), _placeholder(weight_t), None, "int32"],
         DENSE_PACK_TASK,
-        [_placeholder(data_t), _placeholder(weight_t, (n // isa.lanes, k // 4, isa.lanes, 4)), None, "int32"],
+        [_placeholder(data_t), _placeholder(weight_t, (n // isa.lanes, k // 4 + marked, isa.lanes, 4)), None,
+         "int32"],
     )
-    return relay.nn.contrib_dense_pack(inputs[0], inputs[1], f"NC{isa.lanes}n4c", None, "int32")
+    # The mark of a checked reduce-range weight: one zero quad more (folded into the packed constant).
+    weight = relay.nn.pad(inputs[1], ((0, 0), (0, 4))) if marked else inputs[1]
+    return relay.nn.contrib_dense_pack(inputs[0], weight, f"NC{isa.lanes}n4c", None, "int32")
 
 
 # --------------------------------------------------------------------------
 # Strategy rows
 # --------------------------------------------------------------------------
-def _tensor_isa(target, data, kernel, out_dtype, widened: bool = False) -> Optional[DotProductISA]:
-    isa = for_target(target)
+def _tensor_isa(target, data, kernel, out_dtype, widened: bool = False,
+                reduce_range: bool = False) -> Optional[DotProductISA]:
+    isa = range_isa(target) if reduce_range else for_target(target)
     # ``widened``: the kernel may also be a conv2d kernel packed in the ISA's wide dtype.
     k_dtype = "int8" if widened and isa is not None and str(kernel.dtype) == isa.wide_kernel else kernel.dtype
     if isa is None or not _int8_pair(data.dtype, k_dtype, out_dtype):
@@ -309,9 +343,11 @@ def _tensor_isa(target, data, kernel, out_dtype, widened: bool = False) -> Optio
     return isa
 
 
-def _applies_conv2d_nchwc(attrs, inputs, out_type, target) -> bool:
-    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype, widened=True)
-    if isa is None or attrs.groups != 1 or len(inputs[0].shape) != 5 or len(inputs[1].shape) != 7:
+def _applies_conv2d_nchwc(attrs, inputs, out_type, target, reduce_range: bool = False) -> bool:
+    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype, widened=True, reduce_range=reduce_range)
+    if isa is None or attrs.groups != 1 or len(inputs[0].shape) != 5:
+        return False
+    if conv_kernel_marked(_static(inputs[1].shape)) != reduce_range or len(inputs[1].shape) != 7 + reduce_range:
         return False
     try:
         _, oc_bn = conv2d_nchwc.conv2d_nchwc_shapes(
@@ -330,12 +366,14 @@ def _applies_conv2d(attrs, inputs, out_type, target) -> bool:
     )
 
 
-def _applies_dense_pack(attrs, inputs, out_type, target) -> bool:
-    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype)
+def _applies_dense_pack(attrs, inputs, out_type, target, reduce_range: bool = False) -> bool:
+    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype, reduce_range=reduce_range)
     if isa is None or len(inputs[1].shape) != 4 or len(inputs[0].shape) != 2:
         return False
-    w_shape = _static(inputs[1].shape)
-    return w_shape[3] == 4 and w_shape[2] % isa.lanes == 0 and w_shape[1] * 4 == int(inputs[0].shape[1])
+    w_shape, k = _static(inputs[1].shape), int(inputs[0].shape[1])
+    if k % 4 or dense_weight_marked(w_shape, k) != reduce_range:
+        return False
+    return w_shape[3] == 4 and w_shape[2] % isa.lanes == 0 and w_shape[1] * 4 == k + 4 * reduce_range
 
 
 def _applies_dense(attrs, inputs, out_type, target) -> bool:
@@ -401,10 +439,17 @@ STRATEGY_ROWS = (
     ("nn.contrib_conv2d_NCHWc", _row(
         "conv2d_nchwc_dot.tcutils", CONV2D_NCHWC_TASK, _strategy.wrap_compute_conv2d,
         _applies_conv2d_nchwc, need_data_layout=True, need_out_layout=True)),
+    # Kernels marked by the alter-layout hook after their values were checked (reduce-range ISA).
+    ("nn.contrib_conv2d_NCHWc", _row(
+        "conv2d_nchwc_u8s7.tcutils", CONV2D_NCHWC_TASK, _strategy.wrap_compute_conv2d,
+        functools.partial(_applies_conv2d_nchwc, reduce_range=True), need_data_layout=True, need_out_layout=True)),
     ("nn.conv2d", _row(
         "conv2d_nchw_dot.tcutils", CONV2D_NCHW_TASK, _strategy.wrap_compute_conv2d, _applies_conv2d)),
     ("nn.contrib_dense_pack", _row(
         "dense_pack_dot.tcutils", DENSE_PACK_TASK, _strategy.wrap_compute_dense, _applies_dense_pack)),
+    ("nn.contrib_dense_pack", _row(
+        "dense_pack_u8s7.tcutils", DENSE_PACK_TASK, _strategy.wrap_compute_dense,
+        functools.partial(_applies_dense_pack, reduce_range=True))),
     ("nn.dense", _row("dense_dot.tcutils", DENSE_TASK, _strategy.wrap_compute_dense, _applies_dense)),
     # Every 8-bit batch_matmul on x86 (qnn.batch_matmul lowers to it): TVM's int8 schedule aborts
     # LLVM on VNNI targets and saturates on AVX-512BW ones; pairs the ISA lacks get the exact one.

@@ -102,6 +102,11 @@ class DotProductISA:
         Output pixels per output-channel block in conv2d's fallback tile (a 2x2
         or 4x1 block where the output has one), or 0 to fill the accumulator
         budget.
+    kernel_range : tuple of int, optional
+        ``(low, high)``: the instruction is exact only for kernel values in this
+        range (a saturating step). Such an ISA is never a target's ISA
+        (:func:`~tvm_tcutils.dotprod.isa.for_target`); it is chosen per layer for a
+        constant kernel that :meth:`fits` (:func:`~tvm_tcutils.dotprod.isa.for_layer`).
     """
 
     name: str
@@ -119,6 +124,24 @@ class DotProductISA:
     wide_kernel: str = ""
     wide_group: int = 4
     conv_tile_pixels: int = 0
+    kernel_range: Optional[Tuple[int, int]] = None
+
+    def fits(self, values) -> bool:
+        """Whether every value of the array ``values`` lies in :attr:`kernel_range` (always, without one).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from tvm_tcutils.dotprod.isa import X86_AVX2, X86_AVX2_U8S7
+        >>> X86_AVX2_U8S7.fits(np.array([-64, 0, 64])), X86_AVX2_U8S7.fits(np.array([65]))
+        (True, False)
+        >>> X86_AVX2.fits(np.array([127]))
+        True
+        """
+        if self.kernel_range is None:
+            return True
+        low, high = self.kernel_range
+        return values.size == 0 or (int(values.min()) >= low and int(values.max()) <= high)
 
     def conv_kernel_dtype(self, kernel_dtype: str) -> str:
         """The dtype conv2d's packed kernel has for an 8-bit ``kernel_dtype``.

@@ -6,11 +6,14 @@ from typing import List, Optional
 from ..._tvm import tvm
 from tvm import te
 
-from ..isa import DotProductISA, for_target
+from ..isa import DotProductISA, for_target, range_isa
 
 
-def current_isa(data_dtype: str, kernel_dtype: str) -> DotProductISA:
+def current_isa(data_dtype: str, kernel_dtype: str, reduce_range: bool = False) -> DotProductISA:
     """The dot-product ISA of the current target that computes ``data x kernel`` natively.
+
+    ``reduce_range``: the kernel carries the mark of a checked reduce-range kernel (see
+    :mod:`..isa.x86_avx2_u8s7`), so the target's range ISA (:func:`~..isa.range_isa`) is meant.
 
     Raises
     ------
@@ -24,11 +27,16 @@ def current_isa(data_dtype: str, kernel_dtype: str) -> DotProductISA:
     >>> with tvm.target.Target("llvm -mcpu=znver4"):
     ...     current_isa("uint8", "int8").name
     'x86_vnni'
+    >>> with tvm.target.Target("llvm -mcpu=core-avx2"):
+    ...     current_isa("uint8", "int8", reduce_range=True).name
+    'x86_avx2_u8s7'
     """
     target = tvm.target.Target.current(allow_none=True)
-    isa = for_target(target)
+    isa = range_isa(target) if reduce_range else for_target(target)
     if isa is None:
-        raise ValueError(f"target {target} has no 4-way dot-product instruction (need VNNI, AVX2 or HVX)")
+        need = "AVX2 without VNNI" if reduce_range else "VNNI, AVX2 or HVX"
+        raise ValueError(f"target {target} has no {'reduce-range ' * reduce_range}4-way dot-product "
+                         f"instruction (need {need})")
     if isa.variant(data_dtype, kernel_dtype) is None:
         native = [(v.data_dtype, v.kernel_dtype) for v in isa.variants]
         raise ValueError(

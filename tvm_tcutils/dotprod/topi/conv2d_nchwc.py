@@ -7,7 +7,9 @@ multiple of 4):
 * kernel ``OIHW{b/4}i{B}o4i``: ``(O/B, I/b, KH, KW, b/4, B, 4)`` with ``B`` a
   multiple of ``L``, so each ``L x 4`` kernel block is contiguous; for an ISA
   with ``wide_kernel`` (AVX2) ``OIHW{b/2}i{B}o2i`` in int16, widened at compile
-  time, so each instruction's ``L x 2`` operand is contiguous;
+  time, so each instruction's ``L x 2`` operand is contiguous; for a reduce-range
+  ISA ``OIHW1h{b/4}i{B}o4i`` (8-D, the unit axis marks a kernel whose values were
+  checked: :func:`~.packing.conv_kernel_marked`);
 * output ``NCHW{B}c``, int32.
 
 The schedule keeps a ``tile_oh x tile_ow x B/L`` block of accumulators in
@@ -28,6 +30,7 @@ from tvm.topi.utils import get_const_tuple
 
 from .common import current_isa, divisors_up_to, find_op, inline_between, vectorize_inner
 from .intrinsics import dot_product_intrin
+from .packing import channel_block, conv_kernel_marked, round_up
 
 #: Tag of the conv op, used by the schedule to find it among fused ops.
 TAG = "conv2d_nchwc_dot"
@@ -46,7 +49,7 @@ def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], 
     """Check packed shapes; return ``(ic_bn, oc_bn)``.
 
     ``group`` is the kernel's innermost axis (4, or the ISA's ``wide_group`` for a
-    kernel packed widened).
+    kernel packed widened). A marked kernel (8-D, reduce-range) is checked without its unit axis.
 
     Raises
     ------
@@ -59,7 +62,10 @@ def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], 
     (16, 16)
     >>> conv2d_nchwc_shapes((1, 4, 28, 28, 8), (8, 4, 3, 3, 4, 8, 2), group=2)
     (8, 8)
+    >>> conv2d_nchwc_shapes((1, 4, 28, 28, 8), (8, 4, 3, 3, 1, 2, 8, 4))
+    (8, 8)
     """
+    kernel_shape = _unmarked(kernel_shape)
     if len(data_shape) != 5 or len(kernel_shape) != 7:
         raise ValueError(
             f"data must be NCHW[x]c (5-D) and kernel OIHW[x]i[y]o{group}i (7-D); got {len(data_shape)}-D "
@@ -72,6 +78,12 @@ def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], 
             f"(expected (O/B, {data_shape[1]}, KH, KW, {ic_bn // group}, B, {group}))"
         )
     return ic_bn, oc_bn
+
+
+def _unmarked(kernel_shape: Sequence[int]) -> Tuple[int, ...]:
+    """A packed kernel shape without the reduce-range mark's unit axis."""
+    kernel_shape = tuple(kernel_shape)
+    return kernel_shape[:4] + kernel_shape[5:] if conv_kernel_marked(kernel_shape) else kernel_shape
 
 
 def _pixel_block(oh: int, ow: int, pixels: int):
@@ -142,7 +154,8 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
         ``(N, C/b, H, W, b)`` uint8/int8.
     kernel : te.Tensor
         ``(O/B, C/b, KH, KW, b/4, B, 4)`` int8/uint8, or ``(O/B, C/b, KH, KW, b/g, B, g)``
-        in the ISA's ``wide_kernel`` dtype with ``g = wide_group``.
+        in the ISA's ``wide_kernel`` dtype with ``g = wide_group``, or int8
+        ``(O/B, C/b, KH, KW, 1, b/4, B, 4)``: marked for the target's reduce-range ISA.
     strides, padding, dilation
         As for ``nn.conv2d`` (padding: 1, 2 or 4 values).
     layout, out_layout : str
@@ -167,10 +180,12 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
     """
     if out_dtype not in ("int32", None, ""):
         raise ValueError(f"out_dtype must be 'int32' for dot-product conv2d, got {out_dtype!r}")
-    isa = current_isa(data.dtype, kernel.dtype)
-    group = isa.kernel_group(kernel.dtype)
     data_shape, kernel_shape = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
+    marked = conv_kernel_marked(kernel_shape)
+    isa = current_isa(data.dtype, kernel.dtype, reduce_range=marked)
+    group = isa.kernel_group(kernel.dtype)
     ic_bn, oc_bn = conv2d_nchwc_shapes(data_shape, kernel_shape, group)
+    kernel_shape = _unmarked(kernel_shape)
     if oc_bn % isa.lanes:
         raise ValueError(f"output-channel block {oc_bn} is not a multiple of {isa.name}'s {isa.lanes} lanes")
     batch, ic_chunks, in_h, in_w, _ = data_shape
@@ -204,6 +219,8 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
     r_ics = te.reduce_axis((0, 4), name="ic_s")
 
     def kernel_at(oc, oci):
+        if marked:
+            return kernel[oc, r_ic, r_kh, r_kw, 0, r_icf, oci, r_ics]
         if group == 4:
             return kernel[oc, r_ic, r_kh, r_kw, r_icf, oci, r_ics]
         return kernel[oc, r_ic, r_kh, r_kw, r_icf * (4 // group) + r_ics // group, oci, r_ics % group]
@@ -247,7 +264,7 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
         raise ValueError(f"no {TAG} op among the outputs")
     data, kernel = conv.op.input_tensors
     wide, pad, source = _data_stages(data)
-    isa = current_isa(source.dtype, kernel.dtype)
+    isa = current_isa(source.dtype, kernel.dtype, reduce_range=conv_kernel_marked(get_const_tuple(kernel.shape)))
     intrin = dot_product_intrin(isa, str(source.dtype), str(kernel.dtype), mode, wide is not None)
 
     if wide is not None and pad is not None:
@@ -320,8 +337,6 @@ def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
     >>> [int(x) for x in out.shape]
     [1, 5, 8, 8]
     """
-    from .packing import channel_block, round_up
-
     isa = current_isa(data.dtype, kernel.dtype)
     (batch, chans, in_h, in_w), (out_c, k_c, k_h, k_w) = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
     if k_c != chans:

@@ -2,7 +2,9 @@
 
 Layouts (``L`` = lanes of the target's ISA): data ``(M, K)`` uint8/int8 with
 ``K`` a multiple of 4; weight ``NC{L}n4c``: ``(N/L, K/4, L, 4)``, so each
-``L x 4`` block is contiguous; output ``(M, N)`` int32. The schedule keeps a
+``L x 4`` block is contiguous (for a reduce-range ISA ``(N/L, K/4 + 1, L, 4)``:
+one zero quad more marks a weight whose values were checked,
+:func:`~.packing.dense_weight_marked`); output ``(M, N)`` int32. The schedule keeps a
 ``tile_m x tile_nb`` block of ``L``-lane accumulators in registers while it
 walks ``K`` four at a time, and fuses following elementwise ops per tile.
 """
@@ -15,7 +17,7 @@ from tvm.topi.utils import get_const_tuple
 
 from .common import current_isa, divisors_up_to, find_op, inline_between
 from .intrinsics import dot_product_intrin
-from .packing import round_up
+from .packing import dense_weight_marked, round_up
 
 #: Tag of the dense op, used by the schedule to find it among fused ops.
 TAG = "dense_pack_dot"
@@ -43,7 +45,8 @@ def dense_pack_dot(cfg, data, weight, bias=None, out_dtype="int32"):
     data : te.Tensor
         ``(M, K)`` uint8/int8, ``K`` a multiple of 4.
     weight : te.Tensor
-        ``(N/L, K/4, L, 4)`` int8/uint8.
+        ``(N/L, K/4, L, 4)`` int8/uint8, or int8 ``(N/L, K/4 + 1, L, 4)``: marked for the
+        target's reduce-range ISA (its last quad is not read).
     bias : te.Tensor, optional
         ``(N,)`` int32, added to the result.
     out_dtype : str
@@ -61,9 +64,10 @@ def dense_pack_dot(cfg, data, weight, bias=None, out_dtype="int32"):
     """
     if out_dtype not in ("int32", None, ""):
         raise ValueError(f"out_dtype must be 'int32' for dot-product dense, got {out_dtype!r}")
-    isa = current_isa(data.dtype, weight.dtype)
     (m, k), w_shape = get_const_tuple(data.shape), get_const_tuple(weight.shape)
-    if len(w_shape) != 4 or w_shape[1] * 4 != k or w_shape[3] != 4:
+    marked = dense_weight_marked(w_shape, k)
+    isa = current_isa(data.dtype, weight.dtype, reduce_range=marked)
+    if len(w_shape) != 4 or w_shape[1] * 4 != k + 4 * marked or w_shape[3] != 4:
         raise ValueError(f"weight must be (N/L, {k // 4}, L, 4) for data (M, {k}); got {w_shape}")
     lanes = w_shape[2]
     if lanes % isa.lanes:
@@ -109,7 +113,8 @@ def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
     if dense is None:
         raise ValueError(f"no {TAG} op among the outputs")
     data, weight = dense.op.input_tensors
-    isa = current_isa(data.dtype, weight.dtype)
+    marked = dense_weight_marked(get_const_tuple(weight.shape), int(data.shape[1]))
+    isa = current_isa(data.dtype, weight.dtype, reduce_range=marked)
     intrin = dot_product_intrin(isa, str(data.dtype), str(weight.dtype), mode)
     out = outs[0]
     inline_between(s, outs, dense)
