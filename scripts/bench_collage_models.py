@@ -1,15 +1,20 @@
 """Collage against single toolchains on whole models (the issue's success table).
 
-For each model: TVM alone, BYOC's greedy partitioning for each other
-toolchain (``partition_for_<toolchain>``-style: MergeComposite, AnnotateTarget,
-MergeCompilerRegions, PartitionGraph), Collage with measured costs (its
-module also saved and loaded again, no new search) and Collage with the
-learned (XGBoost) estimator. Every whole-model variant is built once in this
-process and then timed round-robin over ``--rounds`` rounds (same threads,
-median of ``--repeat`` runs each round, the median of rounds is reported), so
-the ratios printed are measured side by side in one run; the load average is
-printed with each row. Also printed: the search time and how many candidates
-each estimator measured (cache misses).
+For each model: every single toolchain of ``--baselines`` alone (TVM, TVM
+with FastMath: their own lowering; onnxruntime, BLAS, OpenVINO f32 and bf16:
+BYOC's greedy partitioning, ``partition_for_<toolchain>``-style, TVM for the
+rest; one not usable here is left out with a printed note), and Collage's
+answer (measured costs, or the learned estimator for ``--learned-only``)
+compared with them by Collage's own final comparison
+(``tvm_tcutils.bench.collage.final_table``, which calls
+``tvm_tcutils.collage.validate.final_comparison``): every module built once in
+this process, then timed in interleaved rounds (median of ``--repeat`` runs a
+sample) until the 95 % interval of Collage / best single excludes 1, or
+``--max-rounds`` / ``--budget`` ends. Then Collage's module saved and loaded
+again (no new search) and the learned estimator's module, each against
+Collage's in interleaved rounds. The load average is printed with each row,
+with the search time and how many candidates each estimator measured (cache
+misses).
 
     TVM_NUM_THREADS=2 PYTHONPATH=. python scripts/bench_collage_models.py \\
         --models bert-tiny-onnx,squeezenet,mobilenet --learned-only squeezenet,mobilenet
@@ -42,11 +47,11 @@ import tvm  # noqa: E402
 
 import tvm_tcutils  # noqa: E402
 from tvm_tcutils import collage  # noqa: E402
+from tvm_tcutils.bench import collage as bench  # noqa: E402
 from tvm_tcutils.bench.competitors import compare, ratios, relay_module, timed_once  # noqa: E402
 from tvm_tcutils.bench.models import load  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.bench.table import aligned  # noqa: E402
-from tvm_tcutils.collage.driver import greedy_partition  # noqa: E402
 from tvm_tcutils.models import save_model  # noqa: E402
 
 
@@ -57,10 +62,14 @@ def runner(mod, repeat: int, tuning_log=None):
 
 
 def search(prepared, toolchains, estimator, inner):
-    """Collage on ``prepared`` with ``estimator``; (result, seconds, "measured/candidates")."""
+    """Collage on ``prepared`` with ``estimator``; (result, seconds, "measured/candidates").
+
+    The search's own final comparison is left to the benchmark (:func:`bench.final_table`), which
+    times Collage's answer against every single toolchain of the table, not only those searched.
+    """
     try:
-        # The library defaults: validation also times each single toolchain's answer.
-        result, seconds = timed_once(lambda: collage.partition(prepared, None, toolchains, estimator))
+        result, seconds = timed_once(lambda: collage.partition(prepared, None, toolchains, estimator,
+                                                               compare_single=False))
     finally:
         inner.close()
     if estimator is not inner:  # the learned estimator: how its search/measure rounds ended
@@ -72,10 +81,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="bert-tiny-onnx,squeezenet1.0,mobilenet,mobilenet-v2-onnx,"
                                              "resnet-50,resnet-50-onnx,inception_v3")
-    parser.add_argument("--toolchains", default="tvm,ort,blas")
+    parser.add_argument("--toolchains", default="tvm,ort,blas", help="the toolchains Collage searches")
+    parser.add_argument("--baselines", default=",".join(bench.BASELINES),
+                        help="single toolchains timed next to Collage (each alone; left out with a note where "
+                             "not usable here)")
     parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "tcutils-collage-bench"))
     parser.add_argument("--repeat", type=int, default=20, help="timed runs of each whole model per round (median)")
-    parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds of whole-model timing")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of whole-model timing, at least")
+    parser.add_argument("--max-rounds", type=int, default=40,
+                        help="more rounds, until Collage / best single is separated from 1 at 95 %%")
+    parser.add_argument("--budget", type=float, default=None, help="seconds of whole-model timing per model")
     parser.add_argument("--no-learned", action="store_true", help="skip the learned estimator")
     parser.add_argument("--learned-only", default="",
                         help="models searched only with the learned estimator (comma-separated)")
@@ -86,24 +101,26 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.makedirs(args.cache_dir, exist_ok=True)  # the learned runs make their caches inside it
     toolchains = collage.resolve(args.toolchains)
-    others = [tc for tc in toolchains if not tc.is_tvm and tc.buildable()]
     learned_only = set(filter(None, args.learned_only.split(",")))
-    # TVM alone and the TVM rest of each greedy partitioning, lowered as the search's TVM toolchain lowers them.
-    tvm_tc = collage.tvm_toolchain(toolchains)
-    header = ["model", "tvm ms"] + [f"{tc.name} greedy" for tc in others] + [
-        "collage ms", "loaded ms", "vs best", "measured: search s", "measured"]
-    if not args.no_learned:
-        header += ["learned ms", "vs coll.", "learned: search s", "measured "]
-    header += ["load avg"]
-    results = Results(__file__, argv, toolchains=args.toolchains, repeat=args.repeat, rounds=args.rounds,
+    baselines = [name for name in args.baselines.split(",") if name]
+    results = Results(__file__, argv, toolchains=args.toolchains, baselines=baselines, repeat=args.repeat,
+                      rounds=args.rounds, max_rounds=args.max_rounds, budget_s=args.budget,
                       tuning_log=args.tuning_log, load_at_start=list(os.getloadavg()))
-    rows = []
+    rows, header = [], None
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     for name in args.models.split(","):
         mod, params = load(name)
         prepared = collage.prepare(mod, params)
-        labels = ["tvm alone"] + [f"{tc.name} greedy" for tc in others]
-        variants = [tvm_tc.rewrite(prepared)] + [greedy_partition(prepared, None, tc, tvm_tc) for tc in others]
+        singles, notes = bench.baseline_modules(prepared, toolchains, baselines)
+        if header is None:
+            for note in notes:
+                print(f"note: {note}", flush=True)
+            results.settings["left_out"] = notes
+            header = ["model", *[f"{label} ms" for label in singles], "collage ms", "answer",
+                      "collage / best single [95 %]", "loaded / collage", "measured: search s", "measured"]
+            if not args.no_learned:
+                header += ["learned / collage", "learned: search s", "measured "]
+            header += ["load avg"]
         row_search = ["-", "-"]
         if name not in learned_only:
             measured = collage.MeasuredCostEstimator(cache_dir=args.cache_dir, progress=True,
@@ -118,48 +135,42 @@ def main(argv=None) -> int:
             lresult, t_learned, lcount = search(prepared, toolchains, collage.XGBoostCostEstimator(inner), inner)
             if name in learned_only:
                 result = lresult
+        # Collage's answer against every single toolchain: the library's final comparison, side by side.
+        final = bench.final_table({"collage": result.mod, **singles}, repeat=args.repeat, rounds=args.rounds,
+                                  max_rounds=args.max_rounds, budget_s=args.budget, tuning_log=args.tuning_log)
         # Saved and loaded again, the partitioned module must build to the same latency, no search.
         saved = os.path.join(args.cache_dir, f"{name}-collage.json")
         save_model(saved, result.mod)
-        labels += ["collage", "loaded"]
-        variants += [result.mod, tvm_tcutils.load_model(saved)[0]]
+        extras = {"collage": result.mod, "loaded": tvm_tcutils.load_model(saved)[0]}
         if lresult is not None and name not in learned_only:
-            labels.append("learned")
-            variants.append(lresult.mod)
-        timed = compare({label: runner(v, args.repeat, args.tuning_log) for label, v in zip(labels, variants)},
-                        args.rounds)
-        times = [timed[label].median_ms for label in labels]
-        tvm_ms, greedy = times[0], times[1:1 + len(others)]
-        collage_ms, loaded_ms = times[1 + len(others)], times[2 + len(others)]
-        best_single = min([tvm_ms, *greedy])
-        row = [name, f"{tvm_ms:.2f}", *[f"{g:.2f}" for g in greedy], f"{collage_ms:.2f}", f"{loaded_ms:.2f}",
-               f"{collage_ms / best_single:.3f}", *row_search]
+            extras["learned"] = lresult.mod
+        timed = compare({label: runner(v, args.repeat, args.tuning_log) for label, v in extras.items()}, args.rounds)
+        over = ratios(timed, "collage")
+        row = [name, *bench.final_cells(final, list(singles)), str(over["loaded"]), *row_search]
         if not args.no_learned:
-            if name in learned_only:
-                row += ["(=collage)", "-", f"{t_learned:.0f}", lcount]
-            else:
-                row += [f"{times[-1]:.2f}", f"{times[-1] / collage_ms:.3f}", f"{t_learned:.0f}", lcount]
+            learned_cell = "(=collage)" if name in learned_only else str(over["learned"])
+            row += [learned_cell, f"{t_learned:.0f}", lcount]
         row.append(f"{os.getloadavg()[0]:.2f}")
         rows.append(row)
         print("  ".join(row), flush=True)
-        results.add(model=name, timings=timed, over_tvm=ratios(timed, "tvm alone"), vs_best=collage_ms / best_single,
+        results.add(model=name, final=final.as_dict(), extras=timed, extras_over_collage=over,
                     table_row=dict(zip(header, row)), partitions=_count(result.partitions),
                     phases_s=dict(result.seconds))
-        same = [label for label, v in zip(labels[:1 + len(others)], variants) if tvm.ir.structural_equal(v, result.mod)]
-        if same:  # then the columns time one partitioning twice: their gap is this machine's noise
+        same = [label for label, v in singles.items() if tvm.ir.structural_equal(v, result.mod)]
+        if same:  # then two columns time one partitioning: their gap is this machine's noise
             print(f"  {name}: Collage's partitioning is the same module as {same[0]}'s")
-        print(f"  {name}: {len(result.partitions)} partitions "
+        print(f"  {name}: {final.reason}; {len(result.partitions)} partitions "
               f"({', '.join(f'{k} {v}' for k, v in sorted(_count(result.partitions).items()))}); "
               f"validation trials: {[(label, round(est, 2), round(ms, 2)) for label, est, ms in result.trials]}; "
-              f"side by side: {[(label, round(ms, 2)) for label, _, ms in result.side_by_side]}; "
               f"phases (s): {', '.join(f'{k} {v:.0f}' for k, v in result.seconds.items())}",
               flush=True)
     print()
     print(aligned(header, rows))
-    print("vs best: Collage / best single toolchain (TVM alone or a greedy BYOC partitioning); "
-          "loaded: Collage's module saved and loaded (no search); "
-          "vs coll.: learned / measured Collage; measured: candidates measured (cache misses) / candidates; "
-          "whole models built once, timed round-robin, median of rounds; load avg: 1-minute, after the row")
+    print("<name> alone: that toolchain alone (TVM: its own lowering; others: BYOC's greedy partitioning, TVM for "
+          "the rest); answer and collage / best single: Collage's final comparison (interleaved rounds until the "
+          "95 % interval excludes 1, --max-rounds or --budget); loaded: Collage's module saved and loaded (no "
+          "search); learned: the learned estimator's module; measured: candidates measured (cache misses) / "
+          "candidates; load avg: 1-minute, after the row")
     results.write(args.json)
     return 0
 

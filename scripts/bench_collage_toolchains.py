@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Per-operator-kind latency of the Collage toolchains: ORT vs TVM vs BLAS, in one run.
+"""Per-operator-kind latency of the Collage toolchains: TVM, FastMath, ORT, BLAS and OpenVINO, in one run.
 
 Each kind is one small Relay function at the shapes of the issue's models
 (BERT-like encoder: 128 tokens, hidden 256, 4 heads; ResNet-50's 3x3 conv),
-with He-style weights and normal inputs. It is built three ways and timed
+with He-style weights and normal inputs. It is built each way below and timed
 side by side in this process:
 
 * ``tvm``: TVM alone (``relay.build``, opt_level 3, llvm for this CPU);
@@ -13,6 +13,9 @@ side by side in this process:
   package's packed-function call, as Collage would run it);
 * ``blas``: the matrix products partitioned to ``tcutils_blas`` (numpy's
   OpenBLAS), for the kinds that have one;
+* ``openvino`` / ``ov-bf16``: the whole function partitioned to OpenVINO's CPU
+  runtime in f32 / bf16 (``openvino.partition_for``); each is left out, with
+  a note, where OpenVINO is not installed or the CPU has no native bf16;
 * ``ort-direct``: the same ONNX model run by onnxruntime from Python with an
   IOBinding, to show what the packed-function hop costs.
 
@@ -21,10 +24,11 @@ warm-up and a 20 ms pause, median over rounds; ``tvm_tcutils.measure``)
 so that changes in machine load hit all of them alike. Ratios are
 toolchain / tvm (below 1 = faster than TVM).
 
-With ``--models``, whole models instead: TVM alone, the greedy BYOC
-partition to ``tcutils_ort`` (every convertible region), and onnxruntime on
-the original ONNX graph for the ONNX-built models (outputs are checked
-against TVM alone).
+With ``--models``, whole models instead: TVM alone, with FastMath, the greedy
+BYOC partition of each single toolchain (ORT, BLAS, OpenVINO f32 and bf16:
+every region it claims), and onnxruntime on the original ONNX graph for the
+ONNX-built models (outputs are checked against TVM alone). ``--singles``
+picks the toolchains next to TVM.
 
 The harness is ``tvm_tcutils.bench.toolchains``; results also go to JSON (``--json``).
 
@@ -47,22 +51,32 @@ import tvm_tcutils  # noqa: E402,F401  (registers the toolchains)
 from tvm_tcutils.bench import toolchains as bench  # noqa: E402
 from tvm_tcutils.bench.competitors import compare, ratios  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
-from tvm_tcutils.collage.toolchains import blas, ort  # noqa: E402
+from tvm_tcutils.collage.toolchains import blas, openvino, ort  # noqa: E402
 
 KINDS = bench.Kinds.NAMES
 
 
-def _bench_models(names, repeat, results) -> None:
-    print(f"{'model':<20}{'tvm ms':>9}{'ort-byoc':>10}{'onnx-ort':>10}{'byoc/tvm':>10}{'onnx/tvm':>10}  partitions")
+def _cells(timed, columns, width=13) -> str:
+    """Each column's median ms, then its ratio to TVM alone ('-' where it was not timed)."""
+    tvm_ms = timed["tvm"].median_ms
+    ms = [timed[c].median_ms if c in timed and timed[c].samples_ms else None for c in columns]
+    return "".join(f"{'-' if m is None else f'{m:.3f}':>{width}}" for m in ms) + "".join(
+        f"{'-' if m is None else f'{m / tvm_ms:.2f}':>{width}}" for m in ms[1:])
+
+
+def _header(first: str, columns, width=13) -> str:
+    return f"{first:<20}" + "".join(f"{c + ' ms':>{width}}" for c in columns) + "".join(
+        f"{c + '/tvm':>{width}}" for c in columns[1:])
+
+
+def _bench_models(names, repeat, results, singles) -> None:
+    columns = ["tvm", "fastmath", *singles] + (["direct"] if "ort" in singles else [])
+    print(_header("model", columns) + "  partitions")
     for name in names:
-        timers, count = bench.model_timers(name)
+        timers, counts = bench.model_timers(name, singles)
         timed = compare(timers, repeat)
-        ms = {k: t.median_ms for k, t in timed.items()}
-        onnx_ms = ms.get("onnx")
-        onnx_cells = (f"{onnx_ms:>10.2f}{onnx_ms / ms['tvm']:>10.2f}" if onnx_ms else f"{'-':>10}" * 2)
-        print(f"{name:<20}{ms['tvm']:>9.2f}{ms['byoc']:>10.2f}{onnx_cells[:10]}{ms['byoc'] / ms['tvm']:>10.2f}"
-              f"{onnx_cells[10:]}  {count}", flush=True)
-        results.add(model=name, timings=timed, over_tvm=ratios(timed, "tvm"), partitions=count)
+        print(f"{name:<20}{_cells(timed, columns)}  {counts}", flush=True)
+        results.add(model=name, timings=timed, over_tvm=ratios(timed, "tvm"), partitions=counts)
 
 
 def main(argv=None) -> int:
@@ -70,43 +84,40 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=30, help="rounds; each times 5 runs of every variant")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {list(KINDS)}")
     parser.add_argument("--models", default="", help="comma-separated model names: benchmark whole models instead")
+    parser.add_argument("--singles", default=",".join(bench.SINGLES),
+                        help=f"toolchains next to TVM and TVM FastMath, of {list(bench.SINGLES)} "
+                             "(each left out with a note where it is not usable here)")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
-    results = Results(__file__, argv, rounds=args.repeat,
-                      tvm_num_threads=os.environ.get("TVM_NUM_THREADS", "unset"))
-    if args.models:
-        threads = os.environ.get('TVM_NUM_THREADS', 'unset')
-        print(f"tvm {tvm.__version__}, {ort.available()[1]}, TVM_NUM_THREADS={threads}")
-        _bench_models([m for m in args.models.split(",") if m], args.repeat, results)
-        results.write(args.json)
-        return 0
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         parser.error(f"unknown kinds {unknown}; choose from {list(KINDS)}")
-    ok, reason = ort.available()
-    print(f"tvm {tvm.__version__}, {reason}, {blas.available()[1]}, "
-          f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}, target={tvm_tcutils.host_target()}")
-    header = (f"{'kind':<13}{'tvm ms':>9}{'fastmath':>9}{'ort ms':>9}{'blas ms':>9}{'ort-direct':>11}"
-              f"{'ort/tvm':>9}{'blas/tvm':>9}")
+    wanted = [c for c in args.singles.split(",") if c]
+    unknown = sorted(set(wanted) - set(bench.SINGLES))
+    if unknown:
+        parser.error(f"--singles: unknown {unknown}; choose from {list(bench.SINGLES)}")
+    singles, notes = bench.usable_singles(wanted)
+    results = Results(__file__, argv, rounds=args.repeat, singles=singles, left_out=notes,
+                      tvm_num_threads=os.environ.get("TVM_NUM_THREADS", "unset"))
+    print(f"tvm {tvm.__version__}, {ort.available()[1]}, {blas.available()[1]}, "
+          f"{openvino.available('f32')[1]}, TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}, "
+          f"target={tvm_tcutils.host_target()}")
+    for note in notes:
+        print(f"note: {note}")
+    if args.models:
+        _bench_models([m for m in args.models.split(",") if m], args.repeat, results, singles)
+        results.write(args.json)
+        return 0
+    columns = ["tvm", "fastmath", *singles] + (["direct"] if "ort" in singles else [])
+    header = _header("kind", columns)
     print(header)
     print("-" * len(header))
     builder = bench.Kinds()
     for kind in kinds:
-        timed = compare(bench.kind_timers(kind, builder, ok), args.repeat)
+        timed = compare(bench.kind_timers(kind, builder, singles), args.repeat)
         results.add(kind=kind, timings=timed, over_tvm=ratios(timed, "tvm"))
-        cells = {"ort": None, "blas": None, "direct": None}
-        cells.update({name: t.median_ms for name, t in timed.items()})
-        tvm_ms = cells["tvm"]
-
-        def fmt(value, width, ratio=False):
-            if value is None:
-                return f"{'-':>{width}}"
-            return f"{value / tvm_ms:>{width}.2f}" if ratio else f"{value:>{width}.3f}"
-
-        print(f"{kind:<13}{tvm_ms:>9.3f}{fmt(cells['fastmath'], 9)}{fmt(cells['ort'], 9)}{fmt(cells['blas'], 9)}"
-              f"{fmt(cells['direct'], 11)}"
-              f"{fmt(cells['ort'], 9, True)}{fmt(cells['blas'], 9, True)}", flush=True)
+        print(f"{kind:<20}{_cells(timed, columns)}", flush=True)
     results.write(args.json)
     return 0
 

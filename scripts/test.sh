@@ -17,7 +17,10 @@ PY
 lint=0
 "$VENV/bin/python" -m ruff check --output-format concise tvm_tcutils python_tests scripts || lint=$?
 tests=0
-"$VENV/bin/python" -m pytest "$@" || tests=$?  # testpaths: python_tests and the package's doctests
+# Two processes: the suite is mostly single-threaded compilation (TCUTILS_TEST_WORKERS=0: one process).
+# loadfile keeps a file's tests on one worker, so module-scoped fixtures (the int8 sweep) are built once.
+workers="${TCUTILS_TEST_WORKERS:-2}"
+"$VENV/bin/python" -m pytest -n "$workers" --dist loadfile "$@" || tests=$?  # testpaths: python_tests and the package's doctests
 if [ "$tests" -ne 0 ]; then exit "$tests"; fi
 if [ "$lint" -ne 0 ]; then echo "ruff check failed (see above)" >&2; fi
 exit "$lint"

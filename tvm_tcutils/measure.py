@@ -519,16 +519,19 @@ class Timer:
         if repeat < 1:
             raise ValueError(f"repeat must be at least 1, got {repeat}")
         start = time.perf_counter()
-        self.lib = lib if lib is not None else build(mod, params, target, tuning_log)
+        lib = lib if lib is not None else build(mod, params, target, tuning_log)
         self.build_seconds = time.perf_counter() - start
         self.repeat, self.min_repeat_ms = repeat, min_repeat_ms
         self.inputs = dict(inputs) if inputs is not None else random_inputs(mod, params)
         self._skipped: List[int] = []
         if not boundary_layout and not _has_layout_transform(mod):
-            self._skipped = boundary_layout_nodes(self.lib.get_graph_json(), list(self.inputs))
+            self._skipped = boundary_layout_nodes(lib.get_graph_json(), list(self.inputs))
         if not _has_debug_executor():  # a TVM built without the profiler: time the module whole
             self._skipped = []
-        self._loaded = (backend or LOCAL).load(self.lib, self.inputs, debug=bool(self._skipped))
+        self._loaded = (backend or LOCAL).load(lib, self.inputs, debug=bool(self._skipped))
+        # The executor holds its own copy of the weights: the built library (whose factory keeps a
+        # copy of its parameters, as NDArrays of its own) is not kept, so one copy stays alive.
+        del lib
         self.runner, self.where = self._loaded.runner, self._loaded.where
         for _ in range(max(warmup, 0)):
             self.runner.run()

@@ -108,18 +108,36 @@ def realistic_params(params: Params, seed: int = 0) -> Params:
     rng = np.random.default_rng(seed)
     out = {}
     for name in sorted(params):
-        value = params[name].numpy()
-        shape, dtype = value.shape, value.dtype
+        value = params[name]
+        shape, dtype = tuple(int(d) for d in value.shape), np.dtype(value.dtype)
         if name.endswith(("_gamma", "_moving_var")):
             new = np.ones(shape)
         elif name.endswith(("_beta", "_moving_mean", "_bias")):
             new = np.zeros(shape)
         elif len(shape) >= 2:
             fan_in = int(np.prod(shape[1:]))
-            new = rng.normal(0.0, np.sqrt(2.0 / fan_in), size=shape)
+            new = _normal(rng, np.sqrt(2.0 / fan_in), shape, dtype)
         else:
-            new = value
+            new = value.numpy()
         out[name] = tvm.nd.array(np.asarray(new, dtype=dtype))
+    return out
+
+
+def _normal(rng: np.random.Generator, std: float, shape: Tuple[int, ...], dtype: np.dtype,
+            block: int = 1 << 21) -> np.ndarray:
+    """``rng.normal(0, std, shape)`` in ``dtype``, drawn in blocks of rows of about ``block`` numbers: the
+    same numbers (the generator's stream is sequential) without a float64 copy of the whole tensor
+    (0.8 GB for VGG-16's ``fc6``, which made loading the model peak at 2.7 GB instead of 1.6 GB).
+
+    >>> a = _normal(np.random.default_rng(0), 0.5, (5, 3), np.dtype("float32"), block=6)
+    >>> bool((a == np.random.default_rng(0).normal(0.0, 0.5, (5, 3)).astype("float32")).all())
+    True
+    """
+    out = np.empty(shape, dtype)
+    rows = max(1, block // max(1, int(np.prod(shape[1:]))))
+    for start in range(0, shape[0], rows):
+        block = out[start:start + rows]
+        block[...] = rng.normal(0.0, std, size=block.shape)
     return out
 
 

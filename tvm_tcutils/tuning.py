@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ._tvm import tvm
@@ -22,6 +23,7 @@ from tvm.autotvm.env import AutotvmGlobalScope, reset_global_scope
 from tvm.contrib.popen_pool import PopenPoolExecutor
 
 from . import processes
+from .progress import Reporter
 from .models import Params
 
 logger = logging.getLogger("tvm_tcutils.tuning")
@@ -192,6 +194,8 @@ def tune(
     measure_number: int = 5,
     early_stopping: Optional[int] = None,
     on_task: Optional[Callable[[int, int, autotvm.task.Task, int], None]] = None,
+    remote=None,
+    time_budget_s: Optional[float] = None,
 ) -> List[Tuple[str, int]]:
     """Tune every task of ``mod`` with ``XGBTuner`` for ``trials`` measurements each, resumably.
 
@@ -201,10 +205,20 @@ def tune(
         Measurements per task, counting those already in ``log``.
     log : str
         AutoTVM log; appended to, and read to resume.
-    progress : bool
-        Show AutoTVM's progress bar per task.
+    progress : bool or callable
+        Show AutoTVM's progress bar per task; a callable instead gets a
+        :class:`~tvm_tcutils.progress.ProgressUpdate` (phase ``tune <task>``,
+        trials done and to do in that task) after each measured batch.
+    time_budget_s : float, optional
+        Seconds for the whole tuning: when they end, the task being tuned stops
+        after its current batch (already in the log) and later tasks are not
+        tuned (0 new trials in the summary). Resuming later goes on from the log.
     on_task : callable, optional
         ``on_task(index, total, task, new_trials)`` before each task.
+    remote : tvm_tcutils.rpc.RemoteBackend, optional
+        Measure on the servers of an RPC tracker's key with AutoTVM's
+        ``RPCRunner`` (as many in parallel as the key has free servers)
+        instead of this machine's ``LocalRunner``; same trials, same log.
 
     Returns
     -------
@@ -224,11 +238,18 @@ def tune(
     """
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
+    if time_budget_s is not None and not (isinstance(time_budget_s, (int, float)) and time_budget_s >= 0):
+        raise ValueError(f"time_budget_s must be a number of seconds >= 0 or None, got {time_budget_s!r}")
+    report = Reporter(progress if callable(progress) and not isinstance(progress, bool) else False)
+    deadline = None if time_budget_s is None else time.perf_counter() + time_budget_s
     tasks = extract_tasks(mod, params, target)
     done = _recorded(log)
     _close_last_line(log)
     builder = autotvm.LocalBuilder()
-    runner = autotvm.LocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
+    if remote is not None:
+        runner = remote.autotvm_runner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
+    else:
+        runner = autotvm.LocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
     # The limits TVM gives its own pools (a runner's call covers n_parallel runs and a set-up).
     _workers_die_with_us(builder, builder.timeout)
     _workers_die_with_us(runner, runner.timeout * (runner.n_parallel + 1))
@@ -242,7 +263,7 @@ def tune(
             todo = min(trials, len(task.config_space)) - len(history)
             if on_task is not None:
                 on_task(index, len(tasks), task, max(todo, 0))
-            if todo <= 0:
+            if todo <= 0 or (deadline is not None and time.perf_counter() >= deadline):
                 summary.append((task.name, 0))
                 continue
             tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
@@ -252,13 +273,38 @@ def tune(
                 except ValueError as err:  # xgboost's XGBoostError: feature widths of a few seed records differ
                     logger.warning("%s: the log's %d trials of %s could not seed the tuner's model (%s); they still "
                                    "count toward trials", log, len(history), task.name, str(err).splitlines()[0][:160])
-            callbacks = [autotvm.callback.log_to_file(log)]
-            if progress:
+            # After log_to_file: a batch is in the log before the budget can stop the task.
+            counted = _TrialCounter(f"tune {task.name}", todo, report, deadline)
+            callbacks = [autotvm.callback.log_to_file(log), counted]
+            if progress and not callable(progress):
                 prefix = f"[{index + 1}/{len(tasks)}] {task.name}"
                 callbacks.insert(0, autotvm.callback.progress_bar(todo, prefix=prefix))
-            tuner.tune(n_trial=todo, early_stopping=early_stopping, measure_option=measure, callbacks=callbacks)
-            summary.append((task.name, todo))
+            try:
+                tuner.tune(n_trial=todo, early_stopping=early_stopping, measure_option=measure, callbacks=callbacks)
+            except _BudgetEnded:
+                autotvm.env.GLOBAL_SCOPE.in_tuning = False  # what tuner.tune does last, skipped by the exception
+                logger.info("tuning: the time budget of %g s ended in %s after %d trials", time_budget_s,
+                            task.name, counted.trials)
+            summary.append((task.name, counted.trials))
     return summary
+
+
+class _BudgetEnded(Exception):
+    """Raised by :class:`_TrialCounter` to end a task when the tuning budget is spent."""
+
+
+class _TrialCounter:
+    """An AutoTVM callback: counts a task's new trials, reports progress, ends the task past ``deadline``."""
+
+    def __init__(self, phase: str, total: int, report: Reporter, deadline: Optional[float]):
+        self.phase, self.total, self.report, self.deadline = phase, total, report, deadline
+        self.trials = 0
+
+    def __call__(self, tuner, inputs, results) -> None:
+        self.trials += len(results)
+        self.report(self.phase, min(self.trials, self.total), self.total)
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            raise _BudgetEnded
 
 
 def tuning_log_digest(log: Optional[str]) -> str:

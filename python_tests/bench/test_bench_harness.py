@@ -71,3 +71,35 @@ def test_tvm_vs_tvm_on_mlp_gives_ratio_near_one_with_interval(mlp_model):
 def test_tables_line_up():
     assert table.aligned(["a", "bb"], [["xxx", 1]]).splitlines() == ["  a  bb", "xxx   1"]
     assert table.markdown(["a"], [[1]]).splitlines()[-1] == "| 1 |"
+
+
+def _without_openvino(monkeypatch):
+    from tvm_tcutils.collage.toolchains import openvino
+
+    monkeypatch.setattr(openvino, "_installed", lambda: False)
+
+
+def test_single_toolchains_missing_here_are_left_out_with_a_note(monkeypatch):
+    from tvm_tcutils.bench import collage as bench_collage
+    from tvm_tcutils.bench import toolchains as bench_toolchains
+
+    _without_openvino(monkeypatch)
+    usable, notes = bench_toolchains.usable_singles(("blas", "openvino", "ov-bf16"))
+    assert usable == ["blas"]
+    assert [n.split(" ")[0] for n in notes] == ["openvino", "openvino-bf16"] and all("not installed" in n for n in notes)
+    found, notes = bench_collage.usable_toolchains(["tvm", "openvino", "nosuch"])
+    assert [tc.name for tc in found] == ["tvm"]
+    assert notes[0].startswith("openvino left out: ") and "not installed" in notes[0]
+    assert notes[1].startswith("nosuch left out: no such toolchain")
+
+
+def test_collage_table_cells_come_from_the_final_answer():
+    from tvm_tcutils.bench.collage import final_cells
+    from tvm_tcutils.collage.validate import final_answer
+
+    slow = iter([3.0, 3.2, 2.8] * 10)
+    out = final_answer({"collage": lambda: 1.0, "tvm alone": lambda: next(slow), "ort alone": lambda: 2.0},
+                       min_rounds=3, max_rounds=3)
+    cells = final_cells(out, ["tvm alone", "ort alone", "blas alone"])
+    assert cells[:4] == ["3.00", "2.00", "-", "1.00"]  # medians; blas was not timed
+    assert cells[4] == "collage" and cells[5].startswith("x0.500 [")  # against the best single, ort

@@ -25,6 +25,7 @@ CASES = {
     "dense_const": (lambda a: relay.nn.dense(a, _weight(48, 64)), [(20, 64)]),
     "dense_bias_add": (lambda a: relay.nn.bias_add(relay.nn.dense(a, _weight(48, 64)), _weight(48)), [(20, 64)]),
     "dense_add_row": (lambda a: relay.add(relay.nn.dense(a, _weight(48, 64)), _weight(1, 48)), [(20, 64)]),
+    "dense_bias_first": (lambda a: relay.add(_weight(48), relay.nn.dense(a, _weight(48, 64))), [(20, 64)]),
     "dense_inputs": (lambda a, b: relay.nn.dense(a, b), [(9, 32), (17, 32)]),
     "dense_float64": (lambda a: relay.nn.dense(a, _weight(8, 16, dtype="float64")), [(3, 16, "float64")]),
     "batch_matmul": (lambda a, b: relay.nn.batch_matmul(a, b), [(4, 12, 32), (4, 10, 32)]),
@@ -90,6 +91,20 @@ def test_codegen_rejects_functions_it_cannot_run():
         blas.compile_function(relay.Function([x], relay.tanh(two)).with_attr("global_symbol", "f"))
     with pytest.raises(ValueError, match="operand"):
         blas.compile_function(relay.Function([x], two).with_attr("global_symbol", "g"))
+
+
+def test_an_add_that_is_no_bias_is_not_claimed_and_not_built():
+    # Issue 23: add(relu(x), dense(x, w)) was claimed (relu taken for the product) and then failed to build.
+    x = relay.var("x", shape=(4, 16))
+    residual = relay.add(relay.nn.relu(x), relay.nn.dense(x, _weight(16, 16)))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], residual)))
+    parted = blas.partition_for(mod)
+    (only,) = [f for _, f in parted.functions.items() if f.attrs is not None and "Compiler" in f.attrs]
+    assert "add" not in str(only), "the residual add went to BLAS with the dense"
+    assert np.allclose(*[relay.create_executor("graph", mod=m, target="llvm").evaluate()(np.ones((4, 16), "float32"))
+                         .numpy() for m in (mod, parted)], rtol=1e-4)
+    with pytest.raises(ValueError, match="not what the toolchain claims"):
+        blas.compile_function(relay.Function([x], residual).with_attr("global_symbol", "h"))
 
 
 def test_available_reports_the_blas():

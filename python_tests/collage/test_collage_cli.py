@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import build_and_run, run_cli
 
 import tvm_tcutils
 
@@ -18,15 +19,22 @@ def test_collage_cli_partitions_saves_and_draws(tmp_path):
                    "--cache-dir", str(tmp_path / "cache"), "--repeat", "2")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert any(line.split()[:2] == ["#", "toolchain"] for line in lines)
+    assert sum(1 for line in lines if line.split()[:2] == ["#", "toolchain"]) == 1  # one table
     assert any("nn.dense" in line and " tvm " in line for line in lines)
-    collage_row = next(line for line in lines if line.startswith("collage "))
-    tvm_row = next(line for line in lines if line.startswith("tvm alone"))
-    est, measured = map(float, collage_row.split()[1:3])
-    assert est > 0 and measured > 0
-    assert float(tvm_row.split()[2]) > 0
-    mod, _ = tvm_tcutils.load_model(str(out))
-    assert mod["main"].checked_type.ret_type.shape[-1] == 10
+    total = next(line for line in lines if line.strip().startswith("total: estimated"))
+    assert "measured whole" in total and "failed" not in total
+    # One toolchain: nothing to compare (the final comparison's own tests are in test_collage_final.py), said so.
+    assert any(line.startswith("toolchains alone: not timed (only one toolchain: nothing to compare)")
+               for line in lines)
+    assert "answer: Collage's mix (not compared with the toolchains alone: only one toolchain" in proc.stdout
+    costed = next(line for line in lines if " candidates: " in line)
+    assert "costed (the progress bar's total)" in costed
+    # The written module reloads and gives the model's outputs.
+    mod, params = tvm_tcutils.load_model(str(out))
+    model, model_params = tvm_tcutils.load_model("mlp")
+    inputs = tvm_tcutils.models.random_inputs(model, model_params)
+    np.testing.assert_allclose(build_and_run(mod, params, inputs)[0], build_and_run(model, model_params, inputs)[0],
+                               rtol=1e-5, atol=1e-6)
     text = dot.read_text()
     assert text.startswith("digraph collage") and "nn.dense" in text and "cluster_" in text
     assert os.path.isfile(tmp_path / "cache" / "costs.jsonl")
@@ -50,7 +58,12 @@ def test_collage_cli_missing_tuning_log(tmp_path):
 def test_collage_cli_retry_failed_measures_cached_failures_again(tmp_path):
     cache, log = tmp_path / "cache", tmp_path / "measured.log"
     common = ["collage", "mlp", "--toolchains", "tvm", "--cache-dir", str(cache), "--repeat", "1", "--no-compare"]
-    assert run_cli(*common).returncode == 0
+    first = run_cli(*common)
+    assert first.returncode == 0
+    # --no-compare times nothing whole, and says so.
+    assert "validate" not in first.stdout.splitlines()[0] and "compare" not in first.stdout.splitlines()[0]
+    assert "toolchains alone: not timed (--no-compare)" in first.stdout
+    assert "answer: Collage's mix (not compared with the toolchains alone: --no-compare)" in first.stdout
     # Every cached cost becomes a fresh failure, as a crashed or timed-out candidate leaves it.
     path = cache / "costs.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -192,3 +192,25 @@ def test_python_matcher_agrees_with_tvm_matcher(table, small_conv, mlp_model):
                 assert (ours is not None) == bool(entry[1].match(node.expr)), (table, entry[0], node.op_name)
                 checked += ours is not None
     assert table in ("bnns", "clml", "arm_compute_lib") or checked > 0
+
+
+def test_each_package_pattern_checks_the_claim_its_builder_checks():
+    # Issue 23: a pattern's predicate and its codegen's check are one function, so what is claimed builds.
+    from tvm_tcutils.collage import predicates
+    from tvm_tcutils.collage.toolchains import blas, relay_to_onnx
+
+    for name in ("ort", "openvino", "openvino-bf16"):
+        table = PACKAGE_TOOLCHAINS[name].pattern_table
+        entries = get_pattern_table(table)
+        if entries is None:
+            continue  # not installed here
+        assert entries and all(entry[2] is relay_to_onnx.supported for entry in entries), name
+    entries = get_pattern_table(blas.COMPILER)
+    assert {entry[2].__name__ for entry in entries} == {f"blas_claims[{op}]" for op in predicates.MATRIX_PRODUCTS}
+    x, r, w = relay.var("x", shape=(3, 8)), relay.var("r", shape=(3, 4)), relay.const([[1.0] * 8] * 4)
+    residual = _graph(relay.add(relay.nn.relu(r), relay.nn.dense(x, w)), x, r)
+    bias_first = _graph(relay.add(relay.const([0.5] * 4), relay.nn.dense(x, w)), x)
+    for graph, claimed in ((residual, False), (bias_first, True)):
+        root = graph.nodes[-1].expr
+        assert all(bool(entry[2](root)) == claimed for entry in entries if entry[0] == "tcutils_blas.dense_bias")
+        assert predicates.blas_claims(root) == claimed  # what the codegen asserts

@@ -299,3 +299,19 @@ def test_collage_list():
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
     assert "installed" in lines["openvino"] and "buildable" in lines["openvino"]
     assert "openvino-bf16" in lines and "ort" in lines and "tvm" in lines
+
+
+def test_lifted_weights_become_constants_of_the_compiled_model():
+    # 2 x 128 KiB weights: lifted into TVM's parameters, out of the payload, constants again in OpenVINO.
+    rng = np.random.default_rng(6)
+    w1, w2 = (rng.standard_normal((128, 256)).astype("float32") / 16 for _ in range(2))
+    x = relay.var("data", shape=(2, 256))
+    body = relay.nn.dense(relay.tanh(relay.nn.dense(x, relay.const(w1))), relay.const(w2.T.copy()))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], body)))
+    parted = openvino.partition_for(mod)
+    (func,) = [f for gv, f in parted.functions.items() if gv.name_hint != "main"]
+    assert [p.name_hint for p in func.params][1:] == ["tcutils_lifted_0", "tcutils_lifted_1"]
+    assert len(openvino.ort.to_payload(func, externalize=False)) < 4096
+    data = rng.standard_normal((2, 256)).astype("float32")
+    np.testing.assert_allclose(_build_and_run(parted, {"data": data}), np.tanh(data @ w1.T) @ w2,
+                               **openvino.F32_TOLERANCE)

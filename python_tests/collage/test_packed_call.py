@@ -39,6 +39,8 @@ def test_registered_run_is_the_c_callback_and_reports_unknown_keys():
 
 
 def test_run_computes_after_load_from_python_and_compiled_code():
+    blas.TOOLCHAIN.forget()  # payloads that earlier tests loaded in this process: the key below is this one's
+    assert blas.TOOLCHAIN.cached() == 0
     func = _product_function()
     module = blas.TOOLCHAIN.build_module(func, blas._plan(func).to_bytes())
     rng = np.random.default_rng(0)
@@ -46,6 +48,7 @@ def test_run_computes_after_load_from_python_and_compiled_code():
     out = tvm.nd.empty((3, 4))
     module["mm"](tvm.nd.array(a), tvm.nd.array(b), out)  # compiled code: load, then run
     np.testing.assert_allclose(out.numpy(), a @ b.T, rtol=1e-5, atol=1e-5)
+    assert blas.TOOLCHAIN.cached() == 1
     key = next(k for k in blas.TOOLCHAIN._states if k.startswith("blas-"))
     again = tvm.nd.empty((3, 4))
     assert tvm.get_global_func(blas.TOOLCHAIN.run_name)(key, tvm.nd.array(a), tvm.nd.array(b), again) == 0

@@ -307,3 +307,109 @@ def kernel_profile_us(mod) -> dict:
         name = str(call["Name"])
         out[name] = out.get(name, 0.0) + call["Duration (us)"].microseconds
     return out
+
+
+# ---------------------------------------------------------------------------
+# Whole models: Collage against every single toolchain (scripts/bench_collage_models.py)
+# ---------------------------------------------------------------------------
+#: The single toolchains a whole-model table puts next to Collage, where usable here: TVM (as the
+#: search lowers it, and the other TVM lowering), onnxruntime, BLAS, OpenVINO in f32 and bf16.
+BASELINES = ("tvm", "tvm-fastmath", "ort", "blas", "openvino", "openvino-bf16")
+
+
+def usable_toolchains(names):
+    """``(toolchains, notes)``: the toolchains of ``names`` usable here, and a note for each one left out.
+
+    Examples
+    --------
+    >>> usable, notes = usable_toolchains(["tvm", "nosuch"])
+    >>> [tc.name for tc in usable], notes
+    (['tvm'], ['nosuch left out: no such toolchain (known: ...)'])
+    """
+    from ..collage.toolchains import known
+
+    table = known()
+    usable, notes = [], []
+    for name in names:
+        tc = table.get(name)
+        if tc is None:
+            notes.append(f"{name} left out: no such toolchain (known: {', '.join(sorted(table))})")
+            continue
+        ok, reason = tc.availability()
+        if ok and tc.buildable():
+            usable.append(tc)
+        else:
+            notes.append(f"{name} left out: {reason or 'no codegen (relay.ext.' + str(tc.compiler) + ')'}")
+    return usable, notes
+
+
+def baseline_modules(prepared, search_toolchains, names=BASELINES):
+    """``({"<name> alone": module}, notes)``: each usable single toolchain of ``names`` as a whole module.
+
+    TVM toolchains lower the whole model; every other is BYOC's greedy
+    partitioning with the rest lowered as the search's TVM toolchain lowers it
+    (:func:`tvm_tcutils.collage.driver.single_toolchain_modules`).
+
+    Examples
+    --------
+    >>> from tvm_tcutils.bench.models import load
+    >>> from tvm_tcutils.collage.driver import prepare
+    >>> from tvm_tcutils.collage.toolchains import resolve
+    >>> modules, notes = baseline_modules(prepare(*load("mlp")), resolve("tvm"), ["tvm", "blas"])
+    >>> sorted(modules)
+    ['blas alone', 'tvm alone']
+    """
+    from ..collage.driver import single_toolchain_modules
+    from ..collage.toolchains import tvm_toolchain
+
+    usable, notes = usable_toolchains(names)
+    lowering = tvm_toolchain(search_toolchains)
+    # The search's TVM toolchain first: it lowers what the others leave to TVM.
+    ordered = [lowering] + [tc for tc in usable if tc.name != lowering.name]
+    return single_toolchain_modules(prepared, ordered), notes
+
+
+def final_table(modules, mix="collage", repeat: int = 5, rounds: int = 5, max_rounds: int = 40,
+                budget_s=None, tuning_log=None, confidence: float = 0.95):
+    """Collage's final answer over whole modules: the benchmarks' one call of it.
+
+    ``modules`` maps ``mix`` (Collage's module) and each single toolchain's
+    (``"<name> alone"``) to a whole module; each is built here for this CPU and
+    all are timed in interleaved rounds until the interval of Collage / best
+    single excludes 1, ``budget_s`` or ``max_rounds`` ends
+    (:func:`tvm_tcutils.collage.validate.final_comparison`). Returns its
+    :class:`~tvm_tcutils.collage.validate.FinalAnswer`.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> from tvm_tcutils._tvm import tvm
+    >>> x = relay.var("x", shape=(64,))
+    >>> mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    >>> final_table({"collage": mod, "tvm alone": mod}, repeat=1, rounds=2, max_rounds=2).rounds
+    2
+    """
+    from .._tvm import host_target
+    from ..collage.validate import final_comparison, in_process_sampler
+
+    sampler = in_process_sampler(host_target(), tuning_log, repeat=repeat)
+    return final_comparison(modules, mix, sampler, confidence, budget_s, min_rounds=rounds,
+                            max_rounds=max(rounds, max_rounds))
+
+
+def final_cells(final, singles):
+    """Table cells of a final answer: each single's median ms, the mix's, the answer, mix / best single.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.validate import final_answer
+    >>> out = final_answer({"collage": lambda: 1.0, "tvm alone": lambda: 2.0}, min_rounds=2, max_rounds=2)
+    >>> final_cells(out, ["tvm alone", "ort alone"])
+    ['2.00', '-', '1.00', 'collage', 'x0.500 [0.500, 0.500]']
+    """
+    def ms(name):
+        timing = final.timings.get(name)
+        return f"{timing.median_ms:.2f}" if timing is not None and timing.samples_ms else "-"
+
+    return [*[ms(name) for name in singles], ms(final.mix) if final.mix else "-", final.answer,
+            str(final.ratio) if final.ratio else "-"]

@@ -22,6 +22,7 @@ Examples
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -29,6 +30,8 @@ import os
 import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
+
+from .plot import check_plot_path, plot
 
 #: Where a script's JSON goes unless ``--json`` says otherwise: ``docs/benchmarks/data/<script>.json``.
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -47,7 +50,10 @@ def default_path(script: str) -> str:
 
 
 def add_json_argument(parser, script: str) -> None:
-    """``--json PATH`` (default :func:`default_path` of ``script``) on an ``argparse`` parser.
+    """``--json PATH`` (default :func:`default_path` of ``script``) and ``--plot PATH`` on an ``argparse`` parser.
+
+    ``--plot`` is checked as it is parsed (:func:`~.plot.check_plot_path`);
+    :meth:`Results.write` draws the chart when the command line has it.
 
     Examples
     --------
@@ -58,6 +64,24 @@ def add_json_argument(parser, script: str) -> None:
     """
     parser.add_argument("--json", default=default_path(script), metavar="PATH",
                         help="write the results as JSON here (default %(default)s)")
+    # Checked as the arguments are parsed: a bad path or missing matplotlib fails before the work.
+    parser.add_argument("--plot", type=_plot_path, metavar="PATH",
+                        help="also draw the results as a bar chart here (.png/.svg/.pdf; needs matplotlib)")
+
+
+def _plot_path(text: str) -> str:
+    try:
+        return check_plot_path(text)
+    except ValueError as err:
+        # argparse names the option itself: "argument --plot: <reason>".
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--plot {text}: ")) from None
+
+
+def _plot_option(argv: Sequence[str]) -> Optional[str]:
+    """The ``--plot PATH`` of a command line (see :func:`add_json_argument`), or None."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--plot")
+    return parser.parse_known_args(list(argv))[0].plot
 
 
 def jsonable(value):
@@ -140,8 +164,17 @@ class Results:
                 "machine": self.machine, "settings": self.settings, "rows": self.rows}
 
     def write(self, path: Optional[str] = None) -> str:
-        """Write the JSON (default :func:`default_path`), say where on stderr, return the path."""
+        """Write the JSON (default :func:`default_path`), say where on stderr, return the path.
+
+        With ``--plot PATH`` on the command line, the bar chart is drawn there too.
+        """
         path = path or default_path(self.script)
         write_json(path, self.payload())
         print(f"results: {path}", file=sys.stderr)
+        plot_path = _plot_option(self.command[1:])
+        if plot_path:
+            try:
+                print(f"plot: {plot(self.payload(), plot_path)}", file=sys.stderr)
+            except ValueError as err:  # nothing to plot (yet): the results themselves are written
+                print(f"plot: not drawn: {err}", file=sys.stderr)
         return path

@@ -1,4 +1,4 @@
-"""Benchmarks of Collage's library toolchains: per-call cost, pool parking, per-operator-kind latency.
+"""Benchmarks of Collage's toolchains: per-call cost, pool parking, per-operator-kind and whole-model latency.
 
 Used by ``scripts/bench_packed_call.py``, ``bench_pool_parking.py`` and
 ``bench_collage_toolchains.py``.
@@ -47,17 +47,63 @@ def with_run_function(function, build: Callable[[], SampleTimer]) -> SampleTimer
         return build()
 
 
-def ort_alone_timer(repeat: int = 3, min_ms: float = 20.0) -> SampleTimer:
-    """One built partition's onnxruntime session, run from Python through the same I/O binding, without TVM."""
+class BoundRun:
+    """A toolchain session run from Python on arrays this object owns, through the session's I/O binding.
+
+    The binding holds only the buffers' addresses: the arrays must live as long as
+    it may run, so they live here, with it (a binding over arrays freed after it was
+    made writes its output into whatever the allocator puts there next).
+
+    Examples
+    --------
+    >>> run = BoundRun(ort_partition_state(), [np.ones((1, 256), "float32")])
+    >>> run()
+    >>> round(float(run.outputs[0].numpy()[0, 0]), 4)
+    0.99
+    """
+
+    def __init__(self, state, inputs):
+        from ..collage.toolchains.packed_call import _address
+
+        self.state = state
+        self.inputs = [tvm.nd.array(np.ascontiguousarray(x)) for x in inputs]
+        session = state.session
+        self.outputs = [tvm.nd.empty([int(d) for d in arg.shape], _ORT_DTYPES[arg.type])
+                        for arg in session.get_outputs()]
+        self.binding = state.binding([_address(t) for t in self.inputs], [_address(t) for t in self.outputs])
+
+    def __call__(self) -> None:
+        self.state.session.run_with_iobinding(self.binding)
+
+
+#: onnxruntime's type names of the tensors :class:`BoundRun` allocates.
+_ORT_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(int8)": "int8",
+               "tensor(int32)": "int32", "tensor(int64)": "int64"}
+
+
+def ort_partition_state():
+    """The toolchain's session of one partition of :func:`elementwise_chain` (add a constant), made here.
+
+    Examples
+    --------
+    >>> ort_partition_state().input_names
+    ['in0']
+    """
     from ..collage.toolchains import ort
-    from ..collage.toolchains.packed_call import _address
+    from ..collage.toolchains.packed_call import function_of
+
+    x = relay.var("x", shape=(1, 256))
+    func = relay.Function([x], relay.add(x, relay.const(np.full((1, 256), -0.01, "float32"))))
+    func = function_of(func.with_attr("global_symbol", "tcutils_ort_alone"))
+    return ort.TOOLCHAIN.prepare(ort.to_payload(func))
+
+
+def ort_alone_timer(repeat: int = 3, min_ms: float = 20.0) -> SampleTimer:
+    """One partition's onnxruntime session, run from Python through the same I/O binding, without TVM."""
     from .competitors import python_call
 
-    state = next(iter(ort.TOOLCHAIN._states.values()))
-    a = tvm.nd.array(np.ones((1, 256), "float32"))
-    out = tvm.nd.empty((1, 256))
-    binding = state.binding([_address(a)], [_address(out)])
-    return python_call(lambda: state.session.run_with_iobinding(binding), repeat=repeat, min_ms=min_ms)
+    return python_call(BoundRun(ort_partition_state(), [np.ones((1, 256), "float32")]), repeat=repeat,
+                       min_ms=min_ms)
 
 
 def packed_call_timers(ops: int, min_repeat_ms: int = 20) -> Dict[str, SampleTimer]:
@@ -227,9 +273,60 @@ def ort_direct_timer(func=None, inputs=None, model=None) -> SampleTimer:
     return settled(onnx_session(session, binding, repeat=5, min_ms=0.0))
 
 
-def kind_timers(kind: str, kinds: Kinds, with_ort: bool) -> Dict[str, SampleTimer]:
-    """Timers of one kind built each way (tvm, fastmath, ort, blas, ort-direct); outputs checked against TVM."""
-    from ..collage.toolchains import TVM_FASTMATH, blas, ort
+#: The single toolchains next to TVM: column -> (Collage toolchain, precision for OpenVINO). Each is left
+#: out, with a note, where it is not usable here (not installed, no bf16 on this CPU).
+SINGLES = {"ort": ("ort", None), "blas": ("blas", None), "openvino": ("openvino", "f32"),
+           "ov-bf16": ("openvino-bf16", "bf16")}
+
+#: Largest error of a whole model's output against TVM's, relative to its norm, per column (bf16 rounds
+#: the operands of every matmul and convolution, which adds up over layers).
+WHOLE_MODEL_ERROR = {"ov-bf16": 5e-2}
+
+
+def usable_singles(columns=tuple(SINGLES)):
+    """``(usable columns, notes)``: the columns of :data:`SINGLES` usable here, and why each other is not.
+
+    Examples
+    --------
+    >>> usable, notes = usable_singles(("blas",))
+    >>> usable, notes
+    (['blas'], [])
+    """
+    from .collage import usable_toolchains
+
+    found, notes = usable_toolchains([SINGLES[column][0] for column in columns])
+    names = {tc.name for tc in found}
+    return [column for column in columns if SINGLES[column][0] in names], notes
+
+
+def partitioned_for(column: str, mod, params=None):
+    """``mod`` with every region the column's toolchain claims given to it (its ``partition_for``).
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> mod = partitioned_for("blas", *load_model("mlp"))
+    >>> sum("Compiler" in f.attrs for _, f in mod.functions.items() if f.attrs is not None)
+    3
+    """
+    from ..collage.toolchains import blas, openvino, ort
+
+    name, precision = SINGLES[column]
+    if precision is not None:  # one OpenVINO module, one toolchain per precision
+        return openvino.partition_for(mod, params, precision=precision)
+    return {"ort": ort.partition_for, "blas": blas.partition_for}[name](mod, params)
+
+
+def _tolerance(column: str) -> dict:
+    from ..collage.toolchains import openvino
+
+    return openvino.BF16_TOLERANCE if column == "ov-bf16" else {"rtol": 1e-3, "atol": 1e-3}
+
+
+def kind_timers(kind: str, kinds: Kinds, columns) -> Dict[str, SampleTimer]:
+    """Timers of one kind built each way (tvm, fastmath, each usable single of ``columns``, ort-direct); outputs
+    checked against TVM."""
+    from ..collage.toolchains import TVM_FASTMATH
 
     params, body = kinds.build(kind)
     func = relay.Function(params, body)
@@ -240,32 +337,40 @@ def kind_timers(kind: str, kinds: Kinds, with_ort: bool) -> Dict[str, SampleTime
     timers["tvm"], expected = graph_timer(mod, inputs)
     timers["fastmath"], got = graph_timer(TVM_FASTMATH.rewrite(mod), inputs)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
-    variants = []
-    if with_ort:
-        variants.append(("ort", ort.partition_for(mod)))
-    if kind in Kinds.HAS_BLAS:
-        variants.append(("blas", blas.partition_for(mod)))
-    for name, parted in variants:
-        timers[name], got = graph_timer(parted, inputs)
-        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
-    if with_ort:
+    for column in columns:
+        if column == "blas" and kind not in Kinds.HAS_BLAS:
+            continue
+        timers[column], got = graph_timer(partitioned_for(column, mod), inputs)
+        np.testing.assert_allclose(got, expected, **_tolerance(column), err_msg=f"{kind} on {column}")
+    if "ort" in columns:
         timers["direct"] = ort_direct_timer(func, inputs)
     return timers
 
 
-def model_timers(name: str) -> tuple:
-    """Timers of a whole model: TVM alone, greedy BYOC to ORT, onnxruntime on its ONNX graph; partition count."""
+def _close_enough(got, expected, column: str, name: str) -> None:
+    error = float(np.linalg.norm(got - expected) / max(np.linalg.norm(expected), 1e-30))
+    limit = WHOLE_MODEL_ERROR.get(column, 2e-3)
+    if not error <= limit:
+        raise AssertionError(f"{name} on {column}: output differs from TVM alone by {error:.2e} (relative), "
+                             f"more than {limit:.0e}")
+
+
+def model_timers(name: str, columns) -> tuple:
+    """Timers of a whole model: TVM alone, with FastMath, the greedy BYOC partition of each usable single of
+    ``columns`` (outputs checked against TVM alone), onnxruntime on its ONNX graph; partition counts."""
     from .. import models
-    from ..collage.toolchains import ort
+    from ..collage.toolchains import TVM_FASTMATH
 
     mod, params = models.load_model(name)
     inputs = models.random_inputs(mod, params)
-    timers = {}
+    timers, counts = {}, {}
     timers["tvm"], expected = graph_timer(mod, inputs, params)
-    parted = ort.partition_for(mod, params)
-    count = sum(1 for _, f in parted.functions.items() if f.attrs is not None and "Compiler" in f.attrs)
-    timers["byoc"], got = graph_timer(parted, inputs)
-    np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)
-    if name in models.ONNX_BUILDERS:
-        timers["onnx"] = ort_direct_timer(None, inputs, models.onnx_model(name))
-    return timers, count
+    timers["fastmath"], _ = graph_timer(TVM_FASTMATH.rewrite(mod), inputs, params)
+    for column in columns:
+        parted = partitioned_for(column, mod, params)
+        counts[column] = sum(1 for _, f in parted.functions.items() if f.attrs is not None and "Compiler" in f.attrs)
+        timers[column], got = graph_timer(parted, inputs)
+        _close_enough(got, expected, column, name)
+    if "ort" in columns and name in models.ONNX_BUILDERS:
+        timers["direct"] = ort_direct_timer(None, inputs, models.onnx_model(name))
+    return timers, counts

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from .cost import CostEstimator, CustomCostEstimator, MockCostEstimator  # noqa: F401
 from .driver import (  # noqa: F401
-    CollagePartitioner, CollageResult, Partition, build, build_partitioned, partition, prepare,
+    CollagePartitioner, CollageResult, Partition, ProgressUpdate, build, build_partitioned, partition, prepare,
 )
 from .toolchains import Toolchain, available, resolve, tvm_toolchain  # noqa: F401
+from .validate import FinalAnswer, final_answer, final_comparison  # noqa: F401
 
 
 def __getattr__(name):

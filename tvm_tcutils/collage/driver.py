@@ -18,16 +18,19 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from .._tvm import host_target, tvm
-from ..measure import tuning_log_scope
+from ..measure import error_line, tuning_log_scope
+from ..progress import ProgressArg, ProgressUpdate, Reporter, check_progress  # noqa: F401 (ProgressUpdate: API)
 from tvm import relay
 
 from . import arguments
 from .candidates import Candidate, enumerate_candidates
 from .cost.base import CostEstimator, cost_requests
-from .search import NoCoverError, search, search_valid
+from .search import NoCoverError, SearchResult, search, search_valid
 from .subgraph import IndexedGraph
 from .toolchains import TVM, Toolchain, resolve, tvm_toolchain
-from .validate import Validation, greedy_answers, outline_chosen
+from .validate import (
+    FinalAnswer, Validation, final_comparison, greedy_answers, outline_chosen, whole_model_sampler,
+)
 
 logger = logging.getLogger("tvm_tcutils.collage")
 
@@ -79,7 +82,25 @@ class CollageResult:
     side_by_side : list of (str, float, float)
         The distinct partitionings of ``trials`` timed again round-robin in
         one process (label, estimated ms, measured ms); the fastest of these
-        is the result.
+        is Collage's mix.
+    answer : str
+        What ``mod`` is: ``"collage"`` (the mix) or a single toolchain's
+        whole-model build (``"tvm alone"``, ``"ort alone"``, ...), see ``final``.
+    final : FinalAnswer or None
+        The final comparison of the mix with every single toolchain, timed in
+        interleaved rounds (None: not run, see ``compare_single``).
+    counts : dict
+        ``candidates`` enumerated, ``host`` glue among them (free),
+        ``costed`` (the rest: the total of the progress bar's estimate phase),
+        and the estimator's own counts for this run (``cached``, ``measured``,
+        ``failed``, ``predicted`` where it keeps them).
+    partial : bool
+        The time budget ended first: ``mod`` is the best valid partitioning
+        found by then (see ``partial_reason``).
+    partial_reason : str
+        What the budget cut short.
+    not_compared : str
+        Why the final comparison did not run ("" when it did).
     """
 
     mod: tvm.IRModule
@@ -96,6 +117,12 @@ class CollageResult:
     measured_ms: Optional[float] = None
     trials: List = dataclasses.field(default_factory=list)
     side_by_side: List = dataclasses.field(default_factory=list)
+    answer: str = "collage"
+    final: Optional[FinalAnswer] = None
+    counts: Dict[str, int] = dataclasses.field(default_factory=dict)
+    partial: bool = False
+    partial_reason: str = ""
+    not_compared: str = ""
 
 
 def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
@@ -130,21 +157,61 @@ def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
         return seq(new)
 
 
+#: Candidates a measuring estimator is given at a time: the budget and the progress are checked between.
+_CHUNK = 8
+
+
 def _estimate(graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict[str, Toolchain],
-              estimator: CostEstimator) -> List[float]:
+              estimator: CostEstimator, report: Reporter, deadline: Optional[float] = None) -> List[float]:
+    """Every non-host candidate's cost; past ``deadline`` the rest cost ``inf`` (unknown, so unusable)."""
+    from .cost.measured import MeasuredCostEstimator
+
     costs = [0.0] * len(cands)
     todo = [k for k, c in enumerate(cands) if not c.host]
     requests = cost_requests(graph, cands, todo, toolchains)
-    for k, cost in zip(todo, estimator.estimate(requests)):
-        costs[k] = float(cost)
+    # Only a measuring estimator is given chunks: it costs each request alone, while other estimators
+    # may learn from the whole batch (XGBoost samples it).
+    step = _CHUNK if isinstance(estimator, MeasuredCostEstimator) else max(len(todo), 1)
+    report("estimate", 0, len(todo))
+    for lo in range(0, len(todo), step):
+        if deadline is not None and time.perf_counter() >= deadline:
+            for k in todo[lo:]:
+                costs[k] = math.inf
+            break
+        for k, cost in zip(todo[lo:lo + step], estimator.estimate(requests[lo:lo + step])):
+            costs[k] = float(cost)
+        report("estimate", min(lo + step, len(todo)), len(todo))
     return costs
+
+
+def _tvm_only(graph: IndexedGraph, cands: Sequence[Candidate], costs: Sequence[float],
+              toolchains: Dict[str, Toolchain]) -> SearchResult:
+    """A cover by host glue and TVM's candidates, uncosted ones at 0: whatever the cover, everything
+    stays in TVM's ``main``, so this is TVM alone (the answer when the budget ends before a search)."""
+    tvm_costs = [(0.0 if math.isinf(x) else x) if c.host or toolchains[c.toolchain].is_tvm else math.inf
+                 for c, x in zip(cands, costs)]
+    return search_valid(graph, cands, tvm_costs, toolchains)
+
+
+#: The counts of an estimator's ``stats`` that the result reports (measuring and learned estimators keep them).
+_STATS = ("cached", "measured", "predicted", "failed")
+
+
+def _stats(estimator: CostEstimator) -> Dict[str, int]:
+    """The counts of :data:`_STATS` an estimator keeps (``MeasuredCostEstimator.stats`` and the like)."""
+    stats = getattr(estimator, "stats", None)
+    if not isinstance(stats, dict):
+        return {}
+    return {k: stats[k] for k in _STATS if isinstance(stats.get(k), int)}
 
 
 class _Partitioner:
     """The module pass behind :class:`CollagePartitioner` (see there)."""
 
     def __init__(self, toolchains: ToolchainSpec = None, cost_estimator: Optional[CostEstimator] = None,
-                 params: Optional[Dict] = None, compare_single: bool = True, validate_rounds: int = 2):
+                 params: Optional[Dict] = None, compare_single: bool = True, validate_rounds: int = 2,
+                 progress: ProgressArg = None, time_budget_s: Optional[float] = None,
+                 confidence: float = 0.95, compare_budget_s: float = 60.0):
         # Every argument is checked here, before the search starts (the module in run, first thing).
         self.toolchains = resolve(toolchains)
         if cost_estimator is not None and not isinstance(cost_estimator, CostEstimator):
@@ -157,41 +224,78 @@ class _Partitioner:
         self.params = dict(params or {})
         self.compare_single = arguments.flag("compare_single", compare_single)
         self.validate_rounds = arguments.whole_number("validate_rounds", validate_rounds)
+        self.progress = check_progress(progress)
+        self.time_budget_s = None if time_budget_s is None else arguments.positive_number(
+            "time_budget_s", time_budget_s)
+        self.confidence = arguments.positive_number("confidence", confidence)
+        if not self.confidence < 1:
+            raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+        self.compare_budget_s = arguments.positive_number("compare_budget_s", compare_budget_s)
         self.last_result: Optional[CollageResult] = None
 
     def run(self, mod: tvm.IRModule) -> CollageResult:
+        report = Reporter(self.progress)
+        try:
+            return self._run_reported(mod, report)
+        finally:
+            report.close()
+
+    def _run_reported(self, mod: tvm.IRModule, report: Reporter) -> CollageResult:
         seconds: Dict[str, float] = {}
         start = time.perf_counter()
+        deadline = None if self.time_budget_s is None else start + self.time_budget_s
+        report("enumerate", 0, 1)
         prepared = prepare(mod, self.params)
         graph = IndexedGraph(prepared["main"])
         by_name = {tc.name: tc for tc in self.toolchains}
         cands = enumerate_candidates(graph, self.toolchains)
         seconds["enumerate"] = time.perf_counter() - start
+        report("enumerate", 1, 1)
 
         estimator = self.cost_estimator
         if estimator is None:
             from .cost.measured import MeasuredCostEstimator
 
-            estimator = MeasuredCostEstimator()
+            # The driver's progress counts every candidate, cached ones too: the estimator's own bar is off.
+            estimator = MeasuredCostEstimator(progress=False)
             try:
-                return self._run(mod, prepared, graph, by_name, cands, estimator, seconds)
+                return self._run(mod, prepared, graph, by_name, cands, estimator, seconds, report, deadline)
             finally:
                 estimator.close()  # its worker processes; a given estimator stays the caller's
-        return self._run(mod, prepared, graph, by_name, cands, estimator, seconds)
+        return self._run(mod, prepared, graph, by_name, cands, estimator, seconds, report, deadline)
 
-    def _run(self, mod, prepared, graph, by_name, cands, estimator, seconds) -> CollageResult:
+    def _run(self, mod, prepared, graph, by_name, cands, estimator, seconds, report: Reporter,
+             deadline: Optional[float]) -> CollageResult:
         start = time.perf_counter()
+        before = _stats(estimator)
+        partial = []
+        costed = sum(1 for c in cands if not c.host)
+        report("estimate", 0, costed)
         interleaved = estimator.search(graph, cands, by_name)
-        if interleaved is not None:
+        if interleaved is not None:  # it estimates and searches in one (no budget inside)
             result, costs = interleaved
+            report("estimate", costed, costed)
         else:
-            costs = _estimate(graph, cands, by_name, estimator)
+            costs = _estimate(graph, cands, by_name, estimator, report, deadline)
             result = None
         seconds["estimate"] = time.perf_counter() - start
+        counts = {"candidates": len(cands), "host": len(cands) - costed, "costed": costed}
+        counts.update({k: v - before.get(k, 0) for k, v in _stats(estimator).items()})
         start = time.perf_counter()
-        if result is None:
+        report("search", 0, 1)
+        unknown = sum(1 for c, x in zip(cands, costs) if not c.host and math.isinf(x))
+        if result is None and deadline is not None and time.perf_counter() >= deadline:
+            partial.append(f"the time budget of {self.time_budget_s:g} s ended while estimating "
+                           f"({costed - unknown} of {costed} candidates costed)")
+            try:
+                result = search_valid(graph, cands, costs, by_name)
+            except NoCoverError:  # what was costed does not cover the model: TVM alone is always valid
+                result = _tvm_only(graph, cands, costs, by_name)
+                partial[-1] += "; not enough to cover the model, so TVM alone"
+        elif result is None:
             result = search_valid(graph, cands, costs, by_name)
         seconds["search"] = time.perf_counter() - start
+        report("search", 1, 1)
 
         single, single_results, greedy = {}, {}, {}
         if self.compare_single:
@@ -207,22 +311,86 @@ class _Partitioner:
                     single[tc.name] = math.inf
 
         start = time.perf_counter()
-        timer = estimator.whole_model_timer() if self.validate_rounds else None
+        timer = estimator.whole_model_timer() if self.validate_rounds and not partial else None
         validation = Validation(graph, cands, costs, by_name, prepared, timer)
+        validation.deadline = deadline
+        if timer is not None:
+            report("validate", 0, 1)
         result = validation.run(result, self.validate_rounds, single_results, greedy)
+        if timer is not None:
+            report("validate", 1, 1)
         if validation.trials:
             seconds["validate"] = time.perf_counter() - start
+        if validation.cut_short:
+            partial.append(f"the time budget of {self.time_budget_s:g} s ended while validating "
+                           f"({len(validation.trials)} partitionings timed whole)")
         out, symbols = outline_chosen(graph, result.chosen, by_name, prepared)
         partitions = [
             Partition(cand.toolchain, graph.op_names(cand.mask), cost, symbols.get(cand.mask), cand.label)
             for cand, cost in result.non_host()
         ]
+        measured_ms = validation.measured_of(result)
+        final, answer = None, "collage"
+        whole_timer = timer  # validate_rounds=0 (or a budget spent estimating): nothing is timed whole
+        sampler = whole_model_sampler(whole_timer)
+        remaining = math.inf if deadline is None else deadline - time.perf_counter()
+        not_compared = self._not_compared(timer, sampler, partial, remaining)
+        if not not_compared:
+            if remaining <= 0:
+                not_compared = "the time budget ended"
+                partial.append(f"the time budget of {self.time_budget_s:g} s ended before the final comparison")
+            else:
+                start = time.perf_counter()
+                # A toolchain none of whose candidates could be measured (it crashed or hung each time)
+                # is not built whole here, in this process.
+                runnable = [tc for tc in self.toolchains if tc.is_tvm or any(
+                    c.toolchain == tc.name and math.isfinite(x) for c, x in zip(cands, costs))]
+                final, singles, same = self._compare(out, prepared, runnable, sampler,
+                                                     min(self.compare_budget_s, remaining), report)
+                seconds["compare"] = time.perf_counter() - start
+        if final is not None:
+            answer = final.answer
+            measured_ms = final.timings[final.answer].median_ms
+            if not final.is_mix and final.answer not in same:  # the mix itself keeps its estimated table
+                out = singles[final.answer]
+                partitions = module_partitions(out, by_name)
         self.last_result = CollageResult(
             out, {}, partitions, result.cost, single, len(cands), result.states, seconds, graph,
-            result.chosen, prepared, validation.measured_of(result), validation.trials, validation.side_by_side)
+            result.chosen, prepared, measured_ms, validation.trials, validation.side_by_side,
+            answer, final, counts, bool(partial), "; ".join(partial), not_compared)
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
         return self.last_result
+
+    def _not_compared(self, timer, sampler, partial: List[str], remaining: float) -> str:
+        """Why the final comparison does not run ("" when it does)."""
+        reasons = (
+            (not self.compare_single, "compare_single=False"),
+            (len(self.toolchains) < 2, "only one toolchain: nothing to compare"),
+            (bool(partial), "the time budget ended"),
+            (not self.validate_rounds, "validate_rounds=0: nothing is timed whole"),
+            (timer is None or sampler is None, "the cost estimator does not time whole models"),
+        )
+        return next((reason for failed, reason in reasons if failed), "")
+
+    def _compare(self, mix: tvm.IRModule, prepared: tvm.IRModule, toolchains: Sequence[Toolchain], sampler,
+                 budget_s: float, report: Reporter):
+        """The final comparison (:func:`~.validate.final_comparison`) of the mix and each of ``toolchains``
+        alone: ``(FinalAnswer or None, {single's name: module}, [singles the mix is structurally])``.
+
+        The comparison builds in this process (the mix was built and timed in a worker by validation;
+        ``toolchains`` are those with candidates that built and ran in a worker)."""
+        singles = single_toolchain_modules(prepared, toolchains)
+        # A mix that is one of the single toolchains (everything in TVM) is not timed twice.
+        same = [name for name, module in singles.items() if tvm.ir.structural_equal(module, mix)]
+        modules = dict(singles) if same else {"collage": mix, **singles}
+        try:
+            final = final_comparison(modules, None if same else "collage", sampler, self.confidence, budget_s,
+                                     on_round=lambda done, cap: report("compare", done, cap))
+        except RuntimeError as err:  # no competitor could be built and timed: the mix stays, untimed
+            logger.warning("final comparison: %s", err)
+            return None, singles, same
+        return final, singles, same
 
     def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
         return self.run(mod).mod
@@ -241,8 +409,9 @@ cost_estimator : CostEstimator, optional
 params : dict, optional
     Parameters to bind into ``main`` before partitioning.
 compare_single : bool
-    Also compute each single toolchain's estimated latency (for reports).
-validate_rounds : int
+    Also compute each single toolchain's estimated latency (for reports),
+    and run the final comparison (see :func:`partition`).
+validate_rounds, progress, time_budget_s, confidence, compare_budget_s :
     See :func:`partition`.
 
 The pass object forwards attribute access to the partitioner, so
@@ -262,7 +431,8 @@ True
 
 def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
               cost_estimator: Optional[CostEstimator] = None, compare_single: bool = True,
-              validate_rounds: int = 2) -> CollageResult:
+              validate_rounds: int = 2, *, progress: ProgressArg = None, time_budget_s: Optional[float] = None,
+              confidence: float = 0.95, compare_budget_s: float = 60.0) -> CollageResult:
     """Partition ``mod`` across ``toolchains`` at minimum estimated latency.
 
     Parameters
@@ -277,12 +447,34 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
     cost_estimator : CostEstimator, optional
         Default: :class:`~.cost.measured.MeasuredCostEstimator`.
     compare_single : bool
-        Also estimate each single toolchain's latency.
+        Also estimate each single toolchain's latency and, with an estimator
+        that times whole models (measured, learned), run the final
+        comparison: the mix and each toolchain alone (TVM's own build of the
+        whole model, BYOC's greedy partitioning of each other toolchain) timed
+        in interleaved rounds until the interval of their ratio at
+        ``confidence`` excludes 1, or ``compare_budget_s`` ends. The mix is
+        returned only when it is faster with that confidence, else the
+        fastest single toolchain (``result.answer``, ``result.final``).
     validate_rounds : int
-        With an estimator that times whole models (measured, learned): how
-        many times to re-search with the measured cost of crossing between
-        toolchains (0: trust the sum of candidate costs). The fastest
-        partitioning timed whole, single-toolchain answers included, is kept.
+        With an estimator that times whole models: how many times to
+        re-search with the measured cost of crossing between toolchains
+        (0: trust the sum of candidate costs and time nothing whole, the
+        final comparison included).
+    progress : callable, bool or None
+        ``progress(update)`` with a :class:`~tvm_tcutils.progress.ProgressUpdate`
+        (phase ``enumerate``, ``estimate``, ``search``, ``validate`` or
+        ``compare``; done; total; elapsed seconds) as the run goes; None: a
+        bar (tqdm's if installed) when stderr is a terminal; False: nothing.
+    time_budget_s : float, optional
+        Seconds for the whole run. When it ends, the best valid partitioning
+        found so far is returned with ``result.partial`` set (and
+        ``result.partial_reason``): estimating stops (uncosted candidates are
+        not used; TVM alone if what was costed cannot cover the model), and
+        validation and the final comparison are cut short or skipped.
+    confidence : float
+        Of the final comparison's interval, in (0, 1).
+    compare_budget_s : float
+        Seconds of timing for the final comparison.
 
     Returns
     -------
@@ -299,13 +491,14 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
     >>> from tvm_tcutils.collage.cost import MockCostEstimator
     >>> from tvm_tcutils.models import load_model
     >>> mod, params = load_model("mlp")
-    >>> result = partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}))
-    >>> result.mod["main"].checked_type.ret_type.shape[1]
-    10
+    >>> result = partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}), progress=False)
+    >>> result.mod["main"].checked_type.ret_type.shape[1], result.partial
+    (10, False)
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
-    return _Partitioner(toolchains, cost_estimator, params, compare_single, validate_rounds).run(mod)
+    return _Partitioner(toolchains, cost_estimator, params, compare_single, validate_rounds, progress,
+                        time_budget_s, confidence, compare_budget_s).run(mod)
 
 
 def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
@@ -366,6 +559,66 @@ def build_partitioned(mod: tvm.IRModule, params: Optional[Dict] = None, target: 
         return relay.vm.compile(mod, target=target, params=params)
 
 
+def single_toolchain_modules(prepared: tvm.IRModule, toolchains: Sequence[Toolchain]) -> Dict[str, tvm.IRModule]:
+    """Each toolchain alone, as a whole module: ``"<name> alone"`` -> module.
+
+    A TVM toolchain alone is its own lowering of the whole model; any other
+    buildable toolchain alone is BYOC's greedy partitioning
+    (:func:`greedy_partition`: every region it supports, TVM for the rest).
+    A toolchain whose greedy partitioning fails is left out, with a warning.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> sorted(single_toolchain_modules(prepare(*load_model("mlp")), resolve("tvm")))
+    ['tvm alone']
+    """
+    tvm_tc = tvm_toolchain({tc.name: tc for tc in toolchains})
+    out: Dict[str, tvm.IRModule] = {}
+    for tc in toolchains:
+        if tc.is_tvm:
+            out[f"{tc.name} alone"] = tc.rewrite(prepared)
+        elif tc.buildable():
+            try:
+                out[f"{tc.name} alone"] = _greedy(prepared, tc, tvm_tc)
+            except (tvm.TVMError, RuntimeError, ValueError) as err:
+                logger.warning("%s alone (greedy partitioning) failed: %s", tc.name, error_line(err))
+    return out
+
+
+def module_partitions(mod: tvm.IRModule, toolchains: Mapping[str, Toolchain]) -> List[Partition]:
+    """The partitions of a partitioned module: one per ``Compiler`` function, and TVM's ``main``.
+
+    Estimates are ``nan``: a module built whole (a single toolchain alone)
+    has no per-partition estimate.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> [(p.toolchain, p.ops) for p in module_partitions(load_model("mlp")[0], {"tvm": TVM})][0][0]
+    'tvm'
+    """
+    by_compiler = {tc.compiler: name for name, tc in toolchains.items() if tc.compiler}
+    tvm_name = tvm_toolchain(dict(toolchains)).name if toolchains else "tvm"
+
+    def ops(func) -> List[str]:
+        found: List[str] = []
+        relay.analysis.post_order_visit(func, lambda e: found.append(e.op.name) if isinstance(
+            e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
+        return found
+
+    rows = []
+    for gv in sorted(mod.get_global_vars(), key=lambda gv: gv.name_hint):
+        compiler = mod[gv].attrs.get("Compiler") if mod[gv].attrs else None
+        if gv.name_hint != "main" and compiler:
+            name = by_compiler.get(str(compiler), str(compiler))
+            rows.append(Partition(name, ops(mod[gv]), math.nan, gv.name_hint, f"{name} region"))
+    main_ops = ops(mod["main"])
+    if main_ops:
+        rows.insert(0, Partition(tvm_name, main_ops, math.nan, None, "main"))
+    return rows
+
+
 def greedy_partition(mod: tvm.IRModule, params: Optional[Dict], toolchain: Union[str, Toolchain],
                      tvm_lowering: Toolchain = TVM) -> tvm.IRModule:
     """BYOC's usual greedy partitioning for one toolchain, for comparison with Collage.
@@ -384,10 +637,16 @@ def greedy_partition(mod: tvm.IRModule, params: Optional[Dict], toolchain: Union
     (tc,) = [t for t in resolve([toolchain]) if not t.is_tvm] or [None]
     if tc is None:
         raise ValueError("toolchain: greedy partitioning needs a BYOC toolchain, not tvm")
+    return _greedy(prepare(mod, params), tc, tvm_lowering)
+
+
+def _greedy(prepared: tvm.IRModule, tc: Toolchain, tvm_lowering: Toolchain) -> tvm.IRModule:
+    """:func:`greedy_partition` of an already prepared module (its constants stay the same objects, so
+    the search's shared constants still stand for them when the module is sent to a worker)."""
     entries = list(tc.patterns or ()) + list(
         (relay.op.contrib.get_pattern_table(tc.pattern_table) or []) if tc.pattern_table else [])
     seq = [relay.transform.MergeComposite(entries)] if entries else []
     seq += [relay.transform.AnnotateTarget(tc.compiler), relay.transform.MergeCompilerRegions(),
             relay.transform.PartitionGraph(), relay.transform.InferType()]
     with tvm.transform.PassContext(opt_level=3):
-        return tvm_lowering.rewrite(tvm.transform.Sequential(seq)(prepare(mod, params)))
+        return tvm_lowering.rewrite(tvm.transform.Sequential(seq)(prepared))

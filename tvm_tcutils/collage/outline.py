@@ -24,6 +24,7 @@ from tvm import relay
 from .candidates import Candidate
 from .search import partition_order
 from .subgraph import IndexedGraph, bits
+from .toolchains.packed_call import lift_constants
 
 
 def rebuild_node(graph: IndexedGraph, index: int, value: Dict[int, relay.Expr]) -> relay.Expr:
@@ -217,4 +218,5 @@ def partitioned_module(
     main = graph.func
     mod["main"] = relay.Function(main.params, value[graph.output], main.ret_type, main.type_params, main.attrs)
     mod = relay.transform.InferType()(mod)
-    return (rewrite(mod) if rewrite is not None else mod), symbols
+    # Large weights of graph-toolchain partitions are passed in, not embedded (packed_call.lift_constants).
+    return lift_constants(rewrite(mod) if rewrite is not None else mod), symbols

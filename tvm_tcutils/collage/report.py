@@ -1,16 +1,57 @@
-"""Reports of a Collage result: the partition table and a Graphviz picture."""
+"""Reports of a Collage result: the report (:func:`report_lines`) and the partition table.
+
+The report has three parts: one table of the chosen partitions (toolchain,
+estimated ms, operators) with the total estimated next to the whole module
+measured; one line per toolchain measured alone; one line for the answer and
+its ratio to the best single toolchain, in words when the answer is a
+single toolchain.
+"""
 from __future__ import annotations
 
-import shutil
-import subprocess
-from typing import Dict, List
+import math
+from typing import List, Optional
 
 from .driver import CollageResult
-from .subgraph import bits
+from .picture import to_dot, write_picture  # noqa: F401  (moved to picture.py; importable here for one release)
 
-#: Fill colours by toolchain (others cycle through :data:`_EXTRA`).
-COLOURS = {"tvm": "#9ecae1", "tvm-fastmath": "#6baed6", "ort": "#fdae6b", "blas": "#a1d99b", "host": "#eeeeee"}
-_EXTRA = ["#bcbddc", "#fc9272", "#fdd0a2", "#c7e9c0", "#dadaeb"]
+
+def _ms(value: Optional[float]) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return "failed" if math.isinf(value) else f"{value:.3f}"
+
+
+def _thousands(n: int) -> str:
+    return f"{n:,}"
+
+
+#: What a line of the report says for each count the driver and estimators keep.
+_COUNT_WORDS = (("cached", "from the cost cache"), ("measured", "measured"), ("predicted", "predicted"),
+                ("failed", "failed"))
+
+
+def candidate_line(result: CollageResult) -> str:
+    """How many candidates there were and what became of them; ``costed`` is the progress bar's total.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage import MockCostEstimator, partition
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> candidate_line(partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}), progress=False))
+    "17 candidates: 0 host glue (free), 17 costed (the progress bar's total)"
+    """
+    counts = result.counts
+    total = counts.get("candidates", result.candidates)
+    costed = counts.get("costed", total)
+    parts = [f"{_thousands(counts[key])} {words}" for key, words in _COUNT_WORDS if counts.get(key)]
+    # A measuring estimator measures one structure once: candidates that share it are neither counted.
+    shared = costed - sum(counts.get(key, 0) for key, _ in _COUNT_WORDS)
+    if parts and shared > 0:
+        parts.append(f"{_thousands(shared)} the same structure as another or not buildable here")
+    detail = f": {', '.join(parts)}" if parts else ""
+    return (f"{_thousands(total)} candidates: {_thousands(counts.get('host', total - costed))} host glue (free), "
+            f"{_thousands(costed)} costed (the progress bar's total){detail}")
 
 
 def partition_table(result: CollageResult, limit: int = 8) -> List[str]:
@@ -25,80 +66,101 @@ def partition_table(result: CollageResult, limit: int = 8) -> List[str]:
     >>> lines[0].split()[:3]
     ['#', 'toolchain', 'est.']
     """
-    lines = [f"{'#':>3}  {'toolchain':<10} {'est. ms':>9}  {'function':<34} ops"]
+    lines = [f"{'#':>3}  {'toolchain':<13} {'est. ms':>9}  {'function':<34} ops"]
     for k, row in enumerate(result.partitions):
         ops = "+".join(row.ops[:limit]) + (f"+...({len(row.ops)} ops)" if len(row.ops) > limit else "")
-        lines.append(f"{k:>3}  {row.toolchain:<10} {row.estimated_ms:>9.4f}  {row.function or '(in main)':<34} {ops}")
+        est = "-" if math.isnan(row.estimated_ms) else f"{row.estimated_ms:.4f}"
+        lines.append(f"{k:>3}  {row.toolchain:<13} {est:>9}  {row.function or '(in main)':<34} {ops}")
     return lines
 
 
-def _colour(toolchain: str, extra: Dict[str, str]) -> str:
-    if toolchain in COLOURS:
-        return COLOURS[toolchain]
-    if toolchain not in extra:
-        extra[toolchain] = _EXTRA[len(extra) % len(_EXTRA)]
-    return extra[toolchain]
+def _estimate_note(result: CollageResult) -> List[str]:
+    """The total line under the table, and why an estimate and a measurement differ."""
+    estimated = sum(p.estimated_ms for p in result.partitions)
+    if math.isnan(estimated):  # a single toolchain's whole-model build: no per-partition estimates
+        return [f"     total: measured whole {_ms(result.measured_ms)} ms (a whole-model build: no per-partition "
+                "estimates)"]
+    line = f"     total: estimated {_ms(estimated)} ms, measured whole {_ms(result.measured_ms)} ms"
+    if result.measured_ms is None or not math.isfinite(result.measured_ms):
+        return [line]
+    gap = result.measured_ms / estimated - 1 if estimated > 0 else math.inf
+    if abs(gap) <= 0.1:
+        return [line]
+    return [line + f" ({100 * gap:+.0f} %)",
+            "     estimates are each partition measured alone, summed; measured is the whole module, which adds "
+            "the crossings between toolchains and fuses across partition borders"]
 
 
-def to_dot(result: CollageResult) -> str:
-    """The partitioned graph in Graphviz dot: one cluster per partition, coloured by toolchain.
+def _single_lines(result: CollageResult, skipped: str) -> List[str]:
+    final = result.final
+    if final is None:
+        if not result.single_toolchain_ms:
+            return [f"toolchains alone: not timed ({skipped})"]
+        lines = [f"toolchains alone: not timed ({skipped}); estimates of the search restricted to each "
+                 "(with TVM for the rest):"]
+        lines += [f"  {name + ' alone':<22} est. {_ms(ms):>9} ms" for name, ms in result.single_toolchain_ms.items()]
+        return lines
+    lines = [f"toolchains alone, each whole model timed in {final.rounds} interleaved rounds with the answer "
+             f"({final.seconds:.1f} s):"]
+    for name, timing in final.timings.items():
+        if name == final.mix:
+            continue
+        measured = f"{_ms(timing.median_ms)} ms (+-{50 * timing.spread:.1f} %)" if timing.samples_ms else "failed"
+        best = "  <- fastest alone" if name == final.best_single else ""
+        lines.append(f"  {name:<22} measured {measured}{best}")
+    return lines
+
+
+def answer_line(result: CollageResult, skipped: Optional[str] = None) -> str:
+    """The answer, in words, with its ratio to the best single toolchain and the interval.
+
+    ``skipped``: why there was no final comparison (default ``result.not_compared``).
 
     Examples
     --------
     >>> from tvm_tcutils.collage import MockCostEstimator, partition
     >>> from tvm_tcutils.models import load_model
     >>> mod, params = load_model("mlp")
-    >>> to_dot(partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}))).startswith("digraph")
-    True
+    >>> answer_line(partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}), progress=False))
+    "answer: Collage's mix (not compared with the toolchains alone: only one toolchain: nothing to compare)"
     """
-    graph = result.graph
-    extra: Dict[str, str] = {}
-    lines = ["digraph collage {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled", fontsize=10];']
-    owner = {}
-    for k, cand in enumerate(result.chosen):
-        for i in bits(cand.mask):
-            owner[i] = (k, cand)
-    for k, cand in enumerate(result.chosen):
-        toolchain = "host" if cand.host else cand.toolchain
-        colour = _colour(toolchain, extra)
-        lines.append(f"  subgraph cluster_{k} {{")
-        lines.append(f'    label="{toolchain} #{k}"; style=dashed; color="{colour}";')
-        for i in bits(cand.mask):
-            lines.append(f'    n{i} [label="{graph.nodes[i].op_name}", fillcolor="{colour}"];')
-        lines.append("  }")
-    for node in graph.nodes:
-        if node.kind == "var":
-            lines.append(f'  n{node.index} [label="{node.expr.name_hint}", shape=ellipse, fillcolor=white];')
-    for node in graph.nodes:
-        if node.kind == "const" or node.index not in owner and node.kind != "var":
-            continue
-        for j in sorted(set(node.inputs)):
-            if graph.nodes[j].kind != "const":
-                lines.append(f"  n{j} -> n{node.index};")
-    lines.append("  legend [shape=plaintext, label=\"" + "  ".join(
-        f"{name}: {colour}" for name, colour in sorted({**COLOURS, **extra}.items())) + "\"];")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    final = result.final
+    if final is None:
+        return f"answer: Collage's mix (not compared with the toolchains alone: {skipped or result.not_compared})"
+    level = "" if final.ratio is None else f" at {100 * final.ratio.confidence:.0f} %"
+    if final.is_mix:
+        return (f"answer: Collage's mix, x{final.ratio.value:.3f} of {final.best_single} "
+                f"[{final.ratio.low:.3f}, {final.ratio.high:.3f}]{level}: {final.reason}")
+    interval = "" if final.ratio is None else f"[{final.ratio.low:.3f}, {final.ratio.high:.3f}]{level}"
+    if final.mix is None:  # the mix was one toolchain alone: the singles were compared among themselves
+        ratio = "" if final.ratio is None else f"; x{final.ratio.value:.3f} of the next fastest {interval}"
+        return f"answer: {final.answer} (Collage's mix is a toolchain alone). {final.reason}{ratio}"
+    ratio = "" if final.ratio is None else f"; mix / {final.best_single}: x{final.ratio.value:.3f} {interval}"
+    return f"answer: {final.answer}. {final.reason}{ratio}"
 
 
-def write_picture(result: CollageResult, path: str) -> str:
-    """Write ``to_dot(result)`` to ``path``; ``.svg``/``.png`` are rendered with Graphviz when installed.
+def report_lines(result: CollageResult, skipped: Optional[str] = None) -> List[str]:
+    """The Collage report: candidates, the chosen partitions, each toolchain alone, the answer.
 
-    Returns the path written (the ``.dot`` text is kept next to it when rendering).
+    ``skipped`` says why the toolchains alone were not timed, when they were
+    not (default ``result.not_compared``; the command line names its option).
 
     Examples
     --------
-    >>> write_picture(result, "partitions.dot")  # doctest: +SKIP
-    'partitions.dot'
+    >>> from tvm_tcutils.collage import MockCostEstimator, partition
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> lines = report_lines(partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}), progress=False))
+    >>> lines[-1]
+    "answer: Collage's mix (not compared with the toolchains alone: only one toolchain: nothing to compare)"
     """
-    text = to_dot(result)
-    fmt = path.rsplit(".", 1)[-1].lower() if "." in path else "dot"
-    if fmt in ("svg", "png", "pdf"):
-        dot = shutil.which("dot")
-        if dot is None:
-            raise ValueError(f"--dot {path}: rendering {fmt} needs Graphviz's 'dot'; write a .dot file instead")
-        subprocess.run([dot, f"-T{fmt}", "-o", path], input=text, text=True, check=True)
-        return path
-    with open(path, "w") as handle:
-        handle.write(text)
-    return path
+    lines = [candidate_line(result) + f"; {_thousands(result.states)} search states"]
+    if result.partial:
+        lines.append(f"PARTIAL: {result.partial_reason}; this is the best valid partitioning found by then")
+    title = "Collage's mix" if result.answer == "collage" else result.answer
+    lines.append(f"chosen partitions ({title}):")
+    lines += partition_table(result)
+    lines += _estimate_note(result)
+    lines += _single_lines(result, skipped or result.not_compared)
+    lines.append(answer_line(result, skipped))
+    return lines

@@ -14,11 +14,14 @@ are not times here have none, and nothing is validated.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from typing import Dict, List, Optional, Protocol, Sequence
+import time
+from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence
 
 from .._tvm import tvm
+from ..measure import Interleaved, Ratio, Timer, Timing, error_line, interleave_until, ratio
 
 from .candidates import Candidate
 from .outline import partitioned_module
@@ -46,6 +49,9 @@ class WholeModelTimer(Protocol):
 
     def time_side_by_side(self, mods: Sequence[tvm.IRModule], rounds: int = 5) -> Optional[List[float]]:
         """Latencies of modules timed in turns (A B A B ...), so that a drift of load affects all alike."""
+
+    # Optional, for the final comparison (see whole_model_sampler): ``sampler(mod)`` returns a function
+    # giving one latency sample (ms) of ``mod`` per call; or a ``target`` (and ``tuning_log``) attribute.
 
 
 def outline_chosen(graph: IndexedGraph, chosen: Sequence[Candidate], toolchains: Dict[str, Toolchain],
@@ -120,6 +126,10 @@ class Validation:
         self.toolchains, self.prepared, self.timer = toolchains, prepared, timer
         self.trials: List = []
         self.side_by_side: List = []
+        #: ``time.perf_counter()`` after which :meth:`run` times nothing more (None: no limit).
+        self.deadline: Optional[float] = None
+        #: Whether :meth:`run` stopped at :attr:`deadline` before timing everything.
+        self.cut_short = False
         self._measured: Dict[frozenset, float] = {}
         self._labels: Dict[frozenset, str] = {}
 
@@ -147,17 +157,28 @@ class Validation:
             logger.info("validation: %s estimated %.3f ms, measured %.3f ms", label, result.cost, ms)
         return self._measured[key]
 
+    def _late(self) -> bool:
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            self.cut_short = True
+        return self.cut_short
+
     def run(self, result: SearchResult, rounds: int, singles: Dict[str, SearchResult],
             greedy: Optional[Dict[str, SearchResult]] = None) -> SearchResult:
         """Time ``result`` whole, re-search ``rounds`` times with the learned crossing cost, time the
         ``singles`` and ``greedy`` answers too; the fastest measured answer (``result`` untimed when
-        there is no timer or ``rounds`` is 0)."""
-        if rounds == 0 or self.timer is None or self._time(result, "collage") is None:
+        there is no timer or ``rounds`` is 0).
+
+        Past :attr:`deadline` (a ``time.perf_counter()`` value) nothing more is
+        timed: the fastest answer timed so far is returned and
+        :attr:`cut_short` is set."""
+        if rounds == 0 or self.timer is None or self._late() or self._time(result, "collage") is None:
             return result
         tried = [result]
         penalty = 0.0
         current = result
         for _ in range(rounds):
+            if self._late():
+                break
             crossings = sum(1 for c in current.chosen if self._external(c))
             if not crossings:
                 break
@@ -169,13 +190,16 @@ class Validation:
                 break
             self._time(current, f"collage, {penalty * 1e3:.0f} us per crossing")
             tried.append(current)
-        for name, single in singles.items():
-            self._time(single, "tvm alone" if self.toolchains[name].is_tvm else f"{name} + tvm")
-            tried.append(single)
-        for name, answer in (greedy or {}).items():
-            self._time(answer, f"{name} greedy")
+        labelled = [("tvm alone" if self.toolchains[name].is_tvm else f"{name} + tvm", single)
+                    for name, single in singles.items()]
+        labelled += [(f"{name} greedy", answer) for name, answer in (greedy or {}).items()]
+        for label, answer in labelled:
+            if self._late():
+                break
+            self._time(answer, label)
             tried.append(answer)
-        self._retime_side_by_side(tried)
+        if not self._late():
+            self._retime_side_by_side(tried)
         return min(tried, key=lambda r: self._measured.get(self._key(r), math.inf))
 
     def _retime_side_by_side(self, tried: List[SearchResult]) -> None:
@@ -244,3 +268,242 @@ def greedy_answers(graph: IndexedGraph, cands: List[Candidate], costs: List[floa
         if is_valid(graph, answer.chosen, toolchains):  # else its regions depend on each other cyclically
             out[name] = answer
     return out
+
+
+# ---------------------------------------------------------------------------
+# The final answer: the mix only when it is faster than every single toolchain
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class FinalAnswer:
+    """The outcome of :func:`final_answer`: which competitor is the answer, and why.
+
+    Attributes
+    ----------
+    answer : str
+        The chosen competitor: ``mix``, or a single toolchain's name.
+    mix : str or None
+        The name of the mix (None: the mix was one of the single toolchains).
+    best_single : str or None
+        The single toolchain with the lowest median.
+    ratio : Ratio or None
+        ``mix / best single`` (below 1: the mix is faster); with no mix, the
+        fastest single over the second (None when there are not two to compare).
+    reason : str
+        The decision in words.
+    timings : dict of str to Timing
+        Every competitor's samples (empty: it could not be built or run).
+    rounds, seconds, stopped :
+        How many interleaved rounds ran, in how long, and why they stopped
+        (see :class:`~tvm_tcutils.measure.Interleaved`).
+    """
+
+    answer: str
+    mix: Optional[str]
+    best_single: Optional[str]
+    ratio: Optional[Ratio]
+    reason: str
+    timings: Dict[str, Timing]
+    rounds: int
+    seconds: float
+    stopped: str
+
+    @property
+    def is_mix(self) -> bool:
+        """Whether the mix is the answer."""
+        return self.mix is not None and self.answer == self.mix
+
+    def as_dict(self) -> dict:
+        """A JSON-ready summary (for benchmark results)."""
+        return {"answer": self.answer, "mix": self.mix, "best_single": self.best_single,
+                "ratio": self.ratio.as_dict() if self.ratio else None, "reason": self.reason,
+                "timings": {name: t.as_dict() for name, t in self.timings.items()},
+                "rounds": self.rounds, "seconds": self.seconds, "stopped": self.stopped}
+
+
+def _fastest(timings: Mapping[str, Timing], names: Sequence[str]) -> Optional[str]:
+    timed = [name for name in names if timings[name].samples_ms]
+    return min(timed, key=lambda name: timings[name].median_ms) if timed else None
+
+
+#: Why rounds ended without a separated interval, in words.
+_STOPPED = {"budget": "the time budget ended", "rounds": "the round limit was reached", "decided": "separated"}
+
+
+def final_answer(timers: Mapping[str, Callable[[], float]], mix: Optional[str] = "collage",
+                 confidence: float = 0.95, budget_s: Optional[float] = 60.0, min_rounds: int = 5,
+                 max_rounds: int = 40, clock: Callable[[], float] = time.perf_counter,
+                 on_round: Optional[Callable[[int, int], None]] = None) -> FinalAnswer:
+    """Time the mix and every single toolchain in interleaved rounds; the mix only if it is faster.
+
+    Rounds of A B C ... (one sample of each competitor, in turns, see
+    :func:`~tvm_tcutils.measure.interleave_until`) run until the bootstrap
+    interval of ``median(mix) / median(best single)`` at ``confidence``
+    excludes 1, or ``budget_s`` seconds or ``max_rounds`` rounds end. The
+    mix is the answer only when the interval lies below 1; otherwise the
+    single toolchain with the lowest median is. With ``mix=None`` (the mix
+    *is* a single toolchain) the rounds run until the fastest single is
+    separated from the second, and the fastest is the answer.
+
+    Parameters
+    ----------
+    timers : mapping of str to callable
+        One sample in ms per call (:meth:`tvm_tcutils.measure.Timer.sample`);
+        every name but ``mix`` is a single toolchain. A timer that raises is
+        left out (empty timing).
+    confidence : float
+        Of the interval, in (0, 1).
+    budget_s : float or None
+        Seconds of timing (checked between rounds).
+    min_rounds, max_rounds : int
+        Rounds before the first test, and the cap.
+    clock : callable
+        Seconds (injected by tests).
+    on_round : callable, optional
+        ``on_round(rounds_done, max_rounds)`` after each round (progress).
+
+    Examples
+    --------
+    >>> noise = iter([0.0, 0.02, -0.02, 0.01, -0.01] * 100)
+    >>> timers = {"collage": lambda: 1.0 + next(noise), "tvm alone": lambda: 2.0 + next(noise)}
+    >>> out = final_answer(timers)
+    >>> out.answer, out.stopped, out.ratio.high < 1
+    ('collage', 'decided', True)
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    if mix is not None and mix not in timers:
+        raise ValueError(f"mix: {mix!r} is not one of the timers {sorted(timers)}")
+    singles = [name for name in timers if name != mix]
+    if not singles and mix is None:
+        raise ValueError("timers: nothing to compare (no mix and no single toolchain)")
+
+    def pair(timings: Dict[str, Timing]):
+        """The two competitors whose ratio decides: the mix (or the fastest single) and the best other."""
+        best = _fastest(timings, singles)
+        if mix is not None:
+            return mix, best
+        return best, _fastest(timings, [name for name in singles if name != best])
+
+    def decided(timings: Dict[str, Timing]) -> bool:
+        a, b = pair(timings)
+        if a is None or b is None or not timings[a].samples_ms:
+            return True  # nothing left to separate: more rounds cannot change the answer
+        return ratio(timings[a], timings[b], confidence).separated
+
+    run: Interleaved = interleave_until(timers, decided, min_rounds, max_rounds, budget_s, clock,
+                                        on_round=(lambda done: on_round(done, max_rounds)) if on_round else None)
+    timings = run.timings
+    best = _fastest(timings, singles)
+    a, b = pair(timings)
+    r = ratio(timings[a], timings[b], confidence) if a and b and timings[a].samples_ms else None
+    answer, reason = _decide(mix, a, b, best, r, confidence, run)
+    return FinalAnswer(answer, mix, best, r, reason, timings, run.rounds, run.seconds, run.stopped)
+
+
+def _decide(mix: Optional[str], a: Optional[str], b: Optional[str], best: Optional[str], r: Optional[Ratio],
+            confidence: float, run: Interleaved):
+    """``(answer, reason)`` of :func:`final_answer` (``a / b`` is the deciding ratio ``r``)."""
+    level = f"{100 * confidence:.0f} % confidence"
+    rounds = f"{run.rounds} interleaved round{'s' * (run.rounds != 1)}"
+    if best is None:
+        if mix is not None and run.timings[mix].samples_ms:
+            return mix, "no single toolchain could be built and timed; the mix is kept"
+        raise RuntimeError("final comparison: no competitor could be built and timed")
+    if mix is None:
+        if b is None:
+            return best, f"{best}, the only single toolchain timed"
+        if r.separated:
+            return best, f"{best} is fastest (x{1 / r.value:.3f} faster than {b}, {level}, {rounds})"
+        return best, (f"{best} has the lowest median; not separated from {b} at {level} "
+                      f"after {rounds} ({_STOPPED[run.stopped]})")
+    if r is None:
+        return best, f"the mix could not be built and timed; {best} is kept"
+    if r.high < 1.0:
+        return mix, f"the mix is faster than {best} with {level} ({rounds})"
+    if r.low > 1.0:
+        return best, f"{best} is fastest; no mix beats it (the mix is slower with {level}, {rounds})"
+    return best, (f"{best} is kept: the mix is not faster with {level} after {rounds} "
+                  f"({_STOPPED[run.stopped]})")
+
+
+def in_process_sampler(target: Optional[str] = None, tuning_log: Optional[str] = None, repeat: int = 5,
+                       min_repeat_ms: int = 20) -> Callable[[tvm.IRModule], Callable[[], float]]:
+    """``sampler(mod)``: build ``mod`` here (:class:`~tvm_tcutils.measure.Timer`) and return its sample function.
+
+    Each sample is the median of ``repeat`` runs of at least ``min_repeat_ms``.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(64,))
+    >>> mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    >>> sample = in_process_sampler(repeat=2, min_repeat_ms=1)(mod)
+    >>> sample() > 0
+    True
+    """
+    def sampler(mod: tvm.IRModule) -> Callable[[], float]:
+        return Timer(mod, None, target, repeat=repeat, warmup=2, min_repeat_ms=min_repeat_ms,
+                     tuning_log=tuning_log).sample
+    return sampler
+
+
+def whole_model_sampler(timer) -> Optional[Callable[[tvm.IRModule], Callable[[], float]]]:
+    """How the final comparison samples whole modules, given validation's :class:`WholeModelTimer`.
+
+    A timer with its own ``sampler(mod)`` method (a test's, or one that does
+    not time on this CPU) is used as is; one with a ``target`` (a measuring
+    estimator's, :class:`~.cost.workers.PooledWholeModelTimer`) gives
+    :func:`in_process_sampler` for its target and tuning log; other timers
+    give None (no final comparison).
+
+    Examples
+    --------
+    >>> whole_model_sampler(None) is None
+    True
+    """
+    own = getattr(timer, "sampler", None)
+    if callable(own):
+        return own
+    if getattr(timer, "target", None) is None:
+        return None
+    return in_process_sampler(timer.target, getattr(timer, "tuning_log", None))
+
+
+def final_comparison(modules: Mapping[str, tvm.IRModule], mix: Optional[str] = "collage",
+                     sampler: Optional[Callable[[tvm.IRModule], Callable[[], float]]] = None,
+                     confidence: float = 0.95, budget_s: Optional[float] = 60.0, min_rounds: int = 5,
+                     max_rounds: int = 40, on_round: Optional[Callable[[int, int], None]] = None) -> FinalAnswer:
+    """Build whole modules, then :func:`final_answer` on their samples.
+
+    ``modules`` maps competitor names to whole partitioned modules (the mix
+    under ``mix``); ``sampler(module)`` builds one and returns its sample
+    function (default :func:`in_process_sampler` for this CPU). A module that
+    fails to build is left out, with a warning, and gets an empty timing.
+    ``on_round(done, cap)`` is called after each round (progress). The
+    benchmark scripts call this same function.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(64,))
+    >>> mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    >>> out = final_comparison({"tvm alone": mod}, mix=None, sampler=in_process_sampler(repeat=1), min_rounds=1,
+    ...                        max_rounds=1)
+    >>> out.answer, out.rounds
+    ('tvm alone', 1)
+    """
+    sampler = sampler or in_process_sampler()
+    timers: Dict[str, Callable[[], float]] = {}
+    for name, module in modules.items():
+        try:
+            timers[name] = sampler(module)
+        except (tvm.TVMError, RuntimeError, ValueError) as err:
+            logger.warning("final comparison: %s could not be built: %s", name, error_line(err))
+            timers[name] = _unbuildable(name, err)
+    return final_answer(timers, mix, confidence, budget_s, min_rounds, max_rounds, on_round=on_round)
+
+
+def _unbuildable(name: str, err: BaseException) -> Callable[[], float]:
+    def fail() -> float:
+        raise RuntimeError(f"{name} could not be built: {error_line(err)}")
+    return fail

@@ -159,6 +159,8 @@ def runnable_target(text: str, option: str, args: argparse.Namespace) -> None:
     from .._tvm import tvm
 
     target = _parse_target(text, option)
+    if getattr(args, "rpc_key", None):  # runs on the RPC servers of the key, not here (cross-compiled)
+        return
     kind = str(target.kind.name)
     if kind == "llvm":
         reason = _llvm_cannot_run_here(target)
@@ -233,6 +235,24 @@ def picture_output(path: str, option: str, args: argparse.Namespace) -> None:
     _writable_directory(path, option)
     if os.path.exists(path) and not getattr(args, "force", False):
         raise CommandError(f"{option} {path}: already exists; choose another path or overwrite (--force)")
+
+
+def plot_output(path: str, option: str, args: argparse.Namespace) -> None:
+    """Where a bar chart will be drawn: .png/.svg/.pdf in a writable directory, matplotlib installed.
+
+    Examples
+    --------
+    >>> plot_output("speedup.txt", "--plot", argparse.Namespace())
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --plot speedup.txt: cannot write '.txt'; use one of .png, .svg, .pdf
+    """
+    from ..bench.plot import check_plot_path
+
+    try:
+        check_plot_path(path)
+    except ValueError as err:
+        raise CommandError(str(err).replace("--plot", option, 1)) from None
 
 
 def appendable_file(path: str, option: str, args: argparse.Namespace) -> None:
@@ -444,3 +464,54 @@ def op_names(names, option: str, args: argparse.Namespace) -> None:
 
 #: What every command with the shared ``MODEL`` argument checks (see ``_common.add_model_argument``).
 MODEL_CHECKS = (Check("--batch-size", "batch_size", at_least(1)),)
+
+
+# ---------------------------------------------------------------------------
+# Measuring through TVM's RPC tracker
+# ---------------------------------------------------------------------------
+def rpc_tracker(text: str, option: str, args: argparse.Namespace) -> None:
+    """``HOST:PORT`` of an RPC tracker, given with a device key.
+
+    Examples
+    --------
+    >>> rpc_tracker("localhost", "--rpc-tracker", argparse.Namespace(rpc_key="k"))
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --rpc-tracker 'localhost': expected HOST:PORT, e.g. 127.0.0.1:9190
+    >>> rpc_tracker("127.0.0.1:9190", "--rpc-tracker", argparse.Namespace(rpc_key=None))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --rpc-tracker needs --rpc-key KEY ...
+    """
+    from ..rpc import parse_tracker
+
+    try:
+        parse_tracker(text, option)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    if not getattr(args, "rpc_key", None):
+        raise CommandError(f"{option} needs --rpc-key KEY (the device key its servers registered with)")
+
+
+def rpc_device(key: str, option: str, args: argparse.Namespace) -> None:
+    """A device key whose tracker answers (in seconds) and has at least one server for it.
+
+    Examples
+    --------
+    >>> rpc_device("k", "--rpc-key", argparse.Namespace(rpc_tracker="127.0.0.1:1", rpc_key="k"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: RPC tracker 127.0.0.1:1 is not reachable (...
+    """
+    from ..rpc import RPCError
+    from ._common import rpc_backend
+
+    try:
+        rpc_backend(args).servers()  # CommandError without a tracker
+    except (RPCError, ValueError) as err:
+        raise CommandError(str(err)) from None
+
+
+#: The checks of the ``--rpc-*`` arguments (see ``_common.add_rpc_arguments``): the tracker is reached
+#: (a few seconds at most) before any model is loaded.
+RPC_CHECKS = (Check("--rpc-tracker", "rpc_tracker", rpc_tracker), Check("--rpc-key", "rpc_key", rpc_device))

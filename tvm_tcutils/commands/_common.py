@@ -55,3 +55,46 @@ def load_model_arg(args: argparse.Namespace):
     from ..models import load_model
 
     return load_model(args.model, batch_size=args.batch_size, weights=args.weights)
+
+
+def add_rpc_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--rpc-tracker HOST:PORT`` and ``--rpc-key KEY``: measure on the servers of TVM's RPC tracker.
+
+    A key turns remote measurement on (``--rpc-key``, or the environment's
+    ``TVM_TCUTILS_RPC_KEY``); the tracker is ``--rpc-tracker``, or AutoTVM's
+    ``TVM_TRACKER_HOST``/``TVM_TRACKER_PORT``.
+
+    Examples
+    --------
+    >>> p = argparse.ArgumentParser(); add_rpc_arguments(p)
+    >>> p.parse_args(["--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "rasp4"]).rpc_key
+    'rasp4'
+    """
+    import os
+
+    group = parser.add_argument_group("measuring on devices through TVM's RPC tracker (docs/rpc.md)")
+    group.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
+                       help="the RPC tracker (default: $TVM_TRACKER_HOST:$TVM_TRACKER_PORT when a key is given)")
+    group.add_argument("--rpc-key", metavar="KEY", default=os.environ.get("TVM_TCUTILS_RPC_KEY") or None,
+                       help="measure on the tracker's servers of this device key instead of this machine "
+                            "(default: $TVM_TCUTILS_RPC_KEY)")
+
+
+def rpc_backend(args: argparse.Namespace):
+    """The :class:`tvm_tcutils.rpc.RemoteBackend` the ``--rpc-*`` arguments name, or None (measure here).
+
+    Run the ``RPC_CHECKS`` of :mod:`._checks` first: they turn bad settings into one-line errors.
+
+    Examples
+    --------
+    >>> rpc_backend(argparse.Namespace(rpc_tracker=None, rpc_key=None)) is None
+    True
+    """
+    from ..rpc import RemoteBackend, parse_tracker, tracker_from_env
+
+    if not getattr(args, "rpc_key", None):
+        return None
+    tracker = parse_tracker(args.rpc_tracker) if args.rpc_tracker else tracker_from_env()
+    if tracker is None:
+        raise CommandError("--rpc-key needs --rpc-tracker HOST:PORT (or TVM_TRACKER_HOST and TVM_TRACKER_PORT)")
+    return RemoteBackend(tracker, args.rpc_key)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from . import _checks as checks
 from . import _common as cli
@@ -15,6 +16,8 @@ CHECKS = (
     checks.Check("--target", "target", checks.runnable_target),
     checks.Check("--repeat", "repeat", checks.at_least(1)),
     checks.Check("--log", "log", checks.existing_log),
+    checks.Check("--plot", "plot", checks.plot_output),
+    *checks.RPC_CHECKS,
 )
 
 HELP = "build a model (int8 by default: dot-product schedules) and time it against TVM's fp32 build"
@@ -29,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=10,
                         help="rounds of timing, the builds in turns (median reported)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the fp32 TVM build")
+    parser.add_argument("--plot", metavar="PATH",
+                        help="draw the timings (or, with the baseline, the speedup) as a bar chart "
+                             "(.png/.svg/.pdf; needs matplotlib)")
+    cli.add_rpc_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,19 +44,45 @@ def run(args: argparse.Namespace) -> int:
     from ..measure import Timer, interleave, ratio
 
     checks.validate(args, CHECKS)
+    remote = cli.rpc_backend(args)
     target = args.target or host_target()  # code for another CPU may not run here (SIGILL)
     float_mod, float_params = cli.load_model_arg(args)
     mod, params = prepare(float_mod, float_params, args.dtype)
-    timers = {args.dtype: Timer(mod, params, target, repeat=_RUNS_PER_ROUND, tuning_log=args.log).sample}
-    if not args.no_baseline:
-        timers["baseline"] = Timer(float_mod, float_params, target, repeat=_RUNS_PER_ROUND).sample
-    # In turns, one sample of each per round: a drift of the machine's load hits both builds alike.
-    timed = interleave(timers, rounds=args.repeat)
+    # Remotely, both builds run on one server (the same device), in one session.
+    with remote.one_server() if remote else contextlib.nullcontext():
+        timers = {args.dtype: Timer(mod, params, target, repeat=_RUNS_PER_ROUND, tuning_log=args.log,
+                                    backend=remote)}
+        if not args.no_baseline:
+            timers["baseline"] = Timer(float_mod, float_params, target, repeat=_RUNS_PER_ROUND, backend=remote)
+        # In turns, one sample of each per round: a drift of the machine's load hits both builds alike.
+        timed = interleave({name: timer.sample for name, timer in timers.items()}, rounds=args.repeat)
+        where = f" (RPC server {timers[args.dtype].where}, key {remote.key})" if remote else ""
+        for timer in timers.values():
+            timer.close()
     ours = timed[args.dtype]
-    print(f"{args.model} {args.dtype} on {target}: {ours.median_ms:.3f} ms (median of {args.repeat})")
+    print(f"{args.model} {args.dtype} on {target}{where}: {ours.median_ms:.3f} ms (median of {args.repeat})")
     if not args.no_baseline:
         base = timed["baseline"]
         speedup = ratio(base, ours)
         print(f"{args.model} float32 (TVM) on {target}: {base.median_ms:.3f} ms; speedup x{speedup.value:.2f} "
               f"[{speedup.low:.2f}, {speedup.high:.2f}] ({100 * speedup.confidence:.0f} % interval)")
+    if args.plot:
+        _plot(args, timed, target)
     return 0
+
+
+def _plot(args: argparse.Namespace, timed: dict, target: str) -> None:
+    """The bar chart of this run: the speedup over fp32 TVM, or the timing alone without a baseline."""
+    import sys
+
+    from ..bench.plot import plot
+    from ..bench.results import Results
+    from ..measure import ratio
+
+    results = Results("bench", target=target, dtype=args.dtype, repeat=args.repeat)
+    results.command = ["tvm-tcutils", *sys.argv[1:]]  # the title and the record name the command, not a script
+    if "baseline" in timed:
+        results.add(model=args.model, speedup=ratio(timed["baseline"], timed[args.dtype]))
+    else:
+        results.add(model=args.model, **{args.dtype: timed[args.dtype]})
+    print(f"wrote {plot(results.payload(), args.plot)}")

@@ -2,10 +2,25 @@
 from __future__ import annotations
 
 import argparse
-import math
-from typing import List, Optional
+from typing import List
 
 from . import _checks as checks
+from ._common import CommandError
+
+
+def _fraction(value: float, option: str, args: argparse.Namespace) -> None:
+    """The value lies strictly between 0 and 1 (a confidence).
+
+    Examples
+    --------
+    >>> _fraction(1.0, "--confidence", argparse.Namespace())
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --confidence must lie strictly between 0 and 1 (e.g. 0.95), got 1.0
+    """
+    if not 0 < value < 1:
+        raise CommandError(f"{option} must lie strictly between 0 and 1 (e.g. 0.95), got {value}")
+
 
 #: Checked before any work (see commands._checks); every search here measures costs, so
 #: toolchains must be buildable.
@@ -22,13 +37,17 @@ CHECKS = (
     checks.Check("--workers", "workers", checks.at_least(1)),
     checks.Check("--repeat", "repeat", checks.at_least(1)),
     checks.Check("--timeout", "timeout", checks.positive),
+    checks.Check("--confidence", "confidence", _fraction),
+    checks.Check("--compare-budget", "compare_budget", checks.positive),
+    checks.Check("--time-budget", "time_budget", checks.positive),
+    *checks.RPC_CHECKS,
 )
 
 HELP = "partition a model across TVM, ONNX Runtime, BLAS (and BYOC toolchains) at minimum latency"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._common import add_model_argument
+    from ._common import add_model_argument, add_rpc_arguments
 
     add_model_argument(parser)
     # MODEL may be left out with --list.
@@ -52,7 +71,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per candidate build and run")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per candidate (median)")
     parser.add_argument("--no-compare", action="store_true",
-                        help="skip measuring the whole model for each single toolchain")
+                        help="time nothing whole: no validation, no comparison with each toolchain alone "
+                             "(the answer is the search's mix, as estimated)")
+    parser.add_argument("--confidence", type=float, default=0.95,
+                        help="the mix is the answer only if faster than every toolchain alone with this "
+                             "confidence (default 0.95)")
+    parser.add_argument("--compare-budget", type=float, default=60.0,
+                        help="seconds of interleaved timing for the final comparison (default 60)")
+    parser.add_argument("--time-budget", type=float, default=None,
+                        help="seconds for the whole run; when it ends, the best valid partitioning found so far "
+                             "is written, marked partial")
     parser.add_argument("--log", help="append one line per measurement to this file")
     parser.add_argument("--retry-failed", action="store_true",
                         help="measure again the candidates the cost cache holds as failed (otherwise after a day)")
@@ -60,12 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="AutoTVM log for TVM's candidates (from 'tvm-tcutils tune MODEL --dtype float32')")
     parser.add_argument("--target", default=None,
                         help="target of TVM's builds and measurements (default: this CPU, e.g. 'llvm -mcpu=znver4')")
-
-
-def _fmt(ms: Optional[float]) -> str:
-    if ms is None:
-        return "n/a"
-    return "failed" if not math.isfinite(ms) else f"{ms:.3f}"
+    add_rpc_arguments(parser)
 
 
 def _status(toolchain) -> str:
@@ -103,10 +126,10 @@ def toolchain_lines() -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ._common import CommandError, load_model_arg
-    from ..collage import driver, report
+    from ._common import load_model_arg, rpc_backend
+    from ..collage import driver, picture, report
     from ..collage.cost.measured import MeasuredCostEstimator
-    from ..collage.toolchains import resolve, tvm_toolchain, with_max_depth
+    from ..collage.toolchains import resolve, with_max_depth
     from ..models import save_model
 
     if args.list:
@@ -117,58 +140,32 @@ def run(args: argparse.Namespace) -> int:
     checks.validate(args, CHECKS)
     toolchains = with_max_depth(resolve(args.toolchains), args.max_depth)
     mod, params = load_model_arg(args)
+    quiet = getattr(args, "verbosity", None) == "quiet"
+    # The driver's progress counts every candidate (cached ones too): the estimator's own bar stays off.
     measured = MeasuredCostEstimator(cache_dir=args.cache_dir, workers=args.workers, timeout=args.timeout,
                                      repeat=args.repeat, log_file=args.log, target=args.target,
-                                     tuning_log=args.tuning_log, retry_failed=args.retry_failed,
-                                     progress=False if getattr(args, "verbosity", None) == "quiet" else None)
+                                     tuning_log=args.tuning_log, retry_failed=args.retry_failed, progress=False,
+                                     remote=rpc_backend(args))
     estimator = measured
     if args.estimator == "learned":
         from ..collage.cost.learned import XGBoostCostEstimator
 
         estimator = XGBoostCostEstimator(measured)
     try:
-        result = driver.partition(mod, params, toolchains, estimator)
+        result = driver.partition(mod, params, toolchains, estimator, compare_single=not args.no_compare,
+                                  validate_rounds=0 if args.no_compare else 2, progress=False if quiet else None,
+                                  time_budget_s=args.time_budget, confidence=args.confidence,
+                                  compare_budget_s=args.compare_budget)
     finally:
         measured.close()
     print(f"Collage on {args.model}: toolchains {', '.join(tc.name for tc in toolchains)}; "
-          f"{result.candidates} candidates, {result.states} search states; "
           + ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items()))
-    for line in report.partition_table(result):
+    for line in report.report_lines(result, skipped="--no-compare" if args.no_compare else None):
         print(line)
     if args.output:
         save_model(args.output, result.mod)
-        print(f"wrote {args.output}")
+        print(f"wrote {args.output}" + (" (partial: the time budget ended)" if result.partial else ""))
     if args.dot:
-        print(f"wrote {report.write_picture(result, args.dot)}")
-
-    if result.trials:
-        print("validation (whole models built and timed; the fastest is kept):")
-        for label, est, ms in result.trials:
-            print(f"  {label:<36} estimated {_fmt(est):>9} ms  measured {_fmt(ms):>9} ms")
-    if result.side_by_side:
-        print("validation, the distinct ones timed again side by side (round-robin):")
-        for label, est, ms in result.side_by_side:
-            print(f"  {label:<36} estimated {_fmt(est):>9} ms  measured {_fmt(ms):>9} ms")
-    rows: List[tuple] = [("collage", result.estimated_ms, result.mod)]
-    tvm_tc = tvm_toolchain(toolchains)
-    for tc in toolchains:
-        if tc.is_tvm:
-            rows.append((f"{tc.name} alone", result.single_toolchain_ms.get(tc.name), tc.rewrite(result.prepared)))
-            continue
-        greedy = driver.greedy_partition(result.prepared, None, tc, tvm_tc) if tc.buildable() else None
-        rows.append((f"{tc.name} (+tvm)", result.single_toolchain_ms.get(tc.name), greedy))
-    timed = [k for k, (_, _, module) in enumerate(rows) if module is not None]
-    times = [None] * len(rows)
-    if not args.no_compare:
-        try:
-            found = measured.whole_model_timer().time_side_by_side([rows[k][2] for k in timed]) or []
-        finally:
-            measured.close()
-        for k, ms in zip(timed, found):
-            times[k] = ms
-    print(f"{'':<14} {'estimated ms':>13} {'measured ms':>12}")
-    for (name, est, _), ms in zip(rows, times):
-        print(f"{name:<14} {_fmt(est):>13} {_fmt(ms):>12}")
-    print("estimated: Collage's search restricted to those toolchains; measured: the whole models built and "
-          "timed side by side (single toolchains: BYOC's greedy partitioning)")
+        mix_only = "" if result.answer == "collage" else f" (it shows Collage's mix; the answer is {result.answer})"
+        print(f"wrote {picture.write_picture(result, args.dot)}{mix_only}")
     return 0

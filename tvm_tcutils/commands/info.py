@@ -8,12 +8,16 @@ HELP = "print the TVM version and path, available capabilities and registered ho
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", action="store_true", help="also list the built-in models")
+    parser.add_argument("--rpc-tracker", metavar="HOST:PORT", default=None,
+                        help="list this RPC tracker's queue instead: device keys, total, free and pending servers")
 
 
 def run(args: argparse.Namespace) -> int:
     import tvm_tcutils
     from tvm_tcutils.models import ZOO
 
+    if args.rpc_tracker:
+        return _tracker_queue(args.rpc_tracker)
     caps = tvm_tcutils.capabilities()
     yes = lambda flag: "yes" if flag else "no"  # noqa: E731
     tested = "" if caps["tvm_tested"] else f" (untested; tested: {', '.join(tvm_tcutils.TESTED_TVM_VERSIONS)})"
@@ -40,4 +44,18 @@ def run(args: argparse.Namespace) -> int:
         print("built-in models:")
         for model in ZOO.values():
             print(f"  {model.name:<14} {model.description}")
+    return 0
+
+
+def _tracker_queue(address: str) -> int:
+    """Print an RPC tracker's queue, like ``python -m tvm.exec.query_rpc_tracker``."""
+    from tvm_tcutils.rpc import RPCError, parse_tracker, queue_lines
+
+    from ._common import CommandError
+
+    try:
+        lines = queue_lines(parse_tracker(address))
+    except RPCError as err:
+        raise CommandError(str(err)) from None
+    print("\n".join(lines))
     return 0

@@ -12,6 +12,7 @@ CHECKS = (
     checks.Check("--target", "target", checks.runnable_target),
     checks.Check("--trials", "trials", checks.at_least(1)),
     checks.Check("--log", "log", checks.new_or_log_file),
+    *checks.RPC_CHECKS,
 )
 
 HELP = "tune a model's AutoTVM tasks (int8 dot-product templates included) with XGBTuner"
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["int8", "float32"], default="int8",
                         help="tune the int8-quantized model (default) or the float one")
     parser.add_argument("--no-progress", action="store_true", help="no per-task progress bar")
+    cli.add_rpc_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from ..tuning import tune
 
     checks.validate(args, CHECKS)
+    remote = cli.rpc_backend(args)
     mod, params = prepare(*cli.load_model_arg(args), args.dtype)
 
     def announce(index, total, task, todo):
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     quiet = getattr(args, "verbosity", None) == "quiet"
     summary = tune(mod, params, args.target or host_target(), args.trials, args.log,
                    progress=not (args.no_progress or quiet),
-                   on_task=announce)
-    print(f"tuned {len(summary)} tasks, {sum(n for _, n in summary)} new trials; log: {args.log}")
+                   on_task=announce, remote=remote)
+    where = f" on RPC key {remote}" if remote else ""
+    print(f"tuned {len(summary)} tasks{where}, {sum(n for _, n in summary)} new trials; log: {args.log}")
     return 0

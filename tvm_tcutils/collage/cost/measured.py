@@ -29,6 +29,7 @@ import weakref
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..._tvm import host_target
+from ...measure import Backend
 from ...tuning import tuning_log_digest
 from ..arguments import existing_file, flag, positive_number, whole_number
 from ..arguments import target as check_target
@@ -75,6 +76,43 @@ class Progress:
         sys.stderr.flush()
 
 
+#: What the worker pool answers when a worker died or hung: with a remote backend, its server did.
+_POOL_LOSSES = ("timed out after", "worker killed", "worker exited")
+
+
+def _server_lost(result: dict) -> bool:
+    """Whether a remote measurement failed because its server went away (worth a retry elsewhere).
+
+    Examples
+    --------
+    >>> _server_lost({"ms": float("inf"), "lost": True}), _server_lost({"ms": 1.0})
+    (True, False)
+    >>> _server_lost({"ms": float("inf"), "error": "timed out after 120 s"})
+    True
+    """
+    return bool(result.get("lost")) or str(result.get("error") or "").startswith(_POOL_LOSSES)
+
+
+def runtime_functions(toolchain) -> List[str]:
+    """Global functions a device needs to run ``toolchain``'s partitions: the package's packed calls.
+
+    The package's graph-style toolchains (compiler ``tcutils_<name>``) call
+    ``tvm_tcutils.<name>.load`` and ``.run``; TVM and other BYOC toolchains need
+    nothing beyond TVM's runtime.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.toolchains import known
+    >>> runtime_functions(known()["ort"]), runtime_functions(known()["tvm"])
+    (['tvm_tcutils.ort.load', 'tvm_tcutils.ort.run'], [])
+    """
+    compiler = toolchain.compiler or ""
+    if not compiler.startswith("tcutils_"):
+        return []
+    name = compiler[len("tcutils_"):]
+    return [f"tvm_tcutils.{name}.load", f"tvm_tcutils.{name}.run"]
+
+
 class MeasuredCostEstimator(CostEstimator):
     """Measure candidates in worker processes; cache results on disk.
 
@@ -109,6 +147,17 @@ class MeasuredCostEstimator(CostEstimator):
         failures older than ``failure_ttl`` seconds are).
     failure_ttl : float
         Seconds a cached failure counts (default one day).
+    remote : tvm_tcutils.measure.Backend, optional
+        Measure on another device, e.g. a :class:`tvm_tcutils.rpc.RemoteBackend`
+        (the servers of an RPC tracker's key): the workers build here, one per
+        free server, and each candidate is timed on a server, one candidate
+        per server at a time. A server that dies, hangs or drops the
+        connection costs a retry on another one (up to :attr:`RETRIES`), not an
+        infinite cost; servers that register during the search are used.
+        Costs are cached under the device key too, so devices never share
+        them. Whole-model validation is left out (the sum of measured costs is
+        trusted), and toolchains whose runtime functions the servers lack are
+        left out with a warning (serve with ``python -m tvm_tcutils.rpc_server``).
 
     Examples
     --------
@@ -121,7 +170,7 @@ class MeasuredCostEstimator(CostEstimator):
                  repeat: int = 5, warmup: int = 2, min_repeat_ms: int = 5, target: Optional[str] = None,
                  progress: Optional[bool] = None, log_file: Optional[str] = None,
                  worker_imports: Sequence[str] = (), tuning_log: Optional[str] = None,
-                 retry_failed: bool = False, failure_ttl: float = FAILURE_TTL):
+                 retry_failed: bool = False, failure_ttl: float = FAILURE_TTL, remote: Optional[Backend] = None):
         # All checked before a worker starts; messages name the argument (see ..arguments).
         whole_number("workers", workers, least=1)
         positive_number("timeout", timeout)
@@ -138,6 +187,13 @@ class MeasuredCostEstimator(CostEstimator):
         if isinstance(worker_imports, str) or not all(isinstance(m, str) for m in worker_imports):
             raise TypeError(f"worker_imports must be a list of module names, got {worker_imports!r}")
         existing_file("tuning_log", tuning_log)
+        if remote is not None and not isinstance(remote, Backend):
+            raise TypeError(f"remote must be a tvm_tcutils.measure.Backend (e.g. tvm_tcutils.rpc.RemoteBackend) "
+                            f"or None, got {type(remote).__name__}")
+        self.remote = remote
+        if remote is not None:
+            # Before any worker starts: an unreachable tracker or a key without servers fails here.
+            workers = max(self._servers(), 1)
         directory = default_cache_dir() if cache_dir is None else cache_dir
         self.cache = CostStore(directory, failure_ttl, retry_failed) if directory else None
         self.pool = WorkerPool(workers, timeout, worker_imports)
@@ -151,6 +207,31 @@ class MeasuredCostEstimator(CostEstimator):
         self._unbuildable: set = set()
         self._shared: Optional[SharedConstants] = None
         self._shared_graph = None  # a weak reference to the graph whose constants _shared holds
+        self._remote_missing: Dict[str, List[str]] = {}  # toolchain -> runtime functions the servers lack
+
+    #: Times a candidate is measured again after its server was lost.
+    RETRIES = 3
+
+    #: Seconds between two looks at the tracker for servers that registered during a search.
+    REFRESH_SECONDS = 5.0
+
+    def _servers(self, count: str = "free") -> int:
+        """The remote key's ``free`` or ``total`` servers now (raises when the tracker cannot be reached)."""
+        self._refreshed = time.monotonic()
+        return getattr(self.remote.servers(), count)
+
+    def _grow(self) -> None:
+        """One worker per server of the key, servers that registered since the last look included."""
+        if self.remote is None or time.monotonic() - self._refreshed < self.REFRESH_SECONDS:
+            return
+        try:
+            total = self._servers("total")
+        except RuntimeError as err:  # the tracker is gone for a moment: keep the workers there are
+            logger.warning("RPC tracker: %s", err)
+            return
+        if total > self.pool.size:
+            logger.info("RPC key %s: %d servers now, measuring on %d workers", self.remote, total, total)
+            self.pool.size = total
 
     def _share(self, graph) -> SharedConstants:
         """The shared constants of ``graph`` (the current search's model): a new set for a new graph."""
@@ -162,8 +243,10 @@ class MeasuredCostEstimator(CostEstimator):
         return self._shared
 
     def _disk_key(self, key: str) -> str:
-        # One cache directory serves every target: a cost measured for another CPU is not this one's.
-        return hashlib.sha256(f"{self.settings[0]}|{self._log_digest}|{key}".encode()).hexdigest()
+        # One cache directory serves every target and device: a cost measured for another CPU, or on
+        # another RPC device key, is not this one's (local costs keep the keys they always had).
+        device = f"{self.remote.cache_key}|" if self.remote is not None and self.remote.cache_key else ""
+        return hashlib.sha256(f"{self.settings[0]}|{self._log_digest}|{device}{key}".encode()).hexdigest()
 
     def lookup(self, request: CostRequest) -> Optional[float]:
         """The cached cost of ``request``, or None when it was never measured."""
@@ -193,7 +276,36 @@ class MeasuredCostEstimator(CostEstimator):
                 logger.warning("toolchain %s cannot be built here (no relay.ext.%s): its candidates cost inf",
                                req.toolchain.name, req.toolchain.compiler)
             self._memory[req.key] = {"ms": None, "error": "no codegen"}
-        requests = buildable
+        requests = self._runnable_remotely(buildable)
+        for attempt in range(self.RETRIES + 1):
+            requests = self._measure_once(requests, last_try=attempt == self.RETRIES)
+            if not requests:
+                break
+            logger.warning("retrying %d measurement(s) on other servers of %s (attempt %d of %d)",
+                           len(requests), self.remote, attempt + 2, self.RETRIES + 1)
+
+    def _runnable_remotely(self, requests: List[CostRequest]) -> List[CostRequest]:
+        """Leave out (cost inf, one warning each) toolchains whose runtime functions the remote servers lack."""
+        if self.remote is None:
+            return requests
+        kept = []
+        for req in requests:
+            name = req.toolchain.name
+            if name not in self._remote_missing:
+                needed = runtime_functions(req.toolchain)
+                self._remote_missing[name] = self.remote.missing(needed) if needed else []
+                if self._remote_missing[name]:
+                    logger.warning("the servers of %s cannot run toolchain %s (no %s): it is left out; serve with "
+                                   "'python -m tvm_tcutils.rpc_server' to measure it", self.remote, name,
+                                   ", ".join(self._remote_missing[name]))
+            if self._remote_missing[name]:
+                self._memory[req.key] = {"ms": None, "error": f"not runnable on {self.remote}"}
+            else:
+                kept.append(req)
+        return kept
+
+    def _measure_once(self, requests: List[CostRequest], last_try: bool = True) -> List[CostRequest]:
+        """Measure ``requests``; returns those to measure again (their server was lost), unless ``last_try``."""
         target, repeat, warmup, min_repeat_ms = self.settings
         # A TVM candidate's layout transforms at its boundary cancel between neighbours in a TVM
         # region; a crossing to another toolchain pays them, which validation's crossing penalty learns.
@@ -202,15 +314,29 @@ class MeasuredCostEstimator(CostEstimator):
         def tasks() -> Iterator[tuple]:
             # Pulled by the pool when a worker is free: one candidate serialised at a time per worker.
             for req in requests:
+                self._grow()
                 shared = self._share(req.graph)
                 text = shared.dumps(req.module)
                 req.release()  # the text has it; the module would otherwise live as long as the request
+                extra = {"backend": self.remote} if self.remote is not None else {}
                 yield ("candidate", dict(mod_json=text, target=target, repeat=repeat, warmup=warmup,
                                          min_repeat_ms=min_repeat_ms, tuning_log=self.tuning_log,
-                                         boundary_layout=not req.toolchain.is_tvm, constants=shared.directory))
+                                         boundary_layout=not req.toolchain.is_tvm, constants=shared.directory,
+                                         **extra))
+
+        again: List[CostRequest] = []
 
         def record(k: int, result: dict) -> None:
             req = requests[k]
+            if self.remote is not None and not last_try and _server_lost(result):
+                again.append(req)
+                logger.warning("measurement of %s %s lost its server (%s): retried on another server",
+                               req.toolchain.name, "+".join(req.ops)[:80], result.get("error"))
+                if self.log_file:
+                    with open(self.log_file, "a") as handle:
+                        handle.write(f"RETRIED {req.toolchain.name:<8} {'+'.join(req.ops)[:80]} "
+                                     f"({result.get('error')})\n")
+                return
             entry = {
                 "ms": result.get("ms"), "toolchain": req.toolchain.name, "ops": req.ops,
                 "error": result.get("error"), "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -220,8 +346,9 @@ class MeasuredCostEstimator(CostEstimator):
             self._memory[req.key] = entry
             if self.cache:
                 self.cache.put(self._disk_key(req.key), entry)
+            where = f" on {result['where']}" if result.get("where") not in (None, "local") else ""
             line = f"{req.toolchain.name:<8} {'+'.join(req.ops)[:80]:<80} " + (
-                f"FAILED {entry['error']}" if failed else f"{cost_ms(entry):.4f} ms")
+                f"FAILED {entry['error']}" if failed else f"{cost_ms(entry):.4f} ms{where}")
             (logger.warning if failed else logger.info)("measured %s", line)
             if self.log_file:
                 with open(self.log_file, "a") as handle:
@@ -229,9 +356,16 @@ class MeasuredCostEstimator(CostEstimator):
             bar.step(failed)
 
         self.pool.run(tasks(), record)
+        return again
 
-    def whole_model_timer(self) -> PooledWholeModelTimer:
-        """Times whole modules in this estimator's workers, with its target, repeats and tuning log."""
+    def whole_model_timer(self) -> Optional[PooledWholeModelTimer]:
+        """Times whole modules in this estimator's workers, with its target, repeats and tuning log.
+
+        None with a remote backend: whole models are not timed side by side on a
+        device yet, so validation trusts the sum of the measured costs.
+        """
+        if self.remote is not None:
+            return None
         target, repeat, warmup, _ = self.settings
         return PooledWholeModelTimer(self.pool, target, repeat, warmup, self.tuning_log, self._shared)
 

@@ -37,7 +37,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional
 
 import numpy as np
 
@@ -159,15 +159,25 @@ def load_module(text: str, directory: Optional[str] = None) -> tvm.IRModule:
     return load_modules([text], directory)[0]
 
 
-def load_modules(texts, directory: Optional[str] = None):
-    """Several serialised modules, each shared constant read once for all of them."""
-    loaded: Dict[str, relay.Constant] = {}
+def load_modules(texts, directory: Optional[str] = None,
+                 stand_in: Optional[Callable[[relay.Var], relay.Expr]] = None):
+    """Several serialised modules, each shared constant read once for all of them.
 
-    def constant(name: str) -> relay.Constant:
+    ``stand_in(placeholder)``, when given, makes what replaces a shared constant
+    instead of reading its file: a module to type-check without its weights
+    (see :func:`tvm_tcutils.collage.cost.workers.task_bytes`).
+    """
+    loaded: Dict[str, relay.Expr] = {}
+
+    def constant(var: relay.Var) -> relay.Expr:
+        name = var.name_hint
         if name not in loaded:
-            if directory is None:
+            if stand_in is not None:
+                loaded[name] = stand_in(var)
+            elif directory is None:
                 raise ValueError(f"module reads shared constant {name} but no constants directory was given")
-            loaded[name] = relay.const(np.load(os.path.join(directory, f"c{name[len(PREFIX):]}.npy")))
+            else:
+                loaded[name] = relay.const(np.load(os.path.join(directory, f"c{name[len(PREFIX):]}.npy")))
         return loaded[name]
 
     out = []
@@ -182,7 +192,7 @@ def load_modules(texts, directory: Optional[str] = None):
             if isinstance(func, relay.Function):
                 free = [v for v in relay.analysis.free_vars(func) if v.name_hint.startswith(PREFIX)]
                 if free:  # bound in the body: binding a function checks that free variables stay free
-                    body = relay.bind(func.body, {v: constant(v.name_hint) for v in free})
+                    body = relay.bind(func.body, {v: constant(v) for v in free})
                     func = relay.Function(func.params, body, func.ret_type, func.type_params, func.attrs)
             bound[gv] = func
         out.append(tvm.IRModule(bound, attrs=attrs))

@@ -36,9 +36,12 @@ candidate at ``inf``.
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -49,7 +52,9 @@ from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Se
 
 from ..._tvm import tvm
 from ...processes import WORKER_POPEN_OPTIONS, die_with_parent, kill_group
-from .shared import SharedConstants, load_modules
+from ..toolchains import packed_call
+from ..toolchains.packed_call import forget_sessions
+from .shared import PREFIX, SharedConstants, load_modules
 
 #: What a failed build or run of a module raises (``tvm.TVMError`` is a ``RuntimeError``).
 EXPECTED_FAILURES: Tuple[type, ...] = (tvm.TVMError, RuntimeError, ValueError, OSError, ArithmeticError,
@@ -68,7 +73,23 @@ class WorkerError(Exception):
 TAIL_BYTES = 64 * 1024
 
 #: A worker resident above this many bytes after a task is replaced before its next one.
-RECYCLE_BYTES = 1 << 30
+RECYCLE_BYTES = 640 << 20  # a fresh worker is about 0.25 GB; starting one costs a few seconds
+
+#: Tasks holding this many bytes (shared constants and computed tensors, :func:`task_bytes`) or more take turns.
+HEAVY_BYTES = 64 << 20
+
+#: Seconds between two messages of a worker waiting for its heavy task's turn (each restarts its clock).
+WAIT_BEAT = 1.0
+
+def _nothing() -> None:
+    """Outside a worker there is no pool to tell."""
+
+
+#: How a worker tells the pool it is waiting for, or has got, its turn (set by :func:`worker_entry`).
+_alive: Callable[[], None] = _nothing
+
+#: Whether this process is a measuring worker (set by :func:`worker_entry`).
+_in_worker = False
 
 
 def resident_bytes(pid: int) -> int:
@@ -86,16 +107,135 @@ def resident_bytes(pid: int) -> int:
         return 0
 
 
+def shared_bytes(mod_jsons: Sequence[str], directory: Optional[str]) -> int:
+    """Bytes of the shared constants (files in ``directory``) that the serialised modules name.
+
+    Examples
+    --------
+    >>> shared_bytes(['{"name_hint": "x"}'], None)
+    0
+    """
+    if directory is None:
+        return 0
+    numbers = set()
+    for text in mod_jsons:
+        numbers.update(re.findall(re.escape(PREFIX) + r"(\d+)", text))
+    return sum(os.path.getsize(os.path.join(directory, f"c{n}.npy")) for n in numbers)
+
+
+def computed_bytes(mod_jsons: Sequence[str]) -> int:
+    """Bytes of the tensors the serialised modules compute (:func:`.packed_call.activation_bytes`).
+
+    Typed without their weights: each shared constant is stood in for by a
+    ``zeros`` call of its type (nothing is read), whose bytes are then taken off
+    again, once per module.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(1, 1024))
+    >>> computed_bytes([tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))])
+    4096
+    """
+    from tvm import relay
+
+    total = 0
+    for text in mod_jsons:
+        stood_in = [0]
+
+        def stand_in(var: relay.Var) -> relay.Expr:
+            stood_in[0] += packed_call.type_bytes(var.type_annotation)
+            return relay.zeros(var.type_annotation.shape, var.type_annotation.dtype)
+
+        [mod] = load_modules([text], stand_in=stand_in)
+        mod = relay.transform.InferType()(mod)
+        computed = sum(packed_call.activation_bytes(func) for func in mod.functions.values()
+                       if isinstance(func, relay.Function))
+        total += max(computed - stood_in[0], 0)
+    return total
+
+
+def task_bytes(mod_jsons: Sequence[str], directory: Optional[str]) -> int:
+    """What a task's modules hold, about: their shared constants and the tensors they compute.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(1, 1024))
+    >>> task_bytes([tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))], None)
+    4096
+    >>> task_bytes(["{"], None)  # does not load: its task fails alone
+    0
+    """
+    weights = shared_bytes(mod_jsons, directory)
+    try:
+        return weights + computed_bytes(mod_jsons)
+    # Text that does not load (TVM's JSON upgrader raises TypeError / KeyError on some) or does not
+    # type-check fails in the task itself, where the error is reported: here it only counts as light.
+    except EXPECTED_FAILURES + (TypeError, KeyError):
+        return weights
+
+
+@contextlib.contextmanager
+def heavy_turn(mod_jsons: Sequence[str], directory: Optional[str], limit: int = HEAVY_BYTES):
+    """Runs the block alone among the search's heavy tasks (``limit`` bytes of :func:`task_bytes` or more).
+
+    Building and timing a large layer holds its weights several times over (TVM's
+    parameters and the executor's copy, a toolchain's session and its packed
+    copy: about 3 GB in one worker for VGG-16's 0.4 GB ``fc6``), and a candidate
+    of many large layers holds their activations (and a toolchain its
+    workspaces) besides, so heavy tasks
+    in several workers at once would multiply the peak by the number of workers;
+    lighter tasks run alongside. Tasks without shared constants (no search
+    directory) never wait. The turn is an exclusive ``flock`` on a file in
+    the search's constants directory: a worker killed while holding it (a
+    timeout) releases it with its death. While a worker waits it tells the pool
+    every :data:`WAIT_BEAT` seconds, which restarts the task's timeout, and once
+    more when its turn comes. :func:`run_task` drops the toolchain sessions the
+    task made before the turn passes on.
+
+    Examples
+    --------
+    >>> with heavy_turn(["{}"], None):
+    ...     print("ran")
+    ran
+    """
+    if directory is None or task_bytes(mod_jsons, directory) < limit:
+        yield
+        return
+    with open(os.path.join(directory, "heavy.lock"), "a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                _alive()
+                time.sleep(WAIT_BEAT)
+        _alive()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _load(mod_jsons: Sequence[str], constants: Optional[str] = None) -> List[tvm.IRModule]:
     from tvm import relay
 
-    return [relay.transform.InferType()(mod) for mod in load_modules(mod_jsons, constants)]
+    from ..toolchains.packed_call import lift_constants
+
+    # Lifted, the large weights of ONNX Runtime / OpenVINO partitions stay out of their compiled payloads.
+    return [lift_constants(relay.transform.InferType()(mod)) for mod in load_modules(mod_jsons, constants)]
 
 
 def time_candidate(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
                    tuning_log: Optional[str] = None, boundary_layout: bool = True,
-                   constants: Optional[str] = None) -> dict:
+                   constants: Optional[str] = None, backend=None) -> dict:
     """Build a saved module, warm it up on random inputs, time it: ``{"ms": median}``.
+
+    ``backend`` (a :class:`tvm_tcutils.measure.Backend`) times it elsewhere, for
+    example on an RPC server; the answer then names the server (``where``), and
+    a server lost in the middle answers ``{"ms": inf, "lost": True, ...}`` so
+    that the caller measures the candidate again on another one.
 
     ``boundary_layout=False`` leaves out the layout transforms at its inputs and
     outputs (see :class:`tvm_tcutils.measure.Timer`); ``constants`` is the
@@ -109,12 +249,25 @@ def time_candidate(mod_json: str, target: str, repeat: int, warmup: int, min_rep
     >>> time_candidate(text, "llvm", repeat=3, warmup=1, min_repeat_ms=1)["ms"] > 0
     True
     """
-    from ...measure import Timer
+    from ...measure import Timer, error_line
 
-    [mod] = _load([mod_json], constants)
-    timer = Timer(mod, None, target, repeat=repeat, warmup=warmup, min_repeat_ms=min_repeat_ms,
-                  tuning_log=tuning_log, boundary_layout=boundary_layout)
-    return {"ms": timer.sample()}
+    mods = _load([mod_json], constants)
+    try:
+        timer = Timer(mods[0], None, target, repeat=repeat, warmup=0, min_repeat_ms=min_repeat_ms,
+                      tuning_log=tuning_log, boundary_layout=boundary_layout, backend=backend)
+        # The executor has its own copy of the weights: the loaded ones go before the first run, where
+        # a toolchain makes its session (and its own packed copy of them).
+        mods.clear()
+        for _ in range(max(warmup, 0)):
+            timer.runner.run()
+        ms = timer.sample()
+    except EXPECTED_FAILURES as err:
+        if backend is None or not backend.lost(err):
+            raise
+        return {"ms": math.inf, "lost": True, "error": f"{type(err).__name__}: {error_line(err)}"}
+    where = timer.where
+    timer.close()  # a remote backend's file and session go now, not when the worker collects the timer
+    return {"ms": ms, "where": where}
 
 
 def time_wholes(mod_jsons: Sequence[str], target: str, repeat: int, warmup: int, min_repeat_ms: int,
@@ -153,8 +306,17 @@ def run_task(task: Task) -> dict:
 
     kind, arguments = task
     start = time.perf_counter()
+    texts = arguments.get("mod_jsons") or [arguments.get("mod_json", "")]
+    # A candidate task builds one executor, alive until the task ends, and every toolchain state goes
+    # then: states may keep its buffers of lifted weights. Whole-model tasks time several executors
+    # side by side, and a state made from one could outlive it: they copy.
+    packed_call.BORROW_LIFTED = _in_worker and kind == "candidate"
     try:
-        result = TASKS[kind](**arguments)
+        with heavy_turn(texts, arguments.get("constants")):
+            try:
+                result = TASKS[kind](**arguments)  # what it built is released when it returns, before the turn ends
+            finally:
+                forget_sessions()
     except EXPECTED_FAILURES as err:  # a failed build or run costs this task only
         return {"ms": math.inf, "error": f"{type(err).__name__}: {error_line(err)}"}
     return dict(result, seconds=time.perf_counter() - start)
@@ -179,6 +341,10 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str], parent: Op
 
     inbox = Connection(read_fd, writable=False)
     outbox = Connection(write_fd, readable=False)
+    global _alive
+    _alive = lambda: outbox.send(("alive", None))  # noqa: E731  (see heavy_turn)
+    global _in_worker
+    _in_worker = True
     for name in imports:
         importlib.import_module(name)
     outbox.send(("ready", None))
@@ -342,7 +508,8 @@ class WorkerPool:
             A worker raised something other than a build or run failure.
         """
         timeout = self.timeout if timeout is None else timeout
-        wanted = min(self.size, len(tasks)) if hasattr(tasks, "__len__") else self.size
+        limit = len(tasks) if hasattr(tasks, "__len__") else math.inf
+        wanted = min(self.size, limit)
         source: Iterator[Task] = iter(tasks)
         results: Dict[int, dict] = {}
         taken = 0
@@ -356,6 +523,8 @@ class WorkerPool:
                 on_result(index, result)
 
         while True:
+            if not exhausted and len(self._workers) < min(self.size, limit):  # the size grew (new RPC servers)
+                self._workers.append(self._spawn())
             for worker in self._workers:
                 if worker.ready and worker.task is None and not exhausted:
                     task = next(source, None)
@@ -381,6 +550,9 @@ class WorkerPool:
                         if task_id == "ready":
                             worker.ready = True
                             worker.deadline = math.inf
+                            continue
+                        if task_id == "alive":  # waiting for, or just given, a heavy task's turn (heavy_turn)
+                            worker.deadline = time.monotonic() + timeout
                             continue
                         if "bug" in result:
                             self.close()

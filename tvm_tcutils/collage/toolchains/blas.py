@@ -33,18 +33,17 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import is_op, wildcard
 
 from ... import registry
+from .. import predicates
 from .packed_call import PackedToolchain, byoc_partition, function_of, tensor_view
 
 #: BYOC compiler name of this toolchain.
 COMPILER = "tcutils_blas"
 
 #: Element types numpy's BLAS computes natively.
-DTYPES = ("float32", "float64")
+DTYPES = predicates.BLAS_DTYPES
 
 #: Relay matrix products the toolchain runs.
-PRODUCTS = ("nn.dense", "nn.batch_matmul", "nn.matmul")
-
-_BIAS_OPS = ("nn.bias_add", "add")
+PRODUCTS = predicates.MATRIX_PRODUCTS
 
 
 def available() -> Tuple[bool, str]:
@@ -67,47 +66,14 @@ def available() -> Tuple[bool, str]:
 
 
 # --------------------------------------------------------------------------
-# Patterns.
+# Patterns: what the codegen builds, one predicate for both (see ..predicates).
 # --------------------------------------------------------------------------
-def _static(ttype) -> bool:
-    return isinstance(ttype, relay.TensorType) and all(isinstance(d, tvm.tir.IntImm) for d in ttype.shape)
-
-
-def _product_ok(call: relay.Call) -> bool:
-    types = [arg.checked_type for arg in call.args] + [call.checked_type]
-    if not all(_static(t) and str(t.dtype) == str(types[0].dtype) for t in types):
-        return False
-    return str(types[0].dtype) in DTYPES and str(getattr(call.attrs, "out_dtype", "")) in ("", str(types[0].dtype))
-
-
-def _bias_ok(call: relay.Call) -> bool:
-    """A bias over a product: same type as the product's result, only broadcast."""
-    return _bias_fits(call, call.args[0])
-
-
-def _bias_fits(call: relay.Call, product: relay.Expr) -> bool:
-    bias = call.args[1]
-    if not isinstance(product, relay.Call) or not _product_ok(product):
-        return False
-    out, bias_type = product.checked_type, bias.checked_type
-    if not _static(bias_type) or str(bias_type.dtype) != str(out.dtype):
-        return False
-    if call.op.name == "nn.bias_add":
-        return len(bias_type.shape) == 1
-    return [int(d) for d in call.checked_type.shape] == [int(d) for d in out.shape]
-
-
-def _predicate(expr: relay.Expr) -> bool:
-    try:
-        if expr.op.name in _BIAS_OPS:
-            return _bias_ok(expr)
-        return _product_ok(expr)
-    except (AttributeError, ValueError, TypeError):  # untyped or unexpected expressions
-        return False
-
-
 def pattern_table() -> List[tuple]:
     """Patterns ``tcutils_blas.<product>`` and ``tcutils_blas.<product>_bias``.
+
+    Their predicate is :func:`~..predicates.blas_claim` of the product, the
+    claim the codegen asserts (:func:`~..predicates.blas_claims`): what is
+    claimed builds.
 
     Examples
     --------
@@ -119,8 +85,9 @@ def pattern_table() -> List[tuple]:
         short = op_name.split(".")[-1]
         product = is_op(op_name)(wildcard(), wildcard())
         biased = is_op("nn.bias_add")(product, wildcard()) | is_op("add")(product, wildcard())
-        table.append((f"{COMPILER}.{short}_bias", biased, _predicate))
-        table.append((f"{COMPILER}.{short}", product, _predicate))
+        claims = predicates.blas_claim(op_name)
+        table.append((f"{COMPILER}.{short}_bias", biased, claims))
+        table.append((f"{COMPILER}.{short}", product, claims))
     return table
 
 
@@ -180,12 +147,16 @@ def _plan(func: relay.Function) -> _Plan:
     params = {param: index for index, param in enumerate(func.params)}
     env: Dict[relay.Var, relay.Expr] = {}
     root = _inline_composite(func.body, env)
+    if not (isinstance(root, relay.Call) and isinstance(root.op, tvm.ir.Op)
+            and root.op.name in PRODUCTS + predicates.BIAS_OPS):
+        raise ValueError(f"a {COMPILER} function must compute one of {list(PRODUCTS)} (plus a bias); got {root}")
+    # The claim the pattern made, asserted with the same predicate.
+    predicates.require(predicates.blas_claims, root, COMPILER)
     bias_expr, bias_shape = None, None
-    if isinstance(root, relay.Call) and isinstance(root.op, tvm.ir.Op) and root.op.name in _BIAS_OPS:
-        product = _inline_composite(root.args[0], env)
-        if not _bias_fits(root, product):
-            raise ValueError(f"{root.op.name} is not a bias over a matrix product of the same type")
-        bias_expr = _resolve(root.args[1], env)
+    found = predicates.biased_product(root)
+    if found is not None:
+        product, bias_expr = found
+        bias_expr = _resolve(bias_expr, env)
         out_ndim = len(root.checked_type.shape)
         bias_shape = [int(d) for d in bias_expr.checked_type.shape]
         if root.op.name == "nn.bias_add":
@@ -193,10 +164,6 @@ def _plan(func: relay.Function) -> _Plan:
             axis = axis + out_ndim if axis < 0 else axis
             bias_shape = bias_shape + [1] * (out_ndim - axis - 1)
         root = product
-    if not (isinstance(root, relay.Call) and isinstance(root.op, tvm.ir.Op) and root.op.name in PRODUCTS):
-        raise ValueError(f"a {COMPILER} function must compute one of {list(PRODUCTS)} (plus a bias); got {root}")
-    if not _product_ok(root):
-        raise ValueError(f"{root.op.name} with type {root.checked_type} is not one {COMPILER} runs ({list(DTYPES)})")
 
     def operand(expr: relay.Expr, what: str):
         expr = _resolve(expr, env)

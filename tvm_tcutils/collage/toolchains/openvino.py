@@ -8,7 +8,9 @@ model. The first call in a process reads the model and compiles it once with
 ``openvino.Core().compile_model(..., "CPU")``; every call then runs one infer
 request on the executor's own buffers: its input and output tensors are
 ``openvino.Tensor`` objects sharing their memory (``shared_memory=True``), so no
-tensor is copied on the way in or out.
+tensor is copied on the way in or out. Large weights are not embedded: they are
+lifted into the caller's parameters (:func:`.packed_call.lift_constants`) and
+become constants of the model (in place of its inputs) before it is compiled.
 
 The two toolchains differ in OpenVINO's ``INFERENCE_PRECISION_HINT`` only:
 
@@ -41,10 +43,11 @@ from ..._tvm import tvm
 from tvm import relay
 
 from ... import registry
-from . import ort, relay_to_onnx
+from . import ort
 from .base import Toolchain
 from .packed_call import (
-    PackedToolchain, byoc_partition, function_of, missing_modules, modules_present, tensor_data, tensor_view,
+    LIFTING_COMPILERS, PackedToolchain, byoc_partition, function_of, missing_modules, modules_present, tensor_data,
+    tensor_view,
 )
 
 #: Python modules the toolchains need.
@@ -101,6 +104,8 @@ PRECISIONS: Dict[str, Precision] = {
 
 #: BYOC compiler name of the f32 toolchain.
 COMPILER = PRECISIONS["f32"].compiler
+
+LIFTING_COMPILERS.update(spec.compiler for spec in PRECISIONS.values())
 
 #: Operators the ONNX converter handles that OpenVINO does not run as Relay means them, and why.
 #: Everything else in :data:`relay_to_onnx.CONVERTERS` is claimed (each with a numerics test).
@@ -243,13 +248,17 @@ def pattern_table(precision: str = "f32") -> List[tuple]:
 class _Compiled:
     """One embedded model compiled for the CPU, with its infer request bound to the last buffers seen."""
 
-    def __init__(self, payload: bytes, precision: str):
+    def __init__(self, payload: bytes, precision: str, weights: List = ()):
         ov = importlib.import_module("openvino")
         core = _core()
         self._tensor = ov.Tensor
-        self.compiled = core.compile_model(core.read_model(payload, b""), "CPU", compile_config(precision))
+        model = _with_constants(core.read_model(payload, b""), ort.lifted_names(payload), weights)
+        self.compiled = core.compile_model(model, "CPU", compile_config(precision))
+        del model  # the compiled model keeps its own (reordered) weights
         self.request = self.compiled.create_infer_request()
-        self.num_inputs = len(self.compiled.inputs)
+        self.num_data = len(self.compiled.inputs)
+        # The executor passes the lifted weights after the inputs; only the inputs are bound.
+        self.num_inputs = self.num_data + len(weights)
         self.num_outputs = len(self.compiled.outputs)
         self.bound: Optional[tuple] = None
         # An infer request runs one inference at a time.
@@ -258,6 +267,7 @@ class _Compiled:
     def run(self, inputs: List[int], outputs: List[int]) -> None:
         if len(outputs) != self.num_outputs:
             raise ValueError(f"OpenVINO partition: {len(outputs)} output tensors for {self.num_outputs} results")
+        inputs = inputs[:self.num_data]
         pointers = tuple(tensor_data(address) for address in inputs + outputs)
         with self.lock:
             # Executors reuse their buffers: rebinding happens when they change (another executor).
@@ -270,10 +280,28 @@ class _Compiled:
             self.request.infer(share_outputs=True)
 
 
+def _with_constants(model, names: List[str], weights: List):
+    """``model`` with its parameters ``names`` replaced by constants holding copies of ``weights``."""
+    if len(names) != len(weights):
+        raise ValueError(f"the model has {len(names)} lifted weights, {len(weights)} were given")
+    if not names:
+        return model
+    opset = importlib.import_module("openvino.opset13")
+    by_name = {param.get_friendly_name(): param for param in model.get_parameters()}
+    for name, weight in zip(names, weights):
+        param = by_name[name]
+        constant = opset.constant(weight, shared_memory=False)  # a copy: the weight is a view of the caller's
+        for target in list(param.output(0).get_target_inputs()):
+            target.replace_source_output(constant.output(0))
+        model.remove_parameter(param)
+    model.validate_nodes_and_infer_types()
+    return model
+
+
 def _toolchain(precision: str) -> PackedToolchain:
-    def prepare(payload: bytes) -> _Compiled:
+    def prepare(payload: bytes, weights: List = ()) -> _Compiled:
         _require(precision)
-        return _Compiled(payload, precision)
+        return _Compiled(payload, precision, weights)
 
     def execute(state: _Compiled, inputs: List[int], outputs: List[int]) -> None:
         state.run(inputs, outputs)
@@ -315,8 +343,8 @@ def compile_function(func: relay.Function, precision: str = "f32") -> "tvm.runti
     """
     _require(precision)
     func = function_of(func)
-    model = relay_to_onnx.to_onnx(func, name=str(func.attrs["global_symbol"]))
-    return TOOLCHAINS[precision].build_module(func, model.SerializeToString())
+    # Lifted weights stay graph inputs in the ONNX model: OpenVINO reads no external data from memory.
+    return TOOLCHAINS[precision].build_module(func, ort.to_payload(func, externalize=False))
 
 
 def partition_for(mod: tvm.IRModule, params=None, precision: str = "f32") -> tvm.IRModule:

@@ -6,7 +6,10 @@ which returns a runtime module (:class:`.packed_call.PackedToolchain`) whose
 function calls an onnxruntime ``InferenceSession`` (CPU provider, one per
 model and process, full graph optimizations) on the executor's own buffers
 through an ``IOBinding``: no tensor is copied on the way in or out. The model
-is embedded in the module, so ``export_library`` and loading elsewhere work.
+is embedded in the module, so ``export_library`` and loading elsewhere work;
+its large weights are not: they are lifted into the caller's parameters
+(:func:`.packed_call.lift_constants`) and become the session's initializers
+when it is created (:func:`.relay_to_onnx.externalize_inputs`).
 
 Settings (environment): ``TVM_TCUTILS_ORT_THREADS`` sets onnxruntime's
 intra-op threads (default: as many as TVM's thread pool, see :func:`ort_threads`);
@@ -19,6 +22,8 @@ import importlib
 import os
 from typing import Dict, List, Tuple
 
+import numpy as np
+
 from ..._tvm import tvm
 from tvm import relay
 from tvm.relay.dataflow_pattern import is_op, is_tuple, wildcard
@@ -26,7 +31,9 @@ from tvm.relay.dataflow_pattern import is_op, is_tuple, wildcard
 from ... import registry
 from . import relay_to_onnx
 from .packed_call import (
-    PackedToolchain, byoc_partition, function_of, missing_modules, modules_present, tensor_data, tensor_view,
+    LIFTING_COMPILERS, PackedToolchain, activation_bytes, byoc_partition, function_of, kept, lifted_params,
+    missing_modules,
+    modules_present, tensor_data, tensor_view,
 )
 
 #: BYOC compiler name of this toolchain.
@@ -36,6 +43,20 @@ COMPILER = "tcutils_ort"
 REQUIRED_MODULES = ("onnxruntime", "onnx")
 
 _MAX_BINDINGS = 8
+
+#: Model metadata key: the names of the initializers a session is given at creation (lifted weights).
+LIFTED_KEY = "tcutils.lifted"
+
+#: Model metadata key: bytes of the tensors the model computes (:func:`.packed_call.activation_bytes`).
+ACTIVATION_KEY = "tcutils.activation_bytes"
+
+#: Models computing this many bytes or more run without onnxruntime's memory arena and memory pattern,
+#: which keep a run's intermediate buffers allocated for the session's life; a large model then
+#: allocates per run, which costs little next to its kernels (VGG-16's first two blocks at 224x224:
+#: no difference in time or memory measured at batch 1, see docs/collage-search.md).
+NO_ARENA_BYTES = 64 << 20
+
+LIFTING_COMPILERS.add(COMPILER)
 
 #: Operators whose operand is a tuple of tensors.
 _TUPLE_INPUT = frozenset({"concatenate"})
@@ -111,12 +132,22 @@ def pattern_table() -> List[tuple]:
 class _Session:
     """An inference session for one embedded model, with its I/O bindings by buffer address."""
 
-    def __init__(self, payload: bytes):
+    def __init__(self, payload: bytes, weights: List[np.ndarray] = ()):
         ort = importlib.import_module("onnxruntime")
-        self.session = ort.InferenceSession(payload, _session_options(), providers=["CPUExecutionProvider"])
+        metadata = _metadata(payload)
+        options = _session_options(int(metadata.get(ACTIVATION_KEY, 0)))
+        names = metadata[LIFTED_KEY].split(",") if metadata.get(LIFTED_KEY) else []
+        if len(names) != len(weights):
+            raise ValueError(f"the model has {len(names)} lifted weights, {len(weights)} were given")
+        if names:
+            # The arrays must outlive the session, which reads them in place.
+            self.weights = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(kept(w))) for w in weights]
+            options.add_external_initializers(names, self.weights)
+        self.session = ort.InferenceSession(payload, options, providers=["CPUExecutionProvider"])
         self.input_names = [arg.name for arg in self.session.get_inputs()]
         self.output_names = [arg.name for arg in self.session.get_outputs()]
-        self.num_inputs = len(self.input_names)
+        # The executor passes the lifted weights after the inputs; only the inputs are bound.
+        self.num_inputs = len(self.input_names) + len(names)
         # Executors reuse their buffers, so a binding made once serves every later run.
         self.bindings: Dict[tuple, object] = {}
 
@@ -159,20 +190,83 @@ def ort_threads() -> int:
     return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
 
 
-def _session_options():
+def _session_options(activation_bytes: int = 0):
+    """onnxruntime's options for a model computing ``activation_bytes`` (its arena off from :data:`NO_ARENA_BYTES`).
+
+    Examples
+    --------
+    >>> _session_options(0).enable_cpu_mem_arena, _session_options(NO_ARENA_BYTES).enable_cpu_mem_arena
+    (True, False)
+    """
     ort = importlib.import_module("onnxruntime")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    if activation_bytes >= NO_ARENA_BYTES:
+        options.enable_cpu_mem_arena = False
+        options.enable_mem_pattern = False
     options.intra_op_num_threads = ort_threads()
     spin = "1" if os.environ.get("TVM_TCUTILS_ORT_SPIN", "0") == "1" else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     return options
 
 
-def _prepare(payload: bytes) -> _Session:
+def lifted_names(payload: bytes) -> List[str]:
+    """Names of the lifted weights of an ONNX payload (its ``tcutils.lifted`` metadata), in parameter order.
+
+    Examples
+    --------
+    >>> lifted_names(b"")
+    []
+    """
+    value = _metadata(payload).get(LIFTED_KEY, "")
+    return value.split(",") if value else []
+
+
+def _metadata(payload: bytes) -> Dict[str, str]:
+    onnx = importlib.import_module("onnx")
+    model = onnx.ModelProto()
+    # Only the metadata is wanted, but the proto is small: the lifted weights are not in it.
+    model.ParseFromString(payload)
+    return {prop.key: prop.value for prop in model.metadata_props}
+
+
+def to_payload(func: relay.Function, externalize: bool = True) -> bytes:
+    """The ONNX model of a partition as bytes, its lifted weights named in its metadata.
+
+    With ``externalize`` they are initializers with external data
+    (:func:`.relay_to_onnx.externalize_inputs`), else graph inputs.
+
+    Examples
+    --------
+    >>> x, w = relay.var("x", shape=(1, 8)), relay.var("tcutils_lifted_0", shape=(1, 8))
+    >>> lifted_names(to_payload(relay.Function([x, w], x + w)))
+    ['in1']
+    """
+    count = len(lifted_params(func))
+    model = relay_to_onnx.to_onnx(func, name=str(func.attrs["global_symbol"]) if func.attrs else "tcutils")
+    names = [f"in{i}" for i in range(len(func.params) - count, len(func.params))]
+    if names:
+        if externalize:
+            relay_to_onnx.externalize_inputs(model, names)
+        prop = model.metadata_props.add()
+        prop.key, prop.value = LIFTED_KEY, ",".join(names)
+    prop = model.metadata_props.add()
+    prop.key, prop.value = ACTIVATION_KEY, str(activation_bytes(_typed(func)))
+    return model.SerializeToString()
+
+
+def _typed(func: relay.Function) -> relay.Function:
+    try:
+        func.body.checked_type  # noqa: B018  (raises when untyped)
+        return func
+    except ValueError:
+        return relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"]
+
+
+def _prepare(payload: bytes, weights: List[np.ndarray] = ()) -> _Session:
     _require()
-    return _Session(payload)
+    return _Session(payload, weights)
 
 
 def _execute(state: _Session, inputs, outputs) -> None:
@@ -208,9 +302,7 @@ def compile_function(func: relay.Function) -> "tvm.runtime.Module":
     """
     _require()
     func = function_of(func)
-    # The model proto is dropped once serialised: with VGG's 0.4 GB dense weight it is one copy less at the peak.
-    payload = relay_to_onnx.to_onnx(func, name=str(func.attrs["global_symbol"])).SerializeToString()
-    return TOOLCHAIN.build_module(func, payload)
+    return TOOLCHAIN.build_module(func, to_payload(func))
 
 
 def partition_for(mod: tvm.IRModule, params=None) -> tvm.IRModule:

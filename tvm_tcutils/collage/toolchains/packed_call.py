@@ -18,6 +18,21 @@ loading in another process that imports :mod:`tvm_tcutils`:
 (:func:`tensor_view`, :func:`tensor_data`); ``load`` decodes the payload once
 and caches what the toolchain builds from it (an inference session) per key.
 
+Large weights stay out of the payload for the graph toolchains (ONNX Runtime,
+OpenVINO): embedded, VGG-16's 0.4 GB ``fc6`` weight was held about eight times
+while one module was built (ONNX proto, its serialised bytes, base64 text,
+TIR string, LLVM IR, object code, loaded code, session), 3.6 GB in one process.
+:func:`lift_constants` makes each large constant of such a partition a trailing
+parameter (``tcutils_lifted_<n>``) that the caller passes; TVM then keeps it
+once among the module's ordinary parameters, which ``export_library`` and
+``save_model`` store as they store every weight, so a module stays
+self-contained. The payload names those inputs, ``load`` receives them with
+the payload and the toolchain makes them constants of its session (copied
+once: sessions outlive executors), so it folds and pre-packs them as before.
+The key of a payload covers a digest of the lifted weights
+(``tcutils_lifted_digest``): partitions equal but for their weights get their
+own sessions.
+
 ``run`` is called once per partition per inference, so its cost is paid at
 every crossing between TVM and the toolchain. TVM's generic Python callback
 turns each tensor argument into an ``NDArray`` object and the return value
@@ -43,7 +58,9 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import sys
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -64,6 +81,56 @@ _BYTE_OFFSET = ctypes.sizeof(TVMArray) - ctypes.sizeof(ctypes.c_uint64)
 
 #: Calls shorter than this (microseconds, their previous run) do not park TVM's pool: a wake-up costs more.
 _PARK_MIN_US_DEFAULT = 500.0
+
+#: Name prefix of a partition's parameters that stand for its lifted weights (:func:`lift_constants`).
+LIFTED_PREFIX = "tcutils_lifted_"
+
+#: Function attribute: digest of a partition's lifted weights, part of its payload key.
+DIGEST_ATTR = "tcutils_lifted_digest"
+
+#: Constants from this size (bytes) are lifted out of payloads; smaller ones cost less embedded.
+LIFT_MIN_BYTES = 1 << 16
+
+#: BYOC compilers whose codegen takes lifted weights (their toolchain modules add themselves).
+LIFTING_COMPILERS: set = set()
+
+#: Whether states may keep the executor's own buffers of lifted weights instead of copies (:func:`kept`):
+#: only where no state outlives the executor that loaded it, as in a measuring worker, which drops
+#: every state after each candidate (:func:`forget_sessions`). VGG-16's ``fc6``: 0.4 GB less.
+BORROW_LIFTED = False
+
+
+def kept(weight: np.ndarray) -> np.ndarray:
+    """What a toolchain's state keeps of a lifted weight handed to ``prepare``: a copy, or the view
+    itself where :data:`BORROW_LIFTED`.
+
+    Examples
+    --------
+    >>> view = np.ones(3, "float32")
+    >>> kept(view) is view, np.array_equal(kept(view), view)
+    (False, True)
+    """
+    return weight if BORROW_LIFTED else np.array(weight, copy=True)
+
+
+#: Every packed toolchain of the process (see :func:`forget_sessions`).
+_TOOLCHAINS: List["weakref.ref"] = []
+
+
+def forget_sessions() -> None:
+    """Drop the loaded payloads of every packed toolchain (:meth:`PackedToolchain.forget`).
+
+    A measuring worker calls it after a large candidate: the session of VGG-16's
+    ``fc6`` holds 0.8 GB (the weight and its pre-packed copy).
+
+    Examples
+    --------
+    >>> forget_sessions()
+    """
+    for ref in list(_TOOLCHAINS):
+        toolchain = ref()
+        if toolchain is not None:
+            toolchain.forget()
 
 
 def modules_present(names: Sequence[str]) -> bool:
@@ -237,7 +304,11 @@ class PackedToolchain:
         ``tvm_tcutils.<name>.load``.
     prepare : callable
         ``payload bytes -> state``: what to keep per payload (a session); the
-        state has a ``num_inputs`` attribute.
+        state has a ``num_inputs`` attribute (every tensor before the outputs,
+        lifted weights included). A toolchain whose partitions have lifted
+        weights (:func:`lift_constants`) is called ``prepare(payload, weights)``
+        with NumPy views of the executor's buffers, in parameter order: the
+        state outlives that executor, so it keeps copies (:func:`kept`).
     execute : callable
         ``(state, inputs, outputs)`` with lists of ``DLTensor`` addresses
         (ints; read them with :func:`tensor_data` / :func:`tensor_view`):
@@ -251,6 +322,7 @@ class PackedToolchain:
     execute: Callable[[Any, List[int], List[int]], None]
 
     def __post_init__(self):
+        _TOOLCHAINS.append(weakref.ref(self))  # dataclasses compare by value: no WeakSet
         self._states: Dict[str, Any] = {}
         self._lock = threading.Lock()
         self._callback = None  # (C thunk, PackedFunc, parked PackedFunc): see ``_make_callback``
@@ -327,16 +399,33 @@ class PackedToolchain:
         value, code = ctypes.c_int64(status), ctypes.c_int(ArgTypeCode.INT)
         return _LIB.TVMCFuncSetReturn(ctypes.c_void_p(ret), ctypes.byref(value), ctypes.byref(code), 1)
 
-    def load(self, key: str, payload: str) -> int:
-        """Packed function body: build the state of an embedded payload once per process."""
+    def load(self, key: str, payload: str, *lifted: "tvm.nd.NDArray") -> int:
+        """Packed function body: build the state of an embedded payload once per process.
+
+        ``lifted``: the partition's lifted weights (:func:`lift_constants`), handed
+        to ``prepare`` as views of the executor's buffers (see :data:`BORROW_LIFTED`).
+        """
         with self._lock:
             if key not in self._states:
-                self._states[key] = self.prepare(base64.b64decode(payload))
+                data = base64.b64decode(payload)
+                if lifted:
+                    self._states[key] = self.prepare(data, [tensor_view(_address(t)) for t in lifted])
+                else:
+                    self._states[key] = self.prepare(data)
         return 0
 
     def cached(self) -> int:
         """How many payloads this process has loaded."""
         return len(self._states)
+
+    def forget(self) -> None:
+        """Drop every loaded payload's state (sessions); a later call loads it again.
+
+        Only when no module built from them runs: a measuring worker calls it
+        between candidates (:func:`forget_sessions`).
+        """
+        with self._lock:
+            self._states.clear()
 
     def build_module(self, func: relay.Function, payload: bytes) -> "tvm.runtime.Module":
         """A runtime module exporting ``func``'s ``global_symbol`` that runs ``payload``.
@@ -354,7 +443,9 @@ class PackedToolchain:
         """
         symbol = str(func.attrs["global_symbol"])
         in_types, out_types = signature(func)
-        key = f"{self.name}-{hashlib.sha256(payload).hexdigest()[:24]}"
+        lifted = len(lifted_params(func))
+        digest = str(func.attrs[DIGEST_ATTR]).encode() if lifted else b""
+        key = f"{self.name}-{hashlib.sha256(payload + digest).hexdigest()[:24]}"
         text = base64.b64encode(payload).decode("ascii")
         inputs = [te.placeholder(_dims(t), str(t.dtype), name=f"in{i}") for i, t in enumerate(in_types)]
 
@@ -362,7 +453,7 @@ class PackedToolchain:
             builder = tvm.tir.ir_builder.create()
             call = tvm.tir.call_packed(self.run_name, key, *ins, *outs)
             with builder.if_scope(call != 0):
-                builder.emit(tvm.tir.call_packed(self.load_name, key, text))
+                builder.emit(tvm.tir.call_packed(self.load_name, key, text, *ins[len(ins) - lifted:]))
                 builder.emit(tvm.tir.call_packed(self.run_name, key, *ins, *outs))
             return builder.get()
 
@@ -423,6 +514,175 @@ def function_of(expr: relay.Expr) -> relay.Function:
         return list(mod.functions.values())[0]
 
 
+def lifted_params(func: relay.Function) -> List[relay.Var]:
+    """The trailing parameters of ``func`` that stand for lifted weights (:func:`lift_constants`).
+
+    Examples
+    --------
+    >>> x, w = relay.var("x", shape=(2,)), relay.var(LIFTED_PREFIX + "0", shape=(2,))
+    >>> [v.name_hint for v in lifted_params(relay.Function([x, w], x + w))]
+    ['tcutils_lifted_0']
+    """
+    params = list(func.params)
+    count = 0
+    while count < len(params) and params[len(params) - 1 - count].name_hint.startswith(LIFTED_PREFIX):
+        count += 1
+    if any(p.name_hint.startswith(LIFTED_PREFIX) for p in params[:len(params) - count]):
+        raise ValueError(f"lifted weights ({LIFTED_PREFIX}*) must be the last parameters of a partition")
+    return params[len(params) - count:]
+
+
+def type_bytes(ttype) -> int:
+    """Bytes of the tensors of a Relay type (a tensor type or a tuple of them); 0 for dynamic shapes.
+
+    Examples
+    --------
+    >>> type_bytes(relay.TensorType((2, 3), "float32")), type_bytes(relay.TupleType([relay.TensorType((4,), "int8")]))
+    (24, 4)
+    """
+    if isinstance(ttype, relay.TupleType):
+        return sum(type_bytes(field) for field in ttype.fields)
+    if not isinstance(ttype, relay.TensorType) or not all(isinstance(d, tvm.tir.IntImm) for d in ttype.shape):
+        return 0
+    return int(np.prod(_dims(ttype), dtype=np.int64)) * ((tvm.DataType(ttype.dtype).bits + 7) // 8)
+
+
+def activation_bytes(func: relay.Function) -> int:
+    """Bytes of the tensors a typed function computes: the outputs of its operator calls, nested functions included.
+
+    What executing it holds beyond its weights, about: a toolchain's intermediate
+    buffers and workspaces grow with it, not with the weights (see
+    :func:`tvm_tcutils.collage.cost.workers.heavy_turn`).
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(1, 256))
+    >>> f = relay.Function([x], relay.nn.relu(relay.exp(x)))
+    >>> activation_bytes(relay.transform.InferType()(tvm.IRModule.from_expr(f))["main"])
+    2048
+    """
+    found = [0]
+
+    def visit(expr) -> None:
+        # Calls of functions (composites, partitions) return what their last operator made: counted once.
+        if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op):
+            found[0] += type_bytes(expr.checked_type)
+
+    relay.analysis.post_order_visit(func, visit)
+    return found[0]
+
+
+class _Lift(relay.ExprMutator):
+    """Replaces the large constants of one partition's body by new parameters (one per distinct array)."""
+
+    def __init__(self, min_bytes: int):
+        super().__init__()
+        self.min_bytes = min_bytes
+        self.lifted: Dict[int, tuple] = {}  # tensor address -> (constant, its parameter)
+
+    def visit_function(self, fn):
+        # Nested functions are composites: their constants are theirs (and rarely large).
+        return fn
+
+    def visit_constant(self, const):
+        array = const.data
+        try:
+            np.dtype(array.dtype)
+        except TypeError:  # bfloat16 and custom types: no NumPy view to hand the toolchain
+            return const
+        size = int(np.prod([int(d) for d in array.shape], dtype=np.int64)) * tvm.DataType(array.dtype).bits // 8
+        if size < self.min_bytes:
+            return const
+        address = _address(array)
+        if address not in self.lifted:
+            var = relay.var(f"{LIFTED_PREFIX}{len(self.lifted)}", relay.TensorType(array.shape, array.dtype))
+            self.lifted[address] = (const, var)
+        return self.lifted[address][1]
+
+
+class _PassLifted(relay.ExprMutator):
+    """Appends the lifted weights to every call of the partitions that lost them."""
+
+    def __init__(self, extra: Dict[str, tuple]):
+        super().__init__()
+        self.extra = extra  # name -> (new global var, constants)
+
+    def visit_call(self, call):
+        new = super().visit_call(call)
+        if isinstance(call.op, relay.GlobalVar) and call.op.name_hint in self.extra:
+            # A new global var: the old one carries the type inferred before, with fewer parameters.
+            gvar, constants = self.extra[call.op.name_hint]
+            return relay.Call(gvar, list(new.args) + constants, new.attrs, new.type_args, new.span)
+        return new
+
+
+def _digest(constants: Sequence[relay.Constant]) -> str:
+    """Content digest of ``constants`` (read in place, not copied)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for const in constants:
+        view = tensor_view(_address(const.data))
+        digest.update(f"{view.dtype}{view.shape}".encode())
+        digest.update(view.reshape(-1).view(np.uint8) if view.size else b"")
+    return digest.hexdigest()
+
+
+def lift_constants(mod: tvm.IRModule, compilers: Optional[Sequence[str]] = None,
+                   min_bytes: int = LIFT_MIN_BYTES) -> tvm.IRModule:
+    """``mod`` with the large constants of its packed-toolchain partitions passed in by their callers.
+
+    Each constant of at least ``min_bytes`` in the body of a partition of
+    ``compilers`` (default :data:`LIFTING_COMPILERS`; constants inside its
+    composite functions stay) becomes a trailing parameter ``tcutils_lifted_<n>``
+    and every call of the partition passes the constant: TVM then stores it once
+    with the module's other weights, and the toolchain's payload leaves it out
+    (see the module's docstring). Partitions already lifted, and every other
+    function, are unchanged; ``mod`` is not modified.
+
+    Examples
+    --------
+    >>> x, w = relay.var("x", shape=(4, 64)), relay.const(np.ones((64, 64), "float32"))
+    >>> f = relay.Function([x], relay.nn.dense(x, w), relay.TensorType((4, 64))).with_attr("Compiler", "c")
+    >>> mod = tvm.IRModule()
+    >>> mod[relay.GlobalVar("p")] = f
+    >>> y = relay.var("y", shape=(4, 64))
+    >>> mod["main"] = relay.Function([y], mod.get_global_var("p")(y))
+    >>> lifted = lift_constants(mod, ["c"], min_bytes=1024)
+    >>> [p.name_hint for p in lifted["p"].params], type(lifted["main"].body.args[1]).__name__
+    (['x', 'tcutils_lifted_0'], 'Constant')
+    """
+    wanted = set(LIFTING_COMPILERS if compilers is None else compilers)
+    functions, extra = {}, {}
+    for gv, func in mod.functions.items():
+        if (isinstance(func, relay.Function) and func.attrs is not None and "Compiler" in func.attrs
+                and str(func.attrs["Compiler"]) in wanted and not lifted_params(func)):
+            lift = _Lift(min_bytes)
+            body = lift.visit(func.body)
+            if lift.lifted:
+                constants, new_params = zip(*lift.lifted.values())
+                lifted = relay.Function(list(func.params) + list(new_params), body, func.ret_type,
+                                        func.type_params, func.attrs)
+                gvar = relay.GlobalVar(gv.name_hint)
+                functions[gv] = (gvar, lifted.with_attr(DIGEST_ATTR, _digest(constants)))
+                extra[gv.name_hint] = (gvar, list(constants))
+    if not extra:
+        return mod
+    limit = sys.getrecursionlimit()
+    # ExprMutator recurses once per nested expression: whole models are deeper than the default limit.
+    sys.setrecursionlimit(max(limit, 100_000))
+    try:
+        caller = _PassLifted(extra)
+        for gv, func in mod.functions.items():
+            if gv not in functions and isinstance(func, relay.Function):
+                visited = caller.visit(func)
+                if not visited.same_as(func):
+                    functions[gv] = (gv, visited)
+    finally:
+        sys.setrecursionlimit(limit)
+    out = tvm.IRModule(dict(functions.get(gv, (gv, func)) for gv, func in mod.functions.items()),
+                       type_definitions=mod.type_definitions, attrs=mod.attrs)
+    return relay.transform.InferType()(out)
+
+
 def byoc_partition(mod: tvm.IRModule, compiler: str, params=None, merge: bool = True) -> tvm.IRModule:
     """Greedy BYOC partitioning for ``compiler`` (the baseline Collage improves on).
 
@@ -454,4 +714,5 @@ def byoc_partition(mod: tvm.IRModule, compiler: str, params=None, merge: bool = 
         relay.transform.InferType(),
     ]
     with tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(passes)(mod)
+        parted = tvm.transform.Sequential(passes)(mod)
+    return lift_constants(parted, [compiler]) if compiler in LIFTING_COMPILERS else parted

@@ -29,6 +29,7 @@ claims exactly those calls.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -176,7 +177,12 @@ def _transposed_operand(graph: _Graph, expr: relay.Expr, name: str, perm: List[i
 
 
 def _dense(graph, call, ins):
-    return graph.node("MatMul", [ins[0], _transposed_operand(graph, call.args[1], ins[1], [1, 0])])
+    data, weight = call.args
+    if not isinstance(weight, relay.Constant) and len(data.checked_type.shape) == 2:
+        # A weight passed in (a lifted one, see packed_call.lift_constants): Gemm reads it transposed,
+        # where a Transpose node would make onnxruntime fold a transposed copy of it.
+        return graph.node("Gemm", [ins[0], ins[1]], transB=1)
+    return graph.node("MatMul", [ins[0], _transposed_operand(graph, weight, ins[1], [1, 0])])
 
 
 def _matmul_like(graph, call, ins):
@@ -537,6 +543,43 @@ def to_onnx(func: relay.Function, name: str = "tcutils"):
         graph.outputs.append(graph.relay_value(f"out{index}", ttype))
     # Constants consumed only in a folded form (a transposed weight) are left out by the writer.
     return graph.model()
+
+
+def externalize_inputs(model, names) -> None:
+    """Turn the graph inputs ``names`` of ``model`` into initializers whose data comes later.
+
+    Each becomes an initializer with external data (location ``tcutils-lifted``)
+    that the session is given in memory (onnxruntime's
+    ``SessionOptions.add_external_initializers``): a constant it can fold and
+    pre-pack, not an input, while the model carries no weight bytes. ``model``
+    is changed in place.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x, w = relay.var("x", shape=(1, 8)), relay.var("w", shape=(1, 8))
+    >>> model = to_onnx(relay.Function([x, w], x + w))
+    >>> externalize_inputs(model, ["in1"])
+    >>> [i.name for i in model.graph.input], [i.name for i in model.graph.initializer]
+    (['in0'], ['in1'])
+    """
+    onnx = importlib.import_module("onnx")
+    wanted = set(names)
+    kept, moved = [], []
+    for value in model.graph.input:
+        (moved if value.name in wanted else kept).append(value)
+    if len(moved) != len(wanted):
+        raise ValueError(f"inputs {sorted(wanted - {v.name for v in moved})} are not graph inputs of the model")
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    for value in moved:
+        tensor = model.graph.initializer.add()
+        tensor.name = value.name
+        tensor.data_type = value.type.tensor_type.elem_type
+        tensor.dims.extend(d.dim_value for d in value.type.tensor_type.shape.dim)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", "tcutils-lifted"
 
 
 def _expect_tensor(ttype, what: str) -> None:

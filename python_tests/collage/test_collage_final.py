@@ -1,0 +1,256 @@
+"""The final answer (the mix only when it is faster with confidence), progress, time budgets and the report."""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+import tvm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import collage_test_codegen as test_codegen  # noqa: E402
+
+from tvm_tcutils.collage import MockCostEstimator, partition  # noqa: E402
+from tvm_tcutils.collage.driver import greedy_partition  # noqa: E402
+from tvm_tcutils.collage.report import answer_line, candidate_line, report_lines  # noqa: E402
+from tvm_tcutils.collage.validate import final_answer  # noqa: E402
+from tvm_tcutils.measure import interleave_until, ratio  # noqa: E402
+
+from conftest import build_and_run  # noqa: E402
+from test_collage_driver import CrossingCosts, FusingWholeModel, elementwise_net, reference  # noqa: E402
+
+#: Relative noise of fake timings: a cycle, so every test is deterministic.
+NOISE = (1.0, 1.01, 0.99, 1.005, 0.995)
+
+
+def fake(ms: float):
+    """A timer of ``ms`` with a 1 % deterministic noise, recording how often it was called."""
+    noise = itertools.cycle(NOISE)
+
+    def sample() -> float:
+        sample.calls += 1
+        return ms * next(noise)
+    sample.calls = 0
+    return sample
+
+
+# ---------------------------------------------------------------------------
+# The decision, with fake timers
+# ---------------------------------------------------------------------------
+def test_mix_clearly_faster_is_the_answer_after_the_first_test():
+    timers = {"collage": fake(1.0), "tvm alone": fake(2.0), "ort alone": fake(1.5)}
+    out = final_answer(timers, min_rounds=4, max_rounds=30)
+    assert out.answer == "collage" and out.is_mix and out.best_single == "ort alone"
+    assert out.stopped == "decided" and out.rounds == 4
+    assert all(t.calls == 4 for t in timers.values())  # every competitor once per round
+    assert out.ratio.value == pytest.approx(1.0 / 1.5) and out.ratio.high < 1
+    assert "faster than ort alone with 95 % confidence" in out.reason
+
+
+def test_overlapping_timings_keep_the_best_single_toolchain():
+    out = final_answer({"collage": fake(1.0), "tvm alone": fake(1.0), "ort alone": fake(3.0)},
+                       min_rounds=3, max_rounds=12)
+    assert out.answer == "tvm alone" and not out.is_mix
+    assert out.stopped == "rounds" and out.rounds == 12
+    assert out.ratio.low <= 1 <= out.ratio.high
+    assert "tvm alone is kept: the mix is not faster" in out.reason and "round limit" in out.reason
+
+
+def test_budget_end_keeps_the_best_single_toolchain_with_the_reason():
+    ticks = itertools.count()  # one second per clock reading
+    out = final_answer({"collage": fake(1.0), "tvm alone": fake(1.0)}, budget_s=5, min_rounds=2,
+                       max_rounds=100, clock=lambda: float(next(ticks)))
+    assert out.answer == "tvm alone" and out.stopped == "budget" and out.rounds < 100
+    assert "the time budget ended" in out.reason
+
+
+def test_mix_slower_says_the_single_toolchain_is_fastest():
+    out = final_answer({"collage": fake(2.0), "ort alone": fake(1.0), "tvm alone": fake(4.0)}, min_rounds=3)
+    assert out.answer == "ort alone" and out.stopped == "decided"
+    assert out.reason.startswith("ort alone is fastest; no mix beats it")
+
+
+def test_a_failing_competitor_is_left_out():
+    def broken():
+        raise RuntimeError("cannot run")
+    out = final_answer({"collage": fake(1.0), "ort alone": broken, "tvm alone": fake(2.0)}, min_rounds=3)
+    assert out.answer == "collage" and out.best_single == "tvm alone"
+    assert out.timings["ort alone"].samples_ms == ()
+
+
+def test_without_a_mix_the_fastest_single_toolchain_wins():
+    out = final_answer({"tvm alone": fake(2.0), "ort alone": fake(1.0)}, mix=None, min_rounds=3)
+    assert out.answer == "ort alone" and out.mix is None and out.ratio.value == pytest.approx(0.5)
+    assert "ort alone is fastest" in out.reason
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(confidence=1.0), "confidence must lie in (0, 1)"),
+    (dict(mix="nosuch"), "mix: 'nosuch' is not one of the timers"),
+    (dict(min_rounds=5, max_rounds=2), "need 1 <= min_rounds <= max_rounds"),
+])
+def test_final_answer_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        final_answer({"collage": fake(1.0), "tvm alone": fake(2.0)}, **kwargs)
+
+
+def test_interleave_until_takes_turns_and_reports_rounds():
+    order, rounds = [], []
+    timers = {name: (lambda name=name: order.append(name) or 1.0) for name in "abc"}
+    out = interleave_until(timers, lambda t: ratio(t["a"], t["b"]).separated, min_rounds=2, max_rounds=3,
+                           on_round=rounds.append)
+    assert order == list("abc") * 3 and rounds == [1, 2, 3] and out.stopped == "rounds"
+
+
+# ---------------------------------------------------------------------------
+# Through the driver: a fake whole-model timer that samples
+# ---------------------------------------------------------------------------
+class Sampling:
+    """A validation timer whose ``sampler`` gives noisy samples of its estimator's whole-model time."""
+
+    def __init__(self, estimator, delay_s: float = 0.0):
+        self.estimator, self.delay_s = estimator, delay_s
+
+    def time(self, mod):
+        time.sleep(self.delay_s)
+        return self.estimator.measure_whole(mod)
+
+    def time_side_by_side(self, mods, rounds=5):
+        return None
+
+    def sampler(self, mod):
+        return fake(self.estimator.measure_whole(mod))
+
+
+class SamplingCosts(CrossingCosts):
+    delay_s = 0.0
+
+    def whole_model_timer(self):
+        return Sampling(self, self.delay_s)
+
+
+class SamplingFusing(FusingWholeModel):
+    def whole_model_timer(self):
+        return Sampling(self)
+
+
+class ColdValidation(FusingWholeModel):
+    """Validation's one timing of each model misses the greedy region's fusion; the interleaved rounds see it."""
+
+    def whole_model_timer(self):
+        timer = Sampling(self)
+        timer.time = lambda mod: CrossingCosts.measure_whole(self, mod)
+        return timer
+
+
+TOOLCHAINS = ["tvm", test_codegen.toolchain()]
+ISOLATED = {"tvm": {"add": 0.1, "*": 3.0}, "tcutils_test": 0.5}
+INPUTS = {"x": np.random.default_rng(1).standard_normal((4, 8)).astype("float32")}
+
+
+def phases(updates):
+    """Phases in order of first appearance, and each phase's updates."""
+    out = {}
+    for update in updates:
+        out.setdefault(update.phase, []).append(update)
+    return out
+
+
+def test_driver_returns_the_mix_when_faster_and_reports_progress():
+    updates = []
+    result = partition(elementwise_net(), None, TOOLCHAINS, SamplingCosts(ISOLATED, {}, crossing_ms=0.0),
+                       progress=updates.append)
+    # Mix 7.6 ms (exp, tanh, multiply in the test toolchain) against the greedy region's 8 ms and TVM's 15.1 ms.
+    assert result.answer == "collage" and result.final.is_mix and not result.partial
+    assert result.final.best_single == "tcutils_test alone" and result.final.ratio.high < 1
+    assert result.measured_ms == pytest.approx(7.6, rel=0.02)
+    np.testing.assert_allclose(build_and_run(result.mod, inputs=INPUTS)[0], reference(elementwise_net(), INPUTS),
+                               rtol=1e-5, atol=1e-6)
+    # Progress: phases in order, done monotone and bounded by a total that does not change within a phase.
+    by_phase = phases(updates)
+    assert list(by_phase) == ["enumerate", "estimate", "search", "validate", "compare"]
+    for ups in by_phase.values():
+        assert [u.done for u in ups] == sorted(u.done for u in ups)
+        assert len({u.total for u in ups}) == 1 and all(0 <= u.done <= u.total for u in ups)
+    assert [u.elapsed for u in updates] == sorted(u.elapsed for u in updates)
+    assert by_phase["estimate"][-1].done == by_phase["estimate"][-1].total == result.counts["costed"]
+    assert by_phase["compare"][-1].done == result.final.rounds
+    # The report: the candidate count is the progress bar's total; the answer with its ratio and interval.
+    assert f"{result.counts['costed']} costed (the progress bar's total)" in candidate_line(result)
+    line = answer_line(result)
+    assert line.startswith("answer: Collage's mix, x0.9") and "of tcutils_test alone [0.9" in line
+    lines = report_lines(result)
+    assert sum(1 for ln in lines if ln.strip().split()[:1] == ["#"]) == 1  # one table
+    assert any(ln.strip().startswith("tvm alone") and "measured 15.1" in ln for ln in lines)
+    assert any(ln.strip().startswith("tcutils_test alone") and "<- fastest alone" in ln for ln in lines)
+
+
+def test_driver_returns_the_single_toolchain_when_no_mix_beats_it():
+    mod = elementwise_net()
+    result = partition(mod, None, TOOLCHAINS, ColdValidation(ISOLATED, {}, crossing_ms=0.0))
+    # Whole, the one greedy region runs at half its isolated cost (7 ms): faster than the mix (7.6 ms).
+    assert result.trials[0][0] == "collage" and result.final.mix == "collage"
+    assert result.answer == "tcutils_test alone" and not result.final.is_mix
+    assert tvm.ir.structural_equal(result.mod, greedy_partition(mod, None, test_codegen.toolchain()),
+                                   map_free_vars=True)
+    assert [p.toolchain for p in result.partitions] == ["tvm", "tcutils_test"]
+    assert all(math.isnan(p.estimated_ms) for p in result.partitions)
+    assert answer_line(result).startswith("answer: tcutils_test alone. tcutils_test alone is fastest; no mix beats it")
+    assert "chosen partitions (tcutils_test alone):" in report_lines(result)
+
+
+def test_a_mix_that_is_a_toolchain_alone_is_not_timed_twice():
+    mod = elementwise_net()
+    result = partition(mod, None, TOOLCHAINS, SamplingFusing(ISOLATED, {}, crossing_ms=0.0))
+    # Validation already keeps the greedy region (7 ms whole): the mix is tcutils_test alone itself.
+    assert result.final.mix is None and set(result.final.timings) == {"tvm alone", "tcutils_test alone"}
+    assert result.answer == "tcutils_test alone"
+    assert tvm.ir.structural_equal(result.mod, greedy_partition(mod, None, test_codegen.toolchain()),
+                                   map_free_vars=True)
+    assert not any(math.isnan(p.estimated_ms) for p in result.partitions)  # the mix's table, with estimates
+    assert answer_line(result).startswith("answer: tcutils_test alone (Collage's mix is a toolchain alone). "
+                                          "tcutils_test alone is fastest")
+
+
+def test_time_budget_during_estimation_returns_tvm_alone_marked_partial():
+    mod = elementwise_net()
+    updates = []
+    result = partition(mod, None, TOOLCHAINS, MockCostEstimator({"tvm": 1.0, "tcutils_test": 0.1}),
+                       time_budget_s=1e-9, progress=updates.append)
+    assert result.partial and "ended while estimating (0 of" in result.partial_reason
+    assert "so TVM alone" in result.partial_reason and result.not_compared == "the time budget ended"
+    assert all(p.toolchain == "tvm" for p in result.partitions)
+    assert phases(updates)["estimate"][-1].done == 0  # nothing was costed
+    lines = report_lines(result)
+    assert lines[1].startswith("PARTIAL: the time budget of 1e-09 s ended while estimating")
+    # Valid and buildable: the model's outputs.
+    np.testing.assert_allclose(build_and_run(result.mod, inputs=INPUTS)[0], reference(mod, INPUTS),
+                               rtol=1e-5, atol=1e-6)
+    unhurried = partition(mod, None, TOOLCHAINS, MockCostEstimator({"tvm": 1.0, "tcutils_test": 0.1}),
+                          time_budget_s=600)
+    assert not unhurried.partial and any(p.toolchain == "tcutils_test" for p in unhurried.partitions)
+
+
+def test_time_budget_during_validation_keeps_the_best_timed_so_far():
+    est = SamplingCosts(ISOLATED, {}, crossing_ms=0.0)
+    est.delay_s = 0.15  # each whole model "takes" 0.15 s to time
+    result = partition(elementwise_net(), None, TOOLCHAINS, est, time_budget_s=0.25)
+    assert result.partial and "ended while validating" in result.partial_reason
+    assert result.final is None and result.not_compared == "the time budget ended"
+    assert 1 <= len(result.trials) <= 2 and result.answer == "collage"
+    np.testing.assert_allclose(build_and_run(result.mod, inputs=INPUTS)[0], reference(elementwise_net(), INPUTS),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(progress="bar"), TypeError, "progress must be a callable"),
+    (dict(time_budget_s=0), ValueError, "time_budget_s"),
+    (dict(confidence=1.5), ValueError, "confidence must lie in"),
+])
+def test_partition_bad_progress_budget_confidence(mlp_model, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        partition(*mlp_model, "tvm", MockCostEstimator({"tvm": 1.0}), **kwargs)

@@ -1,0 +1,96 @@
+"""``python -m tvm_tcutils.rpc_server``: TVM's RPC server with the package's runtime functions registered.
+
+Candidates of the package's graph-style toolchains (``ort``, ``openvino``,
+``blas``) call packed functions (``tvm_tcutils.ort.run`` ...) at run time, so
+the server that runs them must have them: this entry point is TVM's own
+server (:class:`tvm.rpc.Server`, the flags of ``python -m tvm.exec.rpc_server``)
+whose processes import :mod:`tvm_tcutils` first, which registers them. A stock
+TVM server still serves the ``tvm`` toolchain; Collage leaves out, with a
+warning, the toolchains the servers of a key cannot run.
+
+On a device::
+
+    python -m tvm_tcutils.rpc_server --tracker HOST:9190 --key rasp4
+
+The server's process dies with this one (a killed launcher leaves no server).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import List, Optional
+
+
+def _prepare_server(parent: int) -> None:
+    """Run in the server's process before it serves: die with the launcher, register the package's functions."""
+    from . import processes
+
+    processes.die_with_parent(parent)
+    import tvm_tcutils  # noqa: F401  (the import registers the toolchains' runtime functions)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m tvm.exec.rpc_server``.
+
+    Examples
+    --------
+    >>> parser().parse_args(["--tracker", "127.0.0.1:9190", "--key", "rasp4"]).port
+    9090
+    """
+    p = argparse.ArgumentParser(prog="python -m tvm_tcutils.rpc_server", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="0.0.0.0", help="address the server binds to")
+    p.add_argument("--port", type=int, default=9090, help="first port to try")
+    p.add_argument("--port-end", type=int, default=9199, help="end of the port range to try")
+    p.add_argument("--through-proxy", dest="through_proxy", action="store_true",
+                   help="serve through a proxy: --host and --port are the proxy's")
+    p.add_argument("--tracker", help="the RPC tracker, HOST:PORT")
+    p.add_argument("--key", default="", help="the device key to register with the tracker")
+    p.add_argument("--silent", action="store_true", help="log errors only")
+    p.add_argument("--load-library", help="additional libraries to load, ':'-separated")
+    p.add_argument("--no-fork", dest="fork", action="store_false",
+                   help="spawn instead of fork per session (for ROCm/Metal/OpenCL compilers)")
+    p.add_argument("--custom-addr", help="address to report to the tracker")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Start the server and serve until killed."""
+    from .rpc import parse_tracker
+
+    args = parser().parse_args(argv)
+    tracker = None
+    if args.tracker:
+        try:
+            address = parse_tracker(args.tracker, "--tracker")
+        except ValueError as err:
+            print(f"tvm_tcutils.rpc_server: error: {err}", file=sys.stderr)
+            return 2
+        if not args.key:
+            print("tvm_tcutils.rpc_server: error: --tracker needs --key KEY", file=sys.stderr)
+            return 2
+        tracker = (address.host, address.port)
+    from tvm import rpc
+
+    logging.basicConfig(level=logging.INFO)
+    server = rpc.Server(args.host, args.port, args.port_end, is_proxy=args.through_proxy, key=args.key,
+                        tracker_addr=tracker, load_library=args.load_library, custom_addr=args.custom_addr,
+                        silent=args.silent, no_fork=not args.fork,
+                        server_init_callback=_Init(os.getpid()))
+    server.proc.join()
+    return 0
+
+
+class _Init:
+    """The server's start-up callback (a picklable object: it travels to the server's process)."""
+
+    def __init__(self, parent: int):
+        self.parent = parent
+
+    def __call__(self) -> None:
+        _prepare_server(self.parent)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
