@@ -68,6 +68,7 @@ def test_back_to_nchw_computes_the_same():
     np.testing.assert_allclose(build_and_run(round_trip, inputs=inputs)[0], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # a minute of CPU; the branchy/small nets above cover the same conversions in CI
 def test_resnet18_in_hwnc_computes_the_same():
     # 32x32 images: the same 21 layers as at 224x224 (the last stage at 1x1), far less to run.
     mod, params = relay.testing.resnet.get_workload(num_layers=18, image_shape=(3, 32, 32))

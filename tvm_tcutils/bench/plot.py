@@ -14,6 +14,8 @@ import json
 import os
 from typing import Dict, List, Mapping, Tuple, Union
 
+from ._json import jsonable
+
 #: File formats a plot can be written in (by the output's extension).
 FORMATS = (".png", ".svg", ".pdf")
 
@@ -142,8 +144,6 @@ def plot(results: Union[str, os.PathLike, Mapping], out_path: str) -> str:
     >>> plot(res.payload(), path) == path and os.path.getsize(path) > 0  # doctest: +SKIP
     True
     """
-    from .results import jsonable
-
     payload = jsonable(_load(results))
     check_plot_path(out_path)
     kind, labels, data = series(payload)

@@ -23,14 +23,13 @@ Examples
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
 import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
+from ._json import jsonable  # noqa: F401  (results.jsonable: part of this module's API)
 from .plot import check_plot_path, plot
 
 #: Where a script's JSON goes unless ``--json`` says otherwise: ``docs/benchmarks/data/<script>.json``.
@@ -82,30 +81,6 @@ def _plot_option(argv: Sequence[str]) -> Optional[str]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--plot")
     return parser.parse_known_args(list(argv))[0].plot
-
-
-def jsonable(value):
-    """``value`` with timings, ratios and numpy scalars made JSON-ready; ``nan``/``inf`` become ``None``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> jsonable({"x": np.float32(0.5), "y": [float("nan")], "z": (1, 2)})
-    {'x': 0.5, 'y': [None], 'z': [1, 2]}
-    """
-    if hasattr(value, "as_dict"):
-        return jsonable(value.as_dict())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return jsonable(dataclasses.asdict(value))
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # strict JSON has no nan/inf
-    return value
 
 
 def write_json(path: str, payload: dict) -> str:
