@@ -40,7 +40,7 @@ FAULT_MODULES = frozenset({
 
 
 def pytest_configure(config):
-    # Parallel workers (scripts/test.sh runs one per core plus one): each gets one TVM thread so pools do
+    # Parallel workers (scripts/test.sh runs two): each gets one TVM thread so that two pools do
     # not spin against each other on a 2-core machine; tests that need a thread count set their own.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("TVM_NUM_THREADS", "1")

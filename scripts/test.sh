@@ -17,10 +17,10 @@ PY
 lint=0
 "$VENV/bin/python" -m ruff check --output-format concise tvm_tcutils python_tests scripts || lint=$?
 tests=0
-# One process per core and one more: the suite is mostly single-threaded compilation, and many tests
-# wait (on subprocesses, RPC servers, timeouts) while another can compile. TCUTILS_TEST_WORKERS=0: one
-# process. loadfile keeps a file's tests on one worker, so module-scoped fixtures are built once.
-workers="${TCUTILS_TEST_WORKERS:-$(( $(nproc 2>/dev/null || echo 1) + 1 ))}"
+# Two processes: the suite is mostly single-threaded compilation (TCUTILS_TEST_WORKERS=0: one process;
+# three were slower on 2 cores). loadfile keeps a file's tests on one worker, so module-scoped fixtures
+# (the int8 sweep) are built once.
+workers="${TCUTILS_TEST_WORKERS:-2}"
 "$VENV/bin/python" -m pytest -n "$workers" --dist loadfile "$@" || tests=$?  # testpaths: python_tests and the package's doctests
 if [ "$tests" -ne 0 ]; then exit "$tests"; fi
 if [ "$lint" -ne 0 ]; then echo "ruff check failed (see above)" >&2; fi
