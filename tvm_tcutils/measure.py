@@ -375,15 +375,33 @@ def boundary_layout_nodes(graph_json: str, input_names: Sequence[str]) -> List[i
     return found
 
 
+#: Where a walk goes next from each kind of Relay node (other kinds are leaves).
+_CHILDREN = (
+    (relay.Call, lambda e: [*e.args, e.op]),
+    (relay.Function, lambda e: [e.body]),
+    (relay.Tuple, lambda e: list(e.fields)),
+    (relay.TupleGetItem, lambda e: [e.tuple_value]),
+    (relay.Let, lambda e: [e.value, e.body]),
+    (relay.If, lambda e: [e.cond, e.true_branch, e.false_branch]),
+)
+
+
 def _calls_op(mod: tvm.IRModule, name: str) -> bool:
-    found = []
-
-    def visit(expr) -> None:
+    # An explicit stack, not relay.analysis.post_order_visit: that recurses in C++ and overflows the
+    # native stack on very deep graphs, and this runs before every build.
+    stack, seen = [mod["main"]], set()
+    while stack:
+        expr = stack.pop()
+        if expr in seen:
+            continue
+        seen.add(expr)
         if isinstance(expr, relay.Call) and getattr(expr.op, "name", "") == name:
-            found.append(expr)
-
-    relay.analysis.post_order_visit(mod["main"], visit)
-    return bool(found)
+            return True
+        for kind, children in _CHILDREN:
+            if isinstance(expr, kind):
+                stack.extend(children(expr))
+                break
+    return False
 
 
 def _has_layout_transform(mod: tvm.IRModule) -> bool:
