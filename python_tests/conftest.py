@@ -1,6 +1,7 @@
 """Shared fixtures: offline settings, small models, the subprocess runner."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,26 +57,73 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def run_python(
-    code: str, env: dict | None = None, timeout: int = 300, cwd: str | None = None
-) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter with this checkout first on the path."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join([ROOT, full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd
-    )
-
-
-def run_cli(*args: str, cwd: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``tvm-tcutils ARGS`` (as ``python -m tvm_tcutils``) in a subprocess."""
+def _child_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra or {})
+    return env
+
+
+_SERVER: list = []  # the fork server (python_tests/_fork_server.py), started on first use
+
+
+def _fork_server() -> subprocess.Popen:
+    if not _SERVER or _SERVER[0].poll() is not None:
+        server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fork_server.py")
+        _SERVER[:] = [subprocess.Popen([sys.executable, server], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       text=True, env=_child_env())]
+    return _SERVER[0]
+
+
+def _run_forked(kind: str, payload, env: dict, cwd: str | None, timeout: float, args) -> subprocess.CompletedProcess:
+    """Like ``subprocess.run(args)``, in a child of the fork server (TVM and the package already imported)."""
+    import select
+    import signal
+    import tempfile
+
+    server = _fork_server()
+    with tempfile.TemporaryDirectory(prefix="forked-") as folder:
+        out_path, err_path = os.path.join(folder, "out"), os.path.join(folder, "err")
+        request = dict(kind=kind, payload=payload, env=env, cwd=cwd, out=out_path, err=err_path)
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        pid = int(server.stdout.readline().split()[1])
+        ready, _, _ = select.select([server.stdout], [], [], timeout)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        status = int(server.stdout.readline().split()[1])
+        if not ready:
+            raise subprocess.TimeoutExpired(args, timeout)
+        with open(out_path, errors="replace") as out, open(err_path, errors="replace") as err:
+            return subprocess.CompletedProcess(args, status, out.read(), err.read())
+
+
+def run_python(
+    code: str, env: dict | None = None, timeout: int = 300, cwd: str | None = None, fresh: bool = True
+) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with this checkout first on the path.
+
+    ``fresh=False``: in a process forked from one that has already imported TVM and the
+    package (seconds faster); only for code that imports the package itself anyway.
+    """
+    if not fresh:
+        return _run_forked("python", code, _child_env(env), cwd, timeout, [sys.executable, "-c", code])
     return subprocess.run(
-        [sys.executable, "-m", "tvm_tcutils", *args],
-        capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_child_env(env), timeout=timeout, cwd=cwd
     )
+
+
+def run_cli(*args: str, cwd: str | None = None, timeout: int = 600, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run ``tvm-tcutils ARGS`` in a process of its own.
+
+    By default the process is forked from one that has TVM and the package imported
+    (what ``python -m tvm_tcutils`` does first); ``fresh=True`` starts a new interpreter,
+    for tests of what the user waits for, TVM's import included.
+    """
+    command = [sys.executable, "-m", "tvm_tcutils", *args]
+    if not fresh:
+        return _run_forked("cli", args, _child_env(), cwd, timeout, command)
+    return subprocess.run(command, capture_output=True, text=True, env=_child_env(), cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

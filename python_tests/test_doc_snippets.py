@@ -1,7 +1,9 @@
 """Every ```python block of README.md and docs/*.md runs as written.
 
-Each block runs alone (its own imports, its own model) in a fresh interpreter
-whose working directory is an empty temporary folder, so files a snippet
+Each block runs alone (its own imports, its own model) in a process of its own
+(forked from the tests' fork server, which has TVM and the package imported: a
+block must still import what it uses, its globals start empty) whose working
+directory is an empty temporary folder, so files a snippet
 writes land there and nothing leaks from one block into the next. A test is
 named by file and block index (``README.md-1``: the README's second python
 block), and a failure shows the block's first line in the file and the
@@ -75,7 +77,7 @@ def test_snippet_runs(snippet: Snippet, tmp_path, collage_cache):
         "exec(code, {'__name__': '__main__'})\n"
     )
     env = {"TVM_TCUTILS_CACHE": collage_cache}
-    result = run_python(program, env=env, timeout=SNIPPET_TIMEOUT, cwd=str(tmp_path))
+    result = run_python(program, env=env, timeout=SNIPPET_TIMEOUT, cwd=str(tmp_path), fresh=False)
     assert result.returncode == 0, (
         f"{snippet.path}, python block {snippet.index} (line {snippet.line}) failed:\n{result.stderr[-3000:]}"
     )

@@ -51,6 +51,11 @@ Params = Dict[str, object]
 
 logger = logging.getLogger("tvm_tcutils.measure")
 
+#: Shortest run (ms) behind one timed repetition of a whole model: a microsecond-scale model is run
+#: many times per repetition, so the timer's own overhead stays out of it, without making a
+#: side-by-side comparison of a handful of small modules take tens of seconds.
+WHOLE_MODEL_MIN_REPEAT_MS = 20
+
 
 # ---------------------------------------------------------------------------
 # Results
@@ -649,8 +654,8 @@ def time_callable(func: Callable[[], object], repeat: int = 10, number: int = 1,
 
 
 def measure_modules(mods: Sequence[tvm.IRModule], target: Optional[str] = None, repeat: int = 10,
-                    warmup: int = 2, min_repeat_ms: int = 50, tuning_log: Optional[str] = None,
-                    rounds: int = 5) -> List[Timing]:
+                    warmup: int = 2, min_repeat_ms: int = WHOLE_MODEL_MIN_REPEAT_MS,
+                    tuning_log: Optional[str] = None, rounds: int = 5) -> List[Timing]:
     """Build several whole modules, then time them in turns for ``rounds`` rounds.
 
     A module that fails to build or run gets an empty :class:`Timing`

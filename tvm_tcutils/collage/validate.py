@@ -21,7 +21,7 @@ import time
 from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence
 
 from .._tvm import tvm
-from ..measure import Interleaved, Ratio, Timer, Timing, error_line, interleave_until, ratio
+from ..measure import WHOLE_MODEL_MIN_REPEAT_MS, Interleaved, Ratio, Timer, Timing, error_line, interleave_until, ratio
 
 from .candidates import Candidate
 from .outline import partitioned_module
@@ -427,7 +427,7 @@ def _decide(mix: Optional[str], a: Optional[str], b: Optional[str], best: Option
 
 
 def in_process_sampler(target: Optional[str] = None, tuning_log: Optional[str] = None, repeat: int = 5,
-                       min_repeat_ms: int = 20) -> Callable[[tvm.IRModule], Callable[[], float]]:
+                       min_repeat_ms: int = WHOLE_MODEL_MIN_REPEAT_MS) -> Callable[[tvm.IRModule], Callable[[], float]]:
     """``sampler(mod)``: build ``mod`` here (:class:`~tvm_tcutils.measure.Timer`) and return its sample function.
 
     Each sample is the median of ``repeat`` runs of at least ``min_repeat_ms``.

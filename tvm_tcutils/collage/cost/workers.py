@@ -51,6 +51,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..._tvm import tvm
+from ...measure import WHOLE_MODEL_MIN_REPEAT_MS
 from ...processes import WORKER_POPEN_OPTIONS, die_with_parent, kill_group
 from ..toolchains import packed_call
 from ..toolchains.packed_call import forget_sessions
@@ -644,7 +645,8 @@ class PooledWholeModelTimer:
         """Latencies (ms) of modules timed in turns in one worker (``inf`` for failures); None if the worker failed."""
         dumps = self.constants.dumps if self.constants else tvm.ir.save_json
         task = ("wholes", dict(mod_jsons=[dumps(m) for m in mods], target=self.target,
-                               repeat=max(self.repeat, 10), warmup=self.warmup, min_repeat_ms=50,
+                               repeat=max(self.repeat, 10), warmup=self.warmup,
+                               min_repeat_ms=WHOLE_MODEL_MIN_REPEAT_MS,
                                tuning_log=self.tuning_log, rounds=rounds,
                                constants=self.constants.directory if self.constants else None))
         [result] = self.pool.run([task], timeout=max(self.pool.timeout, 60.0) * len(mods))
