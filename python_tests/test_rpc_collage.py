@@ -62,10 +62,11 @@ def test_measured_search_on_two_servers_matches_a_local_search(rpc_cluster, tmp_
     assert set(there) == set(here)
     ratios = {key: there[key] / here[key] for key in there}
     assert all(0.2 < r < 5 for r in ratios.values()), ratios
-    # Identical choices, unless the two answers cost the same within the noise.
+    # Identical choices, unless the two answers cost the same within the same noise (these candidates
+    # take about a microsecond: a 2x swing of one of them under a loaded machine was seen in CI).
     chosen = lambda result: sorted((p.toolchain, tuple(p.ops)) for p in result.partitions)  # noqa: E731
     if chosen(remote_result) != chosen(local_result):
-        assert 0.5 < remote_result.estimated_ms / local_result.estimated_ms < 2
+        assert 0.2 < remote_result.estimated_ms / local_result.estimated_ms < 5
     assert math.isfinite(remote_result.estimated_ms)
 
     # One cache directory holds both without mixing them: the device key is part of the cache key.

@@ -1,6 +1,8 @@
 """AutoTVM tuning of the dot-product templates (XGBTuner, resumable log) and the tune / bench commands."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -75,8 +77,11 @@ def test_tune_and_bench_commands(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "task 1/1 tcutils.conv2d_nchw_dot: 1 new trials" in proc.stdout
     assert "tuned 1 tasks, 1 new trials" in proc.stdout and "Progress: (1/1)" in proc.stdout
-    proc = run_cli("bench", model, "--dtype", "int8", "--log", log, "--repeat", "2")
+    # A 1 ms budget ends the timing after a round or two of the fifty asked for, and the report says so.
+    proc = run_cli("bench", model, "--dtype", "int8", "--log", log, "--repeat", "50", "--time-budget", "0.001")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"net.json int8 on {target}:" in proc.stdout and "speedup x" in proc.stdout
+    done = re.search(r"\(median of (\d+), the time budget ended after (\d+) of 50 rounds\)", proc.stdout)
+    assert done and done.group(1) == done.group(2) and int(done.group(1)) < 50, proc.stdout
     bad = run_cli("tune", model, "--trials", "0", "--log", log)
     assert bad.returncode == 2 and "--trials must be at least 1" in bad.stderr

@@ -48,7 +48,8 @@ import tvm  # noqa: E402
 import tvm_tcutils  # noqa: E402
 from tvm_tcutils import collage  # noqa: E402
 from tvm_tcutils.bench import collage as bench  # noqa: E402
-from tvm_tcutils.bench.competitors import compare, ratios, relay_module, timed_once  # noqa: E402
+from tvm_tcutils.bench.competitors import (  # noqa: E402
+    add_timing_arguments, compare, ratios, relay_module, timed_once, use_timing_arguments)
 from tvm_tcutils.bench.models import load  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.bench.table import aligned  # noqa: E402
@@ -98,7 +99,9 @@ def main(argv=None) -> int:
                         help="AutoTVM log applied to every TVM build (costs and whole models), "
                              "e.g. from 'tvm-tcutils tune MODEL --dtype float32'")
     add_json_argument(parser, __file__)
+    add_timing_arguments(parser)
     args = parser.parse_args(argv)
+    use_timing_arguments(args)
     os.makedirs(args.cache_dir, exist_ok=True)  # the learned runs make their caches inside it
     toolchains = collage.resolve(args.toolchains)
     learned_only = set(filter(None, args.learned_only.split(",")))

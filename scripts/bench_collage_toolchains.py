@@ -49,7 +49,7 @@ import tvm  # noqa: E402
 
 import tvm_tcutils  # noqa: E402,F401  (registers the toolchains)
 from tvm_tcutils.bench import toolchains as bench  # noqa: E402
-from tvm_tcutils.bench.competitors import compare, ratios  # noqa: E402
+from tvm_tcutils.bench.competitors import add_timing_arguments, compare, ratios, use_timing_arguments  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.collage.toolchains import blas, openvino, ort  # noqa: E402
 
@@ -88,7 +88,9 @@ def main(argv=None) -> int:
                         help=f"toolchains next to TVM and TVM FastMath, of {list(bench.SINGLES)} "
                              "(each left out with a note where it is not usable here)")
     add_json_argument(parser, __file__)
+    add_timing_arguments(parser)
     args = parser.parse_args(argv)
+    use_timing_arguments(args)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:

@@ -70,6 +70,7 @@ from tvm_tcutils.bench.int8 import (  # noqa: E402
     avx2_peak_gops, bench_conv, bench_dense, bench_e2e, bench_reduce_range, bench_transforms, peak_gops, report,
     resnet50_layers, set_threads,
 )
+from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod.isa import for_target, range_isa  # noqa: E402
 
@@ -92,7 +93,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reduce-range", action="store_true",
                         help="only --e2e-model with 7-bit weights: exact vs reduce-range build vs onnxruntime")
     add_json_argument(parser, __file__)
+    add_timing_arguments(parser)
     args = parser.parse_args(argv)
+    use_timing_arguments(args)
     # TVM sizes its pool from TVM_NUM_THREADS when it first runs (by default half the logical
     # CPUs here): without this a "2-thread" row ran TVM on one thread.
     os.environ["TVM_NUM_THREADS"] = str(max(args.threads))

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tvm_tcutils  # noqa: E402
 from tvm_tcutils.bench import toolchains as bench  # noqa: E402
-from tvm_tcutils.bench.competitors import compare  # noqa: E402
+from tvm_tcutils.bench.competitors import add_timing_arguments, compare, use_timing_arguments  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.collage.toolchains import ort  # noqa: E402
 from tvm_tcutils.measure import ratio  # noqa: E402
@@ -40,7 +40,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--min-ms", type=int, default=20, help="least duration of one timing (many runs)")
     add_json_argument(parser, __file__)
+    add_timing_arguments(parser)
     args = parser.parse_args(argv)
+    use_timing_arguments(args)
     ok, reason = ort.available()
     if not ok:
         raise SystemExit(f"onnxruntime toolchain unavailable: {reason}")

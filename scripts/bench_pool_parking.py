@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tvm_tcutils  # noqa: E402
 from tvm_tcutils import native  # noqa: E402
 from tvm_tcutils.bench import toolchains as bench  # noqa: E402
-from tvm_tcutils.bench.competitors import compare  # noqa: E402
+from tvm_tcutils.bench.competitors import add_timing_arguments, compare, use_timing_arguments  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.bench.table import markdown  # noqa: E402
 from tvm_tcutils.collage.toolchains import ort  # noqa: E402
@@ -71,8 +71,10 @@ def main(argv=None) -> int:
                         help="also time the mix unparked in a child process with TVM_THREAD_POOL_SPIN_COUNT=0")
     parser.add_argument("--also-us", default="", help="more parking thresholds to time (us, comma-separated)")
     add_json_argument(parser, __file__)
+    add_timing_arguments(parser)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # the spin=0 child: JSON on stdout
     args = parser.parse_args(argv)
+    use_timing_arguments(args)
     pairs = [item.split(":") for item in args.models.split(",") if item]
     for pair in pairs:
         if len(pair) != 2 or pair[1] not in MIXES:

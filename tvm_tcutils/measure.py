@@ -45,6 +45,7 @@ from ._tvm import host_target, tvm
 from tvm import autotvm, relay
 from tvm.contrib import graph_executor
 
+from .progress import ProgressArg, Reporter
 from .tuning import checked_records
 
 Params = Dict[str, object]
@@ -164,12 +165,31 @@ def ratio(a: Timing, b: Timing, confidence: float = 0.95, resamples: int = 2000,
     return Ratio(float(value), float(low), float(high), confidence)
 
 
-def interleave(timers: Mapping[str, Callable[[], float]], rounds: int = 5) -> Dict[str, Timing]:
+def interleave(timers: Mapping[str, Callable[[], float]], rounds: int = 5, *, progress: ProgressArg = False,
+               time_budget_s: Optional[float] = None,
+               clock: Callable[[], float] = time.perf_counter) -> Dict[str, Timing]:
     """Call every timer once per round, in turns (A B A B ...); one :class:`Timing` per name.
 
     Each timer returns one sample in ms (for example a :class:`Timer`'s
     :meth:`Timer.sample`). A timer that raises is left out of later rounds and
     gets an empty timing.
+
+    Parameters
+    ----------
+    timers : mapping
+        Name -> a function returning one sample (ms).
+    rounds : int
+        Rounds to run (each gives every timer one sample).
+    progress : callable, bool or None
+        ``progress(update)`` after each round (a
+        :class:`~tvm_tcutils.progress.ProgressUpdate` of phase ``"time"``);
+        None: a bar when stderr is a terminal; False (default): nothing.
+    time_budget_s : float, optional
+        Seconds for the whole comparison, checked between rounds: a round
+        that has started is finished, at least one round always runs, and
+        the timings hold the rounds done (fewer samples, same turn-taking).
+    clock : callable
+        Seconds, for the budget.
 
     Examples
     --------
@@ -177,21 +197,40 @@ def interleave(timers: Mapping[str, Callable[[], float]], rounds: int = 5) -> Di
     >>> out = interleave({"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}, 2)
     >>> calls, out["b"].median_ms
     (['a', 'b', 'a', 'b'], 2.0)
+    >>> ticks = iter(range(100))
+    >>> out = interleave({"a": lambda: 1.0}, 10, time_budget_s=2.5, clock=lambda: float(next(ticks)),
+    ...                  progress=lambda update: print(update.phase, update.done, update.total))
+    time 1 10
+    time 2 10
+    time 3 10
+    >>> len(out["a"].samples_ms)
+    3
     """
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    if time_budget_s is not None and not (isinstance(time_budget_s, (int, float)) and time_budget_s >= 0):
+        raise ValueError(f"time_budget_s must be a number of seconds >= 0 or None, got {time_budget_s!r}")
+    report = Reporter(progress)
+    start = clock()
     samples: Dict[str, List[float]] = {name: [] for name in timers}
     broken = set()
-    for _ in range(rounds):
-        for name, timer in timers.items():
-            if name in broken:
-                continue
-            try:
-                samples[name].append(float(timer()))
-            except (tvm.TVMError, RuntimeError, OSError) as err:
-                broken.add(name)
-                samples[name] = []
-                logger.warning("timing %s failed: %s", name, error_line(err))
+    try:
+        for done in range(1, rounds + 1):
+            for name, timer in timers.items():
+                if name in broken:
+                    continue
+                try:
+                    samples[name].append(float(timer()))
+                except (tvm.TVMError, RuntimeError, OSError) as err:
+                    broken.add(name)
+                    samples[name] = []
+                    logger.warning("timing %s failed: %s", name, error_line(err))
+            report("time", done, rounds)
+            if time_budget_s is not None and done < rounds and clock() - start >= time_budget_s:
+                logger.info("timing stopped by its %.0f s budget after %d of %d rounds", time_budget_s, done, rounds)
+                break
+    finally:
+        report.close()
     return {name: Timing(tuple(values)) for name, values in samples.items()}
 
 

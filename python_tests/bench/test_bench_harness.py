@@ -1,13 +1,15 @@
 """The shared benchmark harness (tvm_tcutils.bench): JSON results, timing in turns, TVM-vs-TVM ratios."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
 import pytest
 
 from tvm_tcutils.bench import competitors, results, table
-from tvm_tcutils.measure import Timing
+from tvm_tcutils.bench.competitors import add_timing_arguments, compare, timing_settings
+from tvm_tcutils.measure import Timing, interleave
 
 
 def test_results_json_has_machine_command_date_and_rows(tmp_path):
@@ -103,3 +105,45 @@ def test_collage_table_cells_come_from_the_final_answer():
     cells = final_cells(out, ["tvm alone", "ort alone", "blas alone"])
     assert cells[:4] == ["3.00", "2.00", "-", "1.00"]  # medians; blas was not timed
     assert cells[4] == "collage" and cells[5].startswith("x0.500 [")  # against the best single, ort
+
+
+def _clock(step: float = 1.0):
+    ticks = iter(range(10_000))
+    return lambda: step * next(ticks)
+
+
+def test_interleave_stops_at_its_budget_after_a_whole_round_and_reports_each_round():
+    calls, seen = [], []
+    timers = {"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}
+    out = interleave(timers, 10, time_budget_s=2.5, clock=_clock(), progress=seen.append)
+    # The budget is looked at between rounds: every started round ends with both samples.
+    assert calls == ["a", "b"] * 3 and [len(t.samples_ms) for t in out.values()] == [3, 3]
+    assert [(u.phase, u.done, u.total) for u in seen] == [("time", k, 10) for k in (1, 2, 3)]
+    # A spent budget still gives one round.
+    assert len(interleave(timers, 10, time_budget_s=0)["a"].samples_ms) == 1
+
+
+@pytest.mark.parametrize("bad", [-1, "10", float("nan")])
+def test_interleave_bad_budget(bad):
+    with pytest.raises(ValueError, match="time_budget_s"):
+        interleave({"a": lambda: 1.0}, 3, time_budget_s=bad)
+
+
+def test_timing_settings_reach_every_compare_of_a_script():
+    seen = []
+    with timing_settings(progress=seen.append, time_budget_s=0):
+        first = compare({"a": lambda: 1.0, "b": None}, rounds=4)
+        explicit = compare({"a": lambda: 1.0}, rounds=4, time_budget_s=1e9, progress=False)
+    after = compare({"a": lambda: 1.0}, rounds=4)
+    assert len(first["a"].samples_ms) == 1 and first["b"].samples_ms == ()
+    assert len(explicit["a"].samples_ms) == 4 and len(after["a"].samples_ms) == 4
+    assert [(u.done, u.total) for u in seen] == [(1, 4)]
+
+
+def test_script_timing_arguments():
+    parser = argparse.ArgumentParser()
+    add_timing_arguments(parser)
+    assert parser.parse_args([]).time_budget is None
+    for bad in ("0", "-3", "soon"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--time-budget", bad])

@@ -28,10 +28,16 @@ True
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
+import contextvars
+import dataclasses
+import math
 import time
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, Iterator, Mapping, Optional, Sequence
 
 from ..measure import Ratio, Timer, Timing, interleave, ratio, time_callable, time_function
+from ..progress import ProgressArg, check_progress
 
 SampleTimer = Callable[[], float]
 
@@ -127,11 +133,87 @@ def settled(timer: SampleTimer, pause_s: float = 0.02) -> SampleTimer:
     return sample
 
 
-def compare(timers: Mapping[str, Optional[SampleTimer]], rounds: int = 5) -> Dict[str, Timing]:
+@dataclasses.dataclass(frozen=True)
+class TimingSettings:
+    """How :func:`compare` runs when its caller does not say: progress and a time budget per comparison."""
+
+    progress: ProgressArg = False
+    time_budget_s: Optional[float] = None
+
+
+_SETTINGS: contextvars.ContextVar[TimingSettings] = contextvars.ContextVar("timing_settings", default=TimingSettings())
+
+
+@contextlib.contextmanager
+def timing_settings(progress: ProgressArg = False, time_budget_s: Optional[float] = None) -> Iterator[TimingSettings]:
+    """Within the block, every :func:`compare` shows ``progress`` and stops at ``time_budget_s`` seconds.
+
+    A benchmark script sets them once (``--time-budget``, a bar on a terminal)
+    instead of passing them through each table's helpers.
+
+    Examples
+    --------
+    >>> with timing_settings(time_budget_s=0.0):
+    ...     len(compare({"a": lambda: 1.0}, rounds=5)["a"].samples_ms)
+    1
+    """
+    token = _SETTINGS.set(TimingSettings(check_progress(progress), time_budget_s))
+    try:
+        yield _SETTINGS.get()
+    finally:
+        _SETTINGS.reset(token)
+
+
+def add_timing_arguments(parser) -> None:
+    """``--time-budget SECONDS`` (per side-by-side comparison) and ``--no-progress`` on a script's parser.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> p = argparse.ArgumentParser(); add_timing_arguments(p)
+    >>> p.parse_args(["--time-budget", "30"]).time_budget
+    30.0
+    """
+    parser.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
+                        help="per comparison: stop after the round that ends past this many seconds "
+                             "(fewer samples; the JSON records the rounds done)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar while timing (default: one on a terminal)")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def use_timing_arguments(args) -> TimingSettings:
+    """Apply a script's :func:`add_timing_arguments` to every later :func:`compare` of this context.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> use_timing_arguments(argparse.Namespace(time_budget=None, no_progress=True)).progress
+    False
+    """
+    settings = TimingSettings(False if args.no_progress else None, args.time_budget)
+    _SETTINGS.set(settings)
+    return settings
+
+
+def compare(timers: Mapping[str, Optional[SampleTimer]], rounds: int = 5, *, progress: ProgressArg = None,
+            time_budget_s: Optional[float] = None) -> Dict[str, Timing]:
     """Time the contenders in turns (:func:`~tvm_tcutils.measure.interleave`); ``None`` gets an empty timing.
 
     A contender that could not be built is passed as ``None`` and keeps its
     place in the result (median ``inf``), so that a table keeps its columns.
+    ``progress`` and ``time_budget_s`` are :func:`~tvm_tcutils.measure.interleave`'s;
+    left out (None), they come from :func:`timing_settings` (default: no
+    progress, no budget).
 
     Examples
     --------
@@ -139,7 +221,10 @@ def compare(timers: Mapping[str, Optional[SampleTimer]], rounds: int = 5) -> Dic
     >>> out["a"].median_ms, out["b"].samples_ms
     (1.0, ())
     """
-    timed = interleave({name: t for name, t in timers.items() if t is not None}, rounds)
+    settings = _SETTINGS.get()
+    timed = interleave({name: t for name, t in timers.items() if t is not None}, rounds,
+                       progress=settings.progress if progress is None else progress,
+                       time_budget_s=settings.time_budget_s if time_budget_s is None else time_budget_s)
     return {name: timed.get(name, Timing(())) for name in timers}
 
 

@@ -15,6 +15,7 @@ CHECKS = (
     *checks.MODEL_CHECKS,
     checks.Check("--target", "target", checks.runnable_target),
     checks.Check("--repeat", "repeat", checks.at_least(1)),
+    checks.Check("--time-budget", "time_budget", checks.positive),
     checks.Check("--log", "log", checks.existing_log),
     checks.Check("--plot", "plot", checks.plot_output),
     *checks.RPC_CHECKS,
@@ -32,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=10,
                         help="rounds of timing, the builds in turns (median reported)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the fp32 TVM build")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="stop timing after the round that ends past this many seconds (fewer rounds)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar while timing")
     parser.add_argument("--plot", metavar="PATH",
                         help="draw the timings (or, with the baseline, the speedup) as a bar chart "
                              "(.png/.svg/.pdf; needs matplotlib)")
@@ -55,12 +59,16 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_baseline:
             timers["baseline"] = Timer(float_mod, float_params, target, repeat=_RUNS_PER_ROUND, backend=remote)
         # In turns, one sample of each per round: a drift of the machine's load hits both builds alike.
-        timed = interleave({name: timer.sample for name, timer in timers.items()}, rounds=args.repeat)
+        quiet = args.no_progress or getattr(args, "verbosity", None) == "quiet"
+        timed = interleave({name: timer.sample for name, timer in timers.items()}, rounds=args.repeat,
+                           progress=False if quiet else None, time_budget_s=args.time_budget)
         where = f" (RPC server {timers[args.dtype].where}, key {remote.key})" if remote else ""
         for timer in timers.values():
             timer.close()
     ours = timed[args.dtype]
-    print(f"{args.model} {args.dtype} on {target}{where}: {ours.median_ms:.3f} ms (median of {args.repeat})")
+    rounds = len(ours.samples_ms)
+    cut = f", the time budget ended after {rounds} of {args.repeat} rounds" if rounds < args.repeat else ""
+    print(f"{args.model} {args.dtype} on {target}{where}: {ours.median_ms:.3f} ms (median of {rounds}{cut})")
     if not args.no_baseline:
         base = timed["baseline"]
         speedup = ratio(base, ours)
