@@ -72,6 +72,7 @@ from tvm_tcutils.bench.int8 import (  # noqa: E402
 )
 from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.bench.table import timings_markdown  # noqa: E402
 from tvm_tcutils.dotprod.isa import for_target, range_isa  # noqa: E402
 
 
@@ -146,8 +147,11 @@ def main(argv=None) -> int:
             report("dense 2048->1000", rows, peaks)
             results.add(layer="dense 2048->1000", gops_by_threads={n: row for n, row in rows})
     if args.e2e or args.e2e_only:
-        for row in bench_e2e(args.threads, args.e2e_check, model=args.e2e_model, rounds=max(args.rounds, 3)):
+        e2e = list(bench_e2e(args.threads, args.e2e_check, model=args.e2e_model, rounds=max(args.rounds, 3)))
+        for row in e2e:
             results.add(layer=f"end to end {row.pop('model')}", **row)
+        # The docs' table (docs/benchmarks/dotprod.md), from the same rows as the JSON.
+        print(timings_markdown(e2e, {"vs_ort_qdq": "vs ORT QDQ", "vs_openvino_qdq": "vs OpenVINO QDQ"}))
     results.settings["peak_gops"] = peaks
     results.write(args.json)
     return 0

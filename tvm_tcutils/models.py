@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
+import tempfile  # noqa: F401  (the examples use it)
 from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
@@ -26,6 +26,7 @@ import numpy as np
 from ._tvm import tvm
 from tvm import relay
 
+from .files import write_atomically
 from .onnx_writer import OnnxGraph
 
 Params = Dict[str, "tvm.nd.NDArray"]
@@ -393,20 +394,6 @@ def _params_path(path: str) -> str:
     return os.path.splitext(path)[0] + ".params"
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, temp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-
-
 def check_output_path(path: str, overwrite: bool = True, argument: str = "path") -> str:
     """Fail fast, before any work, when a model cannot be saved at ``path``.
 
@@ -481,10 +468,10 @@ def save_model(path: str, mod: tvm.IRModule, params: Optional[Params] = None, ov
     fingerprint = params_fingerprint(params)
     text = _SAVERS[os.path.splitext(path)[1].lower()](mod, fingerprint)
     if params:
-        _write_atomically(_params_path(path), bytes(relay.save_param_dict(params)))
+        write_atomically(_params_path(path), bytes(relay.save_param_dict(params)))
     elif os.path.exists(_params_path(path)):
         os.unlink(_params_path(path))
-    _write_atomically(path, text.encode())
+    write_atomically(path, text.encode())
 
 
 def random_inputs(mod: tvm.IRModule, params: Optional[Params] = None, seed: int = 0) -> Dict[str, np.ndarray]:

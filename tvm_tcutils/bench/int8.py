@@ -25,6 +25,7 @@ from tvm import autotvm, relay, te, tir
 from ..dotprod.isa import for_target, range_isa
 from ..dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_PACK_TASK
 from ..dotprod.topi import packing
+from ..files import atomic_path
 from ..measure import graph_module, time_function
 from ..models import load_model
 from .competitors import SampleTimer, compare, onnx_session, python_call, relay_module, te_function, timed_once
@@ -445,9 +446,8 @@ def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None,
     stem = os.path.splitext(os.path.basename(model))[0] if model.endswith(".onnx") else model
     files = {"fp32": model if model.endswith(".onnx") else os.path.join(folder, f"{stem}.onnx")}
     if not os.path.exists(files["fp32"]):
-        partial = files["fp32"] + ".partial"
-        onnx.save(onnx_model(model), partial)
-        os.replace(partial, files["fp32"])
+        with atomic_path(files["fp32"], suffix=".onnx") as partial:
+            onnx.save(onnx_model(model), partial)
     float_model = onnx.load(files["fp32"])
     shape = [d.dim_value for d in float_model.graph.input[0].type.tensor_type.shape.dim]
     samples = [{float_model.graph.input[0].name: RNG.standard_normal(shape).astype("float32")}

@@ -26,9 +26,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
+import tempfile  # noqa: F401  (the examples use it)
 from typing import Dict, List, Optional, Sequence
 
+from ..files import write_atomically
 from ._json import jsonable  # noqa: F401  (results.jsonable: part of this module's API)
 from .plot import check_plot_path, plot
 
@@ -94,16 +95,8 @@ def write_json(path: str, payload: dict) -> str:
     """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(jsonable(payload), out, indent=1, allow_nan=False)
-            out.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)  # an interrupted write leaves the previous file, and no temporary one
-        raise
-    return path
+    text = json.dumps(jsonable(payload), indent=1, allow_nan=False) + "\n"  # a bad value fails before any write
+    return write_atomically(path, text.encode())
 
 
 class Results:

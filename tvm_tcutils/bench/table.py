@@ -1,7 +1,7 @@
 """Printed tables of benchmark rows: Markdown (pasted into docs) or right-aligned columns (terminals)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -48,3 +48,33 @@ def cell(value: object, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "-"
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def timings_markdown(rows: Sequence[Mapping], ratios: Mapping[str, str], group: str = "threads") -> str:
+    """The Markdown table of JSON rows that hold ``timings`` and ratio sets (``Results`` rows of
+    :func:`~tvm_tcutils.bench.int8.bench_e2e` and the like): one line per contender.
+
+    ``ratios`` maps a row's ratio key to its column title (``{"vs_ort_qdq": "vs ORT QDQ"}``);
+    ``group`` is the row field shown first (the thread count). The spread is +- half the
+    interquartile range, as :class:`~tvm_tcutils.measure.Timing` prints it.
+
+    Examples
+    --------
+    >>> row = {"threads": 1, "timings": {"a": {"median_ms": 2.0, "spread": 0.01}},
+    ...        "vs_b": {"a": {"value": 0.5, "low": 0.45, "high": 0.55}}}
+    >>> print(timings_markdown([row], {"vs_b": "vs b"}))
+    | threads | contender | median ms (spread) | vs b [95 % interval] |
+    |---|---|---|---|
+    | 1 | a | 2.000 (+-0.5 %) | x0.500 [0.450, 0.550] |
+    """
+    header = [group, "contender", "median ms (spread)", *(f"{title} [95 % interval]" for title in ratios.values())]
+    lines = []
+    for row in rows:
+        for name, timing in row["timings"].items():
+            # +- half the interquartile range, as Timing prints it.
+            cells = [f"{timing['median_ms']:.3f} (+-{50 * timing['spread']:.1f} %)"]
+            for key in ratios:
+                r = row[key][name]
+                cells.append(f"x{r['value']:.3f} [{r['low']:.3f}, {r['high']:.3f}]")
+            lines.append([row[group], name, *cells])
+    return markdown(header, lines)

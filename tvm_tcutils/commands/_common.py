@@ -42,6 +42,20 @@ def add_model_argument(parser: argparse.ArgumentParser, default: Optional[str] =
     )
 
 
+def add_target_argument(parser: argparse.ArgumentParser, what: str = "TVM target") -> None:
+    """Add ``--target`` (default: this CPU's target, :func:`tvm_tcutils.host_target`); checked by
+    :func:`~tvm_tcutils.commands._checks.runnable_target` before any work.
+
+    Examples
+    --------
+    >>> p = argparse.ArgumentParser(); add_target_argument(p)
+    >>> p.parse_args([]).target is None
+    True
+    """
+    parser.add_argument("--target", default=None,
+                        help=f"{what} (default: this CPU's, tvm_tcutils.host_target(), e.g. 'llvm -mcpu=znver4')")
+
+
 def load_model_arg(args: argparse.Namespace):
     """Load the model named by the shared arguments (see :func:`add_model_argument`).
 

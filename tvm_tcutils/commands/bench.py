@@ -26,8 +26,7 @@ HELP = "build a model (int8 by default: dot-product schedules) and time it again
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli.add_model_argument(parser)
-    parser.add_argument("--target", default=None,
-                        help="TVM target (default: this CPU's, tvm_tcutils.host_target(), e.g. 'llvm -mcpu=znver4')")
+    cli.add_target_argument(parser)
     parser.add_argument("--dtype", choices=["int8", "float32"], default="int8", help="precision to build")
     parser.add_argument("--log", help="AutoTVM log from 'tvm-tcutils tune' to apply")
     parser.add_argument("--repeat", type=int, default=10,

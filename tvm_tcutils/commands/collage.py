@@ -47,7 +47,7 @@ HELP = "partition a model across TVM, ONNX Runtime, BLAS (and BYOC toolchains) a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ._common import add_model_argument, add_rpc_arguments
+    from ._common import add_model_argument, add_rpc_arguments, add_target_argument
 
     add_model_argument(parser)
     # MODEL may be left out with --list.
@@ -86,8 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure again the candidates the cost cache holds as failed (otherwise after a day)")
     parser.add_argument("--tuning-log", default=None,
                         help="AutoTVM log for TVM's candidates (from 'tvm-tcutils tune MODEL --dtype float32')")
-    parser.add_argument("--target", default=None,
-                        help="target of TVM's builds and measurements (default: this CPU, e.g. 'llvm -mcpu=znver4')")
+    add_target_argument(parser, "target of TVM's builds and measurements")
     add_rpc_arguments(parser)
 
 

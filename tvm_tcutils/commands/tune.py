@@ -20,8 +20,7 @@ HELP = "tune a model's AutoTVM tasks (int8 dot-product templates included) with 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli.add_model_argument(parser)
-    parser.add_argument("--target", default=None,
-                        help="TVM target (default: this CPU's, tvm_tcutils.host_target(), e.g. 'llvm -mcpu=znver4')")
+    cli.add_target_argument(parser)
     parser.add_argument("--trials", type=int, default=32, help="measurements per task, log included")
     parser.add_argument("--log", required=True, help="AutoTVM log file: appended to, and resumed from")
     parser.add_argument("--dtype", choices=["int8", "float32"], default="int8",

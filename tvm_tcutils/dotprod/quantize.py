@@ -10,6 +10,7 @@ import numpy as np
 from .._tvm import tvm
 from tvm import relay
 
+from ..files import atomic_path
 from ..measure import Params
 
 #: Precisions ``tvm-tcutils tune`` and ``bench`` build.
@@ -121,11 +122,10 @@ def ort_quantize(model, path: str, samples: Sequence[Dict[str, np.ndarray]], fmt
         source = model if isinstance(model, str) else os.path.join(scratch, "float.onnx")
         if not isinstance(model, str):
             onnx.save(model, source)
-        partial = os.path.join(scratch, "quantized.onnx")
-        ortq.quantize_static(
-            source, partial, _Reader(),
-            quant_format=ortq.QuantFormat.QDQ if fmt == "qdq" else ortq.QuantFormat.QOperator,
-            per_channel=per_channel, reduce_range=reduce_range, activation_type=ortq.QuantType.QUInt8,
-            weight_type=ortq.QuantType.QInt8)
-        os.replace(partial, path)  # atomic: a reader never sees half a model
+        with atomic_path(path, suffix=".onnx") as partial:  # a reader never sees half a model
+            ortq.quantize_static(
+                source, partial, _Reader(),
+                quant_format=ortq.QuantFormat.QDQ if fmt == "qdq" else ortq.QuantFormat.QOperator,
+                per_channel=per_channel, reduce_range=reduce_range, activation_type=ortq.QuantType.QUInt8,
+                weight_type=ortq.QuantType.QInt8)
     return path

@@ -42,6 +42,7 @@ from typing import Callable, Dict, Iterable, Optional
 import numpy as np
 
 from ..._tvm import tvm
+from ...files import atomic_path
 from tvm import relay
 
 #: Name prefix of the placeholder variables standing for shared constants.
@@ -111,8 +112,8 @@ class SharedConstants:
         if address not in self._ids:
             number = len(self._ids)
             path = os.path.join(self.directory, f"c{number}.npy")
-            np.save(path + ".tmp.npy", array.numpy())
-            os.replace(path + ".tmp.npy", path)  # a worker never reads half a file
+            with atomic_path(path, suffix=".npy") as partial:  # a worker never reads half a file
+                np.save(partial, array.numpy())
             self._ids[address] = number
             self._vars[address] = relay.var(f"{PREFIX}{number}", relay.TensorType(array.shape, array.dtype))
         return self._vars[address]

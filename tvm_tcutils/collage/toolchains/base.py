@@ -172,6 +172,39 @@ class Toolchain:
                          _thread_settings()])
 
 
+#: The environment variables that set a toolchain's thread budget (else: TVM's pool size).
+THREAD_VARIABLES = ("TVM_TCUTILS_ORT_THREADS", "TVM_TCUTILS_OPENVINO_THREADS", "TVM_TCUTILS_BLAS_THREADS")
+
+
+def thread_budget(variable: str) -> int:
+    """A runtime's threads: the positive integer in environment variable ``variable``, else TVM's pool size.
+
+    One thread budget for the whole model: TVM's default pool can be smaller than
+    another runtime's default (TVM takes one thread on a 2-vCPU VM where onnxruntime
+    takes two), and toolchains costed with different budgets would be compared unfairly.
+
+    Examples
+    --------
+    >>> import os
+    >>> os.environ["TCUTILS_EXAMPLE_THREADS"] = "3"; thread_budget("TCUTILS_EXAMPLE_THREADS")
+    3
+    >>> os.environ["TCUTILS_EXAMPLE_THREADS"] = "many"; thread_budget("TCUTILS_EXAMPLE_THREADS")
+    Traceback (most recent call last):
+    ...
+    ValueError: TCUTILS_EXAMPLE_THREADS must be a positive integer, got 'many'
+    >>> del os.environ["TCUTILS_EXAMPLE_THREADS"]; thread_budget("TCUTILS_EXAMPLE_THREADS") >= 1
+    True
+    """
+    import os
+
+    value = os.environ.get(variable, "")
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{variable} must be a positive integer, got {value!r}")
+        return int(value)
+    return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
+
+
 def _thread_settings() -> str:
     """The thread budgets a measured cost depends on (TVM's pool, what the toolchains read, and
     whether their calls park TVM's pool)."""
@@ -180,6 +213,5 @@ def _thread_settings() -> str:
     from .packed_call import parking
 
     pool = int(tvm.get_global_func("runtime.NumThreads")())
-    extra = [f"{name}={os.environ[name]}" for name in ("TVM_TCUTILS_ORT_THREADS", "TVM_TCUTILS_BLAS_THREADS")
-             if os.environ.get(name)]
+    extra = [f"{name}={os.environ[name]}" for name in THREAD_VARIABLES if os.environ.get(name)]
     return ",".join([f"threads={pool}", *extra, parking()])

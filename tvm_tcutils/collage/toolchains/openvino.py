@@ -44,7 +44,7 @@ from tvm import relay
 
 from ... import registry
 from . import ort
-from .base import Toolchain
+from .base import Toolchain, thread_budget
 from .packed_call import (
     LIFTING_COMPILERS, PackedToolchain, byoc_partition, function_of, missing_modules, modules_present, tensor_data,
     tensor_view,
@@ -61,6 +61,28 @@ INSTALL_HINT = "pip install 'tvm-tcutils[openvino]'"
 #: significant bits (relative rounding 2**-9 = 0.2%); OpenVINO rounds the operands of matmuls and
 #: convolutions (and of element-wise ops between them) and accumulates in f32.
 BF16_TOLERANCE = {"rtol": 3e-2, "atol": 3e-2}
+
+#: bf16 results of more than one op (a partition of two convolutions, a 256-term batch_matmul on
+#: normal inputs) hold a few outliers beyond :data:`BF16_TOLERANCE` (0.01-0.3 % of the elements on
+#: squeezenet1.1, bert-tiny-onnx and the encoder's batch_matmul), where the reference is near zero;
+#: they are judged as a whole: ``||out - ref|| <= BF16_RELATIVE_ERROR * ||ref||`` (:func:`bf16_error`).
+BF16_RELATIVE_ERROR = 2e-2
+
+
+def bf16_error(got, want) -> float:
+    """``||got - want|| / ||want||``: the error measure of bf16 results (:data:`BF16_RELATIVE_ERROR`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> want = np.ones(100); got = want.copy(); got[0] = 1.1   # one outlier of 10 %
+    >>> round(bf16_error(got, want), 3), bf16_error(got, want) <= BF16_RELATIVE_ERROR
+    (0.01, True)
+    """
+    import numpy as np
+
+    got, want = np.asarray(got, dtype="float64"), np.asarray(want, dtype="float64")
+    return float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-30))
 
 #: f32 results against TVM's: the accumulation order differs, nothing else.
 F32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
@@ -190,21 +212,15 @@ def _require(precision: str) -> None:
 
 
 def openvino_threads() -> int:
-    """OpenVINO's inference threads: ``TVM_TCUTILS_OPENVINO_THREADS``, else as many as TVM's pool has.
-
-    The same budget as TVM's and onnxruntime's, so that toolchains are costed alike.
+    """OpenVINO's inference threads: ``TVM_TCUTILS_OPENVINO_THREADS``, else as many as TVM's pool has
+    (:func:`~.base.thread_budget`: the same budget as TVM's and onnxruntime's).
 
     Examples
     --------
     >>> openvino_threads() >= 1
     True
     """
-    value = os.environ.get("TVM_TCUTILS_OPENVINO_THREADS", "")
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"TVM_TCUTILS_OPENVINO_THREADS must be a positive integer, got {value!r}")
-        return int(value)
-    return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
+    return thread_budget("TVM_TCUTILS_OPENVINO_THREADS")
 
 
 def compile_config(precision: str = "f32") -> Dict[str, object]:

@@ -30,6 +30,7 @@ from tvm.relay.dataflow_pattern import is_op, is_tuple, wildcard
 
 from ... import registry
 from . import relay_to_onnx
+from .base import thread_budget
 from .packed_call import (
     LIFTING_COMPILERS, PackedToolchain, activation_bytes, byoc_partition, function_of, kept, lifted_params,
     missing_modules,
@@ -171,23 +172,15 @@ class _Session:
 
 
 def ort_threads() -> int:
-    """onnxruntime's intra-op threads: ``TVM_TCUTILS_ORT_THREADS``, else as many as TVM's pool has.
-
-    One thread budget for the whole model: TVM's default pool can be smaller than
-    onnxruntime's default (TVM takes one thread on a 2-vCPU VM where onnxruntime takes
-    two), and toolchains costed with different budgets would be compared unfairly.
+    """onnxruntime's intra-op threads: ``TVM_TCUTILS_ORT_THREADS``, else as many as TVM's pool has
+    (:func:`~.base.thread_budget`).
 
     Examples
     --------
     >>> ort_threads() >= 1
     True
     """
-    value = os.environ.get("TVM_TCUTILS_ORT_THREADS", "")
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"TVM_TCUTILS_ORT_THREADS must be a positive integer, got {value!r}")
-        return int(value)
-    return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
+    return thread_budget("TVM_TCUTILS_ORT_THREADS")
 
 
 def _session_options(activation_bytes: int = 0):
