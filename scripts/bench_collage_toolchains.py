@@ -50,7 +50,8 @@ import tvm  # noqa: E402
 import tvm_tcutils  # noqa: E402,F401  (registers the toolchains)
 from tvm_tcutils.bench import toolchains as bench  # noqa: E402
 from tvm_tcutils.bench.competitors import add_timing_arguments, compare, ratios, use_timing_arguments  # noqa: E402
-from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.bench.results import Results, add_json_argument, jsonable  # noqa: E402
+from tvm_tcutils.bench.table import columns_markdown  # noqa: E402
 from tvm_tcutils.collage.toolchains import blas, openvino, ort  # noqa: E402
 
 KINDS = bench.Kinds.NAMES
@@ -121,6 +122,8 @@ def main(argv=None) -> int:
         results.add(kind=kind, timings=timed, over_tvm=ratios(timed, "tvm"))
         print(f"{kind:<20}{_cells(timed, columns)}", flush=True)
     results.write(args.json)
+    # The docs' table (docs/benchmarks/collage.md), from the same rows as the JSON.
+    print(columns_markdown(jsonable(results.payload())["rows"], "kind", "over_tvm", "tvm"))
     return 0
 
 

@@ -78,3 +78,33 @@ def timings_markdown(rows: Sequence[Mapping], ratios: Mapping[str, str], group: 
                 cells.append(f"x{r['value']:.3f} [{r['low']:.3f}, {r['high']:.3f}]")
             lines.append([row[group], name, *cells])
     return markdown(header, lines)
+
+
+def columns_markdown(rows: Sequence[Mapping], label: str, ratios: str, baseline: str) -> str:
+    """A wide Markdown table of JSON rows: one line per row (``row[label]``), one column per contender,
+    each cell the median ms and its ratio to ``baseline`` (``row[ratios]``, below 1: faster).
+
+    Examples
+    --------
+    >>> row = {"kind": "dense", "timings": {"tvm": {"median_ms": 0.3}, "ort": {"median_ms": 0.6}},
+    ...        "over_tvm": {"tvm": {"value": 1.0}, "ort": {"value": 2.0}}}
+    >>> print(columns_markdown([row], "kind", "over_tvm", "tvm"))
+    | kind | tvm ms | ort ms (/ tvm) |
+    |---|---|---|
+    | dense | 0.300 | 0.600 (x2.00) |
+    """
+    columns = list(dict.fromkeys(name for row in rows for name in row["timings"]))
+    header = [label, *(f"{c} ms" if c == baseline else f"{c} ms (/ {baseline})" for c in columns)]
+    lines = []
+    for row in rows:
+        cells = [row[label]]
+        for column in columns:
+            timing = row["timings"].get(column)
+            if not timing or not timing.get("median_ms") or timing["median_ms"] == float("inf"):
+                cells.append("-")
+            elif column == baseline:
+                cells.append(f"{timing['median_ms']:.3f}")
+            else:
+                cells.append(f"{timing['median_ms']:.3f} (x{row[ratios][column]['value']:.2f})")
+        lines.append(cells)
+    return markdown(header, lines)
