@@ -50,8 +50,7 @@ Examples
 >>> ops(mod)
 ['nn.conv2d', 'qnn.dequantize', 'qnn.quantize']
 >>> ops(to_integer(mod))   # integer conv; ONNX rounding (half to even)
-['add', 'cast', 'clip', 'divide', 'equal', 'floor', 'logical_and', 'multiply', 'not_equal', \
-'qnn.conv2d', 'subtract']
+['add', 'cast', 'clip', 'divide', 'multiply', 'qnn.conv2d', 'reinterpret']
 >>> ops(to_integer(mod, requantize="qnn"))
 ['qnn.conv2d', 'qnn.quantize', 'qnn.requantize']
 """
@@ -120,27 +119,37 @@ def _const(expr) -> Optional[np.ndarray]:
     return expr.data.numpy() if isinstance(expr, relay.Constant) else None
 
 
+#: 1.5 * 2**23: added to a float32 of magnitude below 2**22, the sum lies where float32's spacing is 1.0,
+#: so the addition itself rounds to the nearest integer, ties to even (IEEE's default rounding), and
+#: the sum's bits read as an int32, less this constant's bits, are that integer.
+_ROUNDING_SHIFT = 12582912.0
+_ROUNDING_SHIFT_BITS = int(np.array(_ROUNDING_SHIFT, "float32").view("int32"))
+
+
+def _rounded_int32(value: relay.Expr, offset: int = 0) -> relay.Expr:
+    """``round_half_even(value) + offset`` as int32, for float32 ``value`` with |value| < 2**22.
+
+    Three vector instructions (add, a free bit reinterpretation, an integer add) that TVM fuses into
+    the producing kernel; none of them can be folded away (``(v + c) - c`` in float would be, by TVM's
+    simplifier).
+    """
+    shifted = relay.add(value, relay.const(_ROUNDING_SHIFT, "float32"))
+    return relay.add(relay.reinterpret(shifted, "int32"), relay.const(offset - _ROUNDING_SHIFT_BITS, "int32"))
+
+
 def round_half_even(value: relay.Expr) -> relay.Expr:
     """Float32 rounding to the nearest integer, ties to even (ONNX ``QuantizeLinear``), for |value| < 2**22.
 
-    Written with ``floor`` so that it means the same on every target (TVM's ``round`` follows the
-    backend's C or LLVM rounding).
+    IEEE float32 addition of 1.5 * 2**23 rounds to an integer, ties to even, on every
+    target (TVM's ``round`` follows the backend: half away from zero on LLVM).
 
     Examples
     --------
-    >>> v = relay.const(np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.4, -2.6], "float32"))
+    >>> v = relay.const(np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.4, -2.6, 254.5, -255.5], "float32"))
     >>> relay.create_executor().evaluate(round_half_even(v)).numpy().tolist()
-    [0.0, 2.0, 2.0, 0.0, -2.0, 2.0, -3.0]
+    [0.0, 2.0, 2.0, 0.0, -2.0, 2.0, -3.0, 254.0, -256.0]
     """
-    half = relay.const(0.5, "float32")
-    shifted = relay.add(value, half)   # exact for |value| < 2**22
-    down = relay.floor(shifted)        # round half up
-    odd = relay.not_equal(relay.subtract(down, relay.multiply(relay.const(2.0), relay.floor(
-        relay.multiply(down, half)))), relay.const(0.0))
-    # A tie (``shifted`` whole) rounded up to an odd number goes one down. Written without
-    # ``where``: TVM's fuser then keeps this in the producing conv's kernel.
-    to_even = relay.logical_and(relay.equal(shifted, down), odd)
-    return relay.subtract(down, relay.cast(to_even, "float32"))
+    return relay.cast(_rounded_int32(value), "float32")
 
 
 def _saturate(value: relay.Expr, out: QParams) -> relay.Expr:
@@ -150,8 +159,7 @@ def _saturate(value: relay.Expr, out: QParams) -> relay.Expr:
     # Clamped before rounding (as onnxruntime): the bounds are integers, so the result is the same
     # and the float stays small enough for exact rounding.
     clamped = relay.clip(value, float(info.min - zero), float(info.max - zero))
-    rounded = relay.cast(round_half_even(clamped), "int32")
-    return relay.cast(relay.add(rounded, relay.const(zero, "int32")), out.dtype)
+    return relay.cast(_rounded_int32(clamped, int(zero)), out.dtype)
 
 
 def _channel_const(values: np.ndarray, rank: int, axis: int, dtype: str) -> relay.Constant:
