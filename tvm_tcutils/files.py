@@ -38,7 +38,7 @@ def atomic_path(path: str, suffix: str = "") -> Iterator[str]:
     >>> target = os.path.join(tempfile.mkdtemp(), "x.json")
     >>> try:
     ...     with atomic_path(target) as partial:
-    ...         open(partial, "w").write("half")
+    ...         _ = open(partial, "w").write("half")
     ...         raise KeyboardInterrupt
     ... except KeyboardInterrupt:
     ...     pass
