@@ -45,6 +45,7 @@ from ._tvm import host_target, tvm
 from tvm import autotvm, relay
 from tvm.contrib import graph_executor
 
+from . import prebuild
 from .progress import ProgressArg, Reporter
 from .tuning import checked_records
 
@@ -339,13 +340,7 @@ def build(mod: tvm.IRModule, params: Optional[Params] = None, target: Optional[s
     target = target or host_target()
     # A capability's rewrite before the build (the int8 capability's: QDQ models as integer ops on
     # dot-product targets), looked up by name so that this core module imports no capability.
-    prebuild = tvm.get_global_func("tcutils.prebuild", allow_missing=True)
-    if prebuild is not None and _calls_op(mod, "qnn.quantize"):
-        if params:  # the rewrite reads quantized weights as constants
-            bound = tvm.IRModule(dict(mod.functions.items()), dict(mod.type_definitions.items()))
-            bound["main"] = relay.build_module.bind_params_by_name(mod["main"], params)
-            mod, params = bound, None
-        mod = prebuild(mod, str(target))
+    mod, params = prebuild.prepare(mod, params, target)
     with tuning_log_scope(tuning_log), tvm.transform.PassContext(opt_level=opt_level):
         return relay.build(mod, target=target, params=params)
 
@@ -420,36 +415,8 @@ def boundary_layout_nodes(graph_json: str, input_names: Sequence[str]) -> List[i
 
 
 #: Where a walk goes next from each kind of Relay node (other kinds are leaves).
-_CHILDREN = (
-    (relay.Call, lambda e: [*e.args, e.op]),
-    (relay.Function, lambda e: [e.body]),
-    (relay.Tuple, lambda e: list(e.fields)),
-    (relay.TupleGetItem, lambda e: [e.tuple_value]),
-    (relay.Let, lambda e: [e.value, e.body]),
-    (relay.If, lambda e: [e.cond, e.true_branch, e.false_branch]),
-)
-
-
-def _calls_op(mod: tvm.IRModule, name: str) -> bool:
-    # An explicit stack, not relay.analysis.post_order_visit: that recurses in C++ and overflows the
-    # native stack on very deep graphs, and this runs before every build.
-    stack, seen = [mod["main"]], set()
-    while stack:
-        expr = stack.pop()
-        if expr in seen:
-            continue
-        seen.add(expr)
-        if isinstance(expr, relay.Call) and getattr(expr.op, "name", "") == name:
-            return True
-        for kind, children in _CHILDREN:
-            if isinstance(expr, kind):
-                stack.extend(children(expr))
-                break
-    return False
-
-
 def _has_layout_transform(mod: tvm.IRModule) -> bool:
-    return _calls_op(mod, "layout_transform")
+    return prebuild.calls_op(mod, "layout_transform")
 
 
 # ---------------------------------------------------------------------------

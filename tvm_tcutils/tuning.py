@@ -22,7 +22,7 @@ from tvm import autotvm
 from tvm.autotvm.env import AutotvmGlobalScope, reset_global_scope
 from tvm.contrib.popen_pool import PopenPoolExecutor
 
-from . import processes
+from . import prebuild, processes
 from .progress import Reporter
 from .models import Params
 
@@ -32,6 +32,10 @@ logger = logging.getLogger("tvm_tcutils.tuning")
 def extract_tasks(mod: tvm.IRModule, params: Params, target: str) -> List[autotvm.task.Task]:
     """AutoTVM tasks of ``mod`` for ``target`` (the package's dot-product templates included).
 
+    The module first goes through :func:`tvm_tcutils.prebuild.prepare`, as
+    ``measure.build`` does, so that a QDQ model's tasks are those of the
+    integer convolutions that will be built, not of the float ones in its file.
+
     Examples
     --------
     >>> from tvm_tcutils.models import load_model
@@ -40,6 +44,7 @@ def extract_tasks(mod: tvm.IRModule, params: Params, target: str) -> List[autotv
     >>> [task.name for task in extract_tasks(qmod, {}, "llvm -mcpu=znver4")]
     ['tcutils.dense_dot', 'tcutils.dense_dot', 'tcutils.dense_dot']
     """
+    mod, params = prebuild.prepare(mod, params, target)
     return autotvm.task.extract_from_program(mod["main"], target=target, params=params)
 
 

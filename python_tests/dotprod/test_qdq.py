@@ -195,3 +195,24 @@ def test_bad_arguments():
         to_integer(relay.var("x"))
     with pytest.raises(ValueError, match="fmt must be one of"):
         ort_quantize(small_cnn(), "/nonexistent/x.onnx", [{}], fmt="qint")
+
+
+def autotvm_task_names(mod):
+    from tvm import autotvm
+
+    return [t.name for t in autotvm.task.extract_from_program(mod["main"], target=tvm_tcutils.host_target(),
+                                                              params={})]
+
+
+def test_tuning_tasks_of_a_qdq_file_are_its_integer_convs(quantized):
+    # What `tvm-tcutils tune` extracts is what measure.build builds: the integer convs on the
+    # dot-product templates, not the float convs the QDQ file holds.
+    _host_isa()
+    from tvm_tcutils import tuning
+
+    mod = _import(quantized[0]["qdq_channel"])
+    names = [task.name for task in tuning.extract_tasks(mod, {}, tvm_tcutils.host_target())]
+    assert names.count("tcutils.conv2d_nchw_dot") == CONVS, names
+    # Without the package's rewrite, TVM's extraction sees the float convs only.
+    plain = autotvm_task_names(mod)
+    assert "tcutils.conv2d_nchw_dot" not in plain, plain

@@ -6,19 +6,17 @@ strategy rows for int8 ``nn.conv2d``, ``nn.dense``, ``nn.batch_matmul`` (which
 data in :mod:`tvm_tcutils.dotprod.strategy`. With them no int8 op reaches TVM
 0.19's own x86 int8 intrinsics (``python_tests/dotprod/test_int8_op_sweep.py``
 checks every int8 / QNN op on VNNI, AVX-512BW, AVX2 and SSE targets). Also the packed function
-:data:`PREBUILD_FUNC`, through which :func:`tvm_tcutils.measure.build` turns QDQ models into
-integer ops (:mod:`.qdq`) for targets with a dot-product ISA.
+:data:`~tvm_tcutils.prebuild.PREBUILD_FUNC`, through which :func:`tvm_tcutils.measure.build` and
+:func:`tvm_tcutils.tuning.extract_tasks` turn QDQ models into integer ops (:mod:`.qdq`) for targets with
+a dot-product ISA.
 """
 from __future__ import annotations
 
 from typing import List
 
 from .. import registry
+from ..prebuild import PREBUILD_FUNC  # (mod, target) -> mod, applied before builds and task extraction
 from . import qdq, strategy
-
-#: Packed function :func:`tvm_tcutils.measure.build` applies to a module before ``relay.build``
-#: (``(mod, target) -> mod``): here QDQ regions become integer ops on dot-product targets.
-PREBUILD_FUNC = "tcutils.prebuild"
 
 
 def hooks() -> List[registry.Hook]:
