@@ -86,6 +86,9 @@ def main(argv=None) -> int:
     parser.add_argument("--e2e", action="store_true", help="also int8 ResNet-50 end to end")
     parser.add_argument("--e2e-check", action="store_true", help="with --e2e: bit-exact check vs TVM generic")
     parser.add_argument("--e2e-only", action="store_true", help="skip the per-layer table")
+    parser.add_argument("--tuning-log", default=None, metavar="PATH",
+                        help="AutoTVM log applied to the end-to-end builds (from 'tvm-tcutils tune' or "
+                             "tvm_tcutils.tuning.tune on the same model; default: untuned)")
     parser.add_argument("--e2e-model", default="resnet-50-onnx",
                         help="zoo ONNX model or .onnx file for --e2e (a small one checks the script quickly)")
     parser.add_argument("--target", default=None, help="TVM target (default: this CPU's)")
@@ -108,7 +111,7 @@ def main(argv=None) -> int:
     print(f"host: {os.cpu_count()} logical CPUs; other processes may load the machine: compare ratios, "
           f"not absolute numbers (all columns GOPS)")
     results = Results(__file__, argv, target=TARGET, isa=isa.name, threads=args.threads, trials=args.trials,
-                      rounds=args.rounds)
+                      rounds=args.rounds, tuning_log=args.tuning_log)
     if args.transforms_only:
         bench_transforms(isa, args.threads)
         return 0
@@ -147,7 +150,8 @@ def main(argv=None) -> int:
             report("dense 2048->1000", rows, peaks)
             results.add(layer="dense 2048->1000", gops_by_threads={n: row for n, row in rows})
     if args.e2e or args.e2e_only:
-        e2e = list(bench_e2e(args.threads, args.e2e_check, model=args.e2e_model, rounds=max(args.rounds, 3)))
+        e2e = list(bench_e2e(args.threads, args.e2e_check, log=args.tuning_log, model=args.e2e_model,
+                             rounds=max(args.rounds, 3)))
         for row in e2e:
             results.add(layer=f"end to end {row.pop('model')}", **row)
         # The docs' table (docs/benchmarks/dotprod.md), from the same rows as the JSON.
