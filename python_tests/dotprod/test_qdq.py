@@ -216,3 +216,23 @@ def test_tuning_tasks_of_a_qdq_file_are_its_integer_convs(quantized):
     # Without the package's rewrite, TVM's extraction sees the float convs only.
     plain = autotvm_task_names(mod)
     assert "tcutils.conv2d_nchw_dot" not in plain, plain
+
+
+@pytest.mark.parametrize("name", ["qdq_channel", "qop_channel"])
+def test_int8_commands_build_a_quantizers_model_as_it_is(quantized, name):
+    # `tvm-tcutils bench/tune FILE` (int8 by default) on a quantizer's file: no second quantization.
+    from tvm_tcutils.dotprod.quantize import is_quantized, prepare
+
+    mod = _import(quantized[0][name])
+    assert is_quantized(mod)
+    out, params = prepare(mod, {}, "int8")
+    assert out is mod and params == {}
+
+
+def test_bench_command_on_a_qdq_file(quantized):
+    from conftest import run_cli
+
+    proc = run_cli("bench", quantized[0]["qdq_channel"], "--repeat", "1", "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "is already quantized: built as it is, without a float32 baseline" in proc.stdout
+    assert "int8 on " in proc.stdout and "speedup" not in proc.stdout

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._tvm import host_target
-    from ..dotprod.quantize import prepare
+    from ..dotprod.quantize import is_quantized, prepare
     from ..measure import Timer, interleave, ratio
 
     checks.validate(args, CHECKS)
@@ -51,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
     target = args.target or host_target()  # code for another CPU may not run here (SIGILL)
     float_mod, float_params = cli.load_model_arg(args)
     mod, params = prepare(float_mod, float_params, args.dtype)
+    if not args.no_baseline and is_quantized(float_mod):
+        # A quantizer's int8 file has no float model in it to compare with.
+        print(f"{args.model} is already quantized: built as it is, without a float32 baseline")
+        args.no_baseline = True
     # Remotely, both builds run on one server (the same device), in one session.
     with remote.one_server() if remote else contextlib.nullcontext():
         timers = {args.dtype: Timer(mod, params, target, repeat=_RUNS_PER_ROUND, tuning_log=args.log,

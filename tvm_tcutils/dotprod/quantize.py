@@ -1,6 +1,7 @@
 """int8 models for the dot-product schedules: the quantization ``tune`` and ``bench`` apply."""
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from typing import Dict, Sequence, Tuple
@@ -12,6 +13,9 @@ from tvm import relay
 
 from ..files import atomic_path
 from ..measure import Params
+from ..prebuild import calls_op
+
+logger = logging.getLogger("tvm_tcutils.dotprod.quantize")
 
 #: Precisions ``tvm-tcutils tune`` and ``bench`` build.
 DTYPES = ("float32", "int8")
@@ -58,9 +62,31 @@ def prepare(mod: tvm.IRModule, params: Params, dtype: str) -> Tuple[tvm.IRModule
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype == "int8" and is_quantized(mod):
+        # An int8 model from a quantizer (QDQ or QOperator ONNX): quantizing it again with
+        # relay.quantize would stack a second quantization on its own; it is built as it is.
+        logger.info("the model is already quantized (qnn ops): built as it is, not through relay.quantize")
+        return mod, params
     if dtype == "int8":
         return quantize_int8(mod, params), {}
     return mod, params
+
+
+#: Operators that mark a model as already quantized (an ONNX QDQ or QOperator import).
+QUANTIZED_OPS = ("qnn.quantize", "qnn.conv2d", "qnn.dense", "qnn.batch_matmul")
+
+
+def is_quantized(mod: tvm.IRModule) -> bool:
+    """Whether ``mod`` already holds quantized ops (:data:`QUANTIZED_OPS`): a quantizer's int8 model.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> is_quantized(mod), is_quantized(quantize_int8(mod, params))
+    (False, False)
+    """
+    return any(calls_op(mod, name) for name in QUANTIZED_OPS)
 
 
 #: onnxruntime ``quantize_static`` formats :func:`ort_quantize` writes.
