@@ -90,3 +90,22 @@ def test_collage_command_through_the_tracker(rpc_cluster, tmp_path):
     assert stored_costs(tmp_path / "c")  # costed on the servers, cached here
     bad = run_cli("collage", model, "--rpc-tracker", str(rpc_cluster.tracker), "--rpc-key", "no-such-key")
     assert bad.returncode == 2 and "has no server for key 'no-such-key'" in bad.stderr
+
+
+def test_whole_models_are_validated_and_compared_on_the_servers(rpc_cluster, tmp_path):
+    # With a remote backend the mix and each toolchain alone are timed whole on a server of the key
+    # (one server per comparison), as a local search times them in its workers.
+    backend = rpc.RemoteBackend(rpc_cluster.tracker, rpc_cluster.key)
+    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=3, progress=False, remote=backend)
+    before = sum(rpc_cluster.loaded(k) for k in range(2))
+    try:
+        result = partition(dense_net(2), None, ["tvm", "ort"], est, validate_rounds=1, compare_budget_s=5.0)
+    finally:
+        est.close()
+    loaded = sum(rpc_cluster.loaded(k) for k in range(2)) - before
+    assert result.measured_ms is not None and math.isfinite(result.measured_ms)
+    assert result.final is not None and result.not_compared == ""
+    assert result.answer in result.final.timings and "tvm alone" in result.final.timings
+    assert all(t.samples_ms for t in result.final.timings.values())
+    # Candidates, then whole modules (validation and the final comparison) were loaded there.
+    assert loaded > est.stats["measured"] + len(result.final.timings), loaded

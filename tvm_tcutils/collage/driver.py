@@ -11,6 +11,7 @@ everything chosen for TVM stays in ``main``. ``relay.build`` /
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -345,8 +346,11 @@ class _Partitioner:
                 # is not built whole here, in this process.
                 runnable = [tc for tc in self.toolchains if tc.is_tvm or any(
                     c.toolchain == tc.name and math.isfinite(x) for c, x in zip(cands, costs))]
-                final, singles, same = self._compare(out, prepared, runnable, sampler,
-                                                     min(self.compare_budget_s, remaining), report)
+                # A remote timer holds one server for the whole comparison (its modules side by side).
+                session = getattr(whole_timer, "session", None)
+                with session() if callable(session) else contextlib.nullcontext():
+                    final, singles, same = self._compare(out, prepared, runnable, sampler,
+                                                         min(self.compare_budget_s, remaining), report)
                 seconds["compare"] = time.perf_counter() - start
         if final is not None:
             answer = final.answer

@@ -358,15 +358,14 @@ class MeasuredCostEstimator(CostEstimator):
         self.pool.run(tasks(), record)
         return again
 
-    def whole_model_timer(self) -> Optional[PooledWholeModelTimer]:
-        """Times whole modules in this estimator's workers, with its target, repeats and tuning log.
-
-        None with a remote backend: whole models are not timed side by side on a
-        device yet, so validation trusts the sum of the measured costs.
-        """
-        if self.remote is not None:
-            return None
+    def whole_model_timer(self):
+        """Times whole modules with this estimator's target, repeats and tuning log: in its workers
+        (:class:`~.workers.PooledWholeModelTimer`), or with a remote backend on one of its servers
+        (:class:`RemoteWholeModelTimer`), so that validation and the final comparison time where
+        the candidates were measured."""
         target, repeat, warmup, _ = self.settings
+        if self.remote is not None:
+            return RemoteWholeModelTimer(self.remote, target, repeat, warmup, self.tuning_log)
         return PooledWholeModelTimer(self.pool, target, repeat, warmup, self.tuning_log, self._shared)
 
     def close(self) -> None:
@@ -380,3 +379,87 @@ class MeasuredCostEstimator(CostEstimator):
             self.close()
         except (OSError, AttributeError):  # at interpreter exit, or after a failed __init__
             pass
+
+
+class RemoteWholeModelTimer:
+    """Times whole modules on a server of an RPC key: built here, loaded there, timed in turns.
+
+    Every timing holds one server for its length (``RemoteBackend.one_server``):
+    modules compared side by side run on the same device, and a key with one
+    server cannot deadlock on a second request. The final comparison's
+    ``sampler`` works inside :meth:`session`, which holds the server across
+    its rounds and lets every loaded module go at its end.
+
+    Parameters
+    ----------
+    remote : tvm_tcutils.rpc.RemoteBackend
+        The tracker and key.
+    target : str
+        Target of the builds (the device's).
+    repeat, warmup : int
+        Timed runs per sample (at least 10) and runs before timing.
+    tuning_log : str, optional
+        AutoTVM log applied to every build.
+    """
+
+    def __init__(self, remote: Backend, target: str, repeat: int = 10, warmup: int = 2,
+                 tuning_log: Optional[str] = None):
+        self.remote, self.target, self.tuning_log = remote, target, tuning_log
+        self.repeat, self.warmup = max(repeat, 10), warmup
+        self._open: List[object] = []  # the timers a session's sampler loaded
+
+    def _timer(self, mod):
+        from ...measure import WHOLE_MODEL_MIN_REPEAT_MS, Timer
+
+        return Timer(mod, None, self.target, repeat=self.repeat, warmup=self.warmup,
+                     min_repeat_ms=WHOLE_MODEL_MIN_REPEAT_MS, tuning_log=self.tuning_log, backend=self.remote)
+
+    def time(self, mod) -> Optional[float]:
+        """Latency (ms) of one whole module, ``inf`` if it fails; None if the server could not be used."""
+        times = self.time_side_by_side([mod], rounds=1)
+        return None if times is None else times[0]
+
+    def time_side_by_side(self, mods: Sequence, rounds: int = 5) -> Optional[List[float]]:
+        """Latencies (ms) of modules timed in turns on one server (``inf`` for a module that fails to
+        build or run); None if no server could be had."""
+        from ..._tvm import tvm
+        from ...measure import error_line, interleave
+
+        try:
+            with self.remote.one_server():
+                timers = {}
+                for k, mod in enumerate(mods):
+                    try:
+                        timers[str(k)] = self._timer(mod)
+                    except (tvm.TVMError, RuntimeError, ValueError, OSError) as err:
+                        logger.warning("whole-model measurement: module %d failed: %s", k, error_line(err))
+                try:
+                    timed = interleave({k: t.sample for k, t in timers.items()}, rounds)
+                finally:
+                    for timer in timers.values():
+                        timer.close()
+        except (tvm.TVMError, RuntimeError, OSError) as err:
+            logger.warning("whole-model measurement on %s failed: %s", self.remote, error_line(err))
+            return None
+        return [timed[str(k)].median_ms if str(k) in timed else math.inf for k in range(len(mods))]
+
+    def session(self):
+        """Hold one server for a final comparison: its :meth:`sampler` calls load there; at the end of
+        the block every loaded module is let go, then the server."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            with self.remote.one_server():
+                try:
+                    yield self
+                finally:
+                    while self._open:
+                        self._open.pop().close()
+        return held()
+
+    def sampler(self, mod):
+        """Build ``mod`` here, load it on the held server; its sample function (inside :meth:`session`)."""
+        timer = self._timer(mod)
+        self._open.append(timer)
+        return timer.sample
