@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from ..measure import Ratio
+
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table.
@@ -61,7 +63,7 @@ def timings_markdown(rows: Sequence[Mapping], ratios: Mapping[str, str], group: 
     Examples
     --------
     >>> row = {"threads": 1, "timings": {"a": {"median_ms": 2.0, "spread": 0.01}},
-    ...        "vs_b": {"a": {"value": 0.5, "low": 0.45, "high": 0.55}}}
+    ...        "vs_b": {"a": {"value": 0.5, "low": 0.45, "high": 0.55, "confidence": 0.95}}}
     >>> print(timings_markdown([row], {"vs_b": "vs b"}))
     | threads | contender | median ms (spread) | vs b [95 % interval] |
     |---|---|---|---|
@@ -73,9 +75,7 @@ def timings_markdown(rows: Sequence[Mapping], ratios: Mapping[str, str], group: 
         for name, timing in row["timings"].items():
             # +- half the interquartile range, as Timing prints it.
             cells = [f"{timing['median_ms']:.3f} (+-{50 * timing['spread']:.1f} %)"]
-            for key in ratios:
-                r = row[key][name]
-                cells.append(f"x{r['value']:.3f} [{r['low']:.3f}, {r['high']:.3f}]")
+            cells += [str(Ratio(**row[key][name])) for key in ratios]
             lines.append([row[group], name, *cells])
     return markdown(header, lines)
 

@@ -62,14 +62,14 @@ def prepare(mod: tvm.IRModule, params: Params, dtype: str) -> Tuple[tvm.IRModule
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if dtype == "int8" and is_quantized(mod):
+    if dtype == "float32":
+        return mod, params
+    if is_quantized(mod):
         # An int8 model from a quantizer (QDQ or QOperator ONNX): quantizing it again with
         # relay.quantize would stack a second quantization on its own; it is built as it is.
         logger.info("the model is already quantized (qnn ops): built as it is, not through relay.quantize")
         return mod, params
-    if dtype == "int8":
-        return quantize_int8(mod, params), {}
-    return mod, params
+    return quantize_int8(mod, params), {}
 
 
 #: Operators that mark a model as already quantized (an ONNX QDQ or QOperator import).

@@ -19,6 +19,7 @@ other models holding the same sub-graphs, measure nothing twice.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -28,8 +29,8 @@ import time
 import weakref
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from ..._tvm import host_target
-from ...measure import Backend
+from ..._tvm import host_target, tvm
+from ...measure import WHOLE_MODEL_MIN_REPEAT_MS, Backend, Timer, error_line, interleave
 from ...tuning import tuning_log_digest
 from ..arguments import existing_file, flag, positive_number, whole_number
 from ..arguments import target as check_target
@@ -406,11 +407,9 @@ class RemoteWholeModelTimer:
                  tuning_log: Optional[str] = None):
         self.remote, self.target, self.tuning_log = remote, target, tuning_log
         self.repeat, self.warmup = max(repeat, 10), warmup
-        self._open: List[object] = []  # the timers a session's sampler loaded
+        self._open: List[Timer] = []  # the timers a session's sampler loaded
 
-    def _timer(self, mod):
-        from ...measure import WHOLE_MODEL_MIN_REPEAT_MS, Timer
-
+    def _timer(self, mod) -> Timer:
         return Timer(mod, None, self.target, repeat=self.repeat, warmup=self.warmup,
                      min_repeat_ms=WHOLE_MODEL_MIN_REPEAT_MS, tuning_log=self.tuning_log, backend=self.remote)
 
@@ -422,9 +421,6 @@ class RemoteWholeModelTimer:
     def time_side_by_side(self, mods: Sequence, rounds: int = 5) -> Optional[List[float]]:
         """Latencies (ms) of modules timed in turns on one server (``inf`` for a module that fails to
         build or run); None if no server could be had."""
-        from ..._tvm import tvm
-        from ...measure import error_line, interleave
-
         try:
             with self.remote.one_server():
                 timers = {}
@@ -443,20 +439,16 @@ class RemoteWholeModelTimer:
             return None
         return [timed[str(k)].median_ms if str(k) in timed else math.inf for k in range(len(mods))]
 
-    def session(self):
+    @contextlib.contextmanager
+    def session(self) -> Iterator["RemoteWholeModelTimer"]:
         """Hold one server for a final comparison: its :meth:`sampler` calls load there; at the end of
         the block every loaded module is let go, then the server."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def held():
-            with self.remote.one_server():
-                try:
-                    yield self
-                finally:
-                    while self._open:
-                        self._open.pop().close()
-        return held()
+        with self.remote.one_server():
+            try:
+                yield self
+            finally:
+                while self._open:
+                    self._open.pop().close()
 
     def sampler(self, mod):
         """Build ``mod`` here, load it on the held server; its sample function (inside :meth:`session`)."""

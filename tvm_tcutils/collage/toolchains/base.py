@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 from typing import Optional, Tuple
 
 from ..._tvm import tvm
@@ -195,8 +196,6 @@ def thread_budget(variable: str) -> int:
     >>> del os.environ["TCUTILS_EXAMPLE_THREADS"]; thread_budget("TCUTILS_EXAMPLE_THREADS") >= 1
     True
     """
-    import os
-
     value = os.environ.get(variable, "")
     if value:
         if not value.isdigit() or int(value) < 1:
@@ -208,8 +207,6 @@ def thread_budget(variable: str) -> int:
 def _thread_settings() -> str:
     """The thread budgets a measured cost depends on (TVM's pool, what the toolchains read, and
     whether their calls park TVM's pool)."""
-    import os
-
     from .packed_call import parking
 
     pool = int(tvm.get_global_func("runtime.NumThreads")())
