@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
-# Build the optional native helper library (cmake/) against the TVM found by the given python.
+# Build the native plugins (cmake/) against the TVM found by the given python: the helper library
+# always, the CUDA plugin where a CUDA toolkit and the installed TVM's source headers are found.
 # Usage: scripts/build_native.sh [PYTHON]   (default: .venv/bin/python, else python3)
+# Prints the path of each library built, one a line, the helper library last.
+#
+# The CUDA plugin needs:
+#   - a CUDA toolkit: CUDA_PATH, else the PyPI wheels' tree (pip install 'tvm-tcutils[cuda]'), else
+#     /usr/local/cuda;
+#   - the headers of the TVM version installed (the wheel ships its runtime headers only): TVM_SOURCE_DIR
+#     (a source tree of that version), else TVM_SOURCE_ARCHIVE (its .tar.xz), else the project's copy in
+#     ../shared/tvm-cuda/tvm-v<version>-src.tar.xz. Without them it is skipped with a note.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${1:-}"
@@ -8,7 +17,41 @@ if [ -z "$PY" ]; then
     if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
 fi
 TVM_DIR="$("$PY" -c 'import os, tvm; print(os.path.dirname(tvm.__file__))')"
+TVM_VERSION="$("$PY" -c 'import tvm; print(tvm.__version__)')"
 BUILD="${TCUTILS_NATIVE_BUILD:-$ROOT/cmake/build}"
-cmake -S "$ROOT/cmake" -B "$BUILD" -DTVM_PYTHON_DIR="$TVM_DIR" >/dev/null
+mkdir -p "$BUILD"
+
+cuda_args=()
+CUDA_ROOT="$(cd "$ROOT" && "$PY" -c 'from tvm_tcutils.cuda import toolkit_root; print(toolkit_root() or "")' 2>/dev/null || true)"
+SOURCE="${TVM_SOURCE_DIR:-}"
+if [ -z "$SOURCE" ]; then
+    ARCHIVE="${TVM_SOURCE_ARCHIVE:-$ROOT/../shared/tvm-cuda/tvm-v$TVM_VERSION-src.tar.xz}"
+    if [ -f "$ARCHIVE" ]; then
+        # Only the headers: a few seconds, once per build folder.
+        if [ ! -f "$BUILD/tvm-src/tvm/include/tvm/ir/module.h" ]; then
+            rm -rf "$BUILD/tvm-src" && mkdir -p "$BUILD/tvm-src"
+            tar -xJf "$ARCHIVE" -C "$BUILD/tvm-src" tvm/include tvm/3rdparty/dlpack/include \
+                tvm/3rdparty/dmlc-core/include
+        fi
+        SOURCE="$BUILD/tvm-src/tvm"
+    fi
+fi
+if [ -z "$CUDA_ROOT" ]; then
+    echo "note: no CUDA toolkit found: the CUDA plugin is not built (pip install 'tvm-tcutils[cuda]')" >&2
+elif [ -z "$SOURCE" ] || [ ! -f "$SOURCE/include/tvm/ir/module.h" ]; then
+    echo "note: no TVM $TVM_VERSION source headers found: the CUDA plugin is not built (set TVM_SOURCE_DIR)" >&2
+elif [ ! -f "$TVM_DIR/src/target/opt/build_cuda_on.cc" ]; then
+    echo "note: the installed TVM ships no CUDA sources (tvm/src/target/opt): the CUDA plugin is not built" >&2
+else
+    cuda_args=(-DTCUTILS_CUDA_ROOT="$CUDA_ROOT" -DTVM_SOURCE_DIR="$SOURCE")
+fi
+
+cmake -S "$ROOT/cmake" -B "$BUILD" -DTVM_PYTHON_DIR="$TVM_DIR" -DTCUTILS_CUDA_ROOT= -DTVM_SOURCE_DIR= \
+    "${cuda_args[@]}" >/dev/null
 cmake --build "$BUILD" -j 2 >/dev/null
+if [ ${#cuda_args[@]} -gt 0 ]; then
+    echo "$BUILD/libtvm_tcutils_cuda.so"
+else
+    rm -f "$BUILD/libtvm_tcutils_cuda.so"  # a plugin from an earlier build would not match what is installed now
+fi
 echo "$BUILD/libtvm_tcutils_native.so"

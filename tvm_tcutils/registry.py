@@ -456,10 +456,19 @@ class Registry:
 
     def _install_packed_func(self, hooks: List[Hook]) -> None:
         (hook,) = hooks
+        # What TVM had under the name (e.g. its nvcc tvm_callback_cuda_compile) comes back on unregister;
+        # remembered once, so that a second register() does not remember our own function.
+        previous = _state().setdefault("packed_previous", {})
+        if hook.name not in previous:
+            previous[hook.name] = tvm.get_global_func(hook.name, allow_missing=True)
         tvm.register_func(hook.name, hook.payload, override=True)
 
     def _uninstall_packed_func(self, hook: Hook) -> None:
-        tvm._ffi.registry.remove_global_func(hook.name)
+        original = _state().setdefault("packed_previous", {}).pop(hook.name, None)
+        if original is None:
+            tvm._ffi.registry.remove_global_func(hook.name)
+        else:
+            tvm.register_func(hook.name, original, override=True)
 
     def _install_pattern_table(self, hooks: List[Hook]) -> None:
         (hook,) = hooks

@@ -5,6 +5,10 @@
   they return None for.
 * the CUDA tensor-core templates, strategy rows, legalize and alter-op
   handlers of :mod:`tvm_tcutils.tensorcore.strategy`;
+* while the package's CUDA plugin provides TVM's CUDA code generator,
+  ``tvm_callback_cuda_compile`` (:func:`tvm_tcutils.cuda.compile_cuda`: NVRTC or
+  nvcc for the target's ``-arch``, no GPU needed); TVM's own callback comes back
+  on unregister;
 * A ``cpu`` strategy row for ``nn.conv2d`` with ``data_layout == "HWNC"``
   (:mod:`tvm_tcutils.tensorcore.topi.hwnc_reference`): TVM has no CPU implementation of
   that layout; every other layout keeps TVM's implementations.
@@ -16,7 +20,7 @@ from typing import List
 from tvm.relay.op.strategy.generic import wrap_topi_schedule
 from tvm.topi.utils import get_const_tuple
 
-from .. import registry
+from .. import cuda, registry
 from . import strategy
 from .convert_layout import HANDLERS
 from .topi.hwnc_reference import DATA_LAYOUT, conv2d_hwnc, schedule_conv2d_hwnc
@@ -69,4 +73,14 @@ def hooks() -> List[registry.Hook]:
             description="plain HWNC conv2d reference for CPU targets (data_layout HWNC only)",
         )
     )
+    if cuda.plugin_loaded():
+        declared.append(registry.packed_func(
+            "tvm_callback_cuda_compile", _compile_cuda,
+            description="CUDA C++ to a cubin for the target's -arch (NVRTC, or nvcc if asked)",
+        ))
     return declared + strategy.hooks()
+
+
+def _compile_cuda(code: str, target) -> bytearray:
+    """TVM's ``tvm_callback_cuda_compile`` convention: (code, target) -> PTX or cubin."""
+    return cuda.compile_cuda(code, target)
