@@ -201,6 +201,48 @@ def target_arch(target: Union[str, "tvm.target.Target", None]) -> str:
                      f"give one, e.g. 'cuda -arch=sm_80' (tensor cores: {', '.join(TENSORCORE_ARCHS)})")
 
 
+# TVM 0.19's CUDA code generator prints a broadcast of an 8-bit value to 8 or 16 lanes (the zero fill
+# of a padded, vectorized int8 load) as make_int2/make_int4 with one argument per byte: it does not
+# compile. Each such call becomes the same vector with every 32-bit word holding four copies of the byte.
+_BYTE_BROADCAST = re.compile(
+    r"make_(u?int)([24])\(((?:\((?:signed|unsigned) char\)[^,()]+|\((?:signed|unsigned) char\)\([^()]*\))"
+    r"(?:, (?:\((?:signed|unsigned) char\)[^,()]+|\((?:signed|unsigned) char\)\([^()]*\)))*)\)"
+)
+
+
+def repair_source(code: str) -> str:
+    """TVM's generated CUDA with its 8-bit vector broadcasts written so that nvcc and NVRTC accept them.
+
+    TVM 0.19 prints ``int8x16`` zero fills as ``make_int4`` with sixteen
+    ``(signed char)0`` arguments ("too many arguments in function call"). The
+    package installs this as TVM's ``tvm_callback_cuda_postproc``: each such call
+    becomes ``make_int4(w, w, w, w)`` with ``w`` the byte repeated in a 32-bit word.
+    Everything else is left as it is.
+
+    Examples
+    --------
+    >>> repair_source("x = make_int4(" + ", ".join(["(signed char)0"] * 16) + ");")
+    'x = make_int4((int)(0x00000000), (int)(0x00000000), (int)(0x00000000), (int)(0x00000000));'
+    >>> repair_source("y = make_int4(a, b, c, d);")
+    'y = make_int4(a, b, c, d);'
+    """
+
+    def _word(match: "re.Match[str]") -> str:
+        kind, words = match.group(1), int(match.group(2))
+        args = [a.strip() for a in match.group(3).split(", ")]
+        if len(args) != 4 * words or len(set(args)) != 1:
+            return match.group(0)  # a real per-lane constructor, or one TVM prints correctly
+        value = re.sub(r"^\((?:signed|unsigned) char\)", "", args[0]).strip()
+        if re.fullmatch(r"-?\d+", value):
+            word = f"0x{(int(value) & 0xFF) * 0x01010101:08x}"
+        else:
+            word = f"0x01010101u * (unsigned char)({value})"
+        word = f"({kind})({word})" if kind == "int" else word
+        return f"make_{kind}{words}(" + ", ".join([word] * words) + ")"
+
+    return _BYTE_BROADCAST.sub(_word, code)
+
+
 def compile_cuda(code: str, target: Union[str, "tvm.target.Target", None] = None) -> bytearray:
     """CUDA C++ to a cubin for ``target``'s ``-arch``, with :func:`compiler`'s compiler.
 

@@ -544,6 +544,17 @@ def unregister() -> None:
     _REGISTRY.unregister()
 
 
+def replaced_func(name: str) -> Optional[Callable]:
+    """The packed function a ``packed_func`` hook replaced (``None`` if the name was free).
+
+    Examples
+    --------
+    >>> replaced_func("tvm_tcutils.no_such_function") is None
+    True
+    """
+    return _state().get("packed_previous", {}).get(name)
+
+
 @contextlib.contextmanager
 def overriding_func(name: str, func: Callable) -> Iterator[None]:
     """Register ``func`` as global packed function ``name`` for a scope; what was there comes back.

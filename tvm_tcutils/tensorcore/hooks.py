@@ -5,6 +5,8 @@
   they return None for.
 * the CUDA tensor-core templates, strategy rows, legalize and alter-op
   handlers of :mod:`tvm_tcutils.tensorcore.strategy`;
+* ``tvm_callback_cuda_postproc`` (:func:`tvm_tcutils.cuda.repair_source`): TVM prints
+  the int8 kernels' 16-byte zero fills in a form nvcc rejects;
 * while the package's CUDA plugin provides TVM's CUDA code generator,
   ``tvm_callback_cuda_compile`` (:func:`tvm_tcutils.cuda.compile_cuda`: NVRTC or
   nvcc for the target's ``-arch``, no GPU needed); TVM's own callback comes back
@@ -78,7 +80,18 @@ def hooks() -> List[registry.Hook]:
             "tvm_callback_cuda_compile", _compile_cuda,
             description="CUDA C++ to a cubin for the target's -arch (NVRTC, or nvcc if asked)",
         ))
+    declared.append(registry.packed_func(
+        "tvm_callback_cuda_postproc", _postproc_cuda,
+        description="TVM's 8-bit vector broadcasts (int8 HWNC zero fills) written so that nvcc/NVRTC compile them",
+    ))
     return declared + strategy.hooks()
+
+
+def _postproc_cuda(code: str, target) -> str:
+    """TVM's ``tvm_callback_cuda_postproc`` convention; a callback registered before the package's runs after it."""
+    code = cuda.repair_source(code)
+    previous = registry.replaced_func("tvm_callback_cuda_postproc")
+    return str(previous(code, target)) if previous is not None else code
 
 
 def _compile_cuda(code: str, target) -> bytearray:
