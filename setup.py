@@ -11,6 +11,14 @@ TEST = ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3"]
 LINT = ["ruff>=0.6"]
 #: Progress bars of long operations are tqdm's when it is installed (a line of text otherwise).
 PROGRESS = ["tqdm>=4"]
+#: The CUDA toolkit from PyPI, for the CUDA plugin (cmake/cuda, built by scripts/build_native.sh) that gives
+#: this CUDA-less TVM its CUDA code generator: headers, NVRTC, nvcc and the static cudart. 13.0 is what
+#: driver 580 runs; cuobjdump and nvdisasm (SASS of the kernels) exist on PyPI from 13.2 only. No driver:
+#: running kernels needs the machine's own libcuda (docs/cuda.md).
+CUDA = [
+    "nvidia-cuda-nvcc==13.0.*", "nvidia-cuda-runtime==13.0.*", "nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-crt==13.0.*",
+    "nvidia-cuda-cccl==13.0.*", "nvidia-nvvm==13.0.*", "nvidia-cuda-cuobjdump==13.2.*", "nvidia-cuda-nvdisasm==13.2.*",
+]
 #: Bar charts of benchmark results (``--plot``); not in ``all``: matplotlib is large and only charts need it.
 PLOT = ["matplotlib>=3.5"]
 
@@ -31,9 +39,10 @@ setup(
         "openvino": OPENVINO,
         "progress": PROGRESS,
         "plot": PLOT,
+        "cuda": CUDA,
         "test": TEST + ORT + LINT,
         "dev": TEST + ORT + LINT,
-        "all": TVM + ORT + OPENVINO + PROGRESS + TEST + LINT,
+        "all": TVM + ORT + OPENVINO + CUDA + PROGRESS + TEST + LINT,
     },
     entry_points={"console_scripts": ["tvm-tcutils=tvm_tcutils.cli:main"]},
     license="Apache-2.0",

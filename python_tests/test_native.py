@@ -1,28 +1,64 @@
-"""The optional native helper library: builds against the wheel's headers and registers packed functions."""
+"""The native plugins: build against the wheel's headers and register packed functions.
+
+``scripts/build_native.sh`` prints one path a line: the CUDA plugin first (where a CUDA
+toolkit and the TVM source headers are found), the helper library last.
+"""
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 from conftest import ROOT, run_python
+from tvm_tcutils import native
 
 
 @pytest.fixture(scope="module")
-def native_lib(tmp_path_factory):
+def native_build(tmp_path_factory) -> subprocess.CompletedProcess:
+    """``scripts/build_native.sh`` run into a fresh build folder."""
     if not (shutil.which("cmake") and (shutil.which("c++") or shutil.which("g++"))):
         pytest.skip("native helpers need cmake and a C++ compiler, not found")
     build = tmp_path_factory.mktemp("native")
-    import sys
-
     result = subprocess.run(
         ["bash", os.path.join(ROOT, "scripts", "build_native.sh"), sys.executable],
         capture_output=True, text=True, env={**os.environ, "TCUTILS_NATIVE_BUILD": str(build)}, timeout=600,
     )
     assert result.returncode == 0, result.stderr
-    path = result.stdout.strip().splitlines()[-1]
-    assert os.path.isfile(path)
+    return result
+
+
+@pytest.fixture(scope="module")
+def native_lib(native_build) -> str:
+    path = native_build.stdout.strip().splitlines()[-1]  # the helper library is always the last line
+    assert os.path.basename(path) == "libtvm_tcutils_native.so" and os.path.isfile(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def cuda_plugin(native_build) -> str:
+    paths = native_build.stdout.strip().splitlines()
+    if len(paths) == 1:
+        notes = " ".join(line for line in native_build.stderr.splitlines() if line.startswith("note:"))
+        pytest.skip(f"build_native.sh built no CUDA plugin here: {notes or 'no note'}")
+    return paths[0]
+
+
+def test_build_prints_the_cuda_plugin_first_and_the_helpers_last(native_build):
+    paths = native_build.stdout.strip().splitlines()
+    names = [os.path.basename(path) for path in paths]
+    assert names in (["libtvm_tcutils_native.so"], ["libtvm_tcutils_cuda.so", "libtvm_tcutils_native.so"]), names
+    assert all(os.path.isfile(path) for path in paths)
+
+
+def test_built_cuda_plugin_loads_and_provides_cuda_codegen(cuda_plugin):
+    result = run_python(
+        "import tvm, tvm_tcutils\nfrom tvm_tcutils import cuda\ninfo = cuda.status()\n"
+        "print(info['plugin'], info['codegen'], tvm.get_global_func('tvm_tcutils.cuda.abi_version')())",
+        env={"TVM_TCUTILS_CUDA_PLUGIN": cuda_plugin},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", str(native.CUDA_ABI_VERSION)]
 
 
 def test_native_library_registers_packed_functions(native_lib):

@@ -14,8 +14,9 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ] || [ "$ROOT/scripts/_v
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[all]"
     touch "$STAMP"
 fi
-# The optional native helpers (cmake/): incremental, a few seconds when up to date. Without cmake or a
-# C++ compiler the package runs on its pure-Python paths.
+# The optional native helpers and the CUDA plugin (cmake/), after the install above so that the CUDA
+# toolkit of the `cuda` extra (in `all`) is there: incremental, a few seconds when up to date. Without
+# cmake or a C++ compiler the package runs on its pure-Python paths (and without CUDA code generation).
 if command -v cmake >/dev/null 2>&1 && { command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1; }; then
     bash "$ROOT/scripts/build_native.sh" "$VENV/bin/python" >/dev/null \
         || echo "note: the native helpers did not build (optional; scripts/build_native.sh shows why)" >&2

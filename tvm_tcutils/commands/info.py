@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 HELP = "print the TVM version and path, available capabilities and registered hooks"
 
@@ -27,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  relay            {yes(caps['relay'])}")
     print(f"  autotvm          {yes(caps['autotvm'])}")
     print(f"  llvm             {caps['llvm_version'] or 'no'} (targets: {', '.join(caps['llvm_targets']) or 'none'})")
-    print(f"  cuda codegen     {yes(caps['cuda_codegen'])} (device: {yes(caps['cuda_device'])})")
+    print(f"  cuda codegen     {_cuda_codegen(caps)}")
+    print(f"  cuda device      {_cuda_device(caps)}")
     print(f"  hexagon codegen  {yes(caps['hexagon_codegen'])} (qemu emulation: {yes(caps['hexagon_emulator'])})")
     print(f"  onnxruntime      {caps['onnxruntime'] or 'no'}")
     if caps["native_helpers"]:
@@ -45,6 +47,31 @@ def run(args: argparse.Namespace) -> int:
         for model in ZOO.values():
             print(f"  {model.name:<14} {model.description}")
     return 0
+
+
+def _cuda_codegen(caps: dict) -> str:
+    """``yes (plugin: PATH; NVRTC 13.0; toolkit PATH)`` or ``no (why)``."""
+    from tvm_tcutils.cuda import COMPILERS
+
+    if not caps["cuda_codegen"]:
+        return f"no ({caps['cuda_reason'] or 'TVM has no target.build.cuda'})"
+    parts = [f"plugin: {caps['cuda_plugin']}" if caps["cuda_plugin"] else "TVM's own code generator"]
+    if caps["cuda_nvrtc"]:
+        parts.append(f"NVRTC {caps['cuda_nvrtc']}")
+    if caps["cuda_compiler"] is None:
+        chosen = os.environ.get("TVM_TCUTILS_CUDA_COMPILER", "")
+        parts.append(f"TVM_TCUTILS_CUDA_COMPILER={chosen!r} is not one of {', '.join(COMPILERS)}")
+    elif caps["cuda_compiler"] != "nvrtc":
+        parts.append(f"compiles with {caps['cuda_compiler']}")
+    parts.append(f"toolkit {caps['cuda_toolkit']}" if caps["cuda_toolkit"] else "no toolkit")
+    return f"yes ({'; '.join(parts)})"
+
+
+def _cuda_device(caps: dict) -> str:
+    """``yes (sm_80)`` or ``no (why: the driver's error, or no GPU)``."""
+    if caps["cuda_device"]:
+        return f"yes ({caps['cuda_arch']})"
+    return f"no ({caps['cuda_driver'] or 'no GPU'})"
 
 
 def _tracker_queue(address: str) -> int:
