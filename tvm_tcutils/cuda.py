@@ -267,7 +267,8 @@ def compile_cuda(code: str, target: Union[str, "tvm.target.Target", None] = None
     chosen = compiler()
     root = toolkit_root()
     if root is None:
-        raise RuntimeError("no CUDA toolkit found to compile CUDA code: pip install 'tvm-tcutils[cuda]' or set CUDA_PATH")
+        raise RuntimeError("no CUDA toolkit found to compile CUDA code: "
+                           "pip install 'tvm-tcutils[cuda]' or set CUDA_PATH")
     if chosen == "nvrtc":
         nvrtc = tvm.get_global_func("tvm_tcutils.cuda.nvrtc_compile", allow_missing=True)
         if nvrtc is None:

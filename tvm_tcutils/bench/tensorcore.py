@@ -12,6 +12,7 @@ Examples
 from __future__ import annotations
 
 import tempfile
+from typing import Optional
 
 import numpy as np
 
@@ -28,8 +29,11 @@ def cuda_target() -> str:
     return "cuda -arch=sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
 
 
-def layers(dtype: str, batch: int) -> list:
-    """The distinct AutoTVM workloads of ResNet-50's HWNC tensor-core conv2d layers (the 3-channel stem skipped)."""
+def layers(dtype: str, batch: int, target: Optional[str] = None) -> list:
+    """The distinct AutoTVM workloads of ResNet-50's HWNC tensor-core conv2d layers (the 3-channel stem skipped).
+
+    ``target`` defaults to GPU 0's (:func:`cuda_target`); name one to list them without a GPU.
+    """
     from tvm.relay.testing import resnet
 
     from ..tensorcore import prepare_for_tensorcore
@@ -37,7 +41,7 @@ def layers(dtype: str, batch: int) -> list:
 
     mod, _ = resnet.get_workload(num_layers=50, batch_size=batch)
     mod, _ = prepare_for_tensorcore(mod, dtype, "int32")
-    return sorted({row[4] for row in tensorcore.implementations(mod, cuda_target(), ("nn.conv2d",))
+    return sorted({row[4] for row in tensorcore.implementations(mod, target or cuda_target(), ("nn.conv2d",))
                    if row[3] == tensorcore.CONV2D_IMPL}, key=str)
 
 

@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+"""The GPU check of the tensor-core kernels (harness: ``tvm_tcutils.bench.gpu_check``); run by scripts/gpu_check.sh.
+
+Parts: ``resnet50`` (int8 ResNet-50 on the GPU against the CPU reference, then end to end
+against TVM's own HWNC template), ``layers`` (per layer, against TVM's template),
+``dense`` (against cuBLASLt's int8 GEMM and the GPU's peak). Without a GPU it
+rehearses: everything up to the first kernel launch, for ``--arch``.
+
+Usage::
+
+    PYTHONPATH=. python scripts/gpu_check.py --json out.json [--parts resnet50,layers,dense] [--arch sm_90]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tvm_tcutils  # noqa: E402,F401  (registers the hooks, loads the CUDA plugin)
+from tvm_tcutils import cuda  # noqa: E402
+from tvm_tcutils.bench import gpu_check  # noqa: E402
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+
+PARTS = ("resnet50", "layers", "dense")
+
+
+def _parts(text: str) -> list:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {unknown}; valid: {', '.join(PARTS)}")
+    return parts
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", type=_parts, default=list(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    parser.add_argument("--arch", default="sm_90", help="architecture to build for when there is no GPU")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--wait-for", metavar="FILE", help="time only after FILE exists (another job's end)")
+    add_json_argument(parser, __file__)
+    args = parser.parse_args(argv)
+    info = cuda.status()
+    if not info["codegen"]:
+        print(f"error: no CUDA code generation: {info['reason']}", file=sys.stderr)
+        return 2
+    arch = gpu_check.device_arch(args.arch)
+    results = Results(__file__, argv, arch=arch, batch=args.batch, rounds=args.rounds, cuda=info,
+                      rehearsal=not gpu_check.gpu_present())
+    if gpu_check.gpu_present():
+        import tvm
+
+        results.settings["gpu"] = str(tvm.cuda(0).device_name)
+    print(f"gpu_check: arch {arch}, GPU: {results.settings.get('gpu', 'none (rehearsal)')}", flush=True)
+    wait = gpu_check.wait_for_file(args.wait_for)
+    failed = []
+    for part in args.parts:
+        try:
+            if part == "resnet50":
+                gpu_check.resnet50(results, arch, args.batch, args.rounds, wait)
+            else:
+                wait()
+                if part == "layers":
+                    gpu_check.layers(results, arch, args.batch, args.rounds)
+                else:
+                    gpu_check.dense(results, arch, args.rounds, torch_python=os.environ.get("TORCH_PYTHON", "python3"))
+        except Exception as err:  # noqa: BLE001  (a lease is short: report the part, go on to the next)
+            failed.append(part)
+            results.add(part=part, error=f"{type(err).__name__}: {str(err).strip()[-800:]}")
+            print(f"{part} FAILED: {type(err).__name__}: {str(err).strip()[-800:]}", flush=True)
+        results.settings.update(gpu_check.summary(results.rows))
+        results.write(args.json)  # after every part: a cut run keeps what it measured
+    print("summary:", gpu_check.summary(results.rows), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,430 @@
+"""The GPU check: what a lent GPU must confirm of the tensor-core kernels, in one run that fits a short lease.
+
+Three parts, each writing its rows to one :class:`~.results.Results`:
+
+* ``resnet50``: ResNet-50 (batch 8) prepared by
+  :func:`~tvm_tcutils.tensorcore.prepare_for_tensorcore` in int8, built by
+  ``relay.build`` for the GPU and for the CPU (the package's plain HWNC
+  reference rows), run on the same input: the outputs must agree; then its
+  end-to-end latency with the package's kernels and with TVM 0.19's own HWNC
+  template (the package's strategy rows unregistered for that build).
+* ``layers``: every distinct HWNC conv2d layer of that model, the package's
+  template against TVM's ``conv2d_HWNCnc_tensorcore.cuda`` (both on their
+  fallback configs), timed in turns.
+* ``dense``: the package's int8 tensor-core dense against cuBLASLt's int8 GEMM
+  (``torch._int_mm``, in a process of its own that waits between its turns),
+  and both against the GPU's integer tensor-core peak.
+
+Everything before the first GPU launch (imports, the plugin, the builds for
+the GPU's architecture, the CPU reference) also runs without a GPU: that is
+the rehearsal (``--arch`` names the architecture to build for), and the rows
+then say ``"rehearsal": true`` and hold no timings.
+
+Examples
+--------
+>>> peak_tops("NVIDIA H200", "int8")
+1979.0
+>>> peak_tops("Some GPU", "int8") is None
+True
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .._tvm import tvm
+from tvm import autotvm, relay
+from tvm.contrib import graph_executor
+
+from .. import cuda
+from ..measure import Timing, interleave, ratio
+
+#: Dense integer tensor-core peak (TOPS, no sparsity) by device-name fragment, from the vendors' data sheets.
+PEAK_TOPS: Dict[str, Dict[str, float]] = {
+    "H200": {"int8": 1979.0},
+    "H100 SXM": {"int8": 1979.0},
+    "H100 80GB HBM3": {"int8": 1979.0},
+    "H100 PCIe": {"int8": 1513.0},
+    "A100": {"int8": 624.0, "int4": 1248.0},
+    "L4": {"int8": 242.5, "int4": 485.0},
+    "A10": {"int8": 250.0, "int4": 500.0},
+    "T4": {"int8": 130.0, "int4": 260.0},
+}
+
+#: (M, N, K) of the dense comparison: a classifier at batch 8 (ResNet-50's, 1000 classes padded to
+#: 1024), then token-matrix GEMMs.
+DENSE_SHAPES: Tuple[Tuple[int, int, int], ...] = (
+    (8, 1024, 2048), (128, 1024, 1024), (512, 4096, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
+)
+
+
+def peak_tops(device_name: str, dtype: str) -> Optional[float]:
+    """The dense integer tensor-core peak of a GPU named ``device_name`` for ``dtype``, or ``None`` if unknown."""
+    for fragment, peaks in PEAK_TOPS.items():
+        if fragment in device_name:
+            return peaks.get(dtype)
+    return None
+
+
+def gpu_present() -> bool:
+    """Whether TVM can run CUDA kernels here (plugin or CUDA build, driver, GPU)."""
+    return bool(cuda.status()["device"])
+
+
+def device_arch(default: str) -> str:
+    """GPU 0's ``sm_XX``, else ``default`` (a rehearsal builds for the architecture it is told)."""
+    if gpu_present():
+        return "sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
+    return default
+
+
+def _graph(lib, dev):
+    return graph_executor.GraphModule(lib["default"](dev))
+
+
+def _build(mod, params, target):
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.build(mod, target=target, params=params)
+
+
+def _tvm_own_build(mod, params, target):
+    """``mod`` built with TVM's own strategy (the package's hooks out), keeping the CUDA callbacks it needs.
+
+    Without the package's postproc TVM's int8 code does not compile; without its compile callback
+    TVM would call nvcc by name, which the PyPI toolkit does not put on PATH.
+    """
+    import tvm_tcutils
+    from ..registry import overriding_func
+
+    postproc = tvm.get_global_func("tvm_callback_cuda_postproc", allow_missing=True)
+    compile_cb = tvm.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+    tvm_tcutils.unregister()
+    try:
+        with overriding_func("tvm_callback_cuda_postproc", postproc), \
+                overriding_func("tvm_callback_cuda_compile", compile_cb):
+            return _build(mod, params, target)
+    finally:
+        tvm_tcutils.register()
+
+
+def _sample(module, dev, number: int) -> Callable[[], float]:
+    """One interleaving sample (ms): the mean of ``number`` runs of a graph module."""
+    evaluator = module.module.time_evaluator("run", dev, number=number, repeat=1)
+    return lambda: float(evaluator().results[0]) * 1e3
+
+
+def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable[[], None] = lambda: None) -> None:
+    """ResNet-50 int8 on tensor cores: GPU outputs against the CPU reference, then package vs TVM end to end."""
+    import tvm_tcutils
+
+    mod, params = tvm_tcutils.load_model("resnet-50", batch_size=batch)
+    prepared, skipped = tvm_tcutils.prepare_for_tensorcore(mod, dtype="int8")
+    target = f"cuda -arch={arch}"
+    row: Dict[str, object] = {"part": "resnet50", "batch": batch, "dtype": "int8", "target": target,
+                              "skipped_layers": len(skipped)}
+    start = time.time()
+    lib = _build(prepared, params, target)
+    row["build_s"] = round(time.time() - start, 1)
+    cubin = cuda.module_cubin(lib)
+    kernels = cuda.sass(cubin)
+    row["kernels"] = len(kernels)
+    row["imma_kernels"] = sum("IMMA" in code for code in kernels.values())
+    row["local_memory_kernels"] = sorted(k for k, r in cuda.resources(cubin).items() if r.local or r.stack)
+    own_lib = None
+    start = time.time()
+    try:
+        own_lib = _tvm_own_build(prepared, params, target)
+        row["tvm_build_s"] = round(time.time() - start, 1)
+    except Exception as err:  # noqa: BLE001  (TVM's own path failing is a result to report, not a crash)
+        row["tvm_error"] = str(err).strip().splitlines()[-1][:300]
+    start = time.time()
+    cpu_lib = _build(prepared, params, "llvm")
+    row["cpu_build_s"] = round(time.time() - start, 1)
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
+    cpu = _graph(cpu_lib, tvm.cpu())
+    cpu.set_input("data", x)
+    cpu.run()
+    want = cpu.get_output(0).numpy()
+    if not gpu_present():
+        row["rehearsal"] = True
+        results.add(**row)
+        print(f"rehearsal: ResNet-50 int8 built for {target} ({row['kernels']} kernels, {row['imma_kernels']} with "
+              f"IMMA), with TVM's own template ({row.get('tvm_error') or 'built'}) and for the CPU; "
+              "the GPU run needs a GPU", flush=True)
+        return
+    dev = tvm.cuda(0)
+    gpu = _graph(lib, dev)
+    gpu.set_input("data", x)
+    gpu.run()
+    got = gpu.get_output(0).numpy()
+    row["max_abs_diff"] = float(np.max(np.abs(got - want)))
+    row["max_abs_ref"] = float(np.max(np.abs(want)))
+    row["top1_agree"] = float(np.mean(got.argmax(1) == want.argmax(1)))
+    print(f"ResNet-50 int8 GPU vs CPU: max |diff| {row['max_abs_diff']:.3g} of {row['max_abs_ref']:.3g}, "
+          f"top-1 agreement {row['top1_agree']:.2f}", flush=True)
+    timers = {"tcutils": _sample(gpu, dev, 20)}
+    if own_lib is not None:
+        try:
+            own = _graph(own_lib, dev)
+            own.set_input("data", x)
+            own.run()
+            row["tvm_max_abs_diff"] = float(np.max(np.abs(own.get_output(0).numpy() - want)))
+            timers["tvm"] = _sample(own, dev, 20)
+        except Exception as err:  # noqa: BLE001  (as above)
+            row["tvm_error"] = str(err).strip().splitlines()[-1][:300]
+    wait()
+    timings = interleave(timers, rounds)
+    row.update({name: timing for name, timing in timings.items()})
+    if "tvm" in timings and timings["tvm"].samples_ms:
+        row["tvm_over_tcutils"] = ratio(timings["tvm"], timings["tcutils"])
+    results.add(**row)
+    print(f"ResNet-50 end to end: tcutils {timings['tcutils'].median_ms:.3f} ms"
+          + (f", TVM {timings['tvm'].median_ms:.3f} ms" if "tvm" in timings else f" (TVM: {row.get('tvm_error')})"),
+          flush=True)
+
+
+def _task_function(task, target):
+    with target:
+        sched, tensors = task.instantiate(autotvm.task.space.FallbackConfigEntity())
+        return tvm.build(sched, tensors, target), tensors
+
+
+def _arguments(tensors, arrays, dev) -> list:
+    """AutoTVM lists the output first, then the inputs in traversal order: inputs are matched by shape."""
+    args = [tvm.nd.empty([int(v) for v in tensors[0].shape], tensors[0].dtype, dev)]
+    for tensor in tensors[1:]:
+        (array,) = [a for a in arrays if tuple(a.shape) == tuple(int(v) for v in tensor.shape)]
+        args.append(tvm.nd.array(array, dev))
+    return args
+
+
+def _kernel_sample(func, args, dev, number: int = 50) -> Callable[[], float]:
+    evaluator = func.time_evaluator(func.entry_name, dev, number=number, repeat=1)
+    return lambda: float(evaluator(*args).results[0]) * 1e3
+
+
+def layers(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
+    """Each distinct ResNet-50 HWNC layer: the package's template against TVM's, fallback configs, in turns."""
+    from . import tensorcore as bench
+    from ..tensorcore.topi import conv2d_hwnc
+
+    target = tvm.target.Target(f"cuda -arch={arch}")
+    rng = np.random.default_rng(0)
+    workloads = bench.layers("int8", batch, f"cuda -arch={arch}")
+    present = gpu_present()
+    dev = tvm.cuda(0) if present else None
+    for workload in workloads:
+        task_args = workload[1:]
+        shapes = [task_args[0][1], task_args[1][1]]
+        row: Dict[str, object] = {"part": "layers", "data": list(shapes[0]), "kernel": list(shapes[1]),
+                                  "strides": list(task_args[2])}
+        funcs = {}
+        for name, task_name in (("tvm", bench.TVM_TASK), ("tcutils", conv2d_hwnc.TASK)):
+            try:
+                funcs[name] = _task_function(autotvm.task.create(task_name, task_args, target), target)
+            except Exception as err:  # noqa: BLE001  (one side failing to build is a result)
+                row[f"{name}_error"] = str(err).strip().splitlines()[-1][:300]
+        if not present:
+            row["rehearsal"] = True
+            results.add(**row)
+            continue
+        arrays = [rng.integers(-128, 128, size=s).astype("int8") for s in shapes]
+        timers = {name: _kernel_sample(func, _arguments(tensors, arrays, dev), dev)
+                  for name, (func, tensors) in funcs.items()}
+        timings = interleave(timers, rounds)
+        row.update(timings)
+        (h, _, n, c), (kh, kw, co, _) = shapes
+        out_h = (h + task_args[3][0] + task_args[3][2] - kh) // task_args[2][0] + 1
+        macs = out_h * out_h * n * co * kh * kw * c
+        row["gops"] = 2 * macs / 1e9
+        if len(timings) == 2 and all(t.samples_ms for t in timings.values()):
+            row["tvm_over_tcutils"] = ratio(timings["tvm"], timings["tcutils"])
+        results.add(**row)
+        line = ", ".join(f"{k} {v.median_ms:.4f} ms" for k, v in timings.items() if v.samples_ms)
+        print(f"layer {tuple(shapes[0])} x {tuple(shapes[1])}: {line}", flush=True)
+    if not present:
+        print(f"rehearsal: {len(workloads)} ResNet-50 layers built with both templates; timing needs a GPU", flush=True)
+
+
+#: The cuBLASLt contender: a process of its own (torch and TVM stay apart) that times one GEMM per request.
+_TORCH_WORKER = r"""
+import json, sys, torch
+torch.backends.cuda.matmul.allow_tf32 = False
+cache = {}
+for line in sys.stdin:
+    m, n, k, number = (int(v) for v in line.split())
+    if (m, n, k) not in cache:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randint(-128, 128, (m, k), dtype=torch.int8, device="cuda", generator=gen)
+        b = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda", generator=gen).t()
+        torch._int_mm(a, b); torch.cuda.synchronize()
+        cache[(m, n, k)] = (a, b)
+    a, b = cache[(m, n, k)]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(number):
+        torch._int_mm(a, b)
+    end.record(); torch.cuda.synchronize()
+    print(json.dumps(start.elapsed_time(end) / number), flush=True)
+"""
+
+
+class TorchWorker:
+    """``torch._int_mm`` (cuBLASLt int8 GEMM) timed in a separate process, one sample per call."""
+
+    def __init__(self, python: str = "python3"):
+        self.proc = subprocess.Popen([python, "-c", _TORCH_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def sample(self, m: int, n: int, k: int, number: int = 50) -> float:
+        self.proc.stdin.write(f"{m} {n} {k} {number}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"torch worker ended: {self.proc.stderr.read()[-500:]}")
+        return float(json.loads(line))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, int]] = DENSE_SHAPES,
+          torch_python: str = "python3") -> None:
+    """The package's int8 dense (fallback config) against cuBLASLt (torch._int_mm) and the peak."""
+    from tvm import te
+
+    from ..tensorcore.topi import dense as tc_dense
+
+    target = tvm.target.Target(f"cuda -arch={arch}")
+    present = gpu_present()
+    name = str(tvm.cuda(0).device_name) if present else ""
+    peak = peak_tops(name, "int8")
+    worker = TorchWorker(torch_python) if present else None
+    rng = np.random.default_rng(0)
+    try:
+        for m, n, k in shapes:
+            row: Dict[str, object] = {"part": "dense", "m": m, "n": n, "k": k, "peak_tops": peak}
+            args = (te.placeholder((m, k), "int8"), te.placeholder((n, k), "int8"), "int32")
+            func, tensors = _task_function(autotvm.task.create(tc_dense.TASK, args, target), target)
+            if not present:
+                row["rehearsal"] = True
+                results.add(**row)
+                continue
+            dev = tvm.cuda(0)
+            arrays = [rng.integers(-128, 128, size=(m, k)).astype("int8"),
+                      rng.integers(-128, 128, size=(n, k)).astype("int8")]
+            call_args = _arguments(tensors, arrays, dev)
+            want = arrays[0].astype(np.int64) @ arrays[1].astype(np.int64).T if m * n * k <= 2 ** 31 else None
+            func(*call_args)
+            if want is not None:
+                row["exact"] = bool(np.array_equal(call_args[0].numpy(), want))
+            timers = {"tcutils": _kernel_sample(func, call_args, dev, 20)}
+            if worker is not None:
+                timers["cublaslt"] = lambda m=m, n=n, k=k: worker.sample(m, n, k, 20)
+            timings = interleave(timers, rounds)
+            row.update(timings)
+            for key, timing in timings.items():
+                if timing.samples_ms:
+                    row[f"{key}_tops"] = 2 * m * n * k / (timing.median_ms * 1e-3) / 1e12
+            if all(t.samples_ms for t in timings.values()) and len(timings) == 2:
+                row["cublaslt_over_tcutils"] = ratio(timings["cublaslt"], timings["tcutils"])
+            results.add(**row)
+            print(f"dense {m}x{n}x{k}: " + ", ".join(f"{key} {t.median_ms:.4f} ms ({row.get(key + '_tops', 0):.0f} "
+                                                     f"TOPS)" for key, t in timings.items() if t.samples_ms)
+                  + (f"; peak {peak:.0f} TOPS" if peak else ""), flush=True)
+    finally:
+        if worker is not None:
+            worker.close()
+    if not present:
+        print(f"rehearsal: {len(shapes)} dense kernels built; timing needs a GPU", flush=True)
+
+
+def wait_for_file(path: Optional[str], timeout_s: float = 600.0) -> Callable[[], None]:
+    """A function that waits until ``path`` exists (another process's end), so that timings run alone."""
+    def _wait() -> None:
+        if not path:
+            return
+        deadline = time.time() + timeout_s
+        while not os.path.exists(path) and time.time() < deadline:
+            time.sleep(0.5)
+    return _wait
+
+
+def summary(rows: List[dict]) -> Dict[str, object]:
+    """Geometric means of the ratios (>1: the package is faster), for the docs' headline."""
+    out: Dict[str, object] = {}
+    for part, key in (("layers", "tvm_over_tcutils"), ("dense", "cublaslt_over_tcutils")):
+        values = [r[key].value for r in rows if r.get("part") == part and key in r]
+        if values:
+            out[f"{part}_geomean_{key}"] = float(np.exp(np.mean(np.log(values))))
+    return out
+
+
+def timing_rows_ok(rows: List[dict]) -> bool:
+    """Whether every timed row has samples (used by the script's exit status)."""
+    return all(not isinstance(v, Timing) or v.samples_ms for r in rows for v in r.values())
+
+
+def python() -> str:
+    """The interpreter running this (for the torch worker: the GPU machine's python has torch)."""
+    return sys.executable
+
+
+def _ms(value: Optional[dict]) -> str:
+    return f"{value['median_ms']:.3f}" if value and value.get("samples_ms") else "-"
+
+
+def _ratio(value: Optional[dict]) -> str:
+    return f"x{value['value']:.2f} [{value['low']:.2f}, {value['high']:.2f}]" if value else "-"
+
+
+def markdown(payload: dict) -> str:
+    """The docs' tables (end to end, per layer, dense) from a :func:`~.results.Results` JSON of this check.
+
+    Examples
+    --------
+    >>> t = {"median_ms": 1.0, "samples_ms": [1.0]}
+    >>> r = {"value": 2.0, "low": 1.9, "high": 2.1}
+    >>> doc = markdown({"rows": [{"part": "layers", "data": [7, 7, 8, 512], "kernel": [3, 3, 512, 512],
+    ...                           "strides": [1, 1], "tvm": t, "tcutils": t, "tvm_over_tcutils": r, "gops": 1.0}]})
+    >>> doc.splitlines()[2]
+    '| (7, 7, 8, 512) x (3, 3, 512, 512) /1 | 1.000 | 1.000 | x2.00 [1.90, 2.10] | 1.0 |'
+    """
+    from .table import markdown as table
+
+    rows = payload["rows"]
+    parts = []
+    e2e = [r for r in rows if r.get("part") == "resnet50" and "tcutils" in r]
+    if e2e:
+        parts.append(table(
+            ["model", "tvm-tcutils ms", "TVM 0.19 HWNC template ms", "TVM / tcutils", "max abs diff vs CPU",
+             "top-1 agreement"],
+            [[f"ResNet-50 int8, batch {r['batch']}", _ms(r.get("tcutils")), _ms(r.get("tvm")) if "tvm" in r
+              else r.get("tvm_error", "-"), _ratio(r.get("tvm_over_tcutils")),
+              f"{r['max_abs_diff']:.3g} (of {r['max_abs_ref']:.3g})", f"{r['top1_agree']:.2f}"] for r in e2e]))
+    layer_rows = [r for r in rows if r.get("part") == "layers" and "tcutils" in r]
+    if layer_rows:
+        parts.append(table(
+            ["layer (HWNC data x HWOI kernel / stride)", "TVM ms", "tvm-tcutils ms", "TVM / tcutils",
+             "GOP"],
+            [[f"{tuple(r['data'])} x {tuple(r['kernel'])} /{r['strides'][0]}", _ms(r.get("tvm")),
+              _ms(r.get("tcutils")), _ratio(r.get("tvm_over_tcutils")), f"{r['gops']:.1f}"] for r in layer_rows]))
+    dense_rows = [r for r in rows if r.get("part") == "dense" and "tcutils" in r]
+    if dense_rows:
+        parts.append(table(
+            ["M x N x K", "tvm-tcutils ms (TOPS)", "cuBLASLt ms (TOPS)", "cuBLASLt / tcutils", "peak TOPS",
+             "tcutils % of peak"],
+            [[f"{r['m']} x {r['n']} x {r['k']}", f"{_ms(r.get('tcutils'))} ({r.get('tcutils_tops', 0):.0f})",
+              f"{_ms(r.get('cublaslt'))} ({r.get('cublaslt_tops', 0):.0f})", _ratio(r.get("cublaslt_over_tcutils")),
+              f"{r['peak_tops']:.0f}" if r.get("peak_tops") else "-",
+              f"{100 * r.get('tcutils_tops', 0) / r['peak_tops']:.1f}" if r.get("peak_tops") else "-"]
+             for r in dense_rows]))
+    return "\n\n".join(parts)
