@@ -1,13 +1,16 @@
 """prepare_for_tensorcore and the count-layers / prepare commands."""
 import functools
 import os
+import warnings
 
 import pytest
 import tvm
 from tvm import relay
 
 from conftest import run_cli, small_conv_net
+import tvm_tcutils
 from tvm_tcutils import LayoutConfig, layer_table, load_model, prepare_for_tensorcore, recast
+from tvm_tcutils.tensorcore.rules import EmulatedTensorCoreWarning
 from tvm_tcutils.tensorcore._graph import layer_calls, resolve_ops
 
 
@@ -160,3 +163,49 @@ def test_demo_section_reports_skipped_layers_and_equal_outputs():
         "  skipped layer 0: 4 input channels would be padded to 32 and 4 output channels would be padded to 8 "
         "(+1500% work > 100% allowed)"
     )
+
+
+def test_int4_for_sm_90_is_prepared_as_asked_with_a_warning_recommending_int8():
+    mod = model("resnet-18")
+    plain = prepare_for_tensorcore(mod, "int4")
+    with pytest.warns(EmulatedTensorCoreWarning) as caught:
+        hopper = prepare_for_tensorcore(mod, "int4", target="cuda -arch=sm_90")
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert message.startswith("prepare_for_tensorcore(dtype='int4') for sm_90: sm_90 has no 4-bit MMA instruction")
+    assert "20 int4 layers will run emulated on 8-bit tensor cores" in message and "dtype='int8'" in message
+    assert caught[0].filename == __file__  # stacklevel: the warning points at the caller
+    # The same module and skips as without a target: int4 is what was asked for, and it computes exactly.
+    assert hopper.skipped == plain.skipped
+    assert tvm.ir.structural_equal(hopper.mod, plain.mod)
+    rows = layer_table(mod, ["nn.conv2d"], target="cuda -arch=sm_90")
+    assert all(row.qualifies and "emulated" in row.note for row in rows[1:]) and rows[0].note == ""
+    assert str(rows[1]).endswith(f"yes ({rows[1].note})")
+
+
+@pytest.mark.parametrize("dtype, target", [("int8", "cuda -arch=sm_90"), ("int4", "cuda -arch=sm_80")])
+def test_no_warning_where_the_tensor_cores_are_native(dtype, target):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EmulatedTensorCoreWarning)
+        _, skipped = prepare_for_tensorcore(model("resnet-18"), dtype, target=target)
+    assert [s.index for s in skipped] == [0]
+    assert not any(row.note for row in layer_table(model("resnet-18"), ["nn.conv2d"], dtype=dtype, target=target))
+
+
+@pytest.mark.parametrize("target, words", [
+    ("cuda -arch=sm_70", "int8 tensor cores need sm_72 or newer, target has sm_70"),
+    ("llvm", "is not cuda"),
+    ("cuda", "sm_50 is what TVM assumes when the target has no -arch"),  # no GPU here: TVM's default arch
+])
+def test_a_target_without_these_tensor_cores_skips_every_layer(target, words):
+    if target == "cuda" and tvm_tcutils.capabilities()["cuda_device"]:
+        pytest.skip("a GPU is attached: TVM takes its arch for a plain 'cuda' target")
+    mod = small_conv_net(channels=32)
+    prepared, skipped = prepare_for_tensorcore(mod, "int8", target=target)
+    assert [s.index for s in skipped] == [0, 1] and all(words in s.reason for s in skipped)
+    assert tvm.ir.structural_equal(prepared, relay.transform.InferType()(mod))
+
+
+def test_target_must_be_a_target():
+    with pytest.raises(TypeError, match="target must be a target string"):
+        prepare_for_tensorcore(small_conv_net(), "int8", target=80)

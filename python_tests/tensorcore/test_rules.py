@@ -3,7 +3,8 @@ import pytest
 import tvm
 
 from tvm_tcutils.tensorcore.rules import (
-    DEFAULT_PAD_FRACTION, WMMA_SHAPES, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
+    DEFAULT_PAD_FRACTION, EMULATED_DTYPES, INT4_EMULATED_FROM_ARCH, WMMA_SHAPES, emulation_note, fitting_shapes,
+    hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
 )
 
 
@@ -121,3 +122,26 @@ def test_fitting_shapes_are_the_exact_tiles_in_preference_order():
     assert fitting_shapes("int8", 32, 16, 32) == ((16, 16, 16), (32, 8, 16), (8, 32, 16))
     assert fitting_shapes("int8", 8, 16, 8) == ()
     assert fitting_shapes("float16", 16, 16, 16) == ()
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"])
+@pytest.mark.parametrize("dtype", sorted(WMMA_SHAPES))
+def test_int4_from_sm_90_on_qualifies_but_is_noted_as_emulated(dtype, arch):
+    # No 4-bit MMA instruction from sm_90 on: the kernels still compute exactly (8-bit MMA after
+    # unpacking; tensorcore/test_sass.py checks the SASS), so the layer qualifies with a note.
+    verdict = hwnc_conv2d_qualifies(8, 64, 64, dtype, target=tvm.target.Target(f"cuda -arch={arch}"))
+    emulated = dtype in EMULATED_DTYPES and int(arch[3:]) >= INT4_EMULATED_FROM_ARCH
+    assert verdict and verdict.reason == ""
+    assert ("emulated" in verdict.note) == emulated
+    if emulated:
+        assert verdict.note == (
+            f"emulated: {arch} has no 4-bit MMA instruction, {dtype} runs on 8-bit tensor cores; prefer int8"
+        )
+    assert emulation_note(dtype, tvm.target.Target(f"cuda -arch={arch}")) == verdict.note
+
+
+def test_emulation_note_needs_a_cuda_target():
+    assert hwnc_conv2d_qualifies(8, 64, 64, "int4").note == ""  # no target: the layer alone
+    assert emulation_note("int4", tvm.target.Target("llvm")) == ""
+    assert not hwnc_conv2d_qualifies(8, 48, 64, "int4", pad_fraction=0.1,
+                                     target=tvm.target.Target("cuda -arch=sm_90")).note  # only when it qualifies

@@ -28,12 +28,14 @@ class Layer:
     kernel_layout: str
     qualifies: bool
     reason: str
+    #: A caveat of a layer that qualifies (int4 emulated on sm_90 and newer), else "".
+    note: str = ""
 
     def __str__(self) -> str:
         shape = "x".join(map(str, self.input_shapes[0])) if self.input_shapes else "-"
         out = "x".join(map(str, self.output_shape))
         layout = f"{self.data_layout}/{self.kernel_layout}" if self.data_layout else "-"
-        verdict = "yes" if self.qualifies else f"no: {self.reason}"
+        verdict = (f"yes ({self.note})" if self.note else "yes") if self.qualifies else f"no: {self.reason}"
         dtype = self.input_dtypes[0] if self.input_dtypes else "-"
         return (
             f"{self.index:>5}  {self.op:<12} {shape:<18} {dtype:<8} -> {out:<18} {self.output_dtype:<8} "
@@ -57,13 +59,41 @@ def _tensor_types(ttype) -> List[relay.TensorType]:
     return [ttype] if isinstance(ttype, relay.TensorType) else []
 
 
+TargetLike = Union[str, "tvm.target.Target", None]
+
+
+def as_target(target: TargetLike) -> Optional[tvm.target.Target]:
+    """``target`` as a ``tvm.target.Target`` (``None`` stays ``None``: the layer alone is judged).
+
+    Raises
+    ------
+    TypeError
+        For anything but a string, a target or ``None``.
+
+    Examples
+    --------
+    >>> str(as_target("cuda -arch=sm_90").attrs["arch"]), as_target(None)
+    ('sm_90', None)
+    """
+    if target is None or isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, str):
+        return tvm.target.Target(target)
+    raise TypeError(f"target must be a target string like 'cuda -arch=sm_80' or a tvm.target.Target, "
+                    f"got {type(target).__name__}")
+
+
 def conv2d_verdict(
-    call: relay.Call, dtype: str, out_dtype: str = "int32", pad_fraction: Optional[float] = None
+    call: relay.Call, dtype: str, out_dtype: str = "int32", pad_fraction: Optional[float] = None,
+    target: TargetLike = None,
 ) -> Verdict:
     """Judge a typed conv2d call as it will be after conversion to HWNC and recasting to ``dtype``.
 
     A layer not yet in HWNC gets the HWOI kernel that conversion gives it; one
-    already in HWNC is judged with its own kernel layout.
+    already in HWNC is judged with its own kernel layout. With a ``target`` the
+    target's rules apply too (:func:`tvm_tcutils.tensorcore.rules.hwnc_conv2d_qualifies`):
+    a CUDA arch with these tensor cores, and the note that int4 runs emulated on
+    sm_90 and newer.
 
     Examples
     --------
@@ -88,6 +118,7 @@ def conv2d_verdict(
     return hwnc_conv2d_qualifies(
         *sizes, dtype, groups=int(attrs.groups), out_dtype=out_dtype,
         data_layout=DATA_LAYOUT, kernel_layout=converted_kernel, pad_fraction=pad_fraction,
+        target=as_target(target),
     )
 
 
@@ -98,6 +129,7 @@ def layer_table(
     out_dtype: str = "int32",
     pad_fraction: Optional[float] = None,
     numbering: str = "chain",
+    target: TargetLike = None,
 ) -> List[Layer]:
     """Describe every layer of ``valid_ops``, numbered as by :func:`count_layers`.
 
@@ -117,14 +149,19 @@ def layer_table(
         The layer numbering of the ``index`` column; under ``"tvm"`` the
         layers of ``main`` only, and parallel ones share an index (as in
         TVM's ``recast``).
+    target : str or tvm.target.Target, optional
+        The build's target, for its rules too: a CUDA arch with tensor cores
+        for ``dtype`` (a CUDA target needs ``-arch`` when no GPU is attached),
+        and a :attr:`Layer.note` on int4/uint4 layers for sm_90 and newer, which
+        run emulated on 8-bit MMA. Default: the layers alone are judged.
 
     Returns
     -------
     list of Layer
         Index, op, input shapes and dtypes, output shape and dtype, layouts,
         and whether the layer qualifies for the HWNC tensor-core schedules
-        (with the reason when not). ``str(row)`` formats a row under
-        :data:`HEADER`.
+        (with the reason when not, or a note when it qualifies with a
+        caveat). ``str(row)`` formats a row under :data:`HEADER`.
 
     Examples
     --------
@@ -137,16 +174,19 @@ def layer_table(
     True
     >>> [row.index for row in layer_table(mod, ["nn.conv2d"], numbering="tvm")][:6]  # a shortcut: 2 twice
     [0, 1, 2, 2, 3, 4]
+    >>> layer_table(mod, ["nn.conv2d"], target="cuda -arch=sm_90")[1].note  # Hopper: no int4 MMA
+    'emulated: sm_90 has no 4-bit MMA instruction, int4 runs on 8-bit tensor cores; prefer int8'
     """
     ops = resolve_ops(valid_ops, "valid_ops")
     check_dtype(dtype, "dtype")
     check_dtype(out_dtype, "out_dtype")
+    target = as_target(target)
     _, functions = numbered_layers(typed(expr_or_mod), ops, check_numbering(numbering))
     rows = []
     for call, index in (layer for _, _, layers in functions for layer in layers):
         inputs = [t for arg in call.args for t in _tensor_types(arg.checked_type)]
         outputs = _tensor_types(call.checked_type)
-        verdict = conv2d_verdict(call, dtype, out_dtype, pad_fraction)
+        verdict = conv2d_verdict(call, dtype, out_dtype, pad_fraction, target)
         attrs = call.attrs
         has_layout = attrs is not None and "data_layout" in attrs.keys()
         rows.append(
@@ -161,6 +201,7 @@ def layer_table(
                 kernel_layout=str(attrs.kernel_layout) if has_layout and "kernel_layout" in attrs.keys() else "",
                 qualifies=verdict.qualifies,
                 reason=verdict.reason,
+                note=verdict.note,
             )
         )
     return rows

@@ -16,7 +16,10 @@ The rules, in the order they are checked
 3. The data layout is ``HWNC`` and the kernel layout ``HWOI`` (input channels
    innermost, the operand order of the WMMA tiles).
 4. With a ``target``: it is CUDA with an arch that has these tensor cores
-   (:data:`MIN_ARCH`).
+   (:data:`MIN_ARCH`). From sm_90 on there is no 4-bit tensor-core
+   instruction: an int4/uint4 layer still qualifies (its kernels compile
+   and compute exactly), but the verdict's :attr:`Verdict.note` says that it
+   runs emulated on 8-bit MMA (:data:`INT4_EMULATED_FROM_ARCH`).
 5. The GEMM each output pixel performs is ``M = batch``, ``N = out channels``,
    ``K = in channels``, computed in WMMA tiles of shape ``(m, n, k)``:
 
@@ -89,6 +92,16 @@ WMMA_SHAPES: Dict[str, Tuple[WmmaShape, ...]] = {
 #: integer WMMA appeared with sm_72 (8-bit) and sm_75 (4-bit, experimental sub-byte).
 MIN_ARCH: Dict[str, int] = {"int4": 75, "uint4": 75, "int8": 72, "uint8": 72}
 
+#: From this compute capability on CUDA has no 4-bit integer MMA instruction. ptxas compiles the
+#: int4/uint4 WMMA tiles (``mma.sync`` m8n8k32 ``.s4``) to 8-bit ones after unpacking the nibbles --
+#: CUDA 13 gives ``IMMA.8816.S8.S8`` for sm_90 and ``IMMA.16816.S8.S8`` for sm_100/sm_120 where
+#: sm_75-sm_89 have ``IMMA.8832.S4.S4`` (python_tests/tensorcore/test_sass.py checks the SASS).
+#: The results stay exact; int4's tensor-core throughput over int8 is gone.
+INT4_EMULATED_FROM_ARCH = 90
+
+#: Operand types without a tensor-core instruction of their own from :data:`INT4_EMULATED_FROM_ARCH` on.
+EMULATED_DTYPES = ("int4", "uint4")
+
 #: The accumulator type of the integer tensor-core instructions.
 ACCUMULATOR_DTYPE = "int32"
 
@@ -114,6 +127,13 @@ _PAD_FRACTION = [DEFAULT_PAD_FRACTION]
 
 class MissingArchError(ValueError):
     """A CUDA target without ``-arch`` on a machine without a GPU to ask."""
+
+
+class EmulatedTensorCoreWarning(UserWarning):
+    """Layers prepared for a type the target's tensor cores only emulate (int4 on sm_90 and newer).
+
+    ``warnings.filterwarnings("ignore", category=EmulatedTensorCoreWarning)`` silences it.
+    """
 
 
 # --------------------------------------------------------------------------
@@ -211,6 +231,32 @@ def target_arch(target: tvm.target.Target) -> int:
     )
 
 
+def emulation_note(dtype: str, target: Optional[tvm.target.Target]) -> str:
+    """Why layers of ``dtype`` run on ``target``'s tensor cores only emulated, or ``""``.
+
+    int4/uint4 on sm_90 and newer (:data:`INT4_EMULATED_FROM_ARCH`): there is no
+    4-bit MMA instruction, so the 4-bit tiles run on 8-bit MMA instructions.
+
+    Raises
+    ------
+    MissingArchError
+        A CUDA ``target`` without ``-arch`` on a machine without a GPU.
+
+    Examples
+    --------
+    >>> emulation_note("int4", tvm.target.Target("cuda -arch=sm_90"))
+    'emulated: sm_90 has no 4-bit MMA instruction, int4 runs on 8-bit tensor cores; prefer int8'
+    >>> emulation_note("int4", tvm.target.Target("cuda -arch=sm_80")), emulation_note("int8", None)
+    ('', '')
+    """
+    if target is None or target.kind.name != "cuda" or dtype not in EMULATED_DTYPES:
+        return ""
+    arch = target_arch(target)
+    if arch < INT4_EMULATED_FROM_ARCH:
+        return ""
+    return f"emulated: sm_{arch} has no 4-bit MMA instruction, {dtype} runs on 8-bit tensor cores; prefer int8"
+
+
 def _target_reason(dtype: str, target) -> str:
     if target.kind.name != "cuda":
         return f"target {target} is not cuda"
@@ -273,6 +319,9 @@ class Verdict:
         ``(batch, in_channels, out_channels)`` after padding to the tile.
     pad_fraction : float
         Extra work that channel padding adds (0.0 when none is needed).
+    note : str
+        Empty unless the layer qualifies with a caveat: int4/uint4 on a target
+        of sm_90 or newer runs emulated on 8-bit MMA (:func:`emulation_note`).
     """
 
     qualifies: bool
@@ -280,6 +329,7 @@ class Verdict:
     wmma_shape: Optional[WmmaShape] = None
     padded: Optional[Tuple[int, int, int]] = None
     pad_fraction: float = 0.0
+    note: str = ""
 
     def __bool__(self) -> bool:
         return self.qualifies
@@ -326,7 +376,9 @@ def hwnc_conv2d_qualifies(
         Default: the current setting, :func:`max_pad_fraction`.
     target : tvm.target.Target, optional
         When given, the layer also needs a CUDA target whose arch has tensor
-        cores for ``dtype``; without one only the layer itself is judged.
+        cores for ``dtype``; without one only the layer itself is judged. An
+        int4/uint4 layer on sm_90 or newer qualifies with a :attr:`Verdict.note`
+        saying that it runs emulated.
 
     Returns
     -------
@@ -350,6 +402,9 @@ def hwnc_conv2d_qualifies(
     WmmaShape(m=8, n=32, k=16)
     >>> hwnc_conv2d_qualifies(8, 64, 64, "int4", target=tvm.target.Target("cuda -arch=sm_72")).reason
     'int4 tensor cores need sm_75 or newer, target has sm_72'
+    >>> hopper = hwnc_conv2d_qualifies(8, 64, 64, "int4", target=tvm.target.Target("cuda -arch=sm_90"))
+    >>> bool(hopper), hopper.note.split(",")[0]
+    (True, 'emulated: sm_90 has no 4-bit MMA instruction')
     """
     for name, value in (("batch", batch), ("in_channels", in_channels), ("out_channels", out_channels)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -379,4 +434,4 @@ def hwnc_conv2d_qualifies(
         if padded[2] != out_channels:
             what.append(f"{out_channels} output channels would be padded to {padded[2]}")
         return Verdict(False, f"{' and '.join(what)} (+{extra:.0%} work > {limit:.0%} allowed)", tile, padded, extra)
-    return Verdict(True, "", tile, padded, extra)
+    return Verdict(True, "", tile, padded, extra, emulation_note(dtype, target))
