@@ -107,6 +107,20 @@ def test_export_library_round_trip_keeps_the_cuda_module(tmp_path):
     assert loaded.get_function("add_one", query_imports=True) is not None
 
 
+@needs_plugin
+def test_a_saved_library_needs_the_plugin_where_it_is_loaded(tmp_path):
+    # The CUDA module's loader comes with the plugin: `import tvm_tcutils` before tvm.runtime.load_module.
+    path = str(tmp_path / "add_one.so")
+    _add_one().export_library(path)
+    result = run_python(
+        "import tvm, tvm_tcutils\n"
+        f"try:\n    tvm.runtime.load_module({path!r})\nexcept tvm.TVMError as err:\n    print(err)\n",
+        env={"TVM_TCUTILS_CUDA_PLUGIN": "/nonexistent/libtvm_tcutils_cuda.so"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Binary was created using {cuda} but a loader of that name is not registered" in result.stdout
+
+
 def test_a_bad_compiler_name_names_the_choices(monkeypatch):
     monkeypatch.setenv("TVM_TCUTILS_CUDA_COMPILER", "clang")
     with pytest.raises(ValueError, match="'clang' is not a CUDA compiler; valid: nvrtc, nvcc"):

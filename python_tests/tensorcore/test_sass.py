@@ -1,0 +1,324 @@
+"""Every tensor-core kernel compiled to GPU machine code (SASS), and what that code is (no GPU needed).
+
+The package's CUDA plugin generates the kernels' CUDA and NVRTC compiles it to a
+cubin for the target's ``-arch``, as on a machine with a GPU; ``cuobjdump``
+reads the SASS and the per-kernel resources back (:mod:`tvm_tcutils.cuda`).
+Checked for each arch of :data:`tvm_tcutils.cuda.TENSORCORE_ARCHS`:
+
+* HWNC conv2d and dense, int8 and int4, through ``relay.build`` (the strategy,
+  legalization and alter-op paths): a conv2d whose sizes fit a WMMA tile, one
+  that legalization pads (batch 1 -> 8, 60 -> 64 input and 30 -> 32 output
+  channels) and a dense that fits (a dense is never padded), in one Relay
+  module per (dtype, arch);
+* each AutoTVM template's fallback config and a fixed sample of its config
+  space (``autotvm.task.create(...).instantiate`` + ``tvm.build``), for sm_80;
+* ResNet-50 int8 (and ResNet-18 int4: ResNet-50 int4 builds in some 50 s more)
+  prepared by ``prepare_for_tensorcore``: built, exported and loaded back.
+
+What the SASS must show: each tensor-core GEMM kernel contains the integer MMA
+instruction of :data:`IMMA` (the one CUDA 13.0's NVRTC emits: ``IMMA.16816.S8.S8``
+for int8 from sm_80 on, ``IMMA.8816.S8.S8`` on sm_75, ``IMMA.8832.S4.S4`` for
+int4 on sm_75-sm_89). sm_90 has no 4-bit MMA: int4 comes out as 8-bit
+``IMMA.8816.S8.S8`` after unpacking, which
+:func:`tvm_tcutils.tensorcore.rules.emulation_note` reports. No kernel uses
+local memory or a stack (no register spills) -- but for the spills listed in
+:data:`KNOWN_SPILLS`, which the test expects exactly (and xfails on); registers
+and shared memory per kernel are printed (``pytest -s``) and named in every
+assertion message.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import time
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+import tvm
+from tvm import autotvm, relay, te
+
+import tvm_tcutils
+from tvm_tcutils import cuda
+from tvm_tcutils.tensorcore import rules
+from tvm_tcutils.tensorcore.topi import conv2d_hwnc, dense
+
+_STATUS = cuda.status()
+pytestmark = [
+    pytest.mark.skipif(not _STATUS["codegen"], reason=f"no CUDA code generation here: {_STATUS['reason']}"),
+    pytest.mark.skipif(cuda.tool("cuobjdump") is None,
+                       reason="cuobjdump is not in the CUDA toolkit (pip install 'tvm-tcutils[cuda]')"),
+]
+
+ARCHS = cuda.TENSORCORE_ARCHS
+DTYPES = ("int8", "int4")
+#: The integer MMA instruction of the GEMM kernels per (dtype, arch), as CUDA 13.0's NVRTC compiles them.
+IMMA: Dict[Tuple[str, str], str] = {
+    ("int8", "sm_75"): "IMMA.8816.S8.S8",
+    **{("int8", arch): "IMMA.16816.S8.S8" for arch in ("sm_80", "sm_86", "sm_89", "sm_90")},
+    **{("int4", arch): "IMMA.8832.S4.S4" for arch in ("sm_75", "sm_80", "sm_86", "sm_89")},
+    ("int4", "sm_90"): "IMMA.8816.S8.S8",  # no 4-bit MMA on Hopper: 8-bit MMA after unpacking
+}
+#: Static shared memory a block may have on every arch above (the kernels declare theirs statically).
+MAX_SHARED = 48 * 1024
+
+_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def _mma(code: str) -> List[str]:
+    """The integer MMA opcodes (with their shape and types) of one kernel's SASS."""
+    return sorted({op for op in _OPCODE.findall(code) if op.startswith("IMMA")})
+
+
+class Kernels:
+    """The SASS and resources of every kernel of built modules (kernel names must differ between them)."""
+
+    def __init__(self, modules: List[tvm.runtime.Module], seconds: float):
+        self.sass: Dict[str, str] = {}
+        self.resources: Dict[str, cuda.Resources] = {}
+        for module in modules:
+            cubin = cuda.module_cubin(module)
+            self.sass.update(cuda.sass(cubin))
+            self.resources.update(cuda.resources(cubin))
+        self.seconds = seconds
+        assert set(self.sass) == set(self.resources), (sorted(self.sass), sorted(self.resources))
+
+    def mma(self) -> Dict[str, List[str]]:
+        """Kernels with integer MMA instructions, and those instructions."""
+        return {name: ops for name, ops in ((n, _mma(code)) for n, code in self.sass.items()) if ops}
+
+    def table(self) -> str:
+        """One line per kernel: registers, shared memory, stack, local memory, MMA instructions."""
+        return "\n".join(
+            f"  {name:<48} regs {use.registers:>3}  shared {use.shared:>5}  stack {use.stack}  local {use.local}"
+            f"  {' '.join(_mma(self.sass[name])) or '-'}"
+            for name, use in sorted(self.resources.items())
+        )
+
+    def check_no_spills(self, what: str, ignore: frozenset = frozenset()) -> None:
+        for name, use in self.resources.items():
+            if name in ignore:
+                continue
+            assert use.local == 0 and use.stack == 0, f"{what}: {name} spills (local/stack memory):\n{self.table()}"
+            assert use.shared <= MAX_SHARED, f"{what}: {name} uses more than 48 KB of shared memory:\n{self.table()}"
+
+
+def _report(what: str, kernels: Kernels) -> None:
+    print(f"\n{what} ({kernels.seconds:.1f} s):\n{kernels.table()}")
+
+
+# --------------------------------------------------------------------------
+# The Relay path: strategy, legalization (padding), alter-op (kernel packing).
+# --------------------------------------------------------------------------
+def _relay_module(dtype: str) -> tvm.IRModule:
+    """A fitting conv2d, a padded one and a dense, all ``dtype`` x ``dtype`` -> int32 (int8 storage, cast)."""
+    rng = np.random.default_rng(0)
+    low, high = (-8, 7) if dtype == "int4" else (-128, 127)
+
+    def weight(shape):
+        return relay.cast(relay.const(rng.integers(low, high + 1, shape).astype("int8")), dtype)
+
+    def conv(name, data_shape, kernel_shape):
+        x = relay.var(name, shape=data_shape, dtype="int8")
+        y = relay.nn.conv2d(relay.cast(x, dtype), weight(kernel_shape), padding=1, kernel_size=(3, 3),
+                            data_layout="HWNC", kernel_layout="HWOI", out_dtype="int32")
+        return x, y
+
+    x1, fits = conv("fits", (8, 8, 16, 64), (3, 3, 64, 64))  # batch 16, 64 -> 64: a tile of either type
+    x2, padded = conv("padded", (8, 8, 1, 60), (3, 3, 30, 60))  # batch 1 -> 8, 60 -> 64 in, 30 -> 32 out
+    x3 = relay.var("rows", shape=(16, 128), dtype="int8")
+    gemm = relay.nn.dense(relay.cast(x3, dtype), weight((64, 128)), out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([x1, x2, x3], relay.Tuple([fits, padded, gemm])))
+
+
+#: The ops of :func:`_relay_module` that run on tensor cores, as their fused functions are named.
+TENSOR_CORE_OPS = 3
+
+
+@functools.lru_cache(maxsize=None)
+def _relay_kernels(dtype: str, arch: str) -> Kernels:
+    start = time.perf_counter()
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(_relay_module(dtype), target=f"cuda -arch={arch}")
+    return Kernels([lib], time.perf_counter() - start)
+
+
+def test_every_arch_and_dtype_has_an_expected_instruction():
+    assert set(IMMA) == {(dtype, arch) for dtype in DTYPES for arch in ARCHS}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relay_conv2d_and_dense_compile_to_integer_mma(dtype, arch):
+    kernels = _relay_kernels(dtype, arch)
+    what = f"{dtype} on {arch}"
+    _report(what, kernels)
+    mma = kernels.mma()
+    # One GEMM kernel per tensor-core op (the unpacking, padding and cast kernels have none).
+    assert len(mma) == TENSOR_CORE_OPS and all(re.search(r"_nn_(conv2d|dense)", name) for name in mma), (
+        f"{what}: MMA kernels {mma}\n{kernels.table()}"
+    )
+    assert all(ops == [IMMA[dtype, arch]] for ops in mma.values()), (
+        f"{what}: expected {IMMA[dtype, arch]} in every GEMM kernel, got {mma}\n{kernels.table()}"
+    )
+    flag = "EF_CUDA_SM" + arch[3:]
+    assert all(flag in code for code in kernels.sass.values()), f"{what}: machine code not for {arch}"
+    kernels.check_no_spills(what)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rules_say_emulated_exactly_where_int4_has_no_4bit_mma(arch):
+    native = any(".S4." in op for ops in _relay_kernels("int4", arch).mma().values() for op in ops)
+    note = rules.emulation_note("int4", tvm.target.Target(f"cuda -arch={arch}"))
+    assert bool(note) == (not native), f"{arch}: 4-bit MMA in the SASS: {native}; rules' note: {note!r}"
+    verdict = rules.hwnc_conv2d_qualifies(8, 64, 64, "int4", target=tvm.target.Target(f"cuda -arch={arch}"))
+    assert verdict and verdict.note == note  # an emulated layer still qualifies: it computes exactly
+
+
+def test_uint4_is_emulated_too_on_sm_90():
+    # The rules treat uint4 as int4; so does ptxas (8-bit unsigned MMA on Hopper).
+    x = relay.var("x", shape=(8, 8, 16, 64), dtype="uint8")
+    w = relay.const(np.random.default_rng(0).integers(0, 16, (3, 3, 64, 64)).astype("uint8"))
+    y = relay.nn.conv2d(relay.cast(x, "uint4"), relay.cast(w, "uint4"), padding=1, kernel_size=(3, 3),
+                        data_layout="HWNC", kernel_layout="HWOI", out_dtype="int32")
+    found = {}
+    for arch in ("sm_80", "sm_90"):
+        with tvm.transform.PassContext(opt_level=3):
+            lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], y)), target=f"cuda -arch={arch}")
+        found[arch] = sorted({op for ops in Kernels([lib], 0.0).mma().values() for op in ops})
+    assert found == {"sm_80": ["IMMA.8832.U4.U4"], "sm_90": ["IMMA.8816.U8.U8"]}
+    assert rules.emulation_note("uint4", tvm.target.Target("cuda -arch=sm_90"))
+
+
+@pytest.mark.xfail(raises=RuntimeError, strict=True, reason=(
+    "TVM prints a uint8 zero fill as make_uint4 with sixteen (uchar)0, which cuda.repair_source does not "
+    "rewrite (it matches '(unsigned char)'): NVRTC says 'too many arguments in function call'"))
+def test_uint8_conv2d_with_zero_padding_compiles():
+    x = relay.var("x", shape=(4, 4, 16, 32), dtype="uint8")
+    w = relay.const(np.ones((3, 3, 16, 32), "uint8"))
+    y = relay.nn.conv2d(x, w, padding=1, kernel_size=(3, 3), data_layout="HWNC", kernel_layout="HWOI",
+                        out_dtype="int32")
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], y)), target="cuda -arch=sm_80")
+    assert list(Kernels([lib], 0.0).mma().values()) == [["IMMA.16816.U8.U8"]]
+
+
+# --------------------------------------------------------------------------
+# The AutoTVM templates: fallback and sampled configs.
+# --------------------------------------------------------------------------
+TEMPLATE_ARCH = "sm_80"
+SAMPLES = 3
+# (task, dtype, data shape, weight shape): the shapes of test_lowering.py (every int8 WMMA shape fits the conv).
+TEMPLATE_CASES = [
+    (conv2d_hwnc.TASK, "int8", (14, 14, 32, 64), (3, 3, 64, 64)),
+    (conv2d_hwnc.TASK, "int4", (14, 14, 8, 64), (3, 3, 64, 64)),
+    (dense.TASK, "int8", (32, 128), (96, 128)),
+    (dense.TASK, "int4", (8, 256), (64, 256)),
+]
+
+
+#: Kernels known to spill registers, per (task, dtype) of :data:`TEMPLATE_CASES`. NVRTC (CUDA 13.0) compiles
+#: the int8 conv2d fallback config of this shape (one warp per block) to 168 registers and an 8-byte spill
+#: (STACK 8 in cuobjdump's resources), where nvcc compiles the same CUDA without one, and NVRTC with
+#: --maxrregcount=200 too (164 registers). About 1 in 10 int8 conv2d configs of its space spills so; int4
+#: none of 20 tried. The test fails when the set changes: a fix removes the entry.
+KNOWN_SPILLS = {(conv2d_hwnc.TASK, "int8"): {"fallback_kernel"}}
+
+
+def _sampled_configs(task) -> list:
+    """The fallback config, then :data:`SAMPLES` configs of a fixed random order, each WMMA shape among them."""
+    space = task.config_space
+    shapes = {entity.val for entity in space.space_map["wmma_m"].entities}
+    chosen, seen = [], set()
+    for index in np.random.default_rng(0).permutation(len(space)):
+        config = space.get(int(index))
+        new_shape = config["wmma_m"].val not in seen
+        if new_shape or (len(chosen) < SAMPLES and seen == shapes):
+            chosen.append((f"config{int(index)}", config))
+            seen.add(config["wmma_m"].val)
+        if len(chosen) >= SAMPLES and seen == shapes:
+            break
+    return [("fallback", autotvm.task.space.FallbackConfigEntity())] + chosen
+
+
+@pytest.mark.parametrize("case", TEMPLATE_CASES, ids=lambda c: f"{c[0].split('.')[1]}-{c[1]}")
+def test_template_configs_compile_to_integer_mma(case):
+    task_name, dtype, data_shape, weight_shape = case
+    target = tvm.target.Target(f"cuda -arch={TEMPLATE_ARCH}", host="llvm")
+    data = te.placeholder(data_shape, dtype, name="data")
+    weight = te.placeholder(weight_shape, dtype, name="weight")
+    if task_name == conv2d_hwnc.TASK:
+        args = (data, weight, (1, 1), (1, 1, 1, 1), (1, 1), "int32")
+    else:
+        args = (data, weight, "int32")
+    task = autotvm.task.create(task_name, args=args, target=target)
+    configs = _sampled_configs(task)
+    start = time.perf_counter()
+    built = []
+    with target:
+        # One build per config, as AutoTVM's measurement builds them (lowering several into one IRModule and
+        # building that lowers each twice, which TVM's StorageRewrite rejects for some configs).
+        for name, config in configs:
+            sched, tensors = task.instantiate(config)
+            built.append(tvm.build(sched, tensors, target, name=name))
+    kernels = Kernels(built, time.perf_counter() - start)
+    what = f"{task_name} {dtype} on {TEMPLATE_ARCH}"
+    _report(what + "".join(f"\n  {name}: {config}" for name, config in configs), kernels)
+    mma = kernels.mma()
+    assert sorted(mma) == sorted(f"{name}_kernel" for name, _ in configs), f"{what}: {mma}\n{kernels.table()}"
+    assert all(ops == [IMMA[dtype, TEMPLATE_ARCH]] for ops in mma.values()), f"{what}: {mma}\n{kernels.table()}"
+    known = KNOWN_SPILLS.get((task_name, dtype), set())
+    spills = {name for name, use in kernels.resources.items() if use.stack or use.local}
+    assert spills == known, f"{what}: kernels that spill: {sorted(spills)}, known: {sorted(known)}\n{kernels.table()}"
+    kernels.check_no_spills(what, ignore=known)
+    if known:
+        pytest.xfail(f"{what}: {', '.join(sorted(known))} spill registers under NVRTC (see KNOWN_SPILLS)")
+
+
+# --------------------------------------------------------------------------
+# Whole models: prepared, built, saved and loaded back.
+# --------------------------------------------------------------------------
+def _build_save_load(model: str, dtype: str, tmp_path) -> Tuple[Kernels, list]:
+    mod, params = tvm_tcutils.load_model(model)
+    prepared, skipped = tvm_tcutils.prepare_for_tensorcore(mod, dtype)
+    start = time.perf_counter()
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(prepared, target="cuda -arch=sm_80", params=params)
+    kernels = Kernels([lib], time.perf_counter() - start)
+    path = str(tmp_path / f"{model}-{dtype}.so")
+    lib.export_library(path)
+    loaded = tvm.runtime.load_module(path)
+    keys, stack = [], [loaded]
+    while stack:
+        keys.append(stack[-1].type_key)
+        stack.extend(stack.pop().imported_modules)
+    assert "cuda" in keys and os.path.getsize(path) > 0, keys
+    assert loaded.get_function("default", query_imports=True) is not None  # the graph executor factory
+    assert cuda.module_cubin(loaded) == cuda.module_cubin(lib)
+    return kernels, skipped
+
+
+def _check_model(what: str, kernels: Kernels, skipped: list, dtype: str) -> None:
+    _report(what, kernels)
+    mma = kernels.mma()
+    convs = {re.sub(r"_kernel(_\d+)?$", "", name) for name in kernels.sass if "_nn_conv2d" in name}
+    # Every conv2d but the skipped stem has its GEMM kernel on tensor cores; nothing else has one.
+    assert [s.index for s in skipped] == [0]
+    assert len(mma) == len(convs) - 1 and all("_nn_conv2d" in name for name in mma), (
+        f"{what}: {len(mma)} MMA kernels for {len(convs)} conv2d functions\n{kernels.table()}"
+    )
+    assert all(ops == [IMMA[dtype, "sm_80"]] for ops in mma.values()), f"{what}: {mma}"
+    kernels.check_no_spills(what)
+
+
+@pytest.mark.timeout(600)
+def test_resnet50_int8_builds_saves_and_loads(tmp_path):
+    kernels, skipped = _build_save_load("resnet-50", "int8", tmp_path)
+    _check_model("ResNet-50 int8 on sm_80", kernels, skipped, "int8")
+
+
+@pytest.mark.timeout(600)
+def test_resnet18_int4_builds_saves_and_loads(tmp_path):
+    kernels, skipped = _build_save_load("resnet-18", "int4", tmp_path)
+    _check_model("ResNet-18 int4 on sm_80", kernels, skipped, "int4")
