@@ -3,7 +3,8 @@
 
 Parts: ``resnet50`` (int8 ResNet-50 on the GPU against the CPU reference, then end to end
 against TVM's own HWNC template), ``layers`` (per layer, against TVM's template),
-``dense`` (against cuBLASLt's int8 GEMM and the GPU's peak). Without a GPU it
+``dense`` (against cuBLASLt's int8 GEMM and the GPU's peak), ``int4_probe`` (one int4 WMMA
+tile outside TVM, through CuPy). Without a GPU it
 rehearses: everything up to the first kernel launch, for ``--arch``.
 
 Usage::
@@ -23,7 +24,7 @@ from tvm_tcutils import cuda  # noqa: E402
 from tvm_tcutils.bench import gpu_check  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 
-PARTS = ("resnet50", "layers", "dense")
+PARTS = ("resnet50", "layers", "dense", "int4_probe", "profile", "int4_cast")
 
 
 def _parts(text: str) -> list:
@@ -65,6 +66,12 @@ def main(argv=None) -> int:
                 wait()
                 if part == "layers":
                     gpu_check.layers(results, arch, args.batch, args.rounds)
+                elif part == "int4_cast":
+                    gpu_check.int4_cast(results, arch)
+                elif part == "profile":
+                    gpu_check.profile(results, arch, args.batch)
+                elif part == "int4_probe":
+                    gpu_check.int4_probe(results, os.environ.get("TORCH_PYTHON", "python3"))
                 else:
                     gpu_check.dense(results, arch, args.rounds, torch_python=os.environ.get("TORCH_PYTHON", "python3"))
         except Exception as err:  # noqa: BLE001  (a lease is short: report the part, go on to the next)

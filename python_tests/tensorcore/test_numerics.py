@@ -217,5 +217,6 @@ def test_random_configs_run_correctly(task_name):
             sched, tensors = task.instantiate(task.config_space.get(int(index)))
             func = tvm.build(sched, tensors, target)
         out = tvm.nd.empty(want.shape, "int32", dev)
-        func(*[tvm.nd.array(a, dev) for a in arrays], out)
+        # AutoTVM's instantiate lists the output first, then the inputs.
+        func(out, *[tvm.nd.array(a, dev) for a in arrays])
         np.testing.assert_array_equal(out.numpy(), want)

@@ -189,6 +189,40 @@ def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable
           flush=True)
 
 
+def _profile(lib, dev, x, top: int = 12) -> List[dict]:
+    """The ``top`` kernels by time (TVM's debug executor times each one alone): where the end-to-end time goes."""
+    from tvm.contrib.debugger import debug_executor
+
+    module = debug_executor.create(lib.get_graph_json(), lib.lib, dev, dump_root="/tmp/tcutils-gpu-debug")
+    module.set_input("data", x)
+    module.set_input(**lib.get_params())
+    module.run()
+    nodes = json.loads(lib.get_graph_json())["nodes"]
+    # One list of repeats (seconds) per graph node; inputs and weights cost nothing.
+    times = module.run_individual(number=10, repeat=1, min_repeat_ms=0)
+    rows = sorted(({"name": node["attrs"]["func_name"], "us": float(np.median(sample)) * 1e6}
+                   for node, sample in zip(nodes, times) if node["op"] == "tvm_op"), key=lambda c: -c["us"])
+    total = sum(r["us"] for r in rows)
+    print(f"profile: {total / 1e3:.2f} ms in {len(rows)} kernels; top: "
+          + ", ".join(f"{r['name']} {r['us']:.0f} us" for r in rows[:top]), flush=True)
+    return rows[:top] + [{"name": "(all kernels)", "us": total}]
+
+
+def profile(results, arch: str, batch: int = 8) -> None:
+    """ResNet-50 int8 (batch ``batch``) on the GPU, each kernel timed alone: what the end-to-end time is made of."""
+    import tvm_tcutils
+
+    mod, params = tvm_tcutils.load_model("resnet-50", batch_size=batch)
+    prepared, _ = tvm_tcutils.prepare_for_tensorcore(mod, dtype="int8")
+    lib = _build(prepared, params, f"cuda -arch={arch}")
+    if not gpu_present():
+        results.add(part="profile", rehearsal=True)
+        print("rehearsal: the per-kernel profile needs a GPU", flush=True)
+        return
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
+    results.add(part="profile", batch=batch, kernels=_profile(lib, tvm.cuda(0), x))
+
+
 def _task_function(task, target):
     with target:
         sched, tensors = task.instantiate(autotvm.task.space.FallbackConfigEntity())
@@ -196,12 +230,11 @@ def _task_function(task, target):
 
 
 def _arguments(tensors, arrays, dev) -> list:
-    """AutoTVM lists the output first, then the inputs in traversal order: inputs are matched by shape."""
-    args = [tvm.nd.empty([int(v) for v in tensors[0].shape], tensors[0].dtype, dev)]
-    for tensor in tensors[1:]:
-        (array,) = [a for a in arrays if tuple(a.shape) == tuple(int(v) for v in tensor.shape)]
-        args.append(tvm.nd.array(array, dev))
-    return args
+    """AutoTVM's instantiate lists the output first, then the inputs in the task's argument order."""
+    for tensor, array in zip(tensors[1:], arrays):
+        assert tuple(int(v) for v in tensor.shape) == tuple(array.shape), (tensor.shape, array.shape)
+    return [tvm.nd.empty([int(v) for v in tensors[0].shape], tensors[0].dtype, dev)] + [
+        tvm.nd.array(array, dev) for array in arrays]
 
 
 def _kernel_sample(func, args, dev, number: int = 50) -> Callable[[], float]:
@@ -255,23 +288,25 @@ def layers(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
 #: The cuBLASLt contender: a process of its own (torch and TVM stay apart) that times one GEMM per request.
 _TORCH_WORKER = r"""
 import json, sys, torch
-torch.backends.cuda.matmul.allow_tf32 = False
 cache = {}
 for line in sys.stdin:
     m, n, k, number = (int(v) for v in line.split())
-    if (m, n, k) not in cache:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        a = torch.randint(-128, 128, (m, k), dtype=torch.int8, device="cuda", generator=gen)
-        b = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda", generator=gen).t()
-        torch._int_mm(a, b); torch.cuda.synchronize()
-        cache[(m, n, k)] = (a, b)
-    a, b = cache[(m, n, k)]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(number):
-        torch._int_mm(a, b)
-    end.record(); torch.cuda.synchronize()
-    print(json.dumps(start.elapsed_time(end) / number), flush=True)
+    try:
+        if (m, n, k) not in cache:
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            a = torch.randint(-128, 128, (m, k), dtype=torch.int8, device="cuda", generator=gen)
+            b = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda", generator=gen).t()
+            torch._int_mm(a, b); torch.cuda.synchronize()
+            cache[(m, n, k)] = (a, b)
+        a, b = cache[(m, n, k)]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(number):
+            torch._int_mm(a, b)
+        end.record(); torch.cuda.synchronize()
+        print(json.dumps({"ms": start.elapsed_time(end) / number}), flush=True)
+    except Exception as err:  # one shape torch refuses (M <= 16) must not end the worker
+        print(json.dumps({"error": str(err)[:300]}), flush=True)
 """
 
 
@@ -288,7 +323,10 @@ class TorchWorker:
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"torch worker ended: {self.proc.stderr.read()[-500:]}")
-        return float(json.loads(line))
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"torch._int_mm {m}x{n}x{k}: {answer['error']}")
+        return float(answer["ms"])
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -428,3 +466,84 @@ def markdown(payload: dict) -> str:
               f"{100 * r.get('tcutils_tops', 0) / r['peak_tops']:.1f}" if r.get("peak_tops") else "-"]
              for r in dense_rows]))
     return "\n\n".join(parts)
+
+
+#: int4 WMMA alone, outside TVM: one 8x8x32 s4 tile through nvcuda::wmma, compiled by CuPy's NVRTC for each
+#: architecture given, against numpy. Tells a wrong int4 result of the GPU's toolchain apart from the package's.
+_INT4_PROBE = r'''
+import json, sys
+import numpy as np, cupy as cp
+CODE = r"""
+#include <mma.h>
+using namespace nvcuda;
+extern "C" __global__ void s4(const int* a, const int* b, int* c) {
+  wmma::fragment<wmma::matrix_a, 8, 8, 32, wmma::experimental::precision::s4, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 8, 8, 32, wmma::experimental::precision::s4, wmma::col_major> fb;
+  wmma::fragment<wmma::accumulator, 8, 8, 32, int> fc;
+  wmma::fill_fragment(fc, 0);
+  wmma::load_matrix_sync(fa, a, 32);
+  wmma::load_matrix_sync(fb, b, 32);
+  wmma::mma_sync(fc, fa, fb, fc);
+  wmma::store_matrix_sync(c, fc, 8, wmma::mem_row_major);
+}
+"""
+rng = np.random.default_rng(0)
+a = rng.integers(-8, 8, (8, 32)); b = rng.integers(-8, 8, (8, 32))
+def pack(m):
+    u = (m & 0xF).astype(np.uint32); out = np.zeros((m.shape[0], 4), np.uint32)
+    for j in range(32):
+        out[:, j // 8] |= u[:, j] << np.uint32(4 * (j % 8))
+    return out.view(np.int32)
+want = a @ b.T
+result = {}
+for arch in sys.argv[1:]:
+    try:
+        include = "-I" + __import__("os").environ.get("CUDA_PATH", "/usr/local/cuda") + "/include"
+        kernel = cp.RawModule(code=CODE, options=("-arch=" + arch, "-std=c++17", include)).get_function("s4")
+        c = cp.zeros((8, 8), cp.int32)
+        kernel((1,), (32,), (cp.asarray(pack(a)), cp.asarray(pack(b)), c))
+        got = cp.asnumpy(c)
+        result[arch] = {"exact": bool((got == want).all()), "mismatches": int((got != want).sum())}
+    except Exception as err:
+        result[arch] = {"error": str(err)[:300]}
+print(json.dumps(result))
+'''
+
+
+def int4_probe(results, python: str = "python3", archs: Sequence[str] = ("sm_90", "compute_80", "compute_75")) -> None:
+    """One int4 WMMA tile outside TVM (CuPy, its own process) on this GPU, against numpy, per architecture."""
+    if not gpu_present():
+        results.add(part="int4_probe", rehearsal=True)
+        print("rehearsal: the int4 WMMA probe needs a GPU (and CuPy)", flush=True)
+        return
+    proc = subprocess.run([python, "-c", _INT4_PROBE, *archs], capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    found = json.loads(lines[-1]) if proc.returncode == 0 and lines else {"error": proc.stderr[-500:]}
+    results.add(part="int4_probe", **found)
+    print(f"int4 WMMA probe (8x8x32 s4 tile via CuPy): {found}", flush=True)
+
+
+def int4_cast(results, arch: str) -> None:
+    """int8 -> int4 -> int8 casts on the GPU (TVM's own kernels): do int4 tensors written by TVM round-trip?
+
+    Tells whether a wrong int4 result comes from the tensor-core kernel or from the int4 tensors around it.
+    """
+    target = f"cuda -arch={arch}"
+    for shape in ((8, 8, 8, 64), (1, 3)):
+        x = relay.var("x", shape=shape, dtype="int8")
+        mod = tvm.IRModule.from_expr(relay.Function([x], relay.cast(relay.cast(x, "int4"), "int8")))
+        lib = _build(mod, None, target)
+        row: Dict[str, object] = {"part": "int4_cast", "shape": list(shape)}
+        if not gpu_present():
+            results.add(rehearsal=True, **row)
+            continue
+        values = np.random.default_rng(0).integers(-8, 8, size=shape).astype("int8")
+        module = _graph(lib, tvm.cuda(0))
+        module.set_input("x", values)
+        module.run()
+        got = module.get_output(0).numpy()
+        row["mismatches"] = int((got != values).sum())
+        row["elements"] = int(values.size)
+        results.add(**row)
+        print(f"int4 round trip {shape} on the GPU: {row['mismatches']} of {row['elements']} elements differ",
+              flush=True)

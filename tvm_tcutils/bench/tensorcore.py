@@ -64,9 +64,8 @@ def time_task(task, trials: int, arrays) -> Timing:
         sched, tensors = task.instantiate(best_config(task, trials))
         func = tvm.build(sched, tensors, target)
     dev = tvm.cuda(0)
-    # AutoTVM lists the output first, then the inputs in traversal order: match inputs by shape.
+    # AutoTVM's instantiate lists the output first, then the inputs in the task's argument order.
     args = [tvm.nd.empty([int(v) for v in tensors[0].shape], tensors[0].dtype, dev)]
-    for tensor in tensors[1:]:
-        (array,) = [a for a in arrays if tuple(a.shape) == tuple(int(v) for v in tensor.shape)]
+    for array in arrays:
         args.append(tvm.nd.array(array, dev) if isinstance(array, np.ndarray) else array.copyto(dev))
     return time_function(func, args, repeat=5, number=50, device=dev)
