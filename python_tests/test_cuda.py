@@ -20,7 +20,7 @@ import tvm
 from tvm import te
 
 import tvm_tcutils
-from conftest import ROOT, run_cli, run_python
+from conftest import _child_env, run_cli, run_python
 from tvm_tcutils import cuda, native, registry
 
 STATUS = cuda.status()
@@ -139,6 +139,31 @@ def test_no_arch_and_no_gpu_is_a_value_error():
     assert cuda.target_arch("cuda -arch=sm_86") == "sm_86"
 
 
+@needs_no_gpu
+def test_tvms_default_arch_sm_50_is_a_value_error_that_says_where_it_comes_from():
+    # A plain 'cuda' target on a machine without a GPU: TVM writes -arch=sm_50 into it, which CUDA 13
+    # does not compile for (NVRTC: "invalid value for --gpu-architecture").
+    assert str(tvm.target.Target("cuda").attrs["arch"]) == "sm_50"
+    with pytest.raises(ValueError) as caught:
+        cuda.target_arch("cuda")
+    message = str(caught.value)
+    assert message.startswith("target 'cuda' compiles for sm_50, older than sm_75")
+    assert "sm_50 is what TVM puts in a 'cuda' target given without -arch when it finds no GPU" in message
+    assert message.endswith("e.g. 'cuda -arch=sm_80'")
+    if STATUS["plugin"]:  # the same error through TVM's build, from the compile callback
+        with pytest.raises(ValueError, match="sm_50 is what TVM puts"):
+            _add_one("cuda")
+
+
+@pytest.mark.parametrize("arch", ["sm_50", "sm_61", "sm_70", "sm_72"])
+def test_an_arch_older_than_sm_75_is_a_value_error(arch):
+    with pytest.raises(ValueError, match=f"target 'cuda -arch={arch}' compiles for {arch}, older than sm_75") as caught:
+        cuda.target_arch(f"cuda -arch={arch}")
+    assert ("sm_50 is what TVM puts" in str(caught.value)) == (arch == "sm_50")
+    assert cuda.target_arch(tvm.target.Target("cuda -arch=sm_75")) == "sm_75"
+    assert cuda.target_arch("cuda -arch=sm_90a") == "sm_90a"
+
+
 @needs_plugin
 @pytest.mark.parametrize("compiler", cuda.COMPILERS)
 def test_code_that_does_not_compile_raises_with_the_compilers_message(compiler, monkeypatch):
@@ -161,6 +186,11 @@ def _make(kind: str, words: int, arg: str) -> str:
     (_make("int", 4, "(signed char)-128"), "make_int4(" + ", ".join(["(int)(0x80808080)"] * 4) + ")"),
     (_make("int", 2, "(signed char)3"), "make_int2((int)(0x03030303), (int)(0x03030303))"),
     (_make("uint", 4, "(unsigned char)255"), "make_uint4(0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff)"),
+    # TVM's spelling of a uint8 byte (codegen_cuda.cc: "u" + "char"), and plain char.
+    (_make("uint", 4, "(uchar)0"), "make_uint4(0x00000000, 0x00000000, 0x00000000, 0x00000000)"),
+    (_make("uint", 2, "(uchar)7"), "make_uint2(0x07070707, 0x07070707)"),
+    (_make("uint", 4, "(uchar)v"), "make_uint4(" + ", ".join(["0x01010101u * (unsigned char)(v)"] * 4) + ")"),
+    (_make("int", 4, "(char)-2"), "make_int4(" + ", ".join(["(int)(0xfefefefe)"] * 4) + ")"),
     (_make("int", 4, "(signed char)x"), "make_int4(" + ", ".join(["(int)(0x01010101u * (unsigned char)(x))"] * 4) + ")"),
     (_make("int", 2, "(signed char)(a + b)"), "make_int2(" + ", ".join(["(int)(0x01010101u * (unsigned char)((a + b)))"] * 2) + ")"),
     # Two broadcasts in one line, each its own.
@@ -170,8 +200,11 @@ def _make(kind: str, words: int, arg: str) -> str:
     ("make_int4(a, b, c, d)", "make_int4(a, b, c, d)"),
     (_make("int", 2, "(signed char)0").replace("make_int2", "make_int4"), None),  # 8 bytes for an int4
     ("make_int4(" + ", ".join(f"(signed char){i}" for i in range(16)) + ")", None),
+    ("make_uint4(" + ", ".join(f"(uchar){i}" for i in range(16)) + ")", None),
     ("int v = (int)(signed char)0;", None),
-], ids=["zero", "minus-one", "min", "int2", "uint4", "variable", "expression", "two", "words", "short", "distinct", "scalar"])
+    ("uint v = (uint)(uchar)0;", None),
+], ids=["zero", "minus-one", "min", "int2", "uint4", "uchar-zero", "uchar-uint2", "uchar-variable", "char",
+        "variable", "expression", "two", "words", "short", "distinct", "uchar-distinct", "scalar", "uchar-scalar"])
 def test_repair_source_rewrites_byte_broadcasts_only(code, repaired):
     assert cuda.repair_source(code) == (code if repaired is None else repaired)
 
@@ -187,6 +220,17 @@ def test_repaired_int8_fill_compiles_and_the_postproc_hook_repairs():
     repaired = str(postproc(code, tvm.target.Target(TARGET)))
     assert repaired == cuda.repair_source(code) != code
     assert cuda.compile_cuda(repaired, TARGET)[:4] == b"\x7fELF"
+
+
+@needs_plugin
+def test_repaired_uint8_fill_compiles():
+    code = ('extern "C" __global__ void fill(uint4* out, unsigned char v) {\n'
+            f"  out[0] = {_make('uint', 4, '(uchar)0')};\n"
+            f"  out[1] = {_make('uint', 4, '(uchar)v')};\n}}\n")
+    code = "using uchar = unsigned char;\n" + code  # as in the header TVM generates
+    with pytest.raises(RuntimeError, match="too many arguments"):
+        cuda.compile_cuda(code, TARGET)
+    assert cuda.compile_cuda(cuda.repair_source(code), TARGET)[:4] == b"\x7fELF"
 
 
 @needs_plugin
@@ -242,7 +286,8 @@ def test_info_names_the_plugin_the_toolkit_and_why_there_is_no_device():
 
 def test_info_without_the_plugin_says_why():
     # A fresh interpreter (run_cli's fork server has the plugin loaded), with the plugin named away.
-    env = {**os.environ, "TVM_TCUTILS_CUDA_PLUGIN": "/nonexistent/libtvm_tcutils_cuda.so", "PYTHONPATH": ROOT}
+    # The parent's PYTHONPATH stays (where TVM is importable only through it, as on the GPU machine).
+    env = _child_env({"TVM_TCUTILS_CUDA_PLUGIN": "/nonexistent/libtvm_tcutils_cuda.so"})
     result = subprocess.run([sys.executable, "-m", "tvm_tcutils", "info"], capture_output=True, text=True,
                             env=env, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -39,6 +39,8 @@ from ._tvm import tvm
 
 #: The CUDA C++ compilers :func:`compile_cuda` can use (``TVM_TCUTILS_CUDA_COMPILER``).
 COMPILERS = ("nvrtc", "nvcc")
+#: The oldest architecture CUDA 13 compiles for (sm_75: NVRTC and nvcc reject older ones).
+MIN_ARCH = 75
 #: Architectures with integer tensor-core (IMMA) instructions that CUDA 13 still compiles for.
 TENSORCORE_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 
@@ -180,49 +182,75 @@ def target_arch(target: Union[str, "tvm.target.Target", None]) -> str:
     Raises
     ------
     ValueError
-        When the target names no ``-arch`` and there is no GPU to ask.
+        When the target names no ``-arch`` and there is no GPU to ask, or the
+        arch is older than :data:`MIN_ARCH` (sm_75), the oldest CUDA 13 compiles
+        for -- ``sm_50`` in particular, which TVM writes into a ``cuda`` target
+        given without ``-arch`` on a machine without a GPU.
 
     Examples
     --------
     >>> target_arch("cuda -arch=sm_80")
     'sm_80'
+    >>> target_arch("cuda -arch=sm_50")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: target 'cuda -arch=sm_50' compiles for sm_50, older than sm_75, the oldest CUDA 13 compiles for ...
     """
+    name = None
     if target is not None:
+        name = target if isinstance(target, str) else str(target)
         target = tvm.target.Target(target) if isinstance(target, str) else target
         arch = target.attrs.get("arch")
         if arch:
             match = re.fullmatch(r"sm_(\d+)[a-z]?", str(arch))
             if match is None:
                 raise ValueError(f"target -arch={arch!r} is not an architecture like sm_80")
-            return str(arch)
+            return _check_arch(str(arch), int(match.group(1)), f"target {name!r}")
     if status()["device"]:
-        return "sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
+        version = str(tvm.cuda(0).compute_version).replace(".", "")
+        return _check_arch("sm_" + version, int(version), "GPU 0")
     raise ValueError("the CUDA target names no -arch and there is no GPU to ask; "
                      f"give one, e.g. 'cuda -arch=sm_80' (tensor cores: {', '.join(TENSORCORE_ARCHS)})")
 
 
+def _check_arch(arch: str, number: int, what: str) -> str:
+    if number >= MIN_ARCH:
+        return arch
+    default = (" (sm_50 is what TVM puts in a 'cuda' target given without -arch when it finds no GPU)"
+               if number == 50 else "")
+    raise ValueError(f"{what} compiles for {arch}, older than sm_{MIN_ARCH}, the oldest CUDA 13 compiles for"
+                     f"{default}: name the GPU's architecture, e.g. 'cuda -arch=sm_80'")
+
+
 # TVM 0.19's CUDA code generator prints a broadcast of an 8-bit value to 8 or 16 lanes (the zero fill
-# of a padded, vectorized int8 load) as make_int2/make_int4 with one argument per byte: it does not
-# compile. Each such call becomes the same vector with every 32-bit word holding four copies of the byte.
-_BYTE_BROADCAST = re.compile(
-    r"make_(u?int)([24])\(((?:\((?:signed|unsigned) char\)[^,()]+|\((?:signed|unsigned) char\)\([^()]*\))"
-    r"(?:, (?:\((?:signed|unsigned) char\)[^,()]+|\((?:signed|unsigned) char\)\([^()]*\)))*)\)"
-)
+# of a padded, vectorized int8/uint8 load) as make_int2/make_int4 (make_uint2/make_uint4) with one
+# argument per byte: it does not compile. Each such call becomes the same vector with every 32-bit word
+# holding four copies of the byte. The byte's cast is TVM's spelling of the 8-bit scalar type:
+# "(signed char)" for int8, "(uchar)" for uint8 (codegen_cuda.cc PrintType: "u" + "char"); "(char)" and
+# "(unsigned char)" are accepted too.
+_BYTE_CAST = r"\((?:signed char|unsigned char|uchar|char)\)"
+_BYTE_ARG = rf"(?:{_BYTE_CAST}[^,()]+|{_BYTE_CAST}\([^()]*\))"
+_BYTE_BROADCAST = re.compile(rf"make_(u?int)([24])\(({_BYTE_ARG}(?:, {_BYTE_ARG})*)\)")
 
 
 def repair_source(code: str) -> str:
     """TVM's generated CUDA with its 8-bit vector broadcasts written so that nvcc and NVRTC accept them.
 
     TVM 0.19 prints ``int8x16`` zero fills as ``make_int4`` with sixteen
-    ``(signed char)0`` arguments ("too many arguments in function call"). The
-    package installs this as TVM's ``tvm_callback_cuda_postproc``: each such call
-    becomes ``make_int4(w, w, w, w)`` with ``w`` the byte repeated in a 32-bit word.
-    Everything else is left as it is.
+    ``(signed char)0`` arguments, ``uint8x16`` ones as ``make_uint4`` with sixteen
+    ``(uchar)0`` ("too many arguments in function call"). The package installs
+    this as TVM's ``tvm_callback_cuda_postproc``: each such call becomes
+    ``make_int4(w, w, w, w)`` (``make_uint4``) with ``w`` the byte repeated in a
+    32-bit word. Everything else is left as it is.
 
     Examples
     --------
     >>> repair_source("x = make_int4(" + ", ".join(["(signed char)0"] * 16) + ");")
     'x = make_int4((int)(0x00000000), (int)(0x00000000), (int)(0x00000000), (int)(0x00000000));'
+    >>> repair_source("u = make_uint4(" + ", ".join(["(uchar)0"] * 16) + ");")
+    'u = make_uint4(0x00000000, 0x00000000, 0x00000000, 0x00000000);'
+    >>> repair_source("v = make_uint2(" + ", ".join(["(uchar)200"] * 8) + ");")
+    'v = make_uint2(0xc8c8c8c8, 0xc8c8c8c8);'
     >>> repair_source("y = make_int4(a, b, c, d);")
     'y = make_int4(a, b, c, d);'
     """
@@ -232,7 +260,7 @@ def repair_source(code: str) -> str:
         args = [a.strip() for a in match.group(3).split(", ")]
         if len(args) != 4 * words or len(set(args)) != 1:
             return match.group(0)  # a real per-lane constructor, or one TVM prints correctly
-        value = re.sub(r"^\((?:signed|unsigned) char\)", "", args[0]).strip()
+        value = re.sub("^" + _BYTE_CAST, "", args[0]).strip()
         if re.fullmatch(r"-?\d+", value):
             word = f"0x{(int(value) & 0xFF) * 0x01010101:08x}"
         else:
