@@ -10,7 +10,6 @@ from tvm import relay
 from conftest import run_cli, small_conv_net
 import tvm_tcutils
 from tvm_tcutils import LayoutConfig, layer_table, load_model, prepare_for_tensorcore, recast
-from tvm_tcutils.tensorcore.rules import EmulatedTensorCoreWarning
 from tvm_tcutils.tensorcore._graph import layer_calls, resolve_ops
 
 
@@ -165,31 +164,48 @@ def test_demo_section_reports_skipped_layers_and_equal_outputs():
     )
 
 
-def test_int4_for_sm_90_is_prepared_as_asked_with_a_warning_recommending_int8():
-    mod = model("resnet-18")
-    plain = prepare_for_tensorcore(mod, "int4")
-    with pytest.warns(EmulatedTensorCoreWarning) as caught:
-        hopper = prepare_for_tensorcore(mod, "int4", target="cuda -arch=sm_90")
-    assert len(caught) == 1
-    message = str(caught[0].message)
-    assert message.startswith("prepare_for_tensorcore(dtype='int4') for sm_90: sm_90 has no 4-bit MMA instruction")
-    assert "20 int4 layers will run emulated on 8-bit tensor cores" in message and "dtype='int8'" in message
-    assert caught[0].filename == __file__  # stacklevel: the warning points at the caller
-    # The same module and skips as without a target: int4 is what was asked for, and it computes exactly.
-    assert hopper.skipped == plain.skipped
-    assert tvm.ir.structural_equal(hopper.mod, plain.mod)
-    rows = layer_table(mod, ["nn.conv2d"], target="cuda -arch=sm_90")
-    assert all(row.qualifies and "emulated" in row.note for row in rows[1:]) and rows[0].note == ""
-    assert str(rows[1]).endswith(f"yes ({rows[1].note})")
+@pytest.mark.parametrize("dtype", ["int4", "uint4"])
+@pytest.mark.parametrize("target", ["cuda -arch=sm_90", "cuda -arch=sm_100", tvm.target.Target("cuda -arch=sm_90a")])
+def test_int4_for_sm_90_and_newer_is_refused_before_any_work(dtype, target, monkeypatch):
+    from tvm_tcutils.tensorcore import prepare as prepare_module
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("prepare_for_tensorcore looked at the model before refusing")
+
+    monkeypatch.setattr(prepare_module, "typed", no_work)
+    with pytest.raises(ValueError) as caught:
+        prepare_for_tensorcore(model("resnet-18"), dtype, target=target)
+    message = str(caught.value)
+    assert message.startswith(f"prepare_for_tensorcore(dtype={dtype!r}) for target {str(target)!r}: "
+                              f"{dtype} on sm_90 and newer")
+    assert "no 4-bit MMA instruction" in message and "wrong results on an H200" in message
+    assert "prepare with dtype='int8'" in message
+    # With explicit skips too.
+    with pytest.raises(ValueError, match="sm_90 and newer"):
+        prepare_for_tensorcore(model("resnet-18"), dtype, skip_layers=[0, 1], target=target)
+
+
+def test_int4_layer_table_for_sm_90_says_no_with_the_reason():
+    rows = layer_table(model("resnet-18"), ["nn.conv2d"], target="cuda -arch=sm_90")
+    assert not any(row.qualifies for row in rows)
+    for row in rows:  # the stem too: the target's rules come before the padding
+        assert row.reason.startswith("int4 on sm_90 and newer (target has sm_90): no 4-bit MMA instruction")
+        assert str(row).endswith(f"no: {row.reason}")
+    # int8 for the same target, and int4 for sm_89: as without a target, but the stem.
+    for dtype, target in (("int8", "cuda -arch=sm_90"), ("int4", "cuda -arch=sm_89")):
+        rows = layer_table(model("resnet-18"), ["nn.conv2d"], dtype=dtype, target=target)
+        assert [row.index for row in rows if not row.qualifies] == [0]
 
 
 @pytest.mark.parametrize("dtype, target", [("int8", "cuda -arch=sm_90"), ("int4", "cuda -arch=sm_80")])
-def test_no_warning_where_the_tensor_cores_are_native(dtype, target):
+def test_the_target_changes_nothing_where_the_tensor_cores_are_allowed(dtype, target):
+    mod = model("resnet-18")
     with warnings.catch_warnings():
-        warnings.simplefilter("error", EmulatedTensorCoreWarning)
-        _, skipped = prepare_for_tensorcore(model("resnet-18"), dtype, target=target)
+        warnings.simplefilter("error")
+        prepared, skipped = prepare_for_tensorcore(mod, dtype, target=target)
     assert [s.index for s in skipped] == [0]
-    assert not any(row.note for row in layer_table(model("resnet-18"), ["nn.conv2d"], dtype=dtype, target=target))
+    plain = prepare_for_tensorcore(mod, dtype)
+    assert plain.skipped == skipped and tvm.ir.structural_equal(plain.mod, prepared)
 
 
 @pytest.mark.parametrize("target, words", [

@@ -3,8 +3,8 @@ import pytest
 import tvm
 
 from tvm_tcutils.tensorcore.rules import (
-    DEFAULT_PAD_FRACTION, EMULATED_DTYPES, INT4_EMULATED_FROM_ARCH, WMMA_SHAPES, emulation_note, fitting_shapes,
-    hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
+    DEFAULT_PAD_FRACTION, EMULATED_DTYPES, INT4_EMULATED_FROM_ARCH, WMMA_SHAPES, MissingArchError, fitting_shapes,
+    hwnc_conv2d_qualifies, max_pad_fraction, pad_limit, unsupported_reason,
 )
 
 
@@ -124,24 +124,46 @@ def test_fitting_shapes_are_the_exact_tiles_in_preference_order():
     assert fitting_shapes("float16", 16, 16, 16) == ()
 
 
-@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"])
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_120"])
 @pytest.mark.parametrize("dtype", sorted(WMMA_SHAPES))
-def test_int4_from_sm_90_on_qualifies_but_is_noted_as_emulated(dtype, arch):
-    # No 4-bit MMA instruction from sm_90 on: the kernels still compute exactly (8-bit MMA after
-    # unpacking; tensorcore/test_sass.py checks the SASS), so the layer qualifies with a note.
-    verdict = hwnc_conv2d_qualifies(8, 64, 64, dtype, target=tvm.target.Target(f"cuda -arch={arch}"))
-    emulated = dtype in EMULATED_DTYPES and int(arch[3:]) >= INT4_EMULATED_FROM_ARCH
-    assert verdict and verdict.reason == ""
-    assert ("emulated" in verdict.note) == emulated
-    if emulated:
-        assert verdict.note == (
-            f"emulated: {arch} has no 4-bit MMA instruction, {dtype} runs on 8-bit tensor cores; prefer int8"
+def test_int4_from_sm_90_on_does_not_qualify(dtype, arch):
+    # No 4-bit MMA instruction from sm_90 on (8-bit MMA after unpacking; tensorcore/test_sass.py checks the
+    # SASS), and the package's int4 kernels gave wrong results on an H200: int4/uint4 layers do not qualify.
+    target = tvm.target.Target(f"cuda -arch={arch}")
+    verdict = hwnc_conv2d_qualifies(8, 64, 64, dtype, target=target)
+    number = int(arch[3:].rstrip("a"))
+    refused = dtype in EMULATED_DTYPES and number >= INT4_EMULATED_FROM_ARCH
+    assert bool(verdict) == (not refused)
+    if refused:
+        assert verdict.reason == (
+            f"{dtype} on sm_90 and newer (target has sm_{number}): no 4-bit MMA instruction (emulated on 8-bit MMA) "
+            "and the package's int4 kernels gave wrong results on an H200 (docs/benchmarks/tensorcore.md); use int8"
         )
-    assert emulation_note(dtype, tvm.target.Target(f"cuda -arch={arch}")) == verdict.note
+        assert verdict.wmma_shape is None and verdict.padded is None
+    else:
+        assert verdict.reason == ""
+    assert unsupported_reason(dtype, target) == verdict.reason
 
 
-def test_emulation_note_needs_a_cuda_target():
-    assert hwnc_conv2d_qualifies(8, 64, 64, "int4").note == ""  # no target: the layer alone
-    assert emulation_note("int4", tvm.target.Target("llvm")) == ""
-    assert not hwnc_conv2d_qualifies(8, 48, 64, "int4", pad_fraction=0.1,
-                                     target=tvm.target.Target("cuda -arch=sm_90")).note  # only when it qualifies
+def test_the_int4_refusal_needs_a_cuda_target_and_comes_before_padding():
+    assert hwnc_conv2d_qualifies(8, 64, 64, "int4")  # no target: the layer alone
+    assert unsupported_reason("int4", None) == unsupported_reason("int4", tvm.target.Target("llvm")) == ""
+    assert not hwnc_conv2d_qualifies(8, 64, 64, "int4", target=tvm.target.Target("llvm"))  # not cuda, as before
+    # A layer that padding would also disqualify is refused for the target first.
+    verdict = hwnc_conv2d_qualifies(8, 48, 64, "int4", pad_fraction=0.1, target=tvm.target.Target("cuda -arch=sm_90"))
+    assert verdict.reason.startswith("int4 on sm_90 and newer")
+    # An arch below int4's minimum keeps its own reason.
+    old = hwnc_conv2d_qualifies(8, 64, 64, "int4", target=tvm.target.Target("cuda -arch=sm_72"))
+    assert old.reason == "int4 tensor cores need sm_75 or newer, target has sm_72"
+
+
+def test_the_int4_refusal_needs_an_arch():
+    import types
+
+    import tvm_tcutils
+    if tvm_tcutils.capabilities()["cuda_device"]:
+        pytest.skip("a local GPU answers the arch question")
+    fake = types.SimpleNamespace(attrs={}, kind=types.SimpleNamespace(name="cuda"))
+    with pytest.raises(MissingArchError, match="-arch=sm_80"):
+        unsupported_reason("int4", fake)
+    assert unsupported_reason("int8", fake) == ""  # int8 has no arch limit of this kind

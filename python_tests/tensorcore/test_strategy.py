@@ -310,6 +310,24 @@ def test_target_without_tensor_cores_goes_to_nhwc_and_hints_at_arch(caplog):
     assert "int4 tensor cores need sm_75 or newer, target has sm_72" in caplog.text
 
 
+@pytest.mark.parametrize("dtype", ["int4", "uint4"])
+@pytest.mark.parametrize("shape", [(8, 64, 64), (1, 60, 30)], ids=["fits", "padded"])
+def test_int4_for_sm_90_is_a_value_error_not_the_nhwc_path(dtype, shape):
+    # The rules refuse int4 there, and TVM's CUDA conv2d has no 4-bit path to move the layer to (an int4
+    # NHWC conv2d aborts TVM 0.19's build, or fails in its winograd transform): legalization says so.
+    batch, cin, cout = shape
+    mod = _conv_module((6, 6, batch, cin), (3, 3, cout, cin), dtype)
+    with pytest.raises(ValueError) as caught:
+        _legalize(mod, target="cuda -arch=sm_90")
+    message = str(caught.value)
+    assert f"{dtype}: {dtype} on sm_90 and newer (target has sm_90): no 4-bit MMA instruction" in message
+    assert "TVM's CUDA conv2d has no" in message and "dtype='int8'" in message
+    legal = _legalize(mod, target="cuda -arch=sm_89")  # the same layer for Ada: the package's kernel
+    assert all(conv.attrs.data_layout == "HWNC" for conv in _calls(legal["main"], "nn.conv2d"))
+    legal = _legalize(_conv_module((6, 6, batch, cin), (3, 3, cout, cin), "int8"), target="cuda -arch=sm_90")
+    assert all(conv.attrs.data_layout == "HWNC" for conv in _calls(legal["main"], "nn.conv2d"))  # int8: as before
+
+
 def test_missing_arch_error_says_to_add_it():
     fake = types.SimpleNamespace(attrs={}, kind=types.SimpleNamespace(name="cuda"))
     if tvm_tcutils.capabilities()["cuda_device"]:

@@ -28,14 +28,12 @@ class Layer:
     kernel_layout: str
     qualifies: bool
     reason: str
-    #: A caveat of a layer that qualifies (int4 emulated on sm_90 and newer), else "".
-    note: str = ""
 
     def __str__(self) -> str:
         shape = "x".join(map(str, self.input_shapes[0])) if self.input_shapes else "-"
         out = "x".join(map(str, self.output_shape))
         layout = f"{self.data_layout}/{self.kernel_layout}" if self.data_layout else "-"
-        verdict = (f"yes ({self.note})" if self.note else "yes") if self.qualifies else f"no: {self.reason}"
+        verdict = "yes" if self.qualifies else f"no: {self.reason}"
         dtype = self.input_dtypes[0] if self.input_dtypes else "-"
         return (
             f"{self.index:>5}  {self.op:<12} {shape:<18} {dtype:<8} -> {out:<18} {self.output_dtype:<8} "
@@ -92,8 +90,7 @@ def conv2d_verdict(
     A layer not yet in HWNC gets the HWOI kernel that conversion gives it; one
     already in HWNC is judged with its own kernel layout. With a ``target`` the
     target's rules apply too (:func:`tvm_tcutils.tensorcore.rules.hwnc_conv2d_qualifies`):
-    a CUDA arch with these tensor cores, and the note that int4 runs emulated on
-    sm_90 and newer.
+    a CUDA arch with these tensor cores, and no int4/uint4 on sm_90 and newer.
 
     Examples
     --------
@@ -152,16 +149,16 @@ def layer_table(
     target : str or tvm.target.Target, optional
         The build's target, for its rules too: a CUDA arch with tensor cores
         for ``dtype`` (a CUDA target needs ``-arch`` when no GPU is attached),
-        and a :attr:`Layer.note` on int4/uint4 layers for sm_90 and newer, which
-        run emulated on 8-bit MMA. Default: the layers alone are judged.
+        and no int4/uint4 for sm_90 and newer (no 4-bit MMA instruction there,
+        and the package's int4 kernels gave wrong results on an H200). Default:
+        the layers alone are judged.
 
     Returns
     -------
     list of Layer
         Index, op, input shapes and dtypes, output shape and dtype, layouts,
         and whether the layer qualifies for the HWNC tensor-core schedules
-        (with the reason when not, or a note when it qualifies with a
-        caveat). ``str(row)`` formats a row under :data:`HEADER`.
+        (with the reason when not). ``str(row)`` formats a row under :data:`HEADER`.
 
     Examples
     --------
@@ -174,8 +171,8 @@ def layer_table(
     True
     >>> [row.index for row in layer_table(mod, ["nn.conv2d"], numbering="tvm")][:6]  # a shortcut: 2 twice
     [0, 1, 2, 2, 3, 4]
-    >>> layer_table(mod, ["nn.conv2d"], target="cuda -arch=sm_90")[1].note  # Hopper: no int4 MMA
-    'emulated: sm_90 has no 4-bit MMA instruction, int4 runs on 8-bit tensor cores; prefer int8'
+    >>> print(layer_table(mod, ["nn.conv2d"], target="cuda -arch=sm_90")[1])  # doctest: +ELLIPSIS
+        1  nn.conv2d ... no: int4 on sm_90 and newer (target has sm_90): no 4-bit MMA instruction ...; use int8
     """
     ops = resolve_ops(valid_ops, "valid_ops")
     check_dtype(dtype, "dtype")
@@ -201,7 +198,6 @@ def layer_table(
                 kernel_layout=str(attrs.kernel_layout) if has_layout and "kernel_layout" in attrs.keys() else "",
                 qualifies=verdict.qualifies,
                 reason=verdict.reason,
-                note=verdict.note,
             )
         )
     return rows

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Iterable, List, NamedTuple, Optional, Union
 
 from .._tvm import tvm
 from tvm import relay
 
-from .rules import DATA_LAYOUT, WMMA_SHAPES, EmulatedTensorCoreWarning, emulation_note, target_arch
+from .rules import DATA_LAYOUT, WMMA_SHAPES, unsupported_reason
 from ._graph import check_dtype, layer_calls, resolve_ops, resolve_skip_layers, typed
 from .layer_table import TargetLike, as_target, conv2d_verdict
 from .layout_config import LayoutConfig
@@ -74,11 +73,11 @@ def prepare_for_tensorcore(
         applies the target's rules: a layer is skipped when the target has no
         tensor cores for ``dtype`` (not CUDA, or an ``-arch`` below sm_72 for
         int8 / sm_75 for int4; a CUDA target needs ``-arch`` when no GPU is
-        attached). int4/uint4 for sm_90 and newer is prepared as asked, with an
-        :class:`~tvm_tcutils.tensorcore.rules.EmulatedTensorCoreWarning`: those
-        GPUs have no 4-bit tensor-core instruction, the 4-bit tiles run
-        emulated on 8-bit MMA (exact, without int4's speed-up), so int8 is the
-        better choice there. Default: the layers alone are judged.
+        attached). int4/uint4 for sm_90 and newer is refused with a
+        ``ValueError`` before any work: those GPUs have no 4-bit tensor-core
+        instruction (the 4-bit tiles run emulated on 8-bit MMA) and the
+        package's int4 kernels gave wrong results on an H200; use
+        ``dtype="int8"`` there. Default: the layers alone are judged.
 
     Returns
     -------
@@ -89,14 +88,10 @@ def prepare_for_tensorcore(
     Raises
     ------
     ValueError, TypeError
-        A bad dtype, skip index, target or module (including one that does not type-check).
+        A bad dtype, skip index, target or module (including one that does not type-check);
+        int4/uint4 for a target of sm_90 or newer.
     tvm_tcutils.tensorcore.rules.MissingArchError
         A CUDA ``target`` without ``-arch`` on a machine without a GPU.
-
-    Warns
-    -----
-    tvm_tcutils.tensorcore.rules.EmulatedTensorCoreWarning
-        int4/uint4 layers prepared for sm_90 or newer, where they run emulated.
 
     Examples
     --------
@@ -105,20 +100,21 @@ def prepare_for_tensorcore(
     >>> prepared, skipped = prepare_for_tensorcore(mod, "int4")
     >>> [layer.index for layer in skipped]
     [0]
-    >>> import warnings
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     _ = prepare_for_tensorcore(mod, "int4", target="cuda -arch=sm_90")
-    >>> print(caught[0].message)  # doctest: +ELLIPSIS
-    prepare_for_tensorcore(dtype='int4') for sm_90: sm_90 has no 4-bit MMA instruction, so the 20 int4 layers ...
+    >>> prepare_for_tensorcore(mod, "int4", target="cuda -arch=sm_90")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: prepare_for_tensorcore(dtype='int4') for target 'cuda -arch=sm_90': int4 on sm_90 and newer ...
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
     if dtype not in WMMA_SHAPES:
         raise ValueError(f"dtype must be one of {sorted(WMMA_SHAPES)}, got {dtype!r}")
     check_dtype(out_dtype, "out_dtype")
-    target = as_target(target)
-    note = emulation_note(dtype, target)  # before the work: a target without -arch fails here
+    given, target = target, as_target(target)
+    refused = unsupported_reason(dtype, target)  # before the work: a target without -arch fails here too
+    if refused:
+        raise ValueError(f"prepare_for_tensorcore(dtype={dtype!r}) for target {str(given)!r}: {refused} "
+                         "(prepare with dtype='int8' for this target; docs/cuda.md)")
     mod = typed(mod, "mod")
     calls = layer_calls(mod, resolve_ops(CONV, "ops"))
     if isinstance(skip_layers, str):
@@ -130,16 +126,6 @@ def prepare_for_tensorcore(
         indices = resolve_skip_layers(skip_layers, len(calls))
         skipped = [SkippedLayer(i, "skipped as requested") for i in sorted(indices)]
     skip = [layer.index for layer in skipped]
-    if note and len(skip) < len(calls):
-        # Prepared as asked (the kernels compute exactly), but int4 is chosen for a speed this GPU lacks.
-        arch = f"sm_{target_arch(target)}"
-        warnings.warn(
-            f"prepare_for_tensorcore(dtype={dtype!r}) for {arch}: {arch} has no 4-bit MMA instruction, so the "
-            f"{len(calls) - len(skip)} {dtype} layers will run emulated on 8-bit tensor cores (exact, without "
-            f"{dtype}'s speed-up over int8). They are prepared as {dtype} all the same; prepare with "
-            "dtype='int8' for this target (docs/cuda.md)",
-            EmulatedTensorCoreWarning, stacklevel=2,
-        )
     config = LayoutConfig(skip_layers=skip, num_layers=len(calls))
     with config, tvm.transform.PassContext(opt_level=3):
         converted = relay.transform.ConvertLayout({CONV: [DATA_LAYOUT, "default"]})(mod)

@@ -16,10 +16,12 @@ The rules, in the order they are checked
 3. The data layout is ``HWNC`` and the kernel layout ``HWOI`` (input channels
    innermost, the operand order of the WMMA tiles).
 4. With a ``target``: it is CUDA with an arch that has these tensor cores
-   (:data:`MIN_ARCH`). From sm_90 on there is no 4-bit tensor-core
-   instruction: an int4/uint4 layer still qualifies (its kernels compile
-   and compute exactly), but the verdict's :attr:`Verdict.note` says that it
-   runs emulated on 8-bit MMA (:data:`INT4_EMULATED_FROM_ARCH`).
+   (:data:`MIN_ARCH`), and not int4/uint4 on sm_90 or newer
+   (:data:`INT4_EMULATED_FROM_ARCH`): those GPUs have no 4-bit MMA
+   instruction (ptxas emulates the 4-bit tiles on 8-bit MMA), and the
+   package's int4 kernels gave wrong results on an H200
+   (``docs/benchmarks/tensorcore.md``), so int4 layers do not qualify there;
+   int8 does.
 5. The GEMM each output pixel performs is ``M = batch``, ``N = out channels``,
    ``K = in channels``, computed in WMMA tiles of shape ``(m, n, k)``:
 
@@ -96,7 +98,8 @@ MIN_ARCH: Dict[str, int] = {"int4": 75, "uint4": 75, "int8": 72, "uint8": 72}
 #: int4/uint4 WMMA tiles (``mma.sync`` m8n8k32 ``.s4``) to 8-bit ones after unpacking the nibbles --
 #: CUDA 13 gives ``IMMA.8816.S8.S8`` for sm_90 and ``IMMA.16816.S8.S8`` for sm_100/sm_120 where
 #: sm_75-sm_89 have ``IMMA.8832.S4.S4`` (python_tests/tensorcore/test_sass.py checks the SASS).
-#: The results stay exact; int4's tensor-core throughput over int8 is gone.
+#: int4's tensor-core throughput over int8 is gone, and the package's int4 kernels gave wrong results on
+#: an H200 (sm_90; docs/benchmarks/tensorcore.md), so from this arch on int4/uint4 layers do not qualify.
 INT4_EMULATED_FROM_ARCH = 90
 
 #: Operand types without a tensor-core instruction of their own from :data:`INT4_EMULATED_FROM_ARCH` on.
@@ -127,13 +130,6 @@ _PAD_FRACTION = [DEFAULT_PAD_FRACTION]
 
 class MissingArchError(ValueError):
     """A CUDA target without ``-arch`` on a machine without a GPU to ask."""
-
-
-class EmulatedTensorCoreWarning(UserWarning):
-    """Layers prepared for a type the target's tensor cores only emulate (int4 on sm_90 and newer).
-
-    ``warnings.filterwarnings("ignore", category=EmulatedTensorCoreWarning)`` silences it.
-    """
 
 
 # --------------------------------------------------------------------------
@@ -231,22 +227,24 @@ def target_arch(target: tvm.target.Target) -> int:
     )
 
 
-def emulation_note(dtype: str, target: Optional[tvm.target.Target]) -> str:
-    """Why layers of ``dtype`` run on ``target``'s tensor cores only emulated, or ``""``.
+def unsupported_reason(dtype: str, target: Optional[tvm.target.Target]) -> str:
+    """Why ``dtype`` may not use ``target``'s tensor cores although the arch has some, or ``""``.
 
     int4/uint4 on sm_90 and newer (:data:`INT4_EMULATED_FROM_ARCH`): there is no
-    4-bit MMA instruction, so the 4-bit tiles run on 8-bit MMA instructions.
+    4-bit MMA instruction (ptxas runs the 4-bit tiles on 8-bit MMA), and the
+    package's int4 kernels gave wrong results on an H200. Only CUDA targets are
+    judged (``""`` for others and for ``None``).
 
     Raises
     ------
     MissingArchError
-        A CUDA ``target`` without ``-arch`` on a machine without a GPU.
+        An int4/uint4 ``dtype`` with a CUDA ``target`` without ``-arch`` on a machine without a GPU.
 
     Examples
     --------
-    >>> emulation_note("int4", tvm.target.Target("cuda -arch=sm_90"))
-    'emulated: sm_90 has no 4-bit MMA instruction, int4 runs on 8-bit tensor cores; prefer int8'
-    >>> emulation_note("int4", tvm.target.Target("cuda -arch=sm_80")), emulation_note("int8", None)
+    >>> print(unsupported_reason("uint4", tvm.target.Target("cuda -arch=sm_90")))  # doctest: +ELLIPSIS
+    uint4 on sm_90 and newer (target has sm_90): no 4-bit MMA instruction (emulated on 8-bit MMA) and ...; use int8
+    >>> unsupported_reason("int4", tvm.target.Target("cuda -arch=sm_80")), unsupported_reason("int8", None)
     ('', '')
     """
     if target is None or target.kind.name != "cuda" or dtype not in EMULATED_DTYPES:
@@ -254,7 +252,11 @@ def emulation_note(dtype: str, target: Optional[tvm.target.Target]) -> str:
     arch = target_arch(target)
     if arch < INT4_EMULATED_FROM_ARCH:
         return ""
-    return f"emulated: sm_{arch} has no 4-bit MMA instruction, {dtype} runs on 8-bit tensor cores; prefer int8"
+    return (
+        f"{dtype} on sm_{INT4_EMULATED_FROM_ARCH} and newer (target has sm_{arch}): no 4-bit MMA instruction "
+        "(emulated on 8-bit MMA) and the package's int4 kernels gave wrong results on an H200 "
+        "(docs/benchmarks/tensorcore.md); use int8"
+    )
 
 
 def _target_reason(dtype: str, target) -> str:
@@ -264,7 +266,7 @@ def _target_reason(dtype: str, target) -> str:
     if arch < MIN_ARCH[dtype]:
         hint = ARCH_HINT if arch == TVM_DEFAULT_ARCH else ""
         return f"{dtype} tensor cores need sm_{MIN_ARCH[dtype]} or newer, target has sm_{arch}{hint}"
-    return ""
+    return unsupported_reason(dtype, target)
 
 
 # --------------------------------------------------------------------------
@@ -319,9 +321,6 @@ class Verdict:
         ``(batch, in_channels, out_channels)`` after padding to the tile.
     pad_fraction : float
         Extra work that channel padding adds (0.0 when none is needed).
-    note : str
-        Empty unless the layer qualifies with a caveat: int4/uint4 on a target
-        of sm_90 or newer runs emulated on 8-bit MMA (:func:`emulation_note`).
     """
 
     qualifies: bool
@@ -329,7 +328,6 @@ class Verdict:
     wmma_shape: Optional[WmmaShape] = None
     padded: Optional[Tuple[int, int, int]] = None
     pad_fraction: float = 0.0
-    note: str = ""
 
     def __bool__(self) -> bool:
         return self.qualifies
@@ -376,9 +374,9 @@ def hwnc_conv2d_qualifies(
         Default: the current setting, :func:`max_pad_fraction`.
     target : tvm.target.Target, optional
         When given, the layer also needs a CUDA target whose arch has tensor
-        cores for ``dtype``; without one only the layer itself is judged. An
-        int4/uint4 layer on sm_90 or newer qualifies with a :attr:`Verdict.note`
-        saying that it runs emulated.
+        cores for ``dtype``, and int4/uint4 do not qualify on sm_90 or newer
+        (:func:`unsupported_reason`); without a target only the layer itself is
+        judged.
 
     Returns
     -------
@@ -403,8 +401,8 @@ def hwnc_conv2d_qualifies(
     >>> hwnc_conv2d_qualifies(8, 64, 64, "int4", target=tvm.target.Target("cuda -arch=sm_72")).reason
     'int4 tensor cores need sm_75 or newer, target has sm_72'
     >>> hopper = hwnc_conv2d_qualifies(8, 64, 64, "int4", target=tvm.target.Target("cuda -arch=sm_90"))
-    >>> bool(hopper), hopper.note.split(",")[0]
-    (True, 'emulated: sm_90 has no 4-bit MMA instruction')
+    >>> bool(hopper), hopper.reason.split(":")[0]
+    (False, 'int4 on sm_90 and newer (target has sm_90)')
     """
     for name, value in (("batch", batch), ("in_channels", in_channels), ("out_channels", out_channels)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -434,4 +432,4 @@ def hwnc_conv2d_qualifies(
         if padded[2] != out_channels:
             what.append(f"{out_channels} output channels would be padded to {padded[2]}")
         return Verdict(False, f"{' and '.join(what)} (+{extra:.0%} work > {limit:.0%} allowed)", tile, padded, extra)
-    return Verdict(True, "", tile, padded, extra, emulation_note(dtype, target))
+    return Verdict(True, "", tile, padded, extra)

@@ -13,7 +13,9 @@ What :func:`hooks` declares (all for the ``cuda``/``gpu`` target keys):
   sizes (and its output sliced); an HWNC layer that does not qualify (channel
   padding above :func:`max_pad_fraction`, float types, an old ``-arch``) is
   rewritten to NHWC, which TVM's own CUDA schedules compile, and a log line
-  says why;
+  says why; an int4/uint4 layer for sm_90 and newer (no tensor cores for it
+  there: :func:`tvm_tcutils.tensorcore.rules.unsupported_reason`) is a
+  ``ValueError`` that says to use int8, as TVM's CUDA conv2d has no 4-bit path;
 * ``FTVMAlterOpLayout`` for ``nn.conv2d``: when our conv2d implementation is
   selected and the kernel is a constant, the kernel is re-laid out to
   ``HWOI<n>o<k>i`` tiles once at compile time.
@@ -43,7 +45,7 @@ from tvm.topi.utils import get_const_tuple
 from .. import registry
 from .rules import (  # noqa: F401  (the setting, re-exported beside the hooks it steers)
     DEFAULT_PAD_FRACTION, Verdict, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
-    set_max_pad_fraction,
+    set_max_pad_fraction, unsupported_reason,
 )
 from .topi import conv2d_hwnc, dense, wmma
 
@@ -201,6 +203,14 @@ def _legalize_conv2d(attrs, inputs, types):
             max_pad_fraction(),
         )
         return _pad_to_tiles(attrs, data, kernel, verdict.padded, sizes[1], get_const_tuple(out_type.shape))
+    refused = unsupported_reason(str(data_type.dtype), target)
+    if refused:
+        # TVM's CUDA conv2d has no 4-bit path (an int4 NHWC conv2d aborts the process in TVM 0.19's
+        # build or fails in its winograd transform), so say so here instead of moving the layer there.
+        raise ValueError(
+            f"{name}: {refused}. TVM's CUDA conv2d has no {data_type.dtype} path to move the layer to: "
+            "prepare the model with dtype='int8' (prepare_for_tensorcore(mod, 'int8', target=...))"
+        )
     # A warning: the layer loses tensor cores, which users should see without configuring logging.
     logger.warning(
         "%s: not on tensor cores (%s; max_pad_fraction=%g); using the NHWC CUDA path",
