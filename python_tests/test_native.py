@@ -15,14 +15,18 @@ from tvm_tcutils import native
 
 
 @pytest.fixture(scope="module")
-def native_build(tmp_path_factory) -> subprocess.CompletedProcess:
-    """``scripts/build_native.sh`` run into a fresh build folder."""
+def native_build() -> subprocess.CompletedProcess:
+    """``scripts/build_native.sh`` run as ``scripts/_venv.sh`` runs it: into ``cmake/build``.
+
+    Incremental there (seconds); a fresh checkout (CI) builds it from scratch in ``_venv.sh`` first,
+    and a second from-scratch build here would cost half a minute of the suite for nothing new.
+    """
     if not (shutil.which("cmake") and (shutil.which("c++") or shutil.which("g++"))):
         pytest.skip("native helpers need cmake and a C++ compiler, not found")
-    build = tmp_path_factory.mktemp("native")
+    env = {key: value for key, value in os.environ.items() if key != "TCUTILS_NATIVE_BUILD"}
     result = subprocess.run(
         ["bash", os.path.join(ROOT, "scripts", "build_native.sh"), sys.executable],
-        capture_output=True, text=True, env={**os.environ, "TCUTILS_NATIVE_BUILD": str(build)}, timeout=600,
+        capture_output=True, text=True, env=env, timeout=600,
     )
     assert result.returncode == 0, result.stderr
     return result
