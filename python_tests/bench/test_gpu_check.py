@@ -1,0 +1,81 @@
+"""The GPU check (``tvm_tcutils.bench.gpu_check``) on a machine without a GPU: its rehearsal.
+
+Everything before the first kernel launch must run here, so that a short GPU lease is not spent on a
+mistake a CPU machine could have shown: the builds for the GPU's architecture, the CPU reference, the
+JSON. Needs the package's CUDA plugin (or a CUDA build of TVM); skips with the reason otherwise.
+"""
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import tvm_tcutils
+from tvm_tcutils import cuda
+from tvm_tcutils.bench import gpu_check
+from tvm_tcutils.bench.results import Results
+
+pytestmark = pytest.mark.skipif(not cuda.status()["codegen"], reason=f"no CUDA code generation: {cuda.status()['reason']}")
+
+
+@pytest.fixture
+def results():
+    return Results("gpu_check_test", [])
+
+
+def _no_gpu():
+    if gpu_check.gpu_present():
+        pytest.skip("this machine has a GPU: the rehearsal is for machines without one")
+
+
+@pytest.mark.parametrize("shape", [(32, 64, 128), (8, 32, 64)])
+def test_dense_rehearsal_builds_each_kernel_and_times_nothing(results, shape):
+    _no_gpu()
+    gpu_check.dense(results, "sm_80", shapes=[shape])
+    (row,) = results.rows
+    assert row["rehearsal"] and (row["m"], row["n"], row["k"]) == shape
+    assert not any(key in row for key in ("tcutils", "cublaslt"))
+
+
+def test_int4_cast_rehearsal_builds_the_round_trip(results):
+    _no_gpu()
+    gpu_check.int4_cast(results, "sm_90")
+    assert [row["shape"] for row in results.rows] == [[8, 8, 8, 64], [1, 3]]
+    assert all(row["rehearsal"] for row in results.rows)
+
+
+def test_without_softmax_returns_the_logits_and_leaves_the_input_alone():
+    mod, _ = tvm_tcutils.load_model("resnet-18")
+    before = tvm.ir.save_json(mod)
+    logits = gpu_check._without_softmax(mod)
+    assert mod["main"].body.op.name == "nn.softmax" and logits["main"].body.op.name != "nn.softmax"
+    assert tvm.ir.save_json(mod) == before
+    x = relay.var("x", shape=(2, 3))
+    plain = tvm.IRModule.from_expr(relay.Function([x], relay.nn.relu(x)))
+    assert tvm.ir.structural_equal(gpu_check._without_softmax(plain)["main"], plain["main"])
+
+
+@pytest.mark.parametrize("name,dtype,peak", [("NVIDIA H200", "int8", 1979.0), ("NVIDIA A100-SXM4-80GB", "int4", 1248.0),
+                                             ("NVIDIA H100 PCIe", "int8", 1513.0), ("NVIDIA H200", "int4", None)])
+def test_peak_table(name, dtype, peak):
+    assert gpu_check.peak_tops(name, dtype) == peak
+
+
+def test_markdown_tables_come_from_the_json(results, tmp_path):
+    timing = {"median_ms": 2.0, "min_ms": 2.0, "spread": 0.0, "samples_ms": [2.0]}
+    ratio = {"value": 0.5, "low": 0.4, "high": 0.6, "confidence": 0.95}
+    results.add(part="dense", m=128, n=256, k=512, peak_tops=100.0, tcutils=timing, cublaslt=timing,
+                tcutils_tops=0.03, cublaslt_tops=0.03, cublaslt_over_tcutils=ratio)
+    path = results.write(str(tmp_path / "g.json"))
+    table = gpu_check.markdown(json.load(open(path)))
+    assert "| 128 x 256 x 512 | 2.000 (0) | 2.000 (0) | x0.50 [0.40, 0.60] | 100 | 0.0 |" in table
+
+
+def test_summary_is_a_geometric_mean():
+    class R:
+        def __init__(self, value):
+            self.value = value
+
+    rows = [{"part": "layers", "tvm_over_tcutils": R(v)} for v in (0.5, 2.0, 4.0)]
+    assert np.isclose(gpu_check.summary(rows)["layers_geomean_tvm_over_tcutils"], 4 ** (1 / 3))  # (0.5*2*4)^(1/3)
