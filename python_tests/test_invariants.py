@@ -10,6 +10,9 @@ give the same results for float models, which the package leaves to TVM:
   installed and its code runs here), for a small net with every common float
   op (strided stem, residual, 1x1 strided conv, concatenation, pools, dense)
   and the zoo MLP;
+* the same graph and outputs for a QDQ model (``quantize`` / ``dequantize`` around a conv) built for
+  plain ``llvm``: the ``FTVMQnnLegalize`` hook of ``qnn.quantize`` (plain ``relay.build`` of QDQ models,
+  ``python_tests/dotprod/test_plain_relay_build.py``) leaves targets without a dot-product ISA to TVM;
 * the same ``relay.optimize`` result for ``cuda -arch=sm_80`` (the tensor-core
   hooks' target; no GPU needed);
 * the same ``ConvertLayout`` result on ResNet-18 for NHWC, HWNC and NCHW (the
@@ -59,11 +62,24 @@ def small_net():
     z = relay.nn.dense(relay.nn.batch_flatten(relay.nn.global_avg_pool2d(z)), const(10, 32))
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], z))), {}
 
+def qdq_net():
+    rng = np.random.default_rng(1)
+    q = lambda y, s, z: relay.qnn.op.quantize(y, relay.const(s), relay.const(z), out_dtype="uint8")
+    dq = lambda y, s, z: relay.qnn.op.dequantize(y, relay.const(s), relay.const(z))
+    x = relay.var("data", shape=(1, 8, 12, 12))
+    w = relay.const(rng.integers(-127, 128, (16, 8, 3, 3)).astype("int8"))
+    y = relay.nn.conv2d(dq(q(x, 0.03, 128), 0.03, 128), dq(w, 0.01, 0), channels=16, kernel_size=(3, 3),
+                        padding=(1, 1))
+    y = dq(q(relay.nn.relu(y), 0.05, 0), 0.05, 0)
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y))), {}
+
 state = getattr(tvm, "_tvm_tcutils_state", {})
-result = {"hooks": len(state.get("installed", {}))}
+result = {"hooks": len(state.get("installed", {})),
+          "quantize_hook": tvm.ir.Op.get("qnn.quantize").get_attr("FTVMQnnLegalize") is not None}
 mlp = load_model("mlp")
 for name, (mod, params), target in [
     ("net/llvm", small_net(), "llvm"), ("net/host", small_net(), host), ("mlp/host", mlp, host),
+    ("qdq/llvm", qdq_net(), "llvm"),
 ]:
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target, params=params)
@@ -84,7 +100,7 @@ for layout in ("NHWC", "HWNC", "NCHW"):
 print(json.dumps(result))
 """
 
-CASES = ["net/llvm", "net/host", "mlp/host", "net/cuda", "resnet18/NHWC", "resnet18/HWNC", "resnet18/NCHW"]
+CASES = ["net/llvm", "net/host", "mlp/host", "qdq/llvm", "net/cuda", "resnet18/NHWC", "resnet18/HWNC", "resnet18/NCHW"]
 
 
 def _run(mode: str) -> dict:
@@ -103,6 +119,8 @@ def both() -> dict:
 def test_bare_package_installs_no_hooks_and_import_installs_them(both):
     assert both["without"]["hooks"] == 0
     assert both["with"]["hooks"] > 0
+    # The hook behind plain relay.build of QDQ models is one of them (TVM has none there).
+    assert not both["without"]["quantize_hook"] and both["with"]["quantize_hook"]
 
 
 @pytest.mark.parametrize("case", CASES)

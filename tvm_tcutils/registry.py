@@ -49,7 +49,8 @@ HOOK_PROVIDERS: Tuple[str, ...] = (
 
 #: Attributes whose handlers share the ``(attrs, inputs, types, extra)`` calling
 #: convention and whose "no change" answer is ``None``.
-_LAYOUT_ATTRS = ("FTVMAlterOpLayout", "FTVMLegalize", "FTVMConvertOpLayout", "FTVMQnnCanonicalize")
+_LAYOUT_ATTRS = ("FTVMAlterOpLayout", "FTVMLegalize", "FTVMConvertOpLayout", "FTVMQnnLegalize",
+                 "FTVMQnnCanonicalize")
 
 #: Kinds whose registry entry holds exactly one value.
 _SINGLE_SLOT_KINDS = ("autotvm_template", "packed_func", "pattern_table")
@@ -151,8 +152,8 @@ def op_attr(
     """Declare a delegating op-attribute hook.
 
     For the layout-style attributes (``FTVMAlterOpLayout``, ``FTVMLegalize``,
-    ``FTVMConvertOpLayout``) ``handler`` has TVM's signature for that attribute
-    and returns ``None`` for every case it leaves to the attribute it replaces.
+    ``FTVMConvertOpLayout``, ``FTVMQnnLegalize``, ``FTVMQnnCanonicalize``) ``handler``
+    has TVM's signature for that attribute and returns ``None`` for every case it leaves to the attribute it replaces.
     For any other attribute (for example ``target.<compiler>`` predicates) the
     handler is installed as is.
 

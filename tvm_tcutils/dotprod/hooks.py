@@ -8,7 +8,8 @@ data in :mod:`tvm_tcutils.dotprod.strategy`. With them no int8 op reaches TVM
 checks every int8 / QNN op on VNNI, AVX-512BW, AVX2 and SSE targets). Also the packed function
 :data:`~tvm_tcutils.prebuild.PREBUILD_FUNC`, through which :func:`tvm_tcutils.measure.build` and
 :func:`tvm_tcutils.tuning.extract_tasks` turn QDQ models into integer ops (:mod:`.qdq`) for targets with
-a dot-product ISA.
+a dot-product ISA, and the ``FTVMQnnLegalize`` handler of ``qnn.quantize`` (:func:`.qdq.legalize_quantize`)
+through which plain ``relay.build`` does the same.
 """
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def hooks() -> List[registry.Hook]:
     >>> sorted({h.kind for h in hooks()})
     ['autotvm_template', 'op_attr', 'packed_func', 'strategy']
     """
-    return strategy.hooks() + [registry.packed_func(
-        PREBUILD_FUNC, lambda mod, target: qdq.prepare_for_target(mod, str(target)),
-        description="QDQ regions as integer qnn ops for targets with a dot-product ISA (dotprod.qdq)")]
+    return strategy.hooks() + [
+        registry.packed_func(
+            PREBUILD_FUNC, lambda mod, target: qdq.prepare_for_target(mod, str(target)),
+            description="QDQ regions as integer qnn ops for targets with a dot-product ISA (dotprod.qdq)"),
+        # The same rewrite inside plain relay.build, region by region (TVM's first pass).
+        registry.op_attr(
+            "qnn.quantize", "FTVMQnnLegalize", qdq.legalize_quantize, targets=strategy.TARGET_KEYS,
+            description="a QDQ region as the integer ops to_integer makes (plain relay.build, dotprod.qdq)"),
+    ]

@@ -34,7 +34,9 @@ match them bit for bit. ``"qnn"`` uses TVM's ``qnn.requantize`` / ``qnn.add``
 instead (float32 arithmetic with rounding half up on x86 SSE4.1+ targets).
 
 The rewrite visits each node once (no recursion: deep models are fine) and
-returns a new module; the input module is not changed.
+returns a new module; the input module is not changed. Plain ``relay.build``
+applies the same rewrite region by region, through the package's
+``FTVMQnnLegalize`` handler of ``qnn.quantize`` (:func:`legalize_quantize`).
 
 Examples
 --------
@@ -57,6 +59,7 @@ Examples
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -117,6 +120,58 @@ def _op(expr, *names: str) -> bool:
 
 def _const(expr) -> Optional[np.ndarray]:
     return expr.data.numpy() if isinstance(expr, relay.Constant) else None
+
+
+def _type(expr: relay.Expr):
+    """``expr``'s checked type; inferred from its typed inputs (and kept on the node) where a pass inside
+    TVM's build left it untyped (a node downstream of one it replaced)."""
+    try:
+        return expr.checked_type
+    except ValueError:
+        return relay.transform.InferTypeLocal(expr)
+
+
+#: At most this many nodes in an expression :meth:`_Rewriter._constant` folds (zero points written as
+#: ``cast(constant)``, a reshaped bias: a few nodes each).
+_FOLD_LIMIT = 32
+
+
+def _constant_expr(expr) -> bool:
+    """Whether ``expr`` is a small expression of constants only (no variable), for FoldConstant."""
+    stack, seen = [expr], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > _FOLD_LIMIT:
+            return False
+        if isinstance(node, relay.Constant):
+            continue
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            stack.extend(node.args)
+        elif isinstance(node, relay.Tuple):
+            stack.extend(node.fields)
+        elif isinstance(node, relay.TupleGetItem):
+            stack.append(node.tuple_value)
+        else:
+            return False
+    return True
+
+
+class _RegionInputs(dict):
+    """The memo of a rewrite of one region (:func:`integer_region`): a node outside the region reads as a
+    new variable of its type, a constant as itself; :attr:`bound` maps each variable to its node."""
+
+    def __init__(self):
+        super().__init__()
+        self.bound: Dict[relay.Var, relay.Expr] = {}
+
+    def __missing__(self, node: relay.Expr) -> relay.Expr:
+        if isinstance(node, relay.Constant):
+            return node
+        var = relay.var(f"tcutils_region_input{len(self.bound)}", type_annotation=_type(node))
+        self[node] = var
+        self.bound[var] = node
+        return var
 
 
 #: 1.5 * 2**23: added to a float32 of magnitude below 2**22, the sum lies where float32's spacing is 1.0,
@@ -180,9 +235,12 @@ def _scale_const(scale: np.ndarray) -> relay.Constant:
 class _Rewriter:
     """One pass over a function body: each ``qnn.quantize`` of a known float region becomes integer."""
 
-    def __init__(self, requantize: str):
+    def __init__(self, requantize: str, one_region: bool = False):
         self.requantize = requantize
-        self.memo: Dict[relay.Expr, relay.Expr] = {}
+        #: ``one_region``: rewrite a single ``qnn.quantize`` (:func:`integer_region`) rather than a whole body.
+        self.one_region = one_region
+        self.memo: Dict[relay.Expr, relay.Expr] = _RegionInputs() if one_region else {}
+        self.folded: Dict[relay.Expr, Optional[np.ndarray]] = {}
         #: float op -> rule(region, out quantization) -> integer expression or None.
         self.rules: Dict[str, Callable[[relay.Call, QParams], Optional[relay.Expr]]] = {
             "nn.conv2d": self._conv2d, "nn.dense": self._dense, "nn.batch_matmul": self._batch_matmul,
@@ -216,9 +274,19 @@ class _Rewriter:
         return node
 
     # -- quantization parameters ------------------------------------------------
-    @staticmethod
-    def _qparams(call: relay.Call, dtype: str) -> Optional[QParams]:
-        scale, zero = _const(call.args[1]), _const(call.args[2])
+    def _constant(self, expr) -> Optional[np.ndarray]:
+        """``expr``'s value if it is a constant. A whole module is folded first (:func:`to_integer`); one
+        region inside TVM's build (before its FoldConstant) folds a small expression of constants here,
+        as that FoldConstant would (zero points imported as ``cast(constant)``)."""
+        if isinstance(expr, relay.Constant) or not self.one_region:
+            return _const(expr)
+        if expr not in self.folded:
+            folded = relay.transform.FoldConstantExpr(expr, tvm.IRModule()) if _constant_expr(expr) else None
+            self.folded[expr] = _const(folded)
+        return self.folded[expr]
+
+    def _qparams(self, call: relay.Call, dtype: str) -> Optional[QParams]:
+        scale, zero = self._constant(call.args[1]), self._constant(call.args[2])
         if scale is None or zero is None:
             return None
         return QParams(scale.astype("float32"), zero.astype("int64"), dtype, int(call.attrs.axis))
@@ -232,7 +300,7 @@ class _Rewriter:
             expr = expr.args[0]
         if not _op(expr, "qnn.dequantize"):
             return None
-        params = self._qparams(expr, str(expr.args[0].checked_type.dtype))
+        params = self._qparams(expr, str(_type(expr.args[0]).dtype))
         if params is None or not params.per_tensor or params.dtype not in ("uint8", "int8"):
             return None
         q = self.memo[expr.args[0]]
@@ -245,8 +313,8 @@ class _Rewriter:
         channel on ``channel_axis``."""
         if not _op(expr, "qnn.dequantize"):
             return None
-        data = _const(expr.args[0])
-        params = self._qparams(expr, str(expr.args[0].checked_type.dtype))
+        data = self._constant(expr.args[0])
+        params = self._qparams(expr, str(_type(expr.args[0]).dtype))
         if data is None or params is None or data.dtype != np.int8 or np.any(params.zero_point != 0):
             return None
         if not params.per_tensor and params.axis % data.ndim != channel_axis % data.ndim:
@@ -258,7 +326,7 @@ class _Rewriter:
         if out is None or not out.per_tensor:
             return None
         region = self._region(call.args[0], out) if isinstance(call.args[0], relay.Call) else None
-        if region is None and self.requantize == "onnx" and call.args[0].checked_type.dtype == "float32":
+        if region is None and self.requantize == "onnx" and _type(call.args[0]).dtype == "float32":
             # A float tensor (a model input): ONNX QuantizeLinear rounds half to even, qnn.quantize
             # half away from zero.
             return _saturate(relay.divide(self.memo[call.args[0]], relay.const(out.scalar()[0])), out)
@@ -326,9 +394,9 @@ class _Rewriter:
         weight_expr, transposed = dense.args[1], False
         if _op(weight_expr, "transpose") and [int(a) for a in weight_expr.attrs.axes or [1, 0]] == [1, 0]:
             weight_expr, transposed = weight_expr.args[0], True  # ONNX MatMul: (K, N) weight
-        if data is None or len(dense.args[0].checked_type.shape) != 2:
+        if data is None or len(_type(dense.args[0]).shape) != 2:
             return None
-        (x, x_params), units = data, int(dense.checked_type.shape[1])
+        (x, x_params), units = data, int(_type(dense).shape[1])
         x_scale, x_zero = x_params.scalar()
         weight = self._weight(weight_expr, 1 if transposed else 0)
         if weight is not None:
@@ -362,7 +430,7 @@ class _Rewriter:
         """Add a dequantized constant bias to the int32 accumulator (in its scale), then requantize."""
         acc_scale = np.asarray(acc_scale, "float32")
         if bias is not None:
-            b_data, b_params = _const(bias.args[0]), self._qparams(bias, "int32")
+            b_data, b_params = self._constant(bias.args[0]), self._qparams(bias, "int32")
             if b_data is None or b_params is None or np.any(b_params.zero_point != 0):
                 return None
             if np.array_equal(np.broadcast_to(b_params.scale, acc_scale.shape), acc_scale):
@@ -384,7 +452,7 @@ class _Rewriter:
 
     def _add(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
         lhs, rhs = call.args
-        if _op(lhs, "nn.dense") and _op(rhs, "qnn.dequantize") and str(rhs.args[0].checked_type.dtype) == "int32":
+        if _op(lhs, "nn.dense") and _op(rhs, "qnn.dequantize") and str(_type(rhs.args[0]).dtype) == "int32":
             return self._dense(lhs, out, bias=rhs)   # ONNX Gemm: MatMul + Add of an int32 bias
         a, b = self._dequantized(lhs), self._dequantized(rhs)
         if a is None or b is None or a[1].dtype != b[1].dtype:
@@ -404,14 +472,14 @@ class _Rewriter:
         inputs = [self._dequantized(f) for f in fields or []]
         if not inputs or any(i is None for i in inputs) or len({p.dtype for _, p in inputs} | {out.dtype}) != 1:
             return None
-        rank = len(call.checked_type.shape)
+        rank = len(_type(call).shape)
         return relay.concatenate([self._rescale(q, p, out, rank) for q, p in inputs], int(call.attrs.axis))
 
     def _global_avg_pool(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
         data = self._dequantized(call.args[0])
         if data is None or call.attrs.layout != "NCHW":
             return None
-        (x, params), (h, w) = data, [int(d) for d in call.args[0].checked_type.shape[2:]]
+        (x, params), (h, w) = data, [int(d) for d in _type(call.args[0]).shape[2:]]
         scale, zero = params.scalar()
         total = relay.sum(relay.cast(x, "int32"), axis=[2, 3], keepdims=True)
         if self.requantize == "qnn":
@@ -429,7 +497,7 @@ class _Rewriter:
         if inner is not None:
             return relay.Call(call.op, [inner], call.attrs, call.type_args, call.span)
         data = self._dequantized(call)
-        return None if data is None else self._rescale(*data, out, len(call.checked_type.shape))
+        return None if data is None else self._rescale(*data, out, len(_type(call).shape))
 
     def _relu(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
         # quantize(relu(v)) = max(quantize(v), quantize(0)): quantization is monotone.
@@ -520,7 +588,90 @@ def prepare_for_target(mod: tvm.IRModule, target) -> tvm.IRModule:
     >>> prepare_for_target(mod, "llvm -mcpu=znver4") is mod
     True
     """
-    return to_integer(mod) if for_target(target) is not None else mod
+    return to_integer(mod) if rewrites_for(target) else mod
+
+
+def rewrites_for(target) -> bool:
+    """Whether the package makes QDQ regions integer for ``target`` (a Target, a string or None): the one
+    decision behind :func:`prepare_for_target` (``measure.build``, the CLI, tuning) and the
+    ``FTVMQnnLegalize`` hook behind plain ``relay.build`` (:func:`legalize_quantize`). Targets with a
+    dot-product ISA.
+
+    Examples
+    --------
+    >>> rewrites_for("llvm -mcpu=znver4"), rewrites_for("llvm"), rewrites_for(None)
+    (True, False, False)
+    """
+    return for_target(target) is not None
+
+
+def integer_region(quantize: relay.Call, requantize: str = "onnx"
+                   ) -> Optional[Tuple[relay.Expr, Dict[relay.Var, relay.Expr]]]:
+    """What :func:`to_integer` makes of one ``qnn.quantize`` call and the float region it ends, or None.
+
+    The rewrite is :func:`to_integer`'s, applied to ``quantize`` alone: what lies outside the region
+    (the 8-bit tensors its ``qnn.dequantize`` calls read, a float input) becomes a new variable. Nodes may
+    be untyped (a pass's new nodes): their types are inferred from their typed inputs.
+
+    Returns
+    -------
+    (expr, inputs) or None
+        The integer expression, closed over the new variables, and each variable's node; None when the
+        region stays as it is.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(1, 4, 6, 6))
+    >>> q = relay.qnn.op.quantize(x, relay.const(0.1), relay.const(3), out_dtype="uint8")
+    >>> d = relay.qnn.op.dequantize(q, relay.const(0.1), relay.const(3))
+    >>> w = relay.qnn.op.dequantize(relay.const(np.ones((8, 4, 3, 3), "int8")), relay.const(0.02), relay.const(0))
+    >>> y = relay.qnn.op.quantize(relay.nn.conv2d(d, w, kernel_size=(3, 3), channels=8), relay.const(0.5),
+    ...                           relay.const(0), out_dtype="uint8")
+    >>> expr, inputs = integer_region(y)
+    >>> [node.op.name for node in inputs.values()], "qnn.conv2d" in {c.op.name for c in calls(expr)}
+    (['qnn.quantize'], True)
+    """
+    if not _op(quantize, "qnn.quantize"):
+        raise TypeError(f"integer_region takes a qnn.quantize call, got {type(quantize).__name__}")
+    rewriter = _Rewriter(requantize, one_region=True)
+    integer = rewriter._quantize(quantize)
+    if integer is None:
+        return None
+    bound = rewriter.memo.bound
+    return integer, {var: bound[var] for var in relay.analysis.free_vars(integer)}
+
+
+#: Set while :func:`legalize_quantize` legalizes a region it made: the nested pass leaves quantizes to TVM.
+_LEGALIZING = threading.local()
+
+
+def legalize_quantize(attrs, inputs, types) -> Optional[relay.Expr]:
+    """``FTVMQnnLegalize`` of ``qnn.quantize``: the QDQ region it ends as :func:`to_integer` makes it.
+
+    TVM's build runs this legalization first, with the parameters bound as constants; so plain
+    ``relay.build`` of a QDQ model for a target :func:`rewrites_for` builds the integer graph that
+    ``to_integer`` + ``relay.build`` builds. The region's new ``qnn.conv2d`` / ``qnn.dense`` go through
+    TVM's ``FTVMQnnLegalize`` here (the pass does not visit what a handler returns). None (TVM's own
+    lowering) for other targets and for a region that stays float, such as one ``to_integer`` already
+    saw: a module made integer before the build is built as it is.
+    """
+    target = tvm.target.Target.current(allow_none=True)
+    if getattr(_LEGALIZING, "active", False) or not rewrites_for(target):
+        return None
+    found = integer_region(relay.Call(tvm.ir.Op.get("qnn.quantize"), list(inputs), attrs))
+    if found is None:
+        return None
+    integer, bound = found
+    region = tvm.IRModule.from_expr(relay.Function(list(bound), integer))
+    _LEGALIZING.active = True
+    try:
+        region = relay.transform.Legalize("FTVMQnnLegalize")(relay.transform.InferType()(region))
+    finally:
+        _LEGALIZING.active = False
+    legal = region["main"]
+    out = relay.bind(legal.body, dict(zip(legal.params, bound.values())))
+    # The pass takes a call only (every region ends in one: a cast, clip, concatenate...).
+    return out if isinstance(out, relay.Call) else None
 
 
 def _reads_dequantized(expr) -> bool:

@@ -1,0 +1,169 @@
+"""``import tvm_tcutils`` + plain ``relay.build`` of a quantizer's file builds the package's integer graph (issue 31).
+
+The ``FTVMQnnLegalize`` handler of ``qnn.quantize`` (``dotprod.qdq.legalize_quantize``) runs
+``to_integer``'s rewrite region by region inside TVM's first pass, so a user's own ``relay.build`` gives
+the graph of ``to_integer`` + ``relay.build`` (and of ``measure.build``): the convs on the dot-product
+schedules, outputs equal to onnxruntime's.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+import tvm_tcutils  # noqa: E402
+from tvm_tcutils._tvm import tvm  # noqa: E402
+from tvm import relay  # noqa: E402
+
+from tvm_tcutils import measure  # noqa: E402
+from tvm_tcutils.dotprod import qdq  # noqa: E402
+from tvm_tcutils.dotprod.qdq import calls, to_integer  # noqa: E402
+from tvm_tcutils.dotprod.quantize import ort_quantize  # noqa: E402
+
+from test_qdq import CONVS, SHAPE, _host_isa, _ort, _output_scales, small_cnn  # noqa: E402
+
+#: (file, how its weights come): frozen constants, or parameters bound by relay.build (the frontend's
+#: default: zero points then arrive as ``cast(constant)``, folded by the hook as to_integer's FoldConstant).
+CASES = [("qdq_channel", "frozen"), ("qdq_channel", "params"), ("qdq_tensor", "frozen"), ("qop_channel", "frozen")]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """name -> quantized ONNX path (test_qdq.py's recipe), and the input to run."""
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.normal(0, 1, SHAPE).astype("float32")} for _ in range(4)]
+    folder, model = tmp_path_factory.mktemp("plain_build"), small_cnn()
+    paths = {name: ort_quantize(model, str(folder / f"{name}.onnx"), samples, fmt, per_channel)
+             for name, fmt, per_channel in (("qdq_channel", "qdq", True), ("qdq_tensor", "qdq", False),
+                                             ("qop_channel", "qoperator", True))}
+    return paths, {"x": rng.normal(0, 1, SHAPE).astype("float32")}
+
+
+def _import(path, how="frozen"):
+    mod, params = relay.frontend.from_onnx(onnx.load(path), {"x": SHAPE}, freeze_params=how == "frozen")
+    return mod, params
+
+
+def _build(mod, params=None, target=None):
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.build(mod, target=target or tvm_tcutils.host_target(), params=params)
+
+
+def _run(lib, inputs):
+    runner = measure.graph_module(lib, inputs)
+    runner.run()
+    return measure.outputs(runner)
+
+
+def _kernels(lib):
+    return re.findall(r'"func_name": "([^"]+)"', lib.get_graph_json())
+
+
+def _conv_input_dtypes(mod, params):
+    """The data dtype of each packed conv TVM's pipeline makes of ``mod`` for this CPU."""
+    with tvm.transform.PassContext(opt_level=3):
+        optimized, _ = relay.optimize(mod, target=tvm_tcutils.host_target(), params=params)
+    return [str(c.args[0].checked_type.dtype) for c in calls(optimized) if c.op.name == "nn.contrib_conv2d_NCHWc"]
+
+
+@pytest.fixture
+def regions(monkeypatch):
+    """Whether each call of the hook made a region integer (``qdq.integer_region`` watched)."""
+    original, made = qdq.integer_region, []
+
+    def spy(quantize, requantize="onnx"):
+        found = original(quantize, requantize)
+        made.append(found is not None)
+        return found
+
+    monkeypatch.setattr(qdq, "integer_region", spy)
+    return made
+
+
+@pytest.mark.parametrize("name,how", CASES)
+def test_plain_relay_build_is_to_integer_then_relay_build(files, regions, name, how):
+    isa = _host_isa()
+    paths, inputs = files
+    mod, params = _import(paths[name], how)
+    text = mod.astext()
+    plain = _build(mod, params)                       # what a TVM user writes, after import tvm_tcutils
+    # The hook made each region integer, once: every qnn.quantize of these files ends one.
+    assert regions.count(True) == sum(c.op.name == "qnn.quantize" for c in calls(mod)), regions
+    regions.clear()
+    bound = mod
+    if params:
+        bound = tvm.IRModule.from_expr(relay.build_module.bind_params_by_name(mod["main"], params))
+    reference = _build(to_integer(bound))             # the package's rewrite, then TVM's build
+    assert not any(regions), regions                  # a module already integer: the hook adds nothing
+    assert plain.get_graph_json() == reference.get_graph_json()
+    if how == "params":                               # the package's own build binds them the same way
+        assert measure.build(mod, params=params).get_graph_json() == plain.get_graph_json()
+    ours = _run(plain, inputs)
+    for got, want in zip(ours, _run(reference, inputs)):
+        np.testing.assert_array_equal(got, want)
+    # The dot-product schedules: both convs packed (contrib_conv2d_NCHWc), on vpdpbusd with VNNI.
+    assert sum("contrib_conv2d_NCHWc" in k for k in _kernels(plain)) == CONVS
+    if isa.name == "x86_vnni" and (name, how) == CASES[0]:
+        assert "vpdpbusd" in plain.get_lib().get_source("asm")
+    want = _ort(paths[name], inputs)
+    if name.startswith("qdq"):
+        for got, expected in zip(ours, want):   # as test_qdq.py: equal to onnxruntime
+            np.testing.assert_array_equal(got, expected)
+        # The input module is not changed. (On the QOperator file TVM's own qnn.requantize
+        # canonicalization fills in the attributes of the caller's nodes, with or without the package.)
+        assert mod.astext() == text
+    else:  # QLinearConv through qnn.requantize (half up): one output step at most, as test_qdq.py
+        for got, expected, step in zip(ours, want, _output_scales(paths[name])):
+            assert np.abs(got - expected).max() <= step * 1.001
+
+
+def test_unregister_brings_back_the_float_path_and_float_models_build_the_same(files):
+    _host_isa()
+    mod, params = _import(files[0]["qdq_channel"])
+    float_mod, float_params = relay.frontend.from_onnx(small_cnn(), {"x": SHAPE})
+    x = {"x": np.random.default_rng(2).normal(0, 1, SHAPE).astype("float32")}
+    assert _conv_input_dtypes(mod, params) == ["uint8"] * CONVS
+    with_hook = _build(float_mod, float_params)
+    tvm_tcutils.unregister()
+    try:
+        assert tvm.ir.Op.get("qnn.quantize").get_attr("FTVMQnnLegalize") is None
+        assert _conv_input_dtypes(mod, params) == ["float32"] * CONVS   # TVM's float path
+        without = _build(float_mod, float_params)
+    finally:
+        tvm_tcutils.register()
+    assert _conv_input_dtypes(mod, params) == ["uint8"] * CONVS
+    # A float model: the same graph and outputs with and without the hook (and every other hook).
+    assert with_hook.get_graph_json() == without.get_graph_json()
+    for got, want in zip(_run(with_hook, x), _run(without, x)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_targets_without_a_dot_product_isa_keep_tvms_lowering(files):
+    # The hook decides as the package's build does (qdq.rewrites_for): plain llvm keeps the float convs.
+    mod, params = _import(files[0]["qdq_channel"])
+    assert not qdq.rewrites_for("llvm")
+    with tvm.transform.PassContext(opt_level=3):
+        optimized, _ = relay.optimize(mod, target="llvm", params=params)
+    dtypes = {str(c.args[0].checked_type.dtype) for c in calls(optimized) if c.op.name.startswith("nn.conv2d")
+              or c.op.name == "nn.contrib_conv2d_NCHWc"}
+    assert dtypes == {"float32"}, dtypes
+
+
+def test_handler_leaves_what_is_not_a_region_to_tvm():
+    x = relay.var("x", shape=(2, 8))
+    quantize = relay.qnn.op.quantize(x, relay.const(0.1), relay.const(0), out_dtype="int8")
+    call = relay.transform.InferType()(tvm.IRModule.from_expr(quantize))["main"].body
+    types = [a.checked_type for a in call.args] + [call.checked_type]
+    with tvm.target.Target("llvm"):                    # no dot-product ISA: TVM's lowering
+        assert qdq.legalize_quantize(call.attrs, call.args, types) is None
+    with tvm.target.Target("llvm -mcpu=znver4"):       # a float input: ONNX rounding, as to_integer
+        legal = qdq.legalize_quantize(call.attrs, call.args, types)
+    assert isinstance(legal, relay.Call) and "qnn.quantize" not in {c.op.name for c in calls(legal)}
+    per_channel = relay.qnn.op.quantize(x, relay.const(np.full(8, 0.1, "float32")), relay.const(0), axis=1)
+    call = relay.transform.InferType()(tvm.IRModule.from_expr(per_channel))["main"].body
+    with tvm.target.Target("llvm -mcpu=znver4"):       # per-channel output: to_integer keeps it too
+        assert qdq.legalize_quantize(call.attrs, call.args, [a.checked_type for a in call.args]) is None
