@@ -10,6 +10,11 @@ that patches a third-party module.
 onnx is imported (right away if it already is), so that a user's own
 ``relay.frontend.from_onnx`` works too, while importing the package neither
 imports onnx (about 0.2 s) nor needs it installed.
+
+:func:`install_onnx_converters` (also at ``import tvm_tcutils``) adds the
+package's converters for the ONNX ops TVM 0.19 imports wrongly or not at all
+(:mod:`tvm_tcutils.onnx_quantize_dynamic`: onnxruntime's dynamic quantization)
+to the table TVM's importer looks operators up in.
 """
 from __future__ import annotations
 
@@ -112,6 +117,39 @@ def install_onnx_shim() -> None:
         return
     if not any(getattr(finder, "tcutils_onnx_shim", False) for finder in sys.meta_path):
         sys.meta_path.insert(0, OnnxMappingFinder())
+
+
+def install_onnx_converters() -> None:
+    """Make TVM's ONNX importer use the package's converters (:data:`onnx_quantize_dynamic.CONVERTERS`); idempotent.
+
+    TVM 0.19's ``relay.frontend.onnx`` builds its operator table anew in
+    ``_get_convert_map(opset)`` for each node; that function is wrapped so that the
+    table it returns holds the package's converters in place of TVM's for the same
+    op types. Everything else is TVM's.
+
+    Examples
+    --------
+    >>> install_onnx_converters()
+    >>> from tvm.relay.frontend import onnx as frontend
+    >>> frontend._get_convert_map(17)["MatMulInteger"].__module__
+    'tvm_tcutils.onnx_quantize_dynamic'
+    """
+    from tvm.relay.frontend import onnx as frontend
+
+    from .onnx_quantize_dynamic import CONVERTERS
+
+    original = frontend._get_convert_map
+    # The original across re-installs and importlib.reload of either module.
+    original = getattr(original, "tcutils_original", original)
+
+    def convert_map(opset):
+        table = original(opset)
+        table.update(CONVERTERS)
+        return table
+
+    convert_map.tcutils_original = original
+    convert_map.__doc__ = original.__doc__
+    frontend._get_convert_map = convert_map
 
 
 def onnx_model_for_ort(model):

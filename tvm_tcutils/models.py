@@ -301,7 +301,9 @@ def _sidecar_params(path: str, recorded: Optional[str] = None) -> Params:
 
 
 def _load_onnx(path: str):
-    from ._compat import ensure_onnx_mapping
+    from ._compat import ensure_onnx_mapping, install_onnx_converters
+
+    install_onnx_converters()  # import tvm_tcutils did it, unless only this module was loaded
 
     try:
         onnx = ensure_onnx_mapping()
