@@ -225,7 +225,8 @@ EVERY_PAIR = {"scalar_2d", "column_3d", "runtime_zp_3d", "batched_runtime", "pad
 
 
 @pytest.mark.parametrize("a_dtype, b_dtype, target", [pair + ("host",) for pair in PAIRS] + [
-    ("uint8", "int8", "llvm"),  # TVM's own int8 path, for quantize_dynamic's default (QInt8) weights
+    # TVM's own int8 path, for quantize_dynamic's default (QInt8) weights (30 s: under -m slow)
+    pytest.param("uint8", "int8", "llvm", marks=pytest.mark.slow),
 ])
 def test_integer_ops_equal_onnxruntime(a_dtype, b_dtype, target):
     g = _integer_graph(a_dtype, b_dtype)
