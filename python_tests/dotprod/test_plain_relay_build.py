@@ -168,3 +168,41 @@ def test_handler_leaves_what_is_not_a_region_to_tvm():
     call = relay.transform.InferType()(tvm.IRModule.from_expr(per_channel))["main"].body
     with tvm.target.Target("llvm -mcpu=znver4"):       # per-channel output: to_integer keeps it too
         assert qdq.legalize_quantize(call.attrs, call.args, [a.checked_type for a in call.args]) is None
+
+
+def _gelu_module():
+    """u8 -> dequantize -> GELU (erf) -> quantize u8: a quantized encoder's feed-forward activation."""
+    x = relay.var("x", shape=(4, 256), dtype="uint8")
+    scale, zero = relay.const(0.05), relay.const(128)
+    dq = relay.qnn.op.dequantize(x, scale, zero)
+    gelu = dq * relay.const(0.5) * (relay.const(1.0) + relay.erf(dq * relay.const(0.7071067811865476)))
+    out = relay.qnn.op.quantize(gelu, relay.const(0.03), relay.const(10), out_dtype="uint8")
+    return tvm.IRModule.from_expr(relay.Function([x], out))
+
+
+def test_gelu_of_a_quantized_region_uses_the_fast_erf():
+    import tvm.contrib.graph_executor  # noqa: F401
+
+    target = tvm_tcutils.host_target()
+    if not qdq.rewrites_for(target):
+        pytest.skip(f"{target} has no dot-product ISA: the package leaves the build to TVM")
+    mod = _gelu_module()
+    values = np.random.default_rng(0).integers(0, 256, size=(4, 256)).astype("uint8")
+
+    def build_and_run():
+        with tvm.transform.PassContext(opt_level=3):
+            lib = relay.build(mod, target=target)
+        runner = tvm.contrib.graph_executor.GraphModule(lib["default"](tvm.cpu()))
+        runner.set_input("x", values)
+        runner.run()
+        return lib.lib.get_source("asm"), runner.get_output(0).numpy().astype(int)
+
+    asm, fast = build_and_run()
+    tvm_tcutils.unregister()
+    try:
+        tvm_asm, exact = build_and_run()
+    finally:
+        tvm_tcutils.register()
+    # TVM lowers erf to a libm call per element; the fast form is inline, vectorized arithmetic.
+    assert "erff" in tvm_asm and "erff" not in asm
+    assert np.abs(fast - exact).max() <= 1  # at most one 8-bit step, where erf and fast_erf round apart
