@@ -218,8 +218,8 @@ def test_relay_int4_dense_for_sm_90_is_not_the_packages():
     assert names == {"sm_89": strategy.DENSE_IMPL, "sm_90": "dense_tensorcore.cuda"}
 
 
-def _template_fallback(task_name: str, dtype: str, data_shape, weight_shape, arch: str) -> Kernels:
-    """A template's fallback config built for ``arch`` (AutoTVM's instantiate + tvm.build, no Relay)."""
+def _task(task_name: str, dtype: str, data_shape, weight_shape, arch: str):
+    """The AutoTVM task of a tensor-core template (3x3 padded conv2d or dense) for ``arch``, and its target."""
     target = tvm.target.Target(f"cuda -arch={arch}", host="llvm")
     data = te.placeholder(data_shape, dtype, name="data")
     weight = te.placeholder(weight_shape, dtype, name="weight")
@@ -227,7 +227,12 @@ def _template_fallback(task_name: str, dtype: str, data_shape, weight_shape, arc
         args = (data, weight, (1, 1), (1, 1, 1, 1), (1, 1), "int32")
     else:
         args = (data, weight, "int32")
-    task = autotvm.task.create(task_name, args=args, target=target)
+    return autotvm.task.create(task_name, args=args, target=target), target
+
+
+def _template_fallback(task_name: str, dtype: str, data_shape, weight_shape, arch: str) -> Kernels:
+    """A template's fallback config built for ``arch`` (AutoTVM's instantiate + tvm.build, no Relay)."""
+    task, target = _task(task_name, dtype, data_shape, weight_shape, arch)
     start = time.perf_counter()
     with target:
         sched, tensors = task.instantiate(autotvm.task.space.FallbackConfigEntity())
@@ -315,14 +320,7 @@ def _sampled_configs(task) -> list:
 @pytest.mark.parametrize("case", TEMPLATE_CASES, ids=lambda c: f"{c[0].split('.')[1]}-{c[1]}")
 def test_template_configs_compile_to_integer_mma(case):
     task_name, dtype, data_shape, weight_shape = case
-    target = tvm.target.Target(f"cuda -arch={TEMPLATE_ARCH}", host="llvm")
-    data = te.placeholder(data_shape, dtype, name="data")
-    weight = te.placeholder(weight_shape, dtype, name="weight")
-    if task_name == conv2d_hwnc.TASK:
-        args = (data, weight, (1, 1), (1, 1, 1, 1), (1, 1), "int32")
-    else:
-        args = (data, weight, "int32")
-    task = autotvm.task.create(task_name, args=args, target=target)
+    task, target = _task(task_name, dtype, data_shape, weight_shape, TEMPLATE_ARCH)
     configs = _sampled_configs(task)
     start = time.perf_counter()
     built = []

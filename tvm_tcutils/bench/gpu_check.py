@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -43,7 +42,8 @@ from tvm import autotvm, relay
 from tvm.contrib import graph_executor
 
 from .. import cuda
-from ..measure import Timing, interleave, ratio
+from ..measure import interleave, ratio
+from .tensorcore import task_arguments
 
 #: Dense integer tensor-core peak (TOPS, no sparsity) by device-name fragment, from the vendors' data sheets.
 PEAK_TOPS: Dict[str, Dict[str, float]] = {
@@ -242,14 +242,6 @@ def _task_function(task, target):
         return tvm.build(sched, tensors, target), tensors
 
 
-def _arguments(tensors, arrays, dev) -> list:
-    """AutoTVM's instantiate lists the output first, then the inputs in the task's argument order."""
-    for tensor, array in zip(tensors[1:], arrays):
-        assert tuple(int(v) for v in tensor.shape) == tuple(array.shape), (tensor.shape, array.shape)
-    return [tvm.nd.empty([int(v) for v in tensors[0].shape], tensors[0].dtype, dev)] + [
-        tvm.nd.array(array, dev) for array in arrays]
-
-
 def _kernel_sample(func, args, dev, number: int = 50) -> Callable[[], float]:
     evaluator = func.time_evaluator(func.entry_name, dev, number=number, repeat=1)
     return lambda: float(evaluator(*args).results[0]) * 1e3
@@ -281,7 +273,7 @@ def layers(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
             results.add(**row)
             continue
         arrays = [rng.integers(-128, 128, size=s).astype("int8") for s in shapes]
-        timers = {name: _kernel_sample(func, _arguments(tensors, arrays, dev), dev)
+        timers = {name: _kernel_sample(func, task_arguments(tensors, arrays, dev), dev)
                   for name, (func, tensors) in funcs.items()}
         timings = interleave(timers, rounds)
         row.update(timings)
@@ -372,7 +364,7 @@ def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, 
             dev = tvm.cuda(0)
             arrays = [rng.integers(-128, 128, size=(m, k)).astype("int8"),
                       rng.integers(-128, 128, size=(n, k)).astype("int8")]
-            call_args = _arguments(tensors, arrays, dev)
+            call_args = task_arguments(tensors, arrays, dev)
             want = arrays[0].astype(np.int64) @ arrays[1].astype(np.int64).T if m * n * k <= 2 ** 31 else None
             func(*call_args)
             if want is not None:
@@ -417,16 +409,6 @@ def summary(rows: List[dict]) -> Dict[str, object]:
         if values:
             out[f"{part}_geomean_{key}"] = float(np.exp(np.mean(np.log(values))))
     return out
-
-
-def timing_rows_ok(rows: List[dict]) -> bool:
-    """Whether every timed row has samples (used by the script's exit status)."""
-    return all(not isinstance(v, Timing) or v.samples_ms for r in rows for v in r.values())
-
-
-def python() -> str:
-    """The interpreter running this (for the torch worker: the GPU machine's python has torch)."""
-    return sys.executable
 
 
 def _ms(value: Optional[dict]) -> str:

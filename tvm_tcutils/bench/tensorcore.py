@@ -64,8 +64,13 @@ def time_task(task, trials: int, arrays) -> Timing:
         sched, tensors = task.instantiate(best_config(task, trials))
         func = tvm.build(sched, tensors, target)
     dev = tvm.cuda(0)
-    # AutoTVM's instantiate lists the output first, then the inputs in the task's argument order.
-    args = [tvm.nd.empty([int(v) for v in tensors[0].shape], tensors[0].dtype, dev)]
-    for array in arrays:
-        args.append(tvm.nd.array(array, dev) if isinstance(array, np.ndarray) else array.copyto(dev))
-    return time_function(func, args, repeat=5, number=50, device=dev)
+    return time_function(func, task_arguments(tensors, arrays, dev), repeat=5, number=50, device=dev)
+
+
+def task_arguments(tensors, arrays, dev) -> list:
+    """Device arguments of an instantiated AutoTVM task: its output first, then ``arrays`` (numpy or
+    NDArrays) in the task's argument order, as AutoTVM's ``instantiate`` lists its tensors."""
+    for tensor, array in zip(tensors[1:], arrays):
+        assert tuple(int(v) for v in tensor.shape) == tuple(array.shape), (tensor.shape, array.shape)
+    return [tvm.nd.empty([int(v) for v in tensors[0].shape], tensors[0].dtype, dev)] + [
+        tvm.nd.array(array, dev) if isinstance(array, np.ndarray) else array.copyto(dev) for array in arrays]
