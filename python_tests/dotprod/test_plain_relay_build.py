@@ -180,13 +180,22 @@ def _gelu_module():
     return tvm.IRModule.from_expr(relay.Function([x], out))
 
 
-def test_gelu_of_a_quantized_region_uses_the_fast_erf():
+def _softmax_module():
+    """u8 scores -> dequantize -> softmax -> quantize u8 (scale 1/255): attention's probabilities."""
+    x = relay.var("x", shape=(4, 256), dtype="uint8")
+    dq = relay.qnn.op.dequantize(x, relay.const(0.05), relay.const(128))
+    out = relay.qnn.op.quantize(relay.nn.softmax(dq), relay.const(1 / 255), relay.const(0), out_dtype="uint8")
+    return tvm.IRModule.from_expr(relay.Function([x], out))
+
+
+@pytest.mark.parametrize("make, libm", [(_gelu_module, "erff"), (_softmax_module, "expf")], ids=["gelu", "softmax"])
+def test_quantized_region_uses_the_fast_forms(make, libm):
     import tvm.contrib.graph_executor  # noqa: F401
 
     target = tvm_tcutils.host_target()
     if not qdq.rewrites_for(target):
         pytest.skip(f"{target} has no dot-product ISA: the package leaves the build to TVM")
-    mod = _gelu_module()
+    mod = make()
     values = np.random.default_rng(0).integers(0, 256, size=(4, 256)).astype("uint8")
 
     def build_and_run():
@@ -203,6 +212,6 @@ def test_gelu_of_a_quantized_region_uses_the_fast_erf():
         tvm_asm, exact = build_and_run()
     finally:
         tvm_tcutils.register()
-    # TVM lowers erf to a libm call per element; the fast form is inline, vectorized arithmetic.
-    assert "erff" in tvm_asm and "erff" not in asm
-    assert np.abs(fast - exact).max() <= 1  # at most one 8-bit step, where erf and fast_erf round apart
+    # TVM lowers erf and exp to a libm call per element; the fast forms are inline, vectorized arithmetic.
+    assert libm in tvm_asm and libm not in asm
+    assert np.abs(fast - exact).max() <= 1  # at most one 8-bit step, where the two forms round apart

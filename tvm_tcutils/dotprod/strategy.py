@@ -29,7 +29,8 @@ For targets with a 4-way dot-product ISA (see :mod:`tvm_tcutils.dotprod.isa`) an
   VNNI targets and saturates (wrong results) on AVX2 ones.
 * Every 8-bit ``nn.batch_matmul`` with int32 output on x86 (``qnn.batch_matmul``
   lowers to one) gets :mod:`.topi.batch_matmul`: tensorized for the dtype pairs
-  the ISA multiplies, exact plain int32 arithmetic for the others. TVM's
+  the ISA multiplies, directly or with one operand's sign bit flipped (u8 x u8
+  attention products on VNNI), exact plain int32 arithmetic for any other. TVM's
   legalization (i8 data to u8, padding) still runs before it.
 * A u8 x u8 dense on VNNI keeps its plain layout: TVM's alteration would pack
   it for ``vpdpbusd``, which cannot multiply it, and no implementation takes
@@ -395,12 +396,12 @@ def _int8_batch_matmul_isa(inputs, out_type, target) -> Optional[DotProductISA]:
 
 def _applies_batch_matmul_dot(attrs, inputs, out_type, target) -> bool:
     isa = _int8_batch_matmul_isa(inputs, out_type, target)
-    return isa is not None and isa.variant(inputs[0].dtype, inputs[1].dtype) is not None
+    return isa is not None and batch_matmul.stored_pair(isa, inputs[0].dtype, inputs[1].dtype) is not None
 
 
 def _applies_batch_matmul_exact(attrs, inputs, out_type, target) -> bool:
     isa = _int8_batch_matmul_isa(inputs, out_type, target)
-    return isa is not None and isa.variant(inputs[0].dtype, inputs[1].dtype) is None
+    return isa is not None and batch_matmul.stored_pair(isa, inputs[0].dtype, inputs[1].dtype) is None
 
 
 def _applies_layout_transform(attrs, inputs, out_type, target) -> bool:

@@ -6,19 +6,22 @@ VNNI / ``vpmaddubsw`` intrinsic: LLVM 22 aborts the process on VNNI targets and
 the 16-bit saturating path gives wrong int32 results on AVX-512BW ones. Two
 replacements:
 
-* :func:`batch_matmul_dot` (an AutoTVM template) for dtype pairs the target's
-  ISA multiplies natively: both operands are packed once per call, ``x`` to
-  ``(B, M, K4)`` and ``y`` to ``(B, N/L, K4/4, L, 4)`` (``L`` lanes, ``K4`` =
-  ``K`` rounded up to 4), which also undoes ``transpose_a`` / ``transpose_b``,
-  and each ``L``-lane output block is one dot-product step per 4 ``K``;
-* :func:`batch_matmul_exact` for every other 8-bit pair: int32 products summed
-  in int32, vectorized over ``N``.
+* :func:`batch_matmul_dot` (an AutoTVM template) for every 8-bit pair the ISA
+  multiplies natively or after flipping one operand's sign bit (:func:`stored_pair`:
+  u8 x u8 on VNNI, the two activations of attention, is x x (y - 128) plus
+  ``128 * sum_k x``, exact in int32): both operands are packed once per call,
+  ``x`` to ``(B, M, K4)`` and ``y`` to ``(B, N/L, K4/4, L, 4)`` (``L`` lanes,
+  ``K4`` = ``K`` rounded up to 4), which also undoes ``transpose_a`` /
+  ``transpose_b`` (and flips the sign bit), and each ``L``-lane output block is
+  one dot-product step per 4 ``K``;
+* :func:`batch_matmul_exact` for 8-bit pairs no ISA variant takes even so:
+  int32 products summed in int32, vectorized over ``N``.
 
 Both broadcast a batch of 1 against the other operand's batch, as Relay does.
 """
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 from ..._tvm import tvm  # noqa: F401  (TVM checked first)
 from tvm import te, tir
@@ -46,6 +49,35 @@ def _dims(x: te.Tensor, y: te.Tensor, transpose_a: bool, transpose_b: bool) -> T
     return max(xb, yb), m, k, n
 
 
+_FLIPPED = {"uint8": "int8", "int8": "uint8"}
+
+
+def stored_pair(isa, x_dtype: str, y_dtype: str) -> Optional[Tuple[str, str]]:
+    """The dtypes ``x`` and ``y`` are packed in so that ``isa`` multiplies them: as given when it
+    does natively, else with one operand's sign bit flipped (``v ^ 0x80``, i.e. ``v -/+ 128``);
+    None when neither works.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_VNNI
+    >>> stored_pair(X86_VNNI, "uint8", "int8"), stored_pair(X86_VNNI, "uint8", "uint8")
+    (('uint8', 'int8'), ('uint8', 'int8'))
+    >>> stored_pair(X86_VNNI, "int8", "int8")
+    ('uint8', 'int8')
+    """
+    for pair in ((x_dtype, y_dtype), (x_dtype, _FLIPPED[y_dtype]), (_FLIPPED[x_dtype], y_dtype)):
+        if isa.variant(*pair) is not None:
+            return pair
+    return None
+
+
+def _flip(value, dtype: str, stored: str):
+    """``value`` of ``dtype`` with its sign bit flipped into ``stored`` (unchanged when equal)."""
+    if dtype == stored:
+        return value
+    return (value.astype("int32") + (128 if stored == "uint8" else -128)).astype(stored)
+
+
 def _reader(t: te.Tensor, transposed: bool) -> Callable:
     """``read(b, row, k)`` of a (batch, rows, K) operand stored as given (batch 1 broadcast)."""
     single = int(t.shape[0]) == 1
@@ -66,7 +98,7 @@ def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=F
         AutoTVM configuration (knobs ``tile_m`` and ``tile_nb``: output rows and ``L``-lane blocks per tile).
     x, y : te.Tensor
         ``(B, M, K)`` and ``(B, N, K)`` (``(B, K, M)`` / ``(B, K, N)`` when transposed), 8-bit, a dtype
-        pair the ISA multiplies natively.
+        pair the ISA multiplies (see :func:`stored_pair`).
     out_shape : sequence, optional
         Relay's output shape (checked against the operands when given).
     out_dtype : str
@@ -86,24 +118,28 @@ def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=F
     """
     if out_dtype not in ("int32", None, ""):
         raise ValueError(f"out_dtype must be 'int32' for a dot-product batch_matmul, got {out_dtype!r}")
-    isa = current_isa(x.dtype, y.dtype)
+    isa = current_isa("uint8", "int8")
+    pair = stored_pair(isa, str(x.dtype), str(y.dtype))
+    if pair is None:
+        raise ValueError(f"the {isa.name} dot product takes no {x.dtype} x {y.dtype} operands, even with a "
+                         f"sign bit flipped; use batch_matmul_exact")
     batch, m, k, n = _dims(x, y, transpose_a, transpose_b)
     if out_shape is not None and tuple(get_const_tuple(out_shape)) != (batch, m, n):
         raise ValueError(f"out_shape {out_shape} does not match the operands' ({batch}, {m}, {n})")
     lanes = isa.lanes
     k_p, n_p = round_up(k, 4), round_up(n, lanes)
     read_x, read_y = _reader(x, transpose_a), _reader(y, not transpose_b)
-    zero_x, zero_y = tir.const(0, x.dtype), tir.const(0, y.dtype)
+    zero_x, zero_y = tir.const(0, pair[0]), tir.const(0, pair[1])
     x_pack = te.compute(
         (batch, m, k_p),
-        lambda b, i, c: tir.if_then_else(c < k, read_x(b, i, te.min(c, k - 1)), zero_x),
+        lambda b, i, c: tir.if_then_else(c < k, _flip(read_x(b, i, te.min(c, k - 1)), x.dtype, pair[0]), zero_x),
         name="bmm_data_pack", tag="dot_pack",
     )
     y_pack = te.compute(
         (batch, n_p // lanes, k_p // 4, lanes, 4),
         lambda b, o, c, ol, cs: tir.if_then_else(
             tir.all(o * lanes + ol < n, c * 4 + cs < k),
-            read_y(b, te.min(o * lanes + ol, n - 1), te.min(c * 4 + cs, k - 1)), zero_y,
+            _flip(read_y(b, te.min(o * lanes + ol, n - 1), te.min(c * 4 + cs, k - 1)), y.dtype, pair[1]), zero_y,
         ),
         name="bmm_weight_pack", tag="dot_pack",
     )
@@ -126,7 +162,35 @@ def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=F
         name="batch_matmul_dot", tag=TAG,
     )
     cfg.add_flop(2 * batch * m * n * k)
-    return te.compute((batch, m, n), lambda b, i, j: product[b, i, j], name="bmm_slice", tag="injective,dot_unpack")
+    correction = _flip_correction(x, y, pair, read_x, read_y, (batch, m, k, n))
+    return te.compute(
+        (batch, m, n), lambda b, i, j: product[b, i, j] + correction(b, i, j),
+        name="bmm_slice", tag="injective,dot_unpack",
+    )
+
+
+def _flip_correction(x, y, pair, read_x, read_y, dims) -> Callable:
+    """``correction(b, i, j)`` that makes the flipped operand's product exact again.
+
+    Flipping ``y`` stores ``y' = y - s`` (``s`` = 128 for u8, -128 for i8), so
+    ``sum_k x y = sum_k x y' + s * sum_k x``: a per-row sum of ``x`` (and likewise per column of
+    ``y`` when ``x`` is flipped). Each sum is ``B * M * K`` additions, against ``B * M * N * K``
+    multiply-adds of the product.
+    """
+    batch, m, k, n = dims
+    if (str(x.dtype), str(y.dtype)) == tuple(pair):
+        return lambda b, i, j: tir.const(0, "int32")
+    flip_y = str(y.dtype) != pair[1]
+    shift = 128 if str((y if flip_y else x).dtype) == "uint8" else -128
+    rows, read = (m, read_x) if flip_y else (n, read_y)
+    r_k = te.reduce_axis((0, k), name="k_sum")
+    sums = te.compute(
+        (batch, rows), lambda b, r: te.sum(read(b, r, r_k).astype("int32"), axis=r_k),
+        name="bmm_flip_sum", tag="dot_flip_sum",
+    )
+    if flip_y:
+        return lambda b, i, j: sums[b, i] * shift
+    return lambda b, i, j: sums[b, j] * shift
 
 
 def schedule_batch_matmul_dot(cfg, outs):
@@ -158,6 +222,9 @@ def schedule_batch_matmul_dot(cfg, outs):
         axes = s[pack].op.axis
         s[pack].parallel(s[pack].fuse(axes[0], axes[1]))
         s[pack].vectorize(axes[-1])
+    sums = find_op(outs, "dot_flip_sum")
+    if sums is not None:
+        s[sums].parallel(s[sums].op.axis[0])
     # The product stays a stage of its own (its N is padded to the lanes); whatever follows it
     # (the slice, fused elementwise ops) is one parallel, vectorized loop nest over the output.
     _schedule_elementwise_tail(s, outs, product)

@@ -71,13 +71,15 @@ def find_op(outs, tag: str) -> Optional[te.Tensor]:
 
 
 def inline_between(s: te.Schedule, outs, stop: te.Tensor) -> None:
-    """Inline every injective op between the outputs and ``stop`` (exclusive) (iterative)."""
+    """Inline every injective op between the outputs and ``stop`` (exclusive) (iterative).
+
+    Other reductions on the way (a kernel's correction sums) stay stages of their own."""
     stack = [t.op for t in outs]
     seen = set()
     out_ops = {t.op for t in outs}
     while stack:
         op = stack.pop()
-        if op in seen or op == stop.op:
+        if op in seen or op == stop.op or (isinstance(op, te.ComputeOp) and op.reduce_axis):
             continue
         seen.add(op)
         if isinstance(op, te.ComputeOp) and op not in out_ops:
