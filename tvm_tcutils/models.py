@@ -667,9 +667,21 @@ def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
     return g.finish("mobilenet_v2", (batch, 3, 224, 224), logits, (batch, 1000))
 
 
+def bert_base_onnx(batch: int = 1, seq: int = 128, seed: int = 0):
+    """:func:`bert_onnx` the size of BERT-base: 12 layers, hidden 768, 12 heads (85 M weights, random).
+
+    Examples
+    --------
+    >>> bert_base_onnx.__name__
+    'bert_base_onnx'
+    """
+    return bert_onnx(batch=batch, seq=seq, hidden=768, heads=12, layers=12, seed=seed)
+
+
 #: ONNX graphs built in code, by the zoo name that loads them imported into Relay.
 ONNX_BUILDERS: Dict[str, Callable] = {
     "bert-tiny-onnx": bert_onnx,
+    "bert-base-onnx": bert_base_onnx,
     "resnet-50-onnx": resnet50_onnx,
     "mobilenet-v2-onnx": mobilenet_v2_onnx,
 }
@@ -703,6 +715,8 @@ def _onnx_zoo_builder(name: str):
 ZOO.update({
     "bert-tiny-onnx": ZooModel("bert-tiny-onnx", _onnx_zoo_builder("bert-tiny-onnx"), (128, 256),
                                "BERT-like encoder (4 layers, hidden 256, 4 heads, seq 128) built as ONNX"),
+    "bert-base-onnx": ZooModel("bert-base-onnx", _onnx_zoo_builder("bert-base-onnx"), (128, 768),
+                               "BERT-base-sized encoder (12 layers, hidden 768, 12 heads, seq 128) built as ONNX"),
     "resnet-50-onnx": ZooModel("resnet-50-onnx", _onnx_zoo_builder("resnet-50-onnx"), _IMAGE,
                                "ResNet-50 v1 built as ONNX (batch norm folded)"),
     "mobilenet-v2-onnx": ZooModel("mobilenet-v2-onnx", _onnx_zoo_builder("mobilenet-v2-onnx"), _IMAGE,

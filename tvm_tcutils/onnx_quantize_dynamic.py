@@ -23,7 +23,11 @@ puts them in at ``import tvm_tcutils``, for ``relay.frontend.from_onnx`` and
   ``auto_pad``; becomes ``qnn.conv2d``; padding takes the data's zero point,
   as in onnxruntime.
 * ``DynamicQuantizeLinear``: onnxruntime's arithmetic (range widened to hold 0,
-  scale 1 for an all-zero tensor, ``x / scale`` rounded half to even).
+  scale 1 for an all-zero tensor, ``x / scale`` rounded half to even). The
+  elementwise ops (and softmax) right before it, whose values it rounds to 8
+  bits, take their fast forms (:func:`tvm_tcutils.dotprod.qdq.fast_chain`: GELU's
+  ``erf``, attention's softmax), as in a static QDQ region: their error is far
+  below the 8-bit step (onnxruntime approximates both as well).
 
 Zero points that are constant scalars (or constant vectors of one value) go
 into the QNN op; the rest -- per-row ``a_zero_point``, per-column
@@ -353,8 +357,10 @@ def dynamic_quantize_linear(inputs: List[Optional[relay.Expr]], attrs: dict, par
     where = _node("DynamicQuantizeLinear", attrs)
     if len(inputs) != 1 or inputs[0] is None:
         raise ValueError(f"{where}: takes one input, got {len(inputs)}")
-    x = inputs[0]
-    _check_dtype(where, "x", x, ("float32",))
+    _check_dtype(where, "x", inputs[0], ("float32",))
+    from .dotprod.qdq import fast_chain
+
+    x = fast_chain(inputs[0])
     zero = relay.const(0.0, "float32")
     low = relay.minimum(relay.min(x), zero)
     high = relay.maximum(relay.max(x), zero)

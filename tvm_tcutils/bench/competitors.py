@@ -10,7 +10,8 @@ contender              constructor                                           tim
 =====================  ====================================================  =====================================
 Relay module (TVM)     :func:`relay_module` (or ``lib=`` an already built)   :class:`tvm_tcutils.measure.Timer`
 compiled TE function   :func:`te_function`                                   :func:`tvm_tcutils.measure.time_function`
-onnxruntime session    :func:`onnx_session`                                  :func:`tvm_tcutils.measure.time_callable`
+onnxruntime session    :func:`onnx_session` (of :func:`ort_session`)          :func:`tvm_tcutils.measure.time_callable`
+OpenVINO on a file     :func:`openvino_file`                                 :func:`tvm_tcutils.measure.time_callable`
 any Python callable    :func:`python_call`                                   :func:`tvm_tcutils.measure.time_callable`
 =====================  ====================================================  =====================================
 
@@ -111,6 +112,64 @@ def onnx_session(session, feeds: Mapping[str, object], repeat: int = 3, min_ms: 
         return python_call(lambda: session.run_with_iobinding(feeds), repeat=repeat, min_ms=min_ms)
     feeds = dict(feeds)
     return python_call(lambda: session.run(None, feeds), repeat=repeat, min_ms=min_ms)
+
+
+def ort_session(model, threads: int, pinned: bool = False):
+    """An onnxruntime CPU session of an ONNX model (``ModelProto`` or file) at ``threads`` intra-op threads.
+
+    ``pinned``: one thread per CPU, as TVM's pool and OpenVINO pin theirs (the calling thread, which runs
+    a share of each op, to the first CPU this process may use; the pool's threads to the next ones). For a
+    process of its own (:mod:`.isolated`): unpinned, onnxruntime's two threads at times shared one core for
+    whole runs there, at half its speed.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import onnx_model
+    >>> ort_session(onnx_model("mobilenet-v2-onnx"), 1).get_inputs()[0].name
+    'input'
+    """
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(model) if isinstance(model, str) else model
+    model.ir_version = min(model.ir_version, 8)  # onnx 1.23 writes IR 14, newer than this ORT reads
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    if pinned and threads > 1:
+        import os
+
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < threads:
+            raise ValueError(f"threads={threads} pinned needs as many CPUs; this process may use {len(cpus)}")
+        os.sched_setaffinity(0, {cpus[0]})
+        # onnxruntime numbers processors from 1; one entry per pool thread (threads - 1 of them).
+        opts.add_session_config_entry("session.intra_op_thread_affinities",
+                                      ";".join(str(cpu + 1) for cpu in cpus[1:threads]))
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def openvino_file(path: str, feeds: Mapping[str, object], threads: int, repeat: int = 3,
+                  min_ms: float = 100.0, pinned: bool = False) -> SampleTimer:
+    """OpenVINO's CPU plugin on an ONNX file, compiled for latency at ``threads`` threads (QDQ files run in
+    int8; float parts in OpenVINO's default inference precision, bf16 on CPUs that have it).
+
+    ``pinned``: OpenVINO's default CPU pinning (on Linux), for a process of its own; off (the default here),
+    for timing in turns with other runtimes in one process.
+
+    Raises
+    ------
+    ImportError
+        OpenVINO is not installed.
+    """
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(path, "CPU", {
+        "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+        "ENABLE_CPU_PINNING": pinned})
+    request = compiled.create_infer_request()
+    feeds = dict(feeds)
+    return python_call(lambda: request.infer(feeds), repeat=repeat, min_ms=min_ms)
 
 
 def settled(timer: SampleTimer, pause_s: float = 0.02) -> SampleTimer:

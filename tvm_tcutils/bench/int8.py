@@ -28,7 +28,9 @@ from ..dotprod.topi import packing
 from ..files import atomic_path
 from ..measure import graph_module, time_function
 from ..models import load_model
-from .competitors import SampleTimer, compare, onnx_session, python_call, relay_module, te_function, timed_once
+from .competitors import (
+    SampleTimer, compare, onnx_session, openvino_file, ort_session, relay_module, te_function, timed_once,
+)
 from .models import conv_layers
 
 TARGET = host_target()  # code for another CPU may not run here (SIGILL); the script's --target sets it
@@ -246,16 +248,6 @@ def _relay_qnn_conv(layer, data, kernel):
     return lib, {"x": data}
 
 
-def _ort_session(model, threads: int):
-    import onnxruntime as ort
-
-    model.ir_version = min(model.ir_version, 8)  # onnx 1.23 writes IR 14, newer than this ORT reads
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
 def _ort_qlinearconv(layer, data, kernel, threads: int, nhwc: bool):
     from onnx import TensorProto, helper, numpy_helper
 
@@ -274,7 +266,7 @@ def _ort_qlinearconv(layer, data, kernel, threads: int, nhwc: bool):
                               [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
                               initializer=[weights, *scalars])
     opsets = [helper.make_opsetid("", 13)] + ([helper.make_opsetid("com.microsoft", 1)] if nhwc else [])
-    sess = _ort_session(helper.make_model(graph, opset_imports=opsets), threads)
+    sess = ort_session(helper.make_model(graph, opset_imports=opsets), threads)
     feed = np.ascontiguousarray(data.transpose(0, 2, 3, 1)) if nhwc else data
     return time_ort(sess, {"x": feed})
 
@@ -287,7 +279,7 @@ def _ort_fp32_conv(layer, threads: int):
     node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
     graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[weights])
-    sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
+    sess = ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
     feed = {"x": RNG.standard_normal((1, c, h, w)).astype("float32")}
     return time_ort(sess, feed)
 
@@ -353,7 +345,7 @@ def _ort_qlinearmatmul(data, weight, threads: int):
     node = helper.make_node("QLinearMatMul", ["a", "as", "az", "w", "ws", "wz", "ys", "yz"], ["y"])
     graph = helper.make_graph([node], "qmm", [helper.make_tensor_value_info("a", TensorProto.UINT8, list(data.shape))],
                               [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializer=inits)
-    sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
+    sess = ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
     return time_ort(sess, {"a": data})
 
 
@@ -364,7 +356,7 @@ def _ort_fp32_gemm(m, k, n, threads):
     node = helper.make_node("Gemm", ["a", "w"], ["y"], transB=1)
     graph = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[weight])
-    sess = _ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
+    sess = ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
     feed = {"a": RNG.standard_normal((m, k)).astype("float32")}
     return time_ort(sess, feed)
 
@@ -462,15 +454,10 @@ def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None,
 def _openvino_timer(path: str, feed, threads: int) -> Optional[SampleTimer]:
     """OpenVINO's CPU plugin on an ONNX file (it runs QDQ models in int8), or None if not installed."""
     try:
-        import openvino as ov
+        return openvino_file(path, feed, threads)
     except ImportError:
         print("OpenVINO not installed: its column stays empty")
         return None
-    compiled = ov.Core().compile_model(path, "CPU", {
-        "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
-        "ENABLE_CPU_PINNING": False})
-    request = compiled.create_infer_request()
-    return python_call(lambda: request.infer(feed), repeat=3, min_ms=100)
 
 
 def _model_timers(libs, files: Mapping[str, str], ort_columns, feed, threads: int) -> Dict[str, SampleTimer]:
@@ -479,7 +466,7 @@ def _model_timers(libs, files: Mapping[str, str], ort_columns, feed, threads: in
     import onnx
 
     timers = {column: graph_timer(lib, feed, 5, 200) for column, lib in libs.items()}
-    timers.update({column: time_ort(_ort_session(onnx.load(files[key]), threads), feed)
+    timers.update({column: time_ort(ort_session(onnx.load(files[key]), threads), feed)
                    for column, key in ort_columns})
     return timers
 
@@ -605,7 +592,7 @@ def bench_reduce_range(threads, model: str = "resnet-50-onnx", rounds: int = 5):
         run = graph_module(lib, feed)
         run.run()
         results[column] = outputs(run)[0]
-    expected = _ort_session(onnx.load(files["qdq"]), 1).run(None, feed)[0]
+    expected = ort_session(onnx.load(files["qdq"]), 1).run(None, feed)[0]
     same = np.array_equal(results["tcutils exact"], results["tcutils reduce-range"])
     print(f"reduce-range output == exact output: {same}; max |ours - ORT QDQ| "
           f"{np.abs(results['tcutils reduce-range'].astype(float) - expected).max()}")

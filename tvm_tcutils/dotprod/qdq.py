@@ -651,14 +651,26 @@ FAST_FORMS = {"erf": "fast_erf", "nn.softmax": "nn.fast_softmax"}
 
 
 class _FastForms(relay.ExprMutator):
-    """:data:`FAST_FORMS` inside one quantized region: stops at its ``qnn.dequantize`` inputs."""
+    """:data:`FAST_FORMS` in the float ops behind an 8-bit quantization: stops at ``qnn.dequantize`` (a
+    static region's inputs) and, with ``chain``, at every op that is neither elementwise nor a fast form's."""
 
-    def __init__(self):
+    def __init__(self, chain: bool = False):
         super().__init__()
+        self.chain = chain
         self.changed = 0
 
-    def visit_call(self, call):
+    def _stops(self, call: relay.Call) -> bool:
         if _op(call, "qnn.dequantize", "qnn.quantize"):
+            return True
+        if not self.chain:
+            return False
+        if not isinstance(call.op, tvm.ir.Op):
+            return True
+        pattern = call.op.get_attr("TOpPattern")
+        return call.op.name not in FAST_FORMS and (pattern is None or int(pattern) > _BROADCAST)
+
+    def visit_call(self, call):
+        if self._stops(call):
             return call
         new = super().visit_call(call)
         name = getattr(new.op, "name", "")
@@ -666,6 +678,10 @@ class _FastForms(relay.ExprMutator):
             self.changed += 1
             return relay.Call(tvm.ir.Op.get(FAST_FORMS[name]), new.args, new.attrs, new.type_args, new.span)
         return new
+
+
+#: ``TOpPattern`` of broadcasting ops (TVM's ``kBroadcast``); elementwise ones are below it.
+_BROADCAST = 1
 
 
 def fast_region(quantize: relay.Call) -> Optional[relay.Call]:
@@ -687,6 +703,30 @@ def fast_region(quantize: relay.Call) -> Optional[relay.Call]:
     if not mutator.changed:
         return None
     return relay.Call(quantize.op, [data, *quantize.args[1:]], quantize.attrs, quantize.type_args, quantize.span)
+
+
+def fast_chain(value: relay.Expr) -> relay.Expr:
+    """``value``, about to be quantized to 8 bits at run time, with :data:`FAST_FORMS` in the elementwise
+    ops (and softmax) that compute it from the last other ops; ``value`` itself when there are none.
+
+    For onnxruntime's ``DynamicQuantizeLinear`` (:mod:`tvm_tcutils.onnx_quantize_dynamic`): a dynamically
+    quantized encoder's GELU and softmax feed one, as a static one's feed a ``qnn.quantize``. Other users of
+    the ops keep the exact forms (the fast ones are new nodes).
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(8,))
+    >>> h = relay.nn.dense(relay.reshape(x, (1, 8)), relay.var("w", shape=(8, 8)))
+    >>> fast_chain(relay.multiply(h, relay.erf(h))).args[1].op.name
+    'fast_erf'
+    >>> z = relay.nn.dense(relay.erf(x), relay.var("w")); fast_chain(z).same_as(z)  # a dense stops it
+    True
+    """
+    mutator = _FastForms(chain=True)
+    if isinstance(value, relay.Call) and mutator._stops(value):
+        return value
+    new = mutator.visit(value)
+    return new if mutator.changed else value
 
 
 #: Set while :func:`legalize_quantize` legalizes a region it made: the nested pass leaves quantizes to TVM.

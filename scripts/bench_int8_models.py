@@ -1,0 +1,63 @@
+"""Quantized models end to end: tvm-tcutils (plain relay.build) against onnxruntime and OpenVINO, isolated.
+
+Each model is quantized by onnxruntime's quantizer (``quantize_static`` QDQ
+per-channel and ``quantize_dynamic``; cached under ``~/.cache/tvm-tcutils/int8``)
+and run by the three runtimes, each contender in a process of its own that is
+stopped (``SIGSTOP``) while another one is timed, so no runtime's spinning
+threads take the cores of the next (``tvm_tcutils.bench.isolated``). The
+contenders of one thread count take turns, ``--rounds`` rounds; ratios carry
+bootstrap intervals. See ``tvm_tcutils.bench.int8_models``.
+
+Usage::
+
+    PYTHONPATH=. python scripts/bench_int8_models.py --models bert-tiny-onnx bert-base-onnx --threads 1 2
+    PYTHONPATH=. python scripts/bench_int8_models.py --models resnet-50-onnx mobilenet-v2-onnx --routes qdq fp32
+
+The rows go to ``docs/benchmarks/data/bench_int8_models.json`` (``--json``), with the command, the
+machine and the date; ``docs/benchmarks/dotprod.md``'s model tables are made from that file.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
+from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
+from tvm_tcutils.bench.int8_models import ROUTES, RUNTIMES, bench_model  # noqa: E402
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.dotprod.isa import for_target  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["bert-tiny-onnx"],
+                        help="zoo names or .onnx files (default: bert-tiny-onnx)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=7, help="turns per contender (median)")
+    parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=list(ROUTES))
+    parser.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=list(RUNTIMES))
+    add_json_argument(parser, __file__)
+    add_timing_arguments(parser)
+    args = parser.parse_args(argv)
+    use_timing_arguments(args)
+    if any(n < 1 for n in args.threads):
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    target = tvm_tcutils.host_target()
+    isa = for_target(target)
+    print(f"target {target}: ISA {isa.name if isa else 'none (the float path)'}; each contender in its own "
+          f"process, stopped while another runs")
+    results = Results(__file__, argv, target=target, isa=isa.name if isa else None, threads=args.threads,
+                      rounds=args.rounds, routes=args.routes, isolation="one process per contender, SIGSTOP "
+                      "while another is timed")
+    for model in args.models:
+        for row in bench_model(model, args.threads, args.rounds, args.routes, args.runtimes):
+            results.add(**row)
+        results.write(args.json)  # after each model: an interrupted run keeps the models done
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
