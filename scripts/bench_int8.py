@@ -42,6 +42,11 @@ take the 8-bit ``vpmaddubsw`` step (and are checked to give the same bytes), and
 QDQ and QOperator files, in turns, with ratios and their intervals. onnxruntime picks its kernels
 from the CPU it runs on, so its column is an AVX2 one only on an AVX2 CPU without VNNI.
 
+``--encoder-ops`` times an encoder's int8 products at 128 tokens (``bench_encoder_ops``): the dense
+template at bert-tiny's and BERT-base's projection shapes and the u8 x u8 ``batch_matmul`` template at
+their attention shapes, against onnxruntime's ``MatMulInteger`` (int32 out, as ours) and
+``QLinearMatMul``, with the measured peak.
+
 ``--transforms-only`` times the u8 ``layout_transform`` ops around those convs (``NCHW`` <->
 ``NCHW{b}c``) with TVM's x86 injective schedule and with the package's byte-shuffle schedule.
 
@@ -52,6 +57,8 @@ Usage::
 
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --transforms-only
+    PYTHONPATH=. python scripts/bench_int8.py --threads 1 --encoder-ops \
+        --json docs/benchmarks/data/bench_int8_encoder_ops.json
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 --e2e-only --e2e-model resnet-50-onnx --rounds 5
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --reduce-range --target "llvm -mcpu=core-avx2"
 """
@@ -67,8 +74,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils.bench import int8  # noqa: E402
 from tvm_tcutils.bench.int8 import (  # noqa: E402
-    avx2_peak_gops, bench_conv, bench_dense, bench_e2e, bench_reduce_range, bench_transforms, peak_gops, report,
-    resnet50_layers, set_threads,
+    avx2_peak_gops, bench_conv, bench_dense, bench_e2e, bench_encoder_ops, bench_reduce_range, bench_transforms,
+    peak_gops, report, resnet50_layers, set_threads,
 )
 from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
@@ -94,6 +101,9 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default=None, help="TVM target (default: this CPU's)")
     parser.add_argument("--transforms-only", action="store_true",
                         help="only the u8 layout transforms around ResNet-50's convs (TVM's schedule vs ours)")
+    parser.add_argument("--encoder-ops", action="store_true",
+                        help="only an encoder's int8 dense and batch_matmul at 128 tokens (bert-tiny, BERT-base "
+                             "shapes) against onnxruntime's MatMulInteger / QLinearMatMul and the peak")
     parser.add_argument("--reduce-range", action="store_true",
                         help="only --e2e-model with 7-bit weights: exact vs reduce-range build vs onnxruntime")
     add_json_argument(parser, __file__)
@@ -135,6 +145,16 @@ def main(argv=None) -> int:
         if isa.name == "x86_avx2":
             inexact = max(avx2_peak_gops(n, saturating=True) for _ in range(3))
             print(f"  for reference, the saturating vpmaddubsw+vpmaddwd step (not exact): {inexact:.0f} GOPS")
+    if args.encoder_ops:
+        for name, n, row in bench_encoder_ops(args.threads, max(args.rounds, 3)):
+            peak, ort = peaks.get(n), row.get("ORT MatMulInteger")
+            cells = "  ".join(f"{key} {value:7.1f}" for key, value in row.items())
+            print(f"{name:<34} t={n}  {cells}  | ours/peak "
+                  f"{row['ours untuned'] / peak if peak else float('nan'):5.1%}  ours/ORT MatMulInteger "
+                  f"x{row['ours untuned'] / ort if ort else float('nan'):4.2f}", flush=True)
+            results.add(layer=name, threads=n, gops=row, peak_gops=peak)
+        results.write(args.json)
+        return 0
     layers = [] if args.e2e_only else resnet50_layers()
     if args.layers:
         layers = layers[: args.layers]

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
-from tvm_tcutils.bench.int8_models import ROUTES, RUNTIMES, bench_model  # noqa: E402
+from tvm_tcutils.bench.int8_models import ROUTES, RUNTIMES, bench_model, markdown  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod.isa import for_target  # noqa: E402
 
@@ -52,10 +52,13 @@ def main(argv=None) -> int:
     results = Results(__file__, argv, target=target, isa=isa.name if isa else None, threads=args.threads,
                       rounds=args.rounds, routes=args.routes, isolation="one process per contender, SIGSTOP "
                       "while another is timed")
+    rows = []
     for model in args.models:
         for row in bench_model(model, args.threads, args.rounds, args.routes, args.runtimes):
             results.add(**row)
+            rows.append(row)
         results.write(args.json)  # after each model: an interrupted run keeps the models done
+    print(markdown(rows))
     return 0
 
 

@@ -391,6 +391,68 @@ def bench_dense(m, k, n, threads, trials, log_dir, rounds: int = 3):
     return rows
 
 
+#: Encoder products at 128 tokens: (name, M, K, N) of the dense ops (bert-tiny: hidden 256; BERT-base: 768).
+ENCODER_DENSE = (
+    ("bert-tiny QKV/out 128x256x256", 128, 256, 256), ("bert-tiny FF up 128x256x1024", 128, 256, 1024),
+    ("bert-tiny FF down 128x1024x256", 128, 1024, 256), ("BERT-base QKV/out 128x768x768", 128, 768, 768),
+    ("BERT-base FF up 128x768x3072", 128, 768, 3072), ("BERT-base FF down 128x3072x768", 128, 3072, 768),
+)
+#: Attention's products of two activations: (name, heads, M, K, N), u8 x u8 as onnxruntime's QDQ files have them.
+ENCODER_BATCH_MATMUL = (
+    ("bert-tiny scores 4x128x64x128", 4, 128, 64, 128), ("bert-tiny context 4x128x128x64", 4, 128, 128, 64),
+    ("BERT-base scores 12x128x64x128", 12, 128, 64, 128), ("BERT-base context 12x128x128x64", 12, 128, 128, 64),
+)
+
+
+def _ort_matmul_integer(a, b, threads: int):
+    """onnxruntime's ``MatMulInteger`` (int32 out, zero points 0) of ``a`` by the constant ``b``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    types = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
+    node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
+    graph = helper.make_graph([node], "mmi", [helper.make_tensor_value_info("a", types[str(a.dtype)], list(a.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+                              initializer=[numpy_helper.from_array(b, "b")])
+    sess = ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), threads)
+    return time_ort(sess, {"a": a})
+
+
+def bench_encoder_ops(threads, rounds: int = 5) -> list:
+    """GOPS of an encoder's int8 products at 128 tokens: the package's dense and batch_matmul templates
+    (untuned) against onnxruntime's ``MatMulInteger`` (int32 out, as ours) and ``QLinearMatMul`` (with its
+    requantize); all in turns, per thread count. Returns ``(name, threads, {contender: GOPS})`` rows."""
+    from ..dotprod.strategy import BATCH_MATMUL_TASK
+
+    lanes = for_target(TARGET).lanes
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_encoder_ops_") as log_dir:
+        for name, m, k, n in ENCODER_DENSE:
+            data = RNG.integers(0, 256, (m, k)).astype("uint8")
+            weight = RNG.integers(-128, 128, (n, k)).astype("int8")
+            w_p = packing.pack_dense_weight(weight, lanes)
+            args = (te.placeholder(data.shape, "uint8"), te.placeholder(w_p.shape, "int8"), None, "int32")
+            timer = ours(DENSE_PACK_TASK, args, [data, w_p], (m, w_p.shape[0] * lanes), 0, log_dir)
+            for t in threads:
+                set_threads(t)
+                timers = {**timer, "ORT MatMulInteger": _ort_or_none(_ort_matmul_integer, data,
+                                                                     np.ascontiguousarray(weight.T), t),
+                          "ORT QLinearMatMul": _ort_or_none(_ort_qlinearmatmul, data, weight, t)}
+                rows.append((name, t, gops(timers, 2 * m * k * n / 1e9, rounds)))
+        for name, b, m, k, n in ENCODER_BATCH_MATMUL:
+            x = RNG.integers(0, 256, (b, m, k)).astype("uint8")
+            y = RNG.integers(0, 256, (b, n, k)).astype("uint8")
+            args = (te.placeholder(x.shape, "uint8"), te.placeholder(y.shape, "uint8"), None, "int32", False, True)
+            timer = ours(BATCH_MATMUL_TASK, args, [x, y], (b, m, n), 0, log_dir)
+            for t in threads:
+                set_threads(t)
+                # onnxruntime's MatMulInteger takes B as (batch, K, N); a constant here (an activation in a
+                # model: onnxruntime then packs it per call, which this leaves out in its favour).
+                timers = {**timer, "ORT MatMulInteger": _ort_or_none(_ort_matmul_integer, x,
+                                                                     np.ascontiguousarray(y.transpose(0, 2, 1)), t)}
+                rows.append((name, t, gops(timers, 2 * b * m * k * n / 1e9, rounds)))
+    return rows
+
+
 def _build_relay(expr, *params):
     with tvm.transform.PassContext(opt_level=3):
         return relay.build(tvm.IRModule.from_expr(relay.Function(list(params), expr)), target=TARGET)

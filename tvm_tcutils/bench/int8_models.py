@@ -182,3 +182,43 @@ def _print_row(row: dict, timed) -> None:
                           for rt in ("onnxruntime", "OpenVINO")
                           if column.startswith("tcutils") and route in row.get(f"vs_{rt}", {}))
         print(f"  {column:<22} {str(timing):<30} {cells}", flush=True)
+
+
+def _speedup(ratio: Optional[dict]) -> str:
+    """A time ratio (ours / theirs, with interval) as a speedup: theirs / ours, interval inverted."""
+    if not ratio:
+        return "-"
+    return f"x{1 / ratio['value']:.2f} [{1 / ratio['high']:.2f}, {1 / ratio['low']:.2f}]"
+
+
+def markdown(rows: Sequence[Mapping]) -> str:
+    """The Markdown table of :func:`bench_model`'s rows: one line per model, thread count and route.
+
+    Speedups are the other runtime's median time over tcutils' (above 1: tcutils is faster), each with
+    its 95 % bootstrap interval.
+
+    Examples
+    --------
+    >>> t = {"median_ms": 2.0, "spread": 0.01}
+    >>> row = {"model": "m", "threads": 1, "timings": {"tcutils qdq": t, "onnxruntime qdq": {"median_ms": 3.0,
+    ...        "spread": 0.0}}, "vs_onnxruntime": {"qdq": {"value": 0.5, "low": 0.4, "high": 0.625}},
+    ...        "vs_OpenVINO": {}}
+    >>> print(markdown([row]).splitlines()[-1])
+    | m | 1 | qdq | 2.00 | 3.00 | - | x2.00 [1.60, 2.50] | - | - |
+    """
+    from .table import markdown as table
+
+    header = ["model", "threads", "route", "tcutils ms", "onnxruntime ms", "OpenVINO ms",
+              "speedup vs onnxruntime", "speedup vs OpenVINO", "speedup vs tcutils fp32"]
+    lines = []
+    for row in rows:
+        routes = list(dict.fromkeys(column.split()[-1] for column in row["timings"]))
+        for route in routes:
+            def ms(runtime):
+                timing = row["timings"].get(f"{runtime} {route}")
+                return f"{timing['median_ms']:.2f}" if timing and timing.get("samples_ms", [1]) else "-"
+
+            lines.append([row["model"], row["threads"], route, ms("tcutils"), ms("onnxruntime"), ms("OpenVINO"),
+                          _speedup(row["vs_onnxruntime"].get(route)), _speedup(row["vs_OpenVINO"].get(route)),
+                          "-" if route == "fp32" else _speedup(row.get("vs_tcutils_fp32", {}).get(route))])
+    return table(header, lines)
