@@ -154,6 +154,24 @@ def _corrected(y: relay.Expr, za: _ZeroPoint, zb: _ZeroPoint, sum_a, sum_b, term
     return y
 
 
+def _integer_operands(where: str, inputs: List[Optional[relay.Expr]], names: Sequence[str]):
+    """``(inputs padded to four, dtypes, shapes)`` of an integer product's two tensors (``names``), checked.
+
+    Raises ``ValueError`` naming the node for a wrong input count, a non-8-bit tensor or a shape known
+    only at run time.
+    """
+    if len(inputs) < 2 or len(inputs) > 4 or inputs[0] is None or inputs[1] is None:
+        raise ValueError(f"{where}: takes {names[0]}, {names[1]} and optionally {names[0].lower()}_zero_point, "
+                         f"{names[1].lower()}_zero_point; got {len(inputs)} inputs")
+    inputs = list(inputs) + [None] * (4 - len(inputs))
+    dtypes = tuple(_check_dtype(where, name, expr) for name, expr in zip(names, inputs[:2]))
+    try:
+        shapes = tuple(_shape(expr) for expr in inputs[:2])
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    return inputs, dtypes, shapes
+
+
 def _scale() -> relay.Constant:
     return relay.const(1.0, "float32")
 
@@ -173,16 +191,8 @@ def matmul_integer(inputs: List[Optional[relay.Expr]], attrs: dict, params: dict
     TensorType([2, 3, 5], int32)
     """
     where = _node("MatMulInteger", attrs)
-    if len(inputs) < 2 or len(inputs) > 4 or inputs[0] is None or inputs[1] is None:
-        raise ValueError(f"{where}: takes A, B and optionally a_zero_point, b_zero_point; got {len(inputs)} inputs")
-    inputs = list(inputs) + [None] * (4 - len(inputs))
+    inputs, (a_dtype, b_dtype), (a_shape, b_shape) = _integer_operands(where, inputs, ("A", "B"))
     a, b = inputs[0], inputs[1]
-    a_dtype = _check_dtype(where, "A", a)
-    b_dtype = _check_dtype(where, "B", b)
-    try:
-        a_shape, b_shape = _shape(a), _shape(b)
-    except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
     # numpy's 1-D rules: A (K,) is one row, B (K,) one column; the unit axis goes again at the end.
     squeeze = []
     if len(a_shape) == 1:
@@ -265,16 +275,8 @@ def conv_integer(inputs: List[Optional[relay.Expr]], attrs: dict, params: dict) 
     TensorType([1, 4, 4, 4], int32)
     """
     where = _node("ConvInteger", attrs)
-    if len(inputs) < 2 or len(inputs) > 4 or inputs[0] is None or inputs[1] is None:
-        raise ValueError(f"{where}: takes x, w and optionally x_zero_point, w_zero_point; got {len(inputs)} inputs")
-    inputs = list(inputs) + [None] * (4 - len(inputs))
+    inputs, (x_dtype, w_dtype), (x_shape, w_shape) = _integer_operands(where, inputs, ("x", "w"))
     x, w = inputs[0], inputs[1]
-    x_dtype = _check_dtype(where, "x", x)
-    w_dtype = _check_dtype(where, "w", w)
-    try:
-        x_shape, w_shape = _shape(x), _shape(w)
-    except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
     rank = len(x_shape) - 2
     if rank not in (1, 2) or len(w_shape) != len(x_shape):
         raise ValueError(f"{where}: x {list(x_shape)} and w {list(w_shape)}: only 1-D and 2-D convolutions "
