@@ -25,7 +25,7 @@ puts them in at ``import tvm_tcutils``, for ``relay.frontend.from_onnx`` and
 * ``DynamicQuantizeLinear``: onnxruntime's arithmetic (range widened to hold 0,
   scale 1 for an all-zero tensor, ``x / scale`` rounded half to even). The
   elementwise ops (and softmax) right before it, whose values it rounds to 8
-  bits, take their fast forms (:func:`tvm_tcutils.dotprod.qdq.fast_chain`: GELU's
+  bits, take their fast forms (:func:`tvm_tcutils.fast_forms.fast_chain`: GELU's
   ``erf``, attention's softmax), as in a static QDQ region: their error is far
   below the 8-bit step (onnxruntime approximates both as well).
 
@@ -44,6 +44,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tvm
 from tvm import relay
+
+from .fast_forms import fast_chain
 
 #: The element types ``MatMulInteger`` and ``ConvInteger`` take for each input and its zero point.
 INTEGER_DTYPES = ("uint8", "int8")
@@ -369,8 +371,6 @@ def dynamic_quantize_linear(inputs: List[Optional[relay.Expr]], attrs: dict, par
     if len(inputs) != 1 or inputs[0] is None:
         raise ValueError(f"{where}: takes one input, got {len(inputs)}")
     _check_dtype(where, "x", inputs[0], ("float32",))
-    from .dotprod.qdq import fast_chain
-
     x = fast_chain(inputs[0])
     zero = relay.const(0.0, "float32")
     low = relay.minimum(_whole(relay.min, x), zero)

@@ -67,6 +67,7 @@ import numpy as np
 from .._tvm import tvm
 from tvm import relay
 
+from ..fast_forms import FAST_FORMS, fast_region  # noqa: F401  (FAST_FORMS: part of this module's API)
 from .isa import for_target
 
 #: Requantization modes: ``"onnx"`` (float32 multiplier, round half to even, as onnxruntime) and
@@ -639,94 +640,6 @@ def integer_region(quantize: relay.Call, requantize: str = "onnx"
         return None
     bound = rewriter.memo.bound
     return integer, {var: bound[var] for var in relay.analysis.free_vars(integer)}
-
-
-#: Float ops of a region that stays float with a faster form whose error is far below the 8-bit step its
-#: result is quantized to. TVM lowers ``erf`` to one libm call per element that LLVM does not vectorize: a
-#: QDQ BERT's GELU took 15.4 of 24.7 ms (bert-tiny, 1 thread, AVX-512 VNNI); ``fast_erf`` is TVM's
-#: vectorizable rational approximation (the one its FastMath pass uses), float32-accurate to a few ulp.
-#: Attention's softmax (then 1.0 of 4.4 ms) likewise: ``fast_softmax`` is the same reduction over
-#: ``fast_exp`` (relative error about 1e-7), vectorized where ``exp`` is a call per element.
-FAST_FORMS = {"erf": "fast_erf", "nn.softmax": "nn.fast_softmax"}
-
-
-class _FastForms(relay.ExprMutator):
-    """:data:`FAST_FORMS` in the float ops behind an 8-bit quantization: stops at ``qnn.dequantize`` (a
-    static region's inputs) and, with ``chain``, at every op that is neither elementwise nor a fast form's."""
-
-    def __init__(self, chain: bool = False):
-        super().__init__()
-        self.chain = chain
-        self.changed = 0
-
-    def _stops(self, call: relay.Call) -> bool:
-        if _op(call, "qnn.dequantize", "qnn.quantize"):
-            return True
-        if not self.chain:
-            return False
-        if not isinstance(call.op, tvm.ir.Op):
-            return True
-        pattern = call.op.get_attr("TOpPattern")
-        return call.op.name not in FAST_FORMS and (pattern is None or int(pattern) > _BROADCAST)
-
-    def visit_call(self, call):
-        if self._stops(call):
-            return call
-        new = super().visit_call(call)
-        name = getattr(new.op, "name", "")
-        if name in FAST_FORMS:
-            self.changed += 1
-            return relay.Call(tvm.ir.Op.get(FAST_FORMS[name]), new.args, new.attrs, new.type_args, new.span)
-        return new
-
-
-#: ``TOpPattern`` of broadcasting ops (TVM's ``kBroadcast``); elementwise ones are below it.
-_BROADCAST = 1
-
-
-def fast_region(quantize: relay.Call) -> Optional[relay.Call]:
-    """``quantize`` with :data:`FAST_FORMS` in the float region it ends, or None when it has none.
-
-    Examples
-    --------
-    >>> x = relay.var("x", shape=(8,))
-    >>> dq = relay.qnn.op.dequantize(relay.qnn.op.quantize(x, relay.const(0.1), relay.const(0)),
-    ...                              relay.const(0.1), relay.const(0))
-    >>> q = relay.qnn.op.quantize(relay.multiply(dq, relay.erf(dq)), relay.const(0.1), relay.const(0))
-    >>> fast_region(q).args[0].args[1].op.name
-    'fast_erf'
-    >>> fast_region(relay.qnn.op.quantize(dq, relay.const(0.1), relay.const(0))) is None
-    True
-    """
-    mutator = _FastForms()
-    data = mutator.visit(quantize.args[0])
-    if not mutator.changed:
-        return None
-    return relay.Call(quantize.op, [data, *quantize.args[1:]], quantize.attrs, quantize.type_args, quantize.span)
-
-
-def fast_chain(value: relay.Expr) -> relay.Expr:
-    """``value``, about to be quantized to 8 bits at run time, with :data:`FAST_FORMS` in the elementwise
-    ops (and softmax) that compute it from the last other ops; ``value`` itself when there are none.
-
-    For onnxruntime's ``DynamicQuantizeLinear`` (:mod:`tvm_tcutils.onnx_quantize_dynamic`): a dynamically
-    quantized encoder's GELU and softmax feed one, as a static one's feed a ``qnn.quantize``. Other users of
-    the ops keep the exact forms (the fast ones are new nodes).
-
-    Examples
-    --------
-    >>> x = relay.var("x", shape=(8,))
-    >>> h = relay.nn.dense(relay.reshape(x, (1, 8)), relay.var("w", shape=(8, 8)))
-    >>> fast_chain(relay.multiply(h, relay.erf(h))).args[1].op.name
-    'fast_erf'
-    >>> z = relay.nn.dense(relay.erf(x), relay.var("w")); fast_chain(z).same_as(z)  # a dense stops it
-    True
-    """
-    mutator = _FastForms(chain=True)
-    if isinstance(value, relay.Call) and mutator._stops(value):
-        return value
-    new = mutator.visit(value)
-    return new if mutator.changed else value
 
 
 #: Set while :func:`legalize_quantize` legalizes a region it made: the nested pass leaves quantizes to TVM.

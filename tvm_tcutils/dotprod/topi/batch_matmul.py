@@ -62,8 +62,8 @@ def stored_pair(isa, x_dtype: str, y_dtype: str) -> Optional[Tuple[str, str]]:
     >>> from tvm_tcutils.dotprod.isa import X86_VNNI
     >>> stored_pair(X86_VNNI, "uint8", "int8"), stored_pair(X86_VNNI, "uint8", "uint8")
     (('uint8', 'int8'), ('uint8', 'int8'))
-    >>> stored_pair(X86_VNNI, "int8", "int8")
-    ('uint8', 'int8')
+    >>> stored_pair(X86_VNNI, "int8", "int8")  # y flipped: VNNI's swapped (i8, u8) form
+    ('int8', 'uint8')
     """
     for pair in ((x_dtype, y_dtype), (x_dtype, _FLIPPED[y_dtype]), (_FLIPPED[x_dtype], y_dtype)):
         if isa.variant(*pair) is not None:
