@@ -224,7 +224,10 @@ EVERY_PAIR = {"scalar_2d", "column_3d", "runtime_zp_3d", "batched_runtime", "pad
               "runtime_zp_dilated", "channel_padded"}
 
 
-@pytest.mark.parametrize("a_dtype, b_dtype, target", [pair + ("host",) for pair in PAIRS] + [
+# s8 x u8 (the least used pair; its legalization is u8 x s8's mirror) under -m slow, as TVM's own path.
+@pytest.mark.parametrize("a_dtype, b_dtype, target", [
+    pair + ("host",) if pair != ("int8", "uint8") else pytest.param(*pair, "host", marks=pytest.mark.slow)
+    for pair in PAIRS] + [
     # TVM's own int8 path, for quantize_dynamic's default (QInt8) weights (30 s: under -m slow)
     pytest.param("uint8", "int8", "llvm", marks=pytest.mark.slow),
 ])
@@ -321,9 +324,11 @@ def _quantize_dynamic(tmp_path, model_name: str, weight_type: str, per_channel: 
     return str(path), quantized
 
 
+# The default run: each model once, with each weight type once; the other three (about 60 s) under -m slow.
 @pytest.mark.parametrize("model_name, weight_type, per_channel", [
-    ("encoder", "QInt8", False), ("encoder", "QUInt8", False), ("encoder", "QUInt8", True),
-    ("cnn", "QInt8", False), ("cnn", "QUInt8", False),
+    ("encoder", "QInt8", False), pytest.param("encoder", "QUInt8", False, marks=pytest.mark.slow),
+    pytest.param("encoder", "QUInt8", True, marks=pytest.mark.slow),
+    pytest.param("cnn", "QInt8", False, marks=pytest.mark.slow), ("cnn", "QUInt8", False),
 ])
 def test_quantize_dynamic_models_match_onnxruntime(tmp_path, model_name, weight_type, per_channel):
     path, quantized = _quantize_dynamic(tmp_path, model_name, weight_type, per_channel)
@@ -341,8 +346,10 @@ def test_quantize_dynamic_models_match_onnxruntime(tmp_path, model_name, weight_
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-3 * float(np.abs(expected).max()))
 
 
+# The encoder also in python_tests/dotprod/test_encoder_routes.py (its dense on the ISA's instruction).
 @pytest.mark.parametrize("model_name, weight_type, ops", [
-    ("encoder", "QInt8", {"tcutils.dense_dot"}), ("cnn", "QUInt8", {"tcutils.dense_dot", "tcutils.conv2d_nchw_dot"}),
+    pytest.param("encoder", "QInt8", {"tcutils.dense_dot"}, marks=pytest.mark.slow),
+    ("cnn", "QUInt8", {"tcutils.dense_dot", "tcutils.conv2d_nchw_dot"}),
 ])
 def test_quantize_dynamic_models_reach_the_dot_product_kernels(tmp_path, model_name, weight_type, ops):
     from conftest import host_dot_target

@@ -16,7 +16,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-import tvm_tcutils  # noqa: E402
+import tvm_tcutils  # noqa: E402,F401  (the hooks, as a user imports them)
 from tvm_tcutils._tvm import tvm  # noqa: E402
 from tvm import relay  # noqa: E402
 

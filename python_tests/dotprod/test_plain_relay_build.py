@@ -28,7 +28,8 @@ from test_qdq import CONVS, SHAPE, _host_isa, _ort, _output_scales, small_cnn  #
 
 #: (file, how its weights come): frozen constants, or parameters bound by relay.build (the frontend's
 #: default: zero points then arrive as ``cast(constant)``, folded by the hook as to_integer's FoldConstant).
-CASES = [("qdq_channel", "frozen"), ("qdq_channel", "params"), ("qdq_tensor", "frozen"),
+CASES = [("qdq_channel", "frozen"), ("qdq_channel", "params"),
+         pytest.param("qdq_tensor", "frozen", marks=pytest.mark.slow),  # per tensor: also in test_qdq.py
          pytest.param("qop_channel", "frozen", marks=pytest.mark.slow)]  # QOperator: also in test_qdq.py
 
 
