@@ -130,11 +130,15 @@ def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=F
     k_p, n_p = round_up(k, 4), round_up(n, lanes)
     read_x, read_y = _reader(x, transpose_a), _reader(y, not transpose_b)
     zero_x, zero_y = tir.const(0, pair[0]), tir.const(0, pair[1])
-    x_pack = te.compute(
-        (batch, m, k_p),
-        lambda b, i, c: tir.if_then_else(c < k, _flip(read_x(b, i, te.min(c, k - 1)), x.dtype, pair[0]), zero_x),
-        name="bmm_data_pack", tag="dot_pack",
-    )
+    if k == k_p and not transpose_a and str(x.dtype) == pair[0] and int(x.shape[0]) == batch:
+        x_pack = x  # already (B, M, K4) as the product reads it: no copy per call
+    else:
+        x_pack = te.compute(
+            (batch, m, k_p),
+            lambda b, i, c: tir.if_then_else(c < k, _flip(read_x(b, i, te.min(c, k - 1)), x.dtype, pair[0]),
+                                             zero_x),
+            name="bmm_data_pack", tag="dot_pack",
+        )
     y_pack = te.compute(
         (batch, n_p // lanes, k_p // 4, lanes, 4),
         lambda b, o, c, ol, cs: tir.if_then_else(
@@ -219,6 +223,8 @@ def schedule_batch_matmul_dot(cfg, outs):
     intrin = dot_product_intrin(isa, str(x_pack.dtype), str(y_pack.dtype))
     lanes = isa.lanes
     for pack in (x_pack, y_pack):
+        if not isinstance(pack.op, te.ComputeOp):  # x read where it is
+            continue
         axes = s[pack].op.axis
         s[pack].parallel(s[pack].fuse(axes[0], axes[1]))
         s[pack].vectorize(axes[-1])
