@@ -13,7 +13,8 @@ the package's kernels. The parts, in the order the compiler meets them:
 * :mod:`.quantize`: int8 model preparation for ``tvm-tcutils tune`` / ``bench``;
 * :mod:`.qdq`: QDQ models (onnxruntime's ``quantize_static`` default) as integer ``qnn``
   ops, which :func:`tvm_tcutils.measure.build` applies on dot-product targets;
-* :mod:`.hexagon`: compiles and runs HVX kernels under ``qemu-hexagon``.
+* :mod:`.hexagon`: compiles and runs HVX kernels under ``qemu-hexagon``; :mod:`.hexagon_model`
+  (``run_model``) a whole int8 Relay model built for a Hexagon target, the same way.
 
 Examples
 --------

@@ -9,7 +9,8 @@ vectors); ``qemu-hexagon`` runs the static binary, which reads the inputs on
 stdin and writes the outputs on stdout.
 
 Needs Debian's ``qemu-user``, ``clang-16`` and ``lld-16`` (see
-:func:`tvm_tcutils._tvm.hexagon_emulator`).
+:func:`tvm_tcutils._tvm.hexagon_emulator`). A whole Relay model goes the same way
+with :func:`tvm_tcutils.dotprod.hexagon_model.run_model`.
 
 Example
 -------
@@ -92,16 +93,38 @@ def helpers_source(isa=None) -> str:
 
 #: Freestanding runtime: the few TVM backend calls generated C makes, memory helpers, syscalls.
 _RUNTIME = r"""
+static long tcu_syscall(long nr, long a, long b, long c) {
+  register long r0 asm("r0") = a; register long r1 asm("r1") = b; register long r2 asm("r2") = c;
+  register long r6 asm("r6") = nr;
+  asm volatile("trap0(#1)" : "+r"(r0) : "r"(r1), "r"(r2), "r"(r6) : "memory");
+  return r0;
+}
+static int tcu_io(int nr, int fd, unsigned char* buf, unsigned long n) {
+  while (n) { long got = tcu_syscall(nr, fd, (long)buf, (long)n); if (got <= 0) return 1; buf += got; n -= got; }
+  return 0;
+}
+static void tcu_exit(int code) { tcu_syscall(93, code, 0, 0); for (;;) {} }
+static void tcu_say(const char* msg) {
+  unsigned long n = 0; while (msg[n]) n++;
+  tcu_io(64, 2, (unsigned char*)msg, n); tcu_io(64, 2, (unsigned char*)"\n", 1);
+}
 static unsigned char tcu_arena[TCU_ARENA] __attribute__((aligned(128)));
 static unsigned long tcu_arena_top;
 void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int code, int bits) {
   unsigned long start = (tcu_arena_top + 127) & ~127ul;
-  if (start + nbytes > sizeof(tcu_arena)) return 0;
+  if (start + nbytes > sizeof(tcu_arena)) { tcu_say("TVMBackendAllocWorkspace: arena full"); return 0; }
   tcu_arena_top = start + nbytes;
   return tcu_arena + start;
 }
-int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) { return 0; }
-void TVMAPISetLastError(const char* msg) {}
+/* Generated code frees its workspaces in the reverse order of allocation, so a free releases
+   the block and everything above it: a loop allocating per iteration reuses the same bytes. */
+int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {
+  unsigned char* p = ptr;
+  if (p >= tcu_arena && p < tcu_arena + tcu_arena_top) tcu_arena_top = (unsigned long)(p - tcu_arena);
+  return 0;
+}
+/* A failed check in generated code (shape, dtype...) says why on stderr. */
+void TVMAPISetLastError(const char* msg) { tcu_say(msg); }
 int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void* cdata, int num_task) {
   TVMParallelGroupEnv env = {0, 1};
   return flambda(0, &env, cdata);
@@ -118,17 +141,6 @@ void* memmove(void* dst, const void* src, unsigned long n) {
   if (d < s) { while (n--) *d++ = *s++; } else { d += n; s += n; while (n--) *--d = *--s; }
   return dst;
 }
-static long tcu_syscall(long nr, long a, long b, long c) {
-  register long r0 asm("r0") = a; register long r1 asm("r1") = b; register long r2 asm("r2") = c;
-  register long r6 asm("r6") = nr;
-  asm volatile("trap0(#1)" : "+r"(r0) : "r"(r1), "r"(r2), "r"(r6) : "memory");
-  return r0;
-}
-static int tcu_io(int nr, int fd, unsigned char* buf, unsigned long n) {
-  while (n) { long got = tcu_syscall(nr, fd, (long)buf, (long)n); if (got <= 0) return 1; buf += got; n -= got; }
-  return 0;
-}
-static void tcu_exit(int code) { tcu_syscall(93, code, 0, 0); for (;;) {} }
 """
 
 
@@ -290,3 +302,4 @@ def _check(cmd: List[str], what: str) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed: {proc.stderr[-2000:]}")
+

@@ -4,7 +4,9 @@ Three instructions cover the signedness pairs: ``vrmpybusv`` (u8 x i8, the
 unsigned operand first), ``vrmpyubv`` (u8 x u8) and ``vrmpybv`` (i8 x i8). The
 LLVM intrinsics take every HVX register as ``<32 x i32>``. The ``extern`` names
 are the C helpers of :mod:`tvm_tcutils.dotprod.hexagon`, used when the loop
-nest is printed as C for the emulator instead of compiled by TVM's LLVM.
+nest is printed as C for the emulator instead of compiled by TVM's LLVM; a
+C-source target with the ``hexagon`` key (``c -keys=hexagon,cpu``) has the ISA
+too, and its tiles always take that route (:func:`~..topi.intrinsics.target_mode`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,18 @@ def _emit(isa, variant, acc, data, kernel):
 
 
 def _supports(target) -> bool:
-    return target is not None and target.kind.name == "hexagon"
+    """A Hexagon target, or a C-source target for Hexagon (kind ``c`` with the ``hexagon`` key),
+    whose code is printed as C and compiled by clang (emulation: :mod:`tvm_tcutils.dotprod.hexagon`).
+
+    Examples
+    --------
+    >>> import tvm
+    >>> [_supports(tvm.target.Target(t)) for t in ("hexagon", "c -keys=hexagon,cpu", "c", "llvm")]
+    [True, True, False, False]
+    """
+    if target is None:
+        return False
+    return target.kind.name == "hexagon" or (target.kind.name == "c" and "hexagon" in target.keys)
 
 
 HEXAGON_HVX = DotProductISA(

@@ -7,18 +7,51 @@ a ``lanes x 4`` kernel block stored contiguously. Every ISA goes through
 
 ``mode="llvm"`` emits the ISA's LLVM intrinsic; ``mode="extern"`` emits a call
 to the variant's C helper (``acc, data, kernel`` pointers), for loop nests that
-are printed as C and compiled by another compiler (Hexagon emulation).
+are printed as C and compiled by another compiler (Hexagon emulation). A
+target whose code TVM prints as C (kind ``c``, :data:`SOURCE_KINDS`) cannot hold
+LLVM intrinsics, so there ``"llvm"`` -- every schedule's default -- means
+``"extern"`` (:func:`target_mode`): a whole model built by ``relay.build`` for
+``c -keys=hexagon,cpu`` gets the C-helper tiles without a schedule knowing.
 """
 from __future__ import annotations
 
 import functools
 
+from ..._tvm import tvm
 from tvm import te, tir
 
 from ..isa import DotProductISA
 from ..isa.base import reinterpret
 
 MODES = ("llvm", "extern")
+
+#: Target kinds whose code TVM prints as source: no LLVM intrinsic can appear in it.
+SOURCE_KINDS = ("c",)
+
+
+def target_mode(mode: str = "llvm", target=None) -> str:
+    """The tile code ``mode`` becomes on ``target`` (default: the current target).
+
+    ``"llvm"`` on a :data:`SOURCE_KINDS` target is ``"extern"``: TVM's C backend cannot print
+    an LLVM intrinsic, and the schedules reach the intrinsic through Relay's strategies with
+    their default mode, so the target decides. Every other case is ``mode`` unchanged.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> target_mode("llvm", tvm.target.Target("c -keys=hexagon,cpu")), target_mode("llvm", "hexagon")
+    ('extern', 'llvm')
+    >>> with tvm.target.Target("c -keys=hexagon,cpu"):
+    ...     target_mode()
+    'extern'
+    """
+    if target is None:
+        target = tvm.target.Target.current(allow_none=True)
+    elif isinstance(target, str):
+        target = tvm.target.Target(target)
+    if mode == "llvm" and target is not None and target.kind.name in SOURCE_KINDS:
+        return "extern"
+    return mode
 
 
 def tile_compute(isa: DotProductISA, data_dtype: str, kernel_dtype: str):
@@ -52,7 +85,6 @@ def tile_compute(isa: DotProductISA, data_dtype: str, kernel_dtype: str):
     return data, kernel, out
 
 
-@functools.lru_cache(maxsize=None)
 def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, mode: str = "llvm",
                        wide: bool = False):
     """The tensor intrinsic replacing one ``lanes x 4`` tile.
@@ -65,7 +97,8 @@ def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, m
         Operand dtypes; must be a native variant of ``isa`` (``kernel_dtype`` may be
         ``isa.wide_kernel``: a kernel packed widened).
     mode : {"llvm", "extern"}
-        Emit the LLVM intrinsic, or a call to the variant's C helper.
+        Emit the LLVM intrinsic, or a call to the variant's C helper; ``"llvm"`` under a
+        C-source target is ``"extern"`` (:func:`target_mode`).
     wide : bool
         The data tile holds ``data_dtype`` values already widened to ``isa.wide_data``.
 
@@ -78,6 +111,13 @@ def dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, m
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    # Resolved before the cache: the cached intrinsic depends on the mode, not on the target.
+    return _dot_product_intrin(isa, str(data_dtype), str(kernel_dtype), target_mode(mode), wide)
+
+
+@functools.lru_cache(maxsize=None)
+def _dot_product_intrin(isa: DotProductISA, data_dtype: str, kernel_dtype: str, mode: str, wide: bool):
+    """:func:`dot_product_intrin` for a resolved ``mode`` (cached: one intrinsic per argument tuple)."""
     variant = isa.variant(data_dtype, kernel_dtype)
     if variant is None:
         native = [(v.data_dtype, v.kernel_dtype) for v in isa.variants]

@@ -1,0 +1,612 @@
+"""Run a whole integer Relay model on an emulated Hexagon (HVX): :func:`run_model`.
+
+The route, end to end:
+
+1. ``relay.build`` for a C-source Hexagon target (:data:`DEFAULT_TARGET`,
+   ``c -keys=hexagon,cpu -mcpu=hexagonv66``). Its ``hexagon`` key makes the package's
+   legalize, alter-layout and strategy hooks apply as they would for a device (the HVX
+   ISA supports it), and a C target makes the tensorized tiles call the HVX C helpers
+   (:func:`~tvm_tcutils.dotprod.topi.intrinsics.target_mode`). TVM prints every fused
+   function as C.
+2. :func:`runner_source` turns the build's graph JSON into a small C graph runner: one
+   static buffer per storage id, a ``DLTensor`` per graph entry, the fused functions
+   called in order with TVM's packed-function C convention; weights and inputs are read
+   from stdin (never C literals), the outputs written to stdout.
+3. clang-16 compiles both for ``hexagonv66`` with HVX 128B, ld.lld-16 links them
+   statically, and ``qemu-hexagon`` runs the binary.
+
+Example
+-------
+>>> from tvm_tcutils.dotprod import hexagon_model
+>>> set(hexagon_model.missing_tools()) <= {"clang", "lld", "qemu"}
+True
+>>> str(hexagon_model.check_target(None))
+'c -keys=hexagon,cpu -mcpu=hexagonv66'
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .._tvm import hexagon_emulator, tvm
+from tvm import relay
+
+from .hexagon import CPU, _RUNTIME, _check, _include_dirs, helpers_source, missing_tools
+
+#: The target :func:`run_model` builds for: TVM prints C, the package's Hexagon hooks apply.
+DEFAULT_TARGET = f"c -keys=hexagon,cpu -mcpu={CPU}"
+
+#: CPUs qemu-hexagon 7.2 runs (a ``hexagonv68`` binary fails with "unable to find CPU model").
+CPUS = ("hexagonv66", "hexagonv67")
+
+#: Workspace arena of the runner (bytes): generated code allocates its scratch buffers from it.
+ARENA_BYTES = 64 << 20
+
+#: Graph-executor ops that are no call (an aliased reshape).
+_NOP = "__nop"
+
+#: Math functions generated C may call that the runner defines (single precision, exact for
+#: every input, with the semantics the x86 LLVM build has: ``roundf`` rounds halves away from 0).
+MATH_FUNCTIONS = ("roundf", "truncf", "floorf", "ceilf", "fabsf")
+
+#: Freestanding math and Hexagon's integer-division helpers (the chip has no divide
+#: instruction and no compiler-rt for Hexagon is installed, so clang's calls land here).
+_MODEL_RUNTIME = r"""
+typedef union { float f; uint32_t u; } tcu_f32;
+float fabsf(float x) { tcu_f32 v = {x}; v.u &= 0x7fffffffu; return v.f; }
+static float tcu_with_sign(float magnitude, float sign) {
+  tcu_f32 m = {magnitude}, s = {sign}; m.u = (m.u & 0x7fffffffu) | (s.u & 0x80000000u); return m.f;
+}
+/* |x| >= 2^23 (and inf, nan) is already integral; below it the int32 conversion is exact. */
+float truncf(float x) {
+  float a = fabsf(x);
+  if (!(a < 8388608.0f)) return x;
+  return tcu_with_sign((float)(int32_t)a, x);
+}
+float roundf(float x) {
+  float a = fabsf(x), t;
+  if (!(a < 8388608.0f)) return x;
+  t = (float)(int32_t)a;
+  if (a - t >= 0.5f) t += 1.0f;  /* a - t is exact: a and t share their leading bits */
+  return tcu_with_sign(t, x);
+}
+float floorf(float x) { float t = truncf(x); return t > x ? t - 1.0f : t; }
+float ceilf(float x) { float t = truncf(x); return t < x ? t + 1.0f : t; }
+static uint64_t tcu_udivmod(uint64_t n, uint64_t d, uint64_t* rem) {
+  uint64_t q = 0, r = 0;
+  for (int i = 63; i >= 0; i--) {
+    r = (r << 1) | ((n >> i) & 1);
+    if (r >= d) { r -= d; q |= (uint64_t)1 << i; }
+  }
+  if (rem) *rem = r;
+  return q;
+}
+static int64_t tcu_sdivmod(int64_t n, int64_t d, int64_t* rem) {
+  uint64_t un = n < 0 ? -(uint64_t)n : (uint64_t)n, ud = d < 0 ? -(uint64_t)d : (uint64_t)d, ur;
+  uint64_t q = tcu_udivmod(un, ud, &ur);
+  if (rem) *rem = n < 0 ? -(int64_t)ur : (int64_t)ur;
+  return (n < 0) != (d < 0) ? -(int64_t)q : (int64_t)q;
+}
+int64_t __hexagon_divdi3(int64_t n, int64_t d) { return tcu_sdivmod(n, d, 0); }
+int64_t __hexagon_moddi3(int64_t n, int64_t d) { int64_t r; tcu_sdivmod(n, d, &r); return r; }
+uint64_t __hexagon_udivdi3(uint64_t n, uint64_t d) { return tcu_udivmod(n, d, 0); }
+uint64_t __hexagon_umoddi3(uint64_t n, uint64_t d) { uint64_t r; tcu_udivmod(n, d, &r); return r; }
+int32_t __hexagon_divsi3(int32_t n, int32_t d) { return (int32_t)tcu_sdivmod(n, d, 0); }
+int32_t __hexagon_modsi3(int32_t n, int32_t d) { int64_t r; tcu_sdivmod(n, d, &r); return (int32_t)r; }
+uint32_t __hexagon_udivsi3(uint32_t n, uint32_t d) { return (uint32_t)tcu_udivmod(n, d, 0); }
+uint32_t __hexagon_umodsi3(uint32_t n, uint32_t d) { uint64_t r; tcu_udivmod(n, d, &r); return (uint32_t)r; }
+static void tcu_fail(const char* func) { tcu_say(func); tcu_exit(4); }
+"""
+
+#: Functions generated C may call that the runner and the HVX helpers define.
+_RUNTIME_NAMES = frozenset(
+    {"TVMBackendAllocWorkspace", "TVMBackendFreeWorkspace", "TVMAPISetLastError", "TVMBackendParallelLaunch",
+     "TVMBackendParallelBarrier", "memset", "memcpy", "memmove", *MATH_FUNCTIONS}
+)
+
+Inputs = Union[Mapping[str, Any], Sequence[Any]]
+
+
+def check_target(target: Union[None, str, "tvm.target.Target"] = None) -> "tvm.target.Target":
+    """The C-source Hexagon target ``target`` names (None: :data:`DEFAULT_TARGET`).
+
+    Raises
+    ------
+    ValueError
+        When it is not of kind ``c``, lacks the ``hexagon`` key (the package's hooks
+        would not apply) or names a CPU qemu-hexagon cannot run (see :data:`CPUS`).
+    TypeError
+        When it is neither a string nor a ``tvm.target.Target``.
+
+    Examples
+    --------
+    >>> check_target("c -keys=hexagon,cpu -mcpu=hexagonv67").attrs["mcpu"]
+    'hexagonv67'
+    >>> check_target("llvm")
+    Traceback (most recent call last):
+    ...
+    ValueError: target must be a C-source Hexagon target such as ... got 'llvm'
+    """
+    if target is None:
+        target = DEFAULT_TARGET
+    if not isinstance(target, (str, tvm.target.Target)):
+        raise TypeError(f"target must be a str or tvm.target.Target, got {type(target).__name__}")
+    parsed = tvm.target.Target(target) if isinstance(target, str) else target
+    mcpu = str(parsed.attrs.get("mcpu", CPU) or CPU)
+    if parsed.kind.name != "c" or "hexagon" not in parsed.keys or mcpu not in CPUS:
+        raise ValueError(
+            f"target must be a C-source Hexagon target such as {DEFAULT_TARGET!r} (kind 'c', key 'hexagon', "
+            f"-mcpu one of {CPUS}), got {target if isinstance(target, str) else str(parsed)!r}"
+        )
+    return parsed
+
+
+def _as_array(value: Any, what: str) -> np.ndarray:
+    if isinstance(value, tvm.nd.NDArray):
+        return value.numpy()
+    if isinstance(value, (np.ndarray, np.generic)):
+        return np.asarray(value)
+    raise TypeError(f"{what} must be a numpy array or tvm.nd.NDArray, got {type(value).__name__}")
+
+
+def _own_copy(mod: tvm.IRModule) -> tvm.IRModule:
+    """A deep copy of ``mod`` to work on.
+
+    TVM's passes fill type caches (``checked_type_``) of the expressions they visit in place,
+    even when they return a new module: the caller's module is left exactly as it was only
+    when no pass ever sees its nodes.
+    """
+    if not isinstance(mod, tvm.IRModule) or "main" not in [g.name_hint for g in mod.get_global_vars()]:
+        raise TypeError(f"mod must be a tvm.IRModule with a 'main' function, got {type(mod).__name__}")
+    return tvm.ir.load_json(tvm.ir.save_json(mod))
+
+
+def _main_params(mod: tvm.IRModule) -> List[Tuple[str, Tuple[int, ...], str]]:
+    """(name, static shape, dtype) of ``main``'s parameters (``mod``: a copy of the caller's)."""
+    typed = relay.transform.InferType()(mod)
+    out = []
+    for var in typed["main"].params:
+        ttype = var.checked_type
+        if not isinstance(ttype, relay.TensorType):
+            raise ValueError(f"main's parameter {var.name_hint!r} is a {type(ttype).__name__}; run_model takes tensors")
+        try:
+            shape = tuple(int(d) for d in ttype.shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"main's parameter {var.name_hint!r} has a dynamic shape {ttype.shape}") from None
+        out.append((var.name_hint, shape, str(ttype.dtype)))
+    return out
+
+
+def _check_arrays(mod: tvm.IRModule, params: Optional[Mapping[str, Any]], inputs: Inputs):
+    """``(params, inputs)`` as dicts of numpy arrays, checked against ``main``'s signature."""
+    signature = _main_params(mod)
+    by_name = {name: (shape, dtype) for name, shape, dtype in signature}
+    if params is None:
+        params = {}
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a dict of name -> array (or None), got {type(params).__name__}")
+    checked_params = {}
+    for name, value in params.items():
+        if name not in by_name:
+            raise ValueError(f"params names {name!r}, which is no parameter of main; choose from {sorted(by_name)}")
+        checked_params[name] = _as_array(value, f"params[{name!r}]")
+    free = [name for name, _, _ in signature if name not in checked_params]
+    if isinstance(inputs, Mapping):
+        unknown = sorted(set(inputs) - set(free))
+        missing = [name for name in free if name not in inputs]
+        if unknown or missing:
+            raise ValueError(f"inputs must hold exactly main's inputs {free}; missing {missing}, unknown {unknown}")
+        values = {name: inputs[name] for name in free}
+    elif isinstance(inputs, (list, tuple)):
+        if len(inputs) != len(free):
+            raise ValueError(f"inputs must hold {len(free)} arrays, for {free}; got {len(inputs)}")
+        values = dict(zip(free, inputs))
+    else:
+        raise TypeError(f"inputs must be a dict of name -> array or a list in the order {free}, "
+                        f"got {type(inputs).__name__}")
+    checked_inputs = {}
+    for name, value in values.items():
+        array = _as_array(value, f"inputs[{name!r}]")
+        shape, dtype = by_name[name]
+        if array.shape != shape or str(array.dtype) != dtype:
+            raise ValueError(f"input {name!r} must have shape {shape} and dtype {dtype}, "
+                             f"got {array.shape} and {array.dtype}")
+        checked_inputs[name] = np.ascontiguousarray(array)
+    return checked_params, checked_inputs
+
+
+def build_c(mod: tvm.IRModule, params: Optional[Mapping[str, np.ndarray]] = None,
+            target: Union[None, str, "tvm.target.Target"] = None) -> Tuple[str, str, Dict[str, np.ndarray]]:
+    """``relay.build`` ``mod`` for the C-source Hexagon ``target``: (graph JSON, C source, params).
+
+    Vectorized loops become serial loops (``tir.disable_vectorize``): TVM's C backend prints
+    no vector types, and clang vectorizes for HVX on its own where it can.
+
+    Raises
+    ------
+    RuntimeError
+        When an operator has no C form (TVM's C backend cannot print its code), naming TVM's reason.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(4,), dtype="int32")
+    >>> graph, source, _ = build_c(tvm.IRModule.from_expr(relay.Function([x], x + relay.const(1))))
+    >>> "tvmgen_default_fused_add" in source and '"tvm_op"' in graph
+    True
+    """
+    return _build_c(_own_copy(mod), params, check_target(target))
+
+
+def _build_c(mod: tvm.IRModule, params: Optional[Mapping[str, np.ndarray]],
+             target: "tvm.target.Target") -> Tuple[str, str, Dict[str, np.ndarray]]:
+    """:func:`build_c` on a module of the caller's own (a copy) and a checked target."""
+    config = {"tir.disable_vectorize": True}
+    capture = _LastTIR()
+    try:
+        with tvm.transform.PassContext(opt_level=3, config=config, instruments=[capture]):
+            lib = relay.build(mod, target=target, params=dict(params or {}))
+    except tvm.TVMError as err:
+        reason = str(err).strip().splitlines()[-1]
+        raise RuntimeError(f"relay.build for {target} failed (an operator without a C form?): {reason}") from None
+    sources = []
+    for module in [lib.get_lib(), *lib.get_lib().imported_modules]:
+        if module.type_key != "c":
+            raise RuntimeError(f"the build holds a {module.type_key!r} module, which has no C source for the "
+                               f"emulator (only TVM's C backend, target kind 'c', is supported)")
+        sources.append(module.get_source())
+    built_params = {name: value.numpy() for name, value in lib.get_params().items()}
+    # Freestanding: no libc headers; the few math functions used are the runner's.
+    source = "\n".join(sources).replace("#include <math.h>", "")
+    return lib.get_graph_json(), exact_float_literals(source, capture.module), built_params
+
+
+@tvm.ir.instrument.pass_instrument
+class _LastTIR:
+    """Keeps the last module of PrimFuncs a pass produced: the one TVM's C backend prints."""
+
+    def __init__(self):
+        self.module = None
+
+    def run_after_pass(self, mod, info):
+        if any(isinstance(func, tvm.tir.PrimFunc) for func in mod.functions.values()):
+            self.module = mod
+
+
+#: A float literal as TVM's C backend prints it (``std::scientific``: 7 significant digits).
+_FLOAT_LITERAL = re.compile(r"(?<![\w.])(\d\.\d{6}e[+-]\d{2,3})(f?)(?![\w.])")
+
+
+def _printed(value: float) -> str:
+    return f"{abs(value):e}"
+
+
+def exact_float_literals(source: str, tir_mod: Optional[tvm.IRModule]) -> str:
+    """``source`` with each float literal TVM printed rounded to 7 digits replaced by the exact
+    value of the TIR constant it came from, as a C hex float literal.
+
+    Seven digits do not hold a float32 (nine do): ``0.00010972`` scale factors printed that way
+    differ from the x86 build's in the last bits. A printed literal two different constants of
+    the same function round to is left as it is, and so is any literal when ``tir_mod`` is None.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> x = tvm.tir.Var("x", "float32")
+    >>> func = tvm.tir.PrimFunc([x], tvm.tir.Evaluate(x * tvm.tir.const(0.1, "float32")))
+    >>> source = "int32_t f(float x) {\\n  y = x * 1.000000e-01f;\\n}\\n"
+    >>> print(exact_float_literals(source, tvm.IRModule({"f": func.with_attr("global_symbol", "f")})), end="")
+    int32_t f(float x) {
+      y = x * 0x1.99999a0000000p-4f;
+    }
+    """
+    if tir_mod is None:
+        return source
+    per_func: Dict[str, Dict[Tuple[str, str], set]] = {}
+    for gvar, func in tir_mod.functions.items():
+        if not isinstance(func, tvm.tir.PrimFunc):
+            continue
+        found: Dict[Tuple[str, str], set] = {}
+
+        def visit(node, found=found):
+            if isinstance(node, tvm.tir.FloatImm) and str(node.dtype) in ("float32", "float64"):
+                single = str(node.dtype) == "float32"
+                # A float32 FloatImm holds a double; the x86 build rounds it to float32 (LLVM's ConstantFP).
+                value = float(np.float32(abs(node.value))) if single else abs(node.value)
+                found.setdefault((_printed(node.value), "f" if single else ""), set()).add(value)
+
+        tvm.tir.stmt_functor.post_order_visit(func.body, visit)
+        name = func.attrs["global_symbol"] if func.attrs and "global_symbol" in func.attrs else gvar.name_hint
+        per_func[str(name)] = found
+    starts = [(m.start(), m.group(1)) for m in _DEFINITION.finditer(source)]
+    pieces, last = [], 0
+    for index, (start, name) in enumerate(starts):
+        end = starts[index + 1][0] if index + 1 < len(starts) else len(source)
+        # A lifted parallel body is named after its function (``<name>_compute_``).
+        owner = max((f for f in per_func if name.startswith(f)), key=len, default=None)
+        constants = per_func.get(owner, {})
+
+        def exact(match, constants=constants):
+            values = constants.get((match.group(1), match.group(2)), ())
+            return float(next(iter(values))).hex() + match.group(2) if len(values) == 1 else match.group(0)
+
+        pieces += [source[last:start], _FLOAT_LITERAL.sub(exact, source[start:end])]
+        last = end
+    return "".join(pieces) + source[last:]
+
+
+_DECLARATION = re.compile(r"^TVM_DLL\s+[\w\s\*]*?\b(\w+)\([^;{]*\);\s*$", re.M)
+_DEFINITION = re.compile(r"^(?:TVM_DLL\s+|static\s+)?[\w\s\*]*?\b(\w+)\([^;{]*\)\s*\{\s*$", re.M)
+
+
+def external_calls(source: str) -> Dict[str, List[str]]:
+    """Functions ``source`` declares and calls but does not define: name -> the functions calling it.
+
+    Examples
+    --------
+    >>> src = "TVM_DLL float expf(float);\\nTVM_DLL int32_t f(void* a) {\\n  x = expf(y);\\n}\\n"
+    >>> external_calls(src)
+    {'expf': ['f']}
+    """
+    declared = set(_DECLARATION.findall(source))
+    defined = [(m.start(), m.group(1)) for m in _DEFINITION.finditer(source)]
+    callers: Dict[str, List[str]] = {}
+    for index, (start, func) in enumerate(defined):
+        end = defined[index + 1][0] if index + 1 < len(defined) else len(source)
+        body = source[start:end]
+        for name in declared - {f for _, f in defined}:
+            if re.search(rf"\b{name}\(", body):
+                callers.setdefault(name, []).append(func)
+    return callers
+
+
+def _check_externals(source: str) -> None:
+    provided = _RUNTIME_NAMES | set(re.findall(r"\b(tcu_\w+)\(", helpers_source()))
+    unknown = {name: funcs for name, funcs in external_calls(source).items() if name not in provided}
+    if unknown:
+        detail = "; ".join(f"{name} (called by {', '.join(sorted(set(funcs)))})"
+                           for name, funcs in sorted(unknown.items()))
+        raise RuntimeError(
+            f"the model calls functions the freestanding Hexagon runner lacks: {detail}. It defines "
+            f"{', '.join(MATH_FUNCTIONS)} and the HVX helpers; an operator needing others (exp, log, "
+            f"division in float...) has no C form here"
+        )
+
+
+def _dtype(dtype: str) -> Tuple[int, int, int]:
+    """(DLPack type code, bits, bytes per element) of a graph dtype string."""
+    dt = tvm.runtime.DataType(dtype)
+    if dt.lanes != 1:
+        raise RuntimeError(f"graph tensor of vector dtype {dtype} is not supported")
+    return int(dt.type_code), int(dt.bits), (int(dt.bits) + 7) // 8
+
+
+class GraphPlan:
+    """The graph executor's view of a build, as the runner needs it.
+
+    Attributes
+    ----------
+    entries : list of (shape, dtype, storage id)
+        One per graph entry (node output), in entry order.
+    storage : list of int
+        Bytes of each storage id (the largest entry placed there).
+    args : list of (name, entry)
+        Graph inputs and parameters, in the graph's order.
+    calls : list of (function name, input entries, output entries)
+        The fused functions in execution order.
+    heads : list of int
+        Entries of the model's outputs.
+    """
+
+    def __init__(self, graph_json: str):
+        graph = json.loads(graph_json)
+        nodes, attrs, row = graph["nodes"], graph["attrs"], graph["node_row_ptr"]
+        shapes, dtypes, storage_ids = attrs["shape"][1], attrs["dltype"][1], attrs["storage_id"][1]
+        devices = attrs.get("device_index", ["list_int", [1] * len(shapes)])[1]
+        if any(int(d) != 1 for d in devices):
+            raise RuntimeError("the graph places tensors on a device other than the CPU; the runner has one device")
+        self.entries = [(tuple(int(d) for d in s), str(t), int(sid)) for s, t, sid in zip(shapes, dtypes, storage_ids)]
+        self.storage = [0] * (max(storage_ids) + 1 if storage_ids else 0)
+        for shape, dtype, sid in self.entries:
+            self.storage[sid] = max(self.storage[sid], self.nbytes(shape, dtype))
+        self.args = [(nodes[nid]["name"], row[nid]) for nid in graph["arg_nodes"]]
+        self.calls = []
+        for nid, node in enumerate(nodes):
+            if node["op"] == "null":
+                continue
+            func = node["attrs"]["func_name"]
+            if func == _NOP:
+                continue
+            if node["op"] != "tvm_op" or func.startswith("__"):
+                raise RuntimeError(f"graph node {node['name']!r} ({node['op']} {func}) is not a fused function call")
+            ins = [row[src] + index for src, index, *_ in node["inputs"]]
+            outs = [row[nid] + k for k in range(int(node["attrs"].get("num_outputs", 1)))]
+            self.calls.append((func, ins, outs))
+        self.heads = [row[nid] + index for nid, index, *_ in graph["heads"]]
+
+    @staticmethod
+    def nbytes(shape: Sequence[int], dtype: str) -> int:
+        """Bytes of a tensor (the graph executor's sizing)."""
+        return int(np.prod(shape, dtype=np.int64)) * _dtype(dtype)[2]
+
+
+def runner_source(plan: GraphPlan, order: Sequence[str], arena: int = ARENA_BYTES) -> str:
+    """A freestanding C ``_start`` running ``plan``'s fused functions in order.
+
+    It reads the arguments named in ``order`` (their bytes, in that order) from stdin into
+    their storage, calls each function with TVM's packed convention, and writes the heads'
+    bytes to stdout. A function returning non-zero stops it with exit code 4 and its name
+    on stderr (after the message of the check that failed, if any).
+
+    Examples
+    --------
+    >>> graph = {"nodes": [{"op": "null", "name": "x", "inputs": []},
+    ...                    {"op": "tvm_op", "name": "f", "inputs": [[0, 0, 0]],
+    ...                     "attrs": {"func_name": "f", "num_outputs": "1", "num_inputs": "1"}}],
+    ...          "arg_nodes": [0], "heads": [[1, 0, 0]], "node_row_ptr": [0, 1, 2],
+    ...          "attrs": {"shape": ["list_shape", [[4], [4]]], "dltype": ["list_str", ["int8", "int8"]],
+    ...                    "storage_id": ["list_int", [0, 1]]}}
+    >>> src = runner_source(GraphPlan(json.dumps(graph)), ["x"])
+    >>> "f(tcu_args0, tcu_codes0, 2, &ret, &ret_code, 0)" in src
+    True
+    """
+    entry_of = dict(plan.args)
+    lines = [
+        "#include <stdint.h>",
+        '#include "tvm/runtime/c_runtime_api.h"',
+        '#include "tvm/runtime/c_backend_api.h"',
+        f"#define TCU_ARENA {int(arena)}",
+        helpers_source(),
+        _RUNTIME,
+        _MODEL_RUNTIME,
+    ]
+    for func in sorted({func for func, _, _ in plan.calls}):
+        lines.append(f"int32_t {func}(void*, int32_t*, int32_t, void*, int32_t*, void*);")
+    for sid, size in enumerate(plan.storage):
+        lines.append(f"static unsigned char tcu_store{sid}[{max(size, 1)}] __attribute__((aligned(128)));")
+    used = sorted({e for _, ins, outs in plan.calls for e in ins + outs} | set(plan.heads) | set(entry_of.values()))
+    for eid in used:
+        shape, dtype, sid = plan.entries[eid]
+        code, bits, _ = _dtype(dtype)
+        dims = ", ".join(str(d) for d in shape) or "1"
+        lines.append(f"static int64_t tcu_shape{eid}[] = {{{dims}}};")
+        lines.append(
+            f"static DLTensor tcu_t{eid} = {{.data = tcu_store{sid}, .device = {{kDLCPU, 0}}, .ndim = {len(shape)}, "
+            f".dtype = {{{code}, {bits}, 1}}, .shape = tcu_shape{eid}, .strides = 0, .byte_offset = 0}};"
+        )
+    for index, (func, ins, outs) in enumerate(plan.calls):
+        handles = ", ".join(f"{{.v_handle = &tcu_t{e}}}" for e in ins + outs)
+        lines.append(f"static TVMValue tcu_args{index}[] = {{{handles}}};")
+        lines.append(f"static int32_t tcu_codes{index}[] = {{{', '.join(['kTVMDLTensorHandle'] * len(ins + outs))}}};")
+        lines.append(f'static const char tcu_name{index}[] = "{func} failed";')
+    lines += ["void _start(void) {", "  TVMValue ret; int32_t ret_code;"]
+    for name in order:
+        eid = entry_of[name]
+        shape, dtype, sid = plan.entries[eid]
+        lines.append(f"  if (tcu_io(63, 0, tcu_store{sid}, {plan.nbytes(shape, dtype)})) tcu_exit(3);  /* {name} */")
+    for index, (func, ins, outs) in enumerate(plan.calls):
+        lines.append(f"  if ({func}(tcu_args{index}, tcu_codes{index}, {len(ins + outs)}, &ret, &ret_code, 0) != 0) "
+                     f"tcu_fail(tcu_name{index});")
+    for eid in plan.heads:
+        shape, dtype, sid = plan.entries[eid]
+        lines.append(f"  if (tcu_io(64, 1, tcu_store{sid}, {plan.nbytes(shape, dtype)})) tcu_exit(5);")
+    lines += ["  tcu_exit(0);", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _compile_flags(cpu: str) -> List[str]:
+    # -ffp-contract=off: a fused multiply-add would round differently from the x86 build's separate ops.
+    return ["--target=hexagon-unknown-linux-musl", f"-mcpu={cpu}", "-mhvx", "-mhvx-length=128b", "-O2",
+            "-ffreestanding", "-fno-builtin", "-ffp-contract=off", "-w"] + [f"-I{d}" for d in _include_dirs()]
+
+
+def _link(tools: Dict[str, str], objects: List[str], binary: str) -> None:
+    proc = subprocess.run([tools["lld"], "-static", "-e", "_start", *objects, "-o", binary],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        undefined = sorted(set(re.findall(r"undefined symbol: (\S+)", proc.stderr)))
+        if undefined:
+            raise RuntimeError(f"ld.lld failed: the model's code needs {', '.join(undefined)}, which the "
+                               f"freestanding Hexagon runner does not define")
+        raise RuntimeError(f"ld.lld failed: {proc.stderr[-2000:]}")
+
+
+def run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None, inputs: Inputs = (),
+              timeout: float = 600, target: Union[None, str, "tvm.target.Target"] = None) -> List[np.ndarray]:
+    """Build an integer Relay model for Hexagon and run it under qemu-hexagon.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The model (already integer: a ``relay.quantize`` output or a ``qnn`` model; float
+        edges such as the input quantization are fine). Not modified.
+    params : dict of str to array, optional
+        Values bound to ``main``'s parameters as constants (``relay.build``'s ``params``).
+    inputs : dict of str to array, or sequence of arrays
+        ``main``'s other parameters, by name or in their order; shapes and dtypes must match.
+    timeout : float
+        Seconds the emulated run may take.
+    target : str or tvm.target.Target, optional
+        A C-source Hexagon target (:func:`check_target`); default :data:`DEFAULT_TARGET`.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The model's outputs, in the graph executor's order.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument (before any build), naming it and what it takes.
+    RuntimeError
+        When a tool is missing, an operator has no C form, compiling or linking fails, or the
+        emulated program fails.
+
+    Examples
+    --------
+    Skipped by the doctest run (it needs qemu-user, clang-16 and lld-16);
+    ``python_tests/dotprod/test_hexagon_model.py`` runs an int8 CNN this way.
+
+    >>> x = relay.var("x", shape=(2, 3), dtype="int32")
+    >>> mod = tvm.IRModule.from_expr(relay.Function([x], x * relay.const(2)))
+    >>> run_model(mod, inputs={"x": np.ones((2, 3), "int32")})  # doctest: +SKIP
+    [array([[2, 2, 2],
+           [2, 2, 2]], dtype=int32)]
+    """
+    # Every argument and tool is checked before the build, the longest step but the run.
+    target = check_target(target)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    mod = _own_copy(mod)
+    params, inputs = _check_arrays(mod, params, inputs)
+    missing = missing_tools()
+    if missing:
+        raise RuntimeError(f"Hexagon emulation needs {', '.join(missing)} (apt-get install qemu-user clang-16 lld-16)")
+    graph_json, source, built_params = _build_c(mod, params, target)
+    _check_externals(source)
+    plan = GraphPlan(graph_json)
+    order, payload = [], []
+    for name, eid in plan.args:
+        shape, dtype, _ = plan.entries[eid]
+        value = built_params.get(name, inputs.get(name))
+        if value is None:
+            raise RuntimeError(f"the graph's argument {name!r} is neither a built parameter nor an input")
+        if value.shape != shape or str(value.dtype) != dtype:  # the build's own view of a value wins
+            raise RuntimeError(f"argument {name!r} is {value.shape}/{value.dtype}, the graph wants {shape}/{dtype}")
+        order.append(name)
+        payload.append(np.ascontiguousarray(value).tobytes())
+    tools = hexagon_emulator()
+    cpu = str(target.attrs.get("mcpu", CPU) or CPU)
+    with tempfile.TemporaryDirectory(prefix="tcu_hexagon_model_") as tmp:
+        objects = []
+        for fname, text in (("model.c", source), ("runner.c", runner_source(plan, order))):
+            path = os.path.join(tmp, fname)
+            with open(path, "w") as f:
+                f.write(text)
+            objects.append(path[:-2] + ".o")
+            _check([tools["clang"], *_compile_flags(cpu), "-c", path, "-o", objects[-1]], f"clang ({fname})")
+        binary = os.path.join(tmp, "model")
+        _link(tools, objects, binary)
+        try:
+            proc = subprocess.run([tools["qemu"], binary], input=b"".join(payload), capture_output=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"qemu-hexagon did not finish the model within {timeout} s") from None
+    sizes = [plan.nbytes(*plan.entries[e][:2]) for e in plan.heads]
+    if proc.returncode != 0 or len(proc.stdout) != sum(sizes):
+        raise RuntimeError(
+            f"qemu-hexagon run failed (exit {proc.returncode}, {len(proc.stdout)} of {sum(sizes)} output bytes): "
+            f"{proc.stderr.decode(errors='replace')[-1000:]}"
+        )
+    outputs, offset = [], 0
+    for eid, size in zip(plan.heads, sizes):
+        shape, dtype, _ = plan.entries[eid]
+        outputs.append(np.frombuffer(proc.stdout, dtype=dtype, count=size // np.dtype(dtype).itemsize,
+                                     offset=offset).reshape(shape).copy())
+        offset += size
+    return outputs
