@@ -216,3 +216,46 @@ def test_quantized_region_uses_the_fast_forms(make, libm):
     # TVM lowers erf and exp to a libm call per element; the fast forms are inline, vectorized arithmetic.
     assert libm in tvm_asm and libm not in asm
     assert np.abs(fast - exact).max() <= 1  # at most one 8-bit step, where the two forms round apart
+
+
+def _requantize_call(dtype, in_scale=0.02):
+    x = relay.var("x", shape=(2, 8), dtype=dtype)
+    scale = relay.const(np.float32(in_scale)) if np.isscalar(in_scale) else relay.const(in_scale)
+    q = relay.qnn.op.requantize(x, scale, relay.const(0), relay.const(0.5), relay.const(3), axis=1,
+                                out_dtype="uint8")
+    call = relay.transform.InferType()(tvm.IRModule.from_expr(q))["main"].body
+    return call, [a.checked_type for a in call.args] + [call.checked_type]
+
+
+@pytest.mark.parametrize("target, dtype, taken", [
+    ("llvm -mcpu=znver4", "int32", True),      # an accumulator on a dot-product target: onnxruntime's arithmetic
+    ("llvm", "int32", False),                  # no dot-product ISA: TVM's lowering
+    ("llvm -mcpu=znver4", "uint8", False),     # an 8-bit rescale: TVM's
+])
+def test_requantize_handler_takes_accumulators_on_dot_product_targets(target, dtype, taken):
+    call, types = _requantize_call(dtype)
+    with tvm.target.Target(target):
+        legal = qdq.legalize_requantize(call.attrs, call.args, types)
+    assert (legal is not None) == taken
+
+
+def test_requantize_handler_matches_onnx_arithmetic_per_channel():
+    import tvm.contrib.graph_executor  # noqa: F401
+
+    target = tvm_tcutils.host_target()
+    if not qdq.rewrites_for(target):
+        pytest.skip(f"{target} has no dot-product ISA: TVM's requantize")
+    rng = np.random.default_rng(4)
+    scales = rng.uniform(0.001, 0.05, 8).astype("float32")
+    scales[0] = 0.25  # multiplier 0.5: odd accumulators are exact halves, which round to even
+    call, _ = _requantize_call("int32", scales)
+    acc = rng.integers(-3000, 3000, (2, 8)).astype("int32")
+    acc[:, 0] = [5, -7]
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function([call.args[0]], call)), target=target)
+    runner = tvm.contrib.graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    runner.set_input("x", acc)
+    runner.run()
+    multiplier = (scales / np.float32(0.5)).astype("float32")
+    want = np.clip(np.round(acc.astype("float32") * multiplier) + 3, 0, 255).astype("uint8")  # numpy: half to even
+    np.testing.assert_array_equal(runner.get_output(0).numpy(), want)

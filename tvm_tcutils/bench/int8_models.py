@@ -35,6 +35,7 @@ from .isolated import Isolated
 #: Routes of onnxruntime's quantizer (and the float model), by the key of :func:`model_files`.
 ROUTES = {
     "qdq": "quantize_static, QDQ, per-channel s8 weights, u8 activations",
+    "qoperator": "quantize_static, QOperator (QLinearConv, QLinearMatMul, ...), per-channel s8 weights",
     "dynamic": "quantize_dynamic (DynamicQuantizeLinear + MatMulInteger / ConvInteger)",
     "fp32": "the float model",
 }
@@ -67,7 +68,7 @@ def model_files(model: str, routes: Sequence[str] = tuple(ROUTES)) -> Dict[str, 
     if unknown:
         raise ValueError(f"routes must be among {tuple(ROUTES)}, got {unknown}")
     files = ort_quantized(model)
-    out = {"fp32": files["fp32"], "qdq": files["qdq"]}
+    out = {"fp32": files["fp32"], "qdq": files["qdq"], "qoperator": files["qoperator"]}
     if "dynamic" in routes:
         out["dynamic"] = dynamic_file(files["fp32"])
     return {route: out[route] for route in routes}

@@ -8,8 +8,9 @@ data in :mod:`tvm_tcutils.dotprod.strategy`. With them no int8 op reaches TVM
 checks every int8 / QNN op on VNNI, AVX-512BW, AVX2 and SSE targets). Also the packed function
 :data:`~tvm_tcutils.prebuild.PREBUILD_FUNC`, through which :func:`tvm_tcutils.measure.build` and
 :func:`tvm_tcutils.tuning.extract_tasks` turn QDQ models into integer ops (:mod:`.qdq`) for targets with
-a dot-product ISA, and the ``FTVMQnnLegalize`` handler of ``qnn.quantize`` (:func:`.qdq.legalize_quantize`)
-through which plain ``relay.build`` does the same.
+a dot-product ISA, and the ``FTVMQnnLegalize`` handlers of ``qnn.quantize`` (:func:`.qdq.legalize_quantize`)
+through which plain ``relay.build`` does the same, and of ``qnn.requantize`` (:func:`.qdq.legalize_requantize`),
+which gives QOperator files the same arithmetic.
 """
 from __future__ import annotations
 
@@ -36,4 +37,8 @@ def hooks() -> List[registry.Hook]:
         registry.op_attr(
             "qnn.quantize", "FTVMQnnLegalize", qdq.legalize_quantize, targets=strategy.TARGET_KEYS,
             description="a QDQ region as the integer ops to_integer makes (plain relay.build, dotprod.qdq)"),
+        # QOperator files' requantizations with the same (onnxruntime's) arithmetic.
+        registry.op_attr(
+            "qnn.requantize", "FTVMQnnLegalize", qdq.legalize_requantize, targets=strategy.TARGET_KEYS,
+            description="an int32 accumulator requantized as onnxruntime does it (float32, half to even)"),
     ]

@@ -681,6 +681,49 @@ def legalize_quantize(attrs, inputs, types) -> Optional[relay.Expr]:
     return out if isinstance(out, relay.Call) else None
 
 
+def legalize_requantize(attrs, inputs, types) -> Optional[relay.Expr]:
+    """``FTVMQnnLegalize`` of ``qnn.requantize``: an int32 accumulator requantized as onnxruntime does it.
+
+    A QOperator file (``QLinearConv``, ``QLinearMatMul``) imports as ``qnn.conv2d`` / ``qnn.dense`` +
+    ``qnn.requantize``, which TVM lowers to a fixed-point multiply in int64, rounding half up: up to one
+    step from onnxruntime, and slower than the QDQ route's epilogue. For targets :func:`rewrites_for`,
+    an int32 input with constant scales and zero points becomes that epilogue -- ``float32(acc - zp_in)``
+    times the float32 multiplier ``in_scale / out_scale`` (per channel on ``axis``), clamped, rounded half
+    to even, plus ``zp_out`` -- the arithmetic :func:`to_integer` gives QDQ regions. None (TVM's lowering)
+    for other targets and inputs: 8-bit rescales, scales known only at run time.
+
+    Examples
+    --------
+    >>> acc = relay.var("acc", shape=(1, 4), dtype="int32")
+    >>> q = relay.qnn.op.requantize(acc, relay.const(0.02), relay.const(0), relay.const(0.5), relay.const(3),
+    ...                             out_dtype="uint8")
+    >>> call = relay.transform.InferType()(tvm.IRModule.from_expr(q))["main"].body
+    >>> types = [a.checked_type for a in call.args] + [call.checked_type]
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     legal = legalize_requantize(call.attrs, call.args, types)
+    >>> legal.op.name, "qnn.requantize" in {c.op.name for c in calls(legal)}
+    ('cast', False)
+    """
+    if not rewrites_for(tvm.target.Target.current(allow_none=True)):
+        return None
+    data, in_scale, in_zero, out_scale, out_zero = inputs
+    consts = [_const(x) for x in (in_scale, in_zero, out_scale, out_zero)]
+    if any(c is None for c in consts) or types[0].dtype != "int32":
+        return None
+    in_scale_np, in_zero_np, out_scale_np, out_zero_np = consts
+    out_dtype = str(types[-1].dtype)
+    if out_dtype not in ("int8", "uint8") or in_zero_np.size != 1 or out_scale_np.size != 1 or out_zero_np.size != 1:
+        return None
+    rank = len(types[0].shape)
+    axis = int(attrs.axis) % rank if rank else 0
+    out = QParams(out_scale_np.astype("float32").reshape(1), out_zero_np.astype("int32").reshape(1), out_dtype)
+    multiplier = (in_scale_np.astype("float32") / np.float32(out_scale_np.reshape(-1)[0])).astype("float32")
+    acc = data if int(in_zero_np.reshape(-1)[0]) == 0 else relay.subtract(
+        data, relay.const(int(in_zero_np.reshape(-1)[0]), "int32"))
+    scaled = relay.multiply(relay.cast(acc, "float32"), _channel_const(multiplier, rank, axis, "float32"))
+    return _saturate(scaled, out)
+
+
 def _reads_dequantized(expr) -> bool:
     while _op(expr, *VALUE_PRESERVING_OPS) and len(expr.args) == 1:
         expr = expr.args[0]
