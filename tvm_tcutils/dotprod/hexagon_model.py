@@ -15,6 +15,9 @@ The route, end to end:
 3. clang-16 compiles both for ``hexagonv66`` with HVX 128B, ld.lld-16 links them
    statically, and ``qemu-hexagon`` runs the binary.
 
+:func:`tvm_tcutils.dotprod.hexagon_profile.profile_model` runs the same route with a qemu
+plugin counting the executed packets and instructions, per graph node.
+
 Example
 -------
 >>> from tvm_tcutils.dotprod import hexagon_model
@@ -47,6 +50,9 @@ CPUS = ("hexagonv66", "hexagonv67")
 
 #: Workspace arena of the runner (bytes): generated code allocates its scratch buffers from it.
 ARENA_BYTES = 64 << 20
+
+#: The empty function a marked runner calls between graph nodes (:func:`runner_source`).
+MARK_SYMBOL = "tcu_mark"
 
 #: Graph-executor ops that are no call (an aliased reshape).
 _NOP = "__nop"
@@ -113,8 +119,13 @@ _RUNTIME_NAMES = frozenset(
 Inputs = Union[Mapping[str, Any], Sequence[Any]]
 
 
-def check_target(target: Union[None, str, "tvm.target.Target"] = None) -> "tvm.target.Target":
+def check_target(target: Union[None, str, "tvm.target.Target"] = None,
+                 hexagon_key: bool = True) -> "tvm.target.Target":
     """The C-source Hexagon target ``target`` names (None: :data:`DEFAULT_TARGET`).
+
+    ``hexagon_key=False`` also takes a target without the ``hexagon`` key (such as
+    ``c -keys=cpu -mcpu=hexagonv66``: TVM's generic CPU schedules, which its C backend can
+    print, for the same chip), as a baseline for comparisons.
 
     Raises
     ------
@@ -139,7 +150,7 @@ def check_target(target: Union[None, str, "tvm.target.Target"] = None) -> "tvm.t
         raise TypeError(f"target must be a str or tvm.target.Target, got {type(target).__name__}")
     parsed = tvm.target.Target(target) if isinstance(target, str) else target
     mcpu = str(parsed.attrs.get("mcpu", CPU) or CPU)
-    if parsed.kind.name != "c" or "hexagon" not in parsed.keys or mcpu not in CPUS:
+    if parsed.kind.name != "c" or (hexagon_key and "hexagon" not in parsed.keys) or mcpu not in CPUS:
         raise ValueError(
             f"target must be a C-source Hexagon target such as {DEFAULT_TARGET!r} (kind 'c', key 'hexagon', "
             f"-mcpu one of {CPUS}), got {target if isinstance(target, str) else str(parsed)!r}"
@@ -244,8 +255,13 @@ def build_c(mod: tvm.IRModule, params: Optional[Mapping[str, np.ndarray]] = None
 
 
 def _build_c(mod: tvm.IRModule, params: Optional[Mapping[str, np.ndarray]],
-             target: "tvm.target.Target") -> Tuple[str, str, Dict[str, np.ndarray]]:
-    """:func:`build_c` on a module of the caller's own (a copy) and a checked target."""
+             target: "tvm.target.Target",
+             functions: Optional[Dict[str, Any]] = None) -> Tuple[str, str, Dict[str, np.ndarray]]:
+    """:func:`build_c` on a module of the caller's own (a copy) and a checked target.
+
+    ``functions``, when given, is filled with the Relay primitive function of each fused
+    function, by name (the build's ``function_metadata``): what a profile counts MACs in.
+    """
     config = {"tir.disable_vectorize": True}
     capture = _LastTIR()
     try:
@@ -261,6 +277,11 @@ def _build_c(mod: tvm.IRModule, params: Optional[Mapping[str, np.ndarray]],
                                f"emulator (only TVM's C backend, target kind 'c', is supported)")
         sources.append(module.get_source())
     built_params = {name: value.numpy() for name, value in lib.get_params().items()}
+    if functions is not None:
+        for name, info in lib.function_metadata.items():
+            relay_funcs = list(info.relay_primfuncs.values()) if info.relay_primfuncs else []
+            if relay_funcs and name != "__tvm_main__":
+                functions[str(name)] = relay_funcs[0]
     # Freestanding: no libc headers; the few math functions used are the runner's.
     source = "\n".join(sources).replace("#include <math.h>", "")
     return lib.get_graph_json(), exact_float_literals(source, capture.module), built_params
@@ -435,13 +456,18 @@ class GraphPlan:
         return int(np.prod(shape, dtype=np.int64)) * _dtype(dtype)[2]
 
 
-def runner_source(plan: GraphPlan, order: Sequence[str], arena: int = ARENA_BYTES) -> str:
+def runner_source(plan: GraphPlan, order: Sequence[str], arena: int = ARENA_BYTES, marks: bool = False) -> str:
     """A freestanding C ``_start`` running ``plan``'s fused functions in order.
 
     It reads the arguments named in ``order`` (their bytes, in that order) from stdin into
     their storage, calls each function with TVM's packed convention, and writes the heads'
     bytes to stdout. A function returning non-zero stops it with exit code 4 and its name
     on stderr (after the message of the check that failed, if any).
+
+    With ``marks``, the runner calls the empty function :data:`MARK_SYMBOL` before each
+    fused function and after the last one (``len(plan.calls) + 1`` calls): an emulator
+    plugin watching that address splits the run's counts per graph node
+    (:mod:`tvm_tcutils.dotprod.hexagon_profile`).
 
     Examples
     --------
@@ -454,6 +480,8 @@ def runner_source(plan: GraphPlan, order: Sequence[str], arena: int = ARENA_BYTE
     >>> src = runner_source(GraphPlan(json.dumps(graph)), ["x"])
     >>> "f(tcu_args0, tcu_codes0, 2, &ret, &ret_code, 0)" in src
     True
+    >>> runner_source(GraphPlan(json.dumps(graph)), ["x"], marks=True).count(f"  {MARK_SYMBOL}();")
+    2
     """
     entry_of = dict(plan.args)
     lines = [
@@ -484,14 +512,23 @@ def runner_source(plan: GraphPlan, order: Sequence[str], arena: int = ARENA_BYTE
         lines.append(f"static TVMValue tcu_args{index}[] = {{{handles}}};")
         lines.append(f"static int32_t tcu_codes{index}[] = {{{', '.join(['kTVMDLTensorHandle'] * len(ins + outs))}}};")
         lines.append(f'static const char tcu_name{index}[] = "{func} failed";')
+    if marks:
+        # Not inlined, and kept: the plugin sees a translation block start at its address.
+        lines.append(f"__attribute__((noinline, used)) void {MARK_SYMBOL}(void) "
+                     '{ __asm__ volatile("" ::: "memory"); }')
+    mark = f"  {MARK_SYMBOL}();" if marks else None
     lines += ["void _start(void) {", "  TVMValue ret; int32_t ret_code;"]
     for name in order:
         eid = entry_of[name]
         shape, dtype, sid = plan.entries[eid]
         lines.append(f"  if (tcu_io(63, 0, tcu_store{sid}, {plan.nbytes(shape, dtype)})) tcu_exit(3);  /* {name} */")
     for index, (func, ins, outs) in enumerate(plan.calls):
+        if mark:
+            lines.append(mark)
         lines.append(f"  if ({func}(tcu_args{index}, tcu_codes{index}, {len(ins + outs)}, &ret, &ret_code, 0) != 0) "
                      f"tcu_fail(tcu_name{index});")
+    if mark:
+        lines.append(mark)
     for eid in plan.heads:
         shape, dtype, sid = plan.entries[eid]
         lines.append(f"  if (tcu_io(64, 1, tcu_store{sid}, {plan.nbytes(shape, dtype)})) tcu_exit(5);")
@@ -558,8 +595,45 @@ def run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None, inp
     [array([[2, 2, 2],
            [2, 2, 2]], dtype=int32)]
     """
+    return _run_model(mod, params, inputs, timeout, target)
+
+
+class Instrument:
+    """What :func:`_run_model` lets a caller add to a run (the profiler's hooks).
+
+    ``tools_missing`` is checked with the emulator's tools, before the build;
+    ``qemu_options`` gives qemu-hexagon's options for the linked binary (the runner then
+    calls :data:`MARK_SYMBOL` between nodes); ``collect`` reads what the run left in the
+    work directory, before it is removed. ``functions`` receives the Relay function of
+    each fused function (see :func:`_build_c`).
+
+    Examples
+    --------
+    >>> Instrument().qemu_options("model", "/tmp"), Instrument().plan is None
+    ([], True)
+    """
+
+    def __init__(self):
+        self.functions: Dict[str, Any] = {}
+        self.plan: Optional[GraphPlan] = None
+
+    def tools_missing(self) -> Optional[str]:
+        return None
+
+    def qemu_options(self, binary: str, workdir: str) -> List[str]:
+        return []
+
+    def collect(self, workdir: str) -> None:
+        pass
+
+
+def _run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]], inputs: Inputs, timeout: float,
+               target: Union[None, str, "tvm.target.Target"],
+               instrument: Optional[Instrument] = None, hexagon_key: bool = True) -> List[np.ndarray]:
+    """:func:`run_model`, with an optional :class:`Instrument` watching the emulated run
+    (``hexagon_key``: see :func:`check_target`)."""
     # Every argument and tool is checked before the build, the longest step but the run.
-    target = check_target(target)
+    target = check_target(target, hexagon_key)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     mod = _own_copy(mod)
@@ -567,9 +641,17 @@ def run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None, inp
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"Hexagon emulation needs {', '.join(missing)} (apt-get install qemu-user clang-16 lld-16)")
-    graph_json, source, built_params = _build_c(mod, params, target)
+    problem = instrument.tools_missing() if instrument is not None else None
+    if problem:
+        raise RuntimeError(problem)
+    if instrument is None:
+        graph_json, source, built_params = _build_c(mod, params, target)
+    else:
+        graph_json, source, built_params = _build_c(mod, params, target, instrument.functions)
     _check_externals(source)
     plan = GraphPlan(graph_json)
+    if instrument is not None:
+        instrument.plan = plan
     order, payload = [], []
     for name, eid in plan.args:
         shape, dtype, _ = plan.entries[eid]
@@ -584,7 +666,8 @@ def run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None, inp
     cpu = str(target.attrs.get("mcpu", CPU) or CPU)
     with tempfile.TemporaryDirectory(prefix="tcu_hexagon_model_") as tmp:
         objects = []
-        for fname, text in (("model.c", source), ("runner.c", runner_source(plan, order))):
+        runner = runner_source(plan, order, marks=instrument is not None)
+        for fname, text in (("model.c", source), ("runner.c", runner)):
             path = os.path.join(tmp, fname)
             with open(path, "w") as f:
                 f.write(text)
@@ -592,17 +675,20 @@ def run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None, inp
             _check([tools["clang"], *_compile_flags(cpu), "-c", path, "-o", objects[-1]], f"clang ({fname})")
         binary = os.path.join(tmp, "model")
         _link(tools, objects, binary)
+        options = instrument.qemu_options(binary, tmp) if instrument is not None else []
         try:
-            proc = subprocess.run([tools["qemu"], binary], input=b"".join(payload), capture_output=True,
+            proc = subprocess.run([tools["qemu"], *options, binary], input=b"".join(payload), capture_output=True,
                                   timeout=timeout)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"qemu-hexagon did not finish the model within {timeout} s") from None
-    sizes = [plan.nbytes(*plan.entries[e][:2]) for e in plan.heads]
-    if proc.returncode != 0 or len(proc.stdout) != sum(sizes):
-        raise RuntimeError(
-            f"qemu-hexagon run failed (exit {proc.returncode}, {len(proc.stdout)} of {sum(sizes)} output bytes): "
-            f"{proc.stderr.decode(errors='replace')[-1000:]}"
-        )
+        sizes = [plan.nbytes(*plan.entries[e][:2]) for e in plan.heads]
+        if proc.returncode != 0 or len(proc.stdout) != sum(sizes):
+            raise RuntimeError(
+                f"qemu-hexagon run failed (exit {proc.returncode}, {len(proc.stdout)} of {sum(sizes)} output bytes): "
+                f"{proc.stderr.decode(errors='replace')[-1000:]}"
+            )
+        if instrument is not None:
+            instrument.collect(tmp)
     outputs, offset = [], 0
     for eid, size in zip(plan.heads, sizes):
         shape, dtype, _ = plan.entries[eid]
