@@ -37,6 +37,11 @@ def hooks() -> List[registry.Hook]:
         registry.op_attr(
             "qnn.quantize", "FTVMQnnLegalize", qdq.legalize_quantize, targets=strategy.TARGET_KEYS,
             description="a QDQ region as the integer ops to_integer makes (plain relay.build, dotprod.qdq)"),
+        # QOperator files' per-channel kernel zero points that are all equal (0): a scalar, no data sums.
+        *[registry.op_attr(
+            op, "FTVMQnnLegalize", qdq.legalize_uniform_zero_point, targets=strategy.TARGET_KEYS,
+            description="a constant per-channel kernel zero point of equal values as a scalar (dotprod.qdq)")
+          for op in ("qnn.conv2d", "qnn.dense")],
         # QOperator files' requantizations with the same (onnxruntime's) arithmetic.
         registry.op_attr(
             "qnn.requantize", "FTVMQnnLegalize", qdq.legalize_requantize, targets=strategy.TARGET_KEYS,
