@@ -157,6 +157,10 @@ def test_qoperator_file_on_dot_product_schedules(quantized, outputs):
     files, inputs = quantized
     ours, kernels, _ = outputs("qop_channel", "package")
     assert sum("contrib_conv2d_NCHWc" in k for k in kernels) == CONVS
+    # The per-channel kernel zero points (all 0) become a scalar (qdq.legalize_uniform_zero_point): no
+    # kernels sum the data over channels for a zero term (two more here without it): no more kernels
+    # than the QDQ file's build.
+    assert len(kernels) <= len(outputs("qdq_channel", "package")[1]), kernels
     # The frontend lowers QLinearConv with qnn.requantize; on dot-product targets the package's
     # FTVMQnnLegalize handler (qdq.legalize_requantize) computes it as onnxruntime does: equal.
     for got, want in zip(ours, _ort(files["qop_channel"], inputs)):
