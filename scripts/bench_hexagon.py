@@ -111,9 +111,23 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def x86_outputs(mod, params, inputs):
+    """The same integer module built for plain ``llvm`` and run by TVM's graph executor (the reference)."""
+    import tvm
+    from tvm import relay
+    from tvm.contrib import graph_executor
+
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target="llvm", params=params)
+    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    runner.set_input(**inputs)
+    runner.run()
+    return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
+
+
 def profile_one(model: str, route: str, args, results: Results) -> bool:
     """Profile ``model`` (package and plain builds), print its table, add its rows; False when the
-    two builds' outputs differ."""
+    two builds' outputs differ or differ from the x86 build's."""
     start = time.time()
     mod, params, inputs, notes = integer_model(model, route)
     print(f"{model} via {route}: {'; '.join(notes)} ({time.time() - start:.0f} s)", flush=True)
@@ -126,10 +140,17 @@ def profile_one(model: str, route: str, args, results: Results) -> bool:
         plain = hexagon_profile.profile_model(mod, params, inputs, timeout=args.timeout, package_schedules=False)
         print(f"plain TVM build profiled in {time.time() - start:.0f} s", flush=True)
     out = package.outputs[0]
-    same = plain is None or all(np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}"))
-                                for a, b in zip(package.outputs, plain.outputs))
+
+    def equal(outs, refs):
+        return all(np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}"))
+                   for a, b in zip(outs, refs))
+
+    same = plain is None or equal(package.outputs, plain.outputs)
+    x86 = equal(package.outputs, x86_outputs(mod, params, inputs))
     print(f"output: {out.dtype}{list(out.shape)}, {np.unique(out).size} distinct values, argmax {int(out.argmax())}; "
-          f"package and plain outputs {'bit-identical' if same else 'DIFFER'}")
+          f"package and plain outputs {'bit-identical' if same else 'DIFFER'}; "
+          f"{'bit-identical to' if x86 else 'DIFFERENT from'} the x86 build (TVM's graph executor, plain llvm)")
+    same = same and x86
     print(hexagon_profile.format_table(package, plain), flush=True)
     common = {"model": model, "route": route}
     for which, prof in (("package", package), ("plain", plain)):
@@ -144,7 +165,8 @@ def profile_one(model: str, route: str, args, results: Results) -> bool:
                         packets=counts.packets, instructions=counts.instructions, vrmpy=counts.vrmpy,
                         ideal_vrmpy=prof.ideal_vrmpy if name == "total" else 0)
     results.add(**common, build="check", node="outputs", notes=notes, distinct_values=int(np.unique(out).size),
-                package_equals_plain=bool(same))
+                package_equals_plain=bool(plain is None or equal(package.outputs, plain.outputs)),
+                package_equals_x86=bool(x86))
     return same
 
 
