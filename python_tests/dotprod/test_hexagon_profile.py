@@ -45,12 +45,14 @@ def test_plain_target_and_hook_switch_restore_the_hooks():
     assert str(hexagon_profile.plain_target(None)).strip() == "c -keys=cpu"
     with pytest.raises(ValueError, match="C-source Hexagon target"):
         hexagon_profile.plain_target("llvm")
-    before = len(tvm_tcutils.registered())
+    # Other hooks (a test's own, registered by other test files in this process) may be installed too.
+    before = set(tvm_tcutils.registered())
+    assert ("qnn.quantize", "FTVMQnnLegalize") in {(r.name, r.attr) for r in before}
     with pytest.raises(KeyError):
         with hexagon_profile.package_hooks(False):
-            assert tvm_tcutils.registered() == []
+            assert ("qnn.quantize", "FTVMQnnLegalize") not in {(r.name, r.attr) for r in tvm_tcutils.registered()}
             raise KeyError("inside")
-    assert len(tvm_tcutils.registered()) == before > 0
+    assert set(tvm_tcutils.registered()) == before
 
 
 def test_symbol_address_needs_an_elf32_file(tmp_path):
