@@ -111,20 +111,6 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def x86_outputs(mod, params, inputs):
-    """The same integer module built for plain ``llvm`` and run by TVM's graph executor (the reference)."""
-    import tvm
-    from tvm import relay
-    from tvm.contrib import graph_executor
-
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target="llvm", params=params)
-    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    runner.set_input(**inputs)
-    runner.run()
-    return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
-
-
 def profile_one(model: str, route: str, args, results: Results) -> bool:
     """Profile ``model`` (package and plain builds), print its table, add its rows; False when the
     two builds' outputs differ or differ from the x86 build's."""
@@ -146,7 +132,7 @@ def profile_one(model: str, route: str, args, results: Results) -> bool:
                    for a, b in zip(outs, refs))
 
     same = plain is None or equal(package.outputs, plain.outputs)
-    x86 = equal(package.outputs, x86_outputs(mod, params, inputs))
+    x86 = equal(package.outputs, hexagon_model.x86_reference(mod, params, inputs))
     print(f"output: {out.dtype}{list(out.shape)}, {np.unique(out).size} distinct values, argmax {int(out.argmax())}; "
           f"package and plain outputs {'bit-identical' if same else 'DIFFER'}; "
           f"{'bit-identical to' if x86 else 'DIFFERENT from'} the x86 build (TVM's graph executor, plain llvm)")

@@ -9,7 +9,6 @@ import pytest
 
 import tvm
 from tvm import relay
-from tvm.contrib import graph_executor
 
 from tvm_tcutils.dotprod import hexagon_model
 from tvm_tcutils.dotprod.isa import HEXAGON_HVX, for_target
@@ -18,13 +17,7 @@ from tvm_tcutils.dotprod.topi.intrinsics import dot_product_intrin, target_mode
 from test_hexagon import _require_emulator
 
 def _x86(mod, inputs, params=None):
-    """The same module built for plain x86 ``llvm`` and run by TVM's graph executor."""
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target="llvm", params=params)
-    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    runner.set_input(**inputs)
-    runner.run()
-    return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
+    return hexagon_model.x86_reference(mod, params, inputs)
 
 
 def _float_cnn(seed: int = 0):

@@ -553,6 +553,28 @@ def _link(tools: Dict[str, str], objects: List[str], binary: str) -> None:
         raise RuntimeError(f"ld.lld failed: {proc.stderr[-2000:]}")
 
 
+def x86_reference(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None,
+                  inputs: Optional[Mapping[str, np.ndarray]] = None) -> List[np.ndarray]:
+    """The reference :func:`run_model`'s outputs are compared to: the same module built for plain x86
+    ``llvm`` (TVM's own lowering) and run by TVM's graph executor.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(2,), dtype="int32")
+    >>> x86_reference(tvm.IRModule.from_expr(relay.Function([x], x + relay.const(1))),
+    ...               inputs={"x": np.array([1, 2], "int32")})[0].tolist()
+    [2, 3]
+    """
+    from tvm.contrib import graph_executor
+
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target="llvm", params=params)
+    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    runner.set_input(**dict(inputs or {}))
+    runner.run()
+    return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
+
+
 def run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None, inputs: Inputs = (),
               timeout: float = 600, target: Union[None, str, "tvm.target.Target"] = None) -> List[np.ndarray]:
     """Build an integer Relay model for Hexagon and run it under qemu-hexagon.
