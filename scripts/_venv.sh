@@ -11,7 +11,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 STAMP="$VENV/.tcutils-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ] || [ "$ROOT/scripts/_venv.sh" -nt "$STAMP" ]; then
-    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[all]"
+    # plot too: the suite then tests the charts (--plot) instead of skipping them.
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[all,plot]"
     touch "$STAMP"
 fi
 # The optional native helpers and the CUDA plugin (cmake/), after the install above so that the CUDA

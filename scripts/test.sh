@@ -3,6 +3,13 @@
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 bash "$ROOT/scripts/install_hexagon_tools.sh"
+# Graphviz's dot draws Collage's partition pictures; best effort, like the Hexagon tools (the picture tests
+# skip with the reason when it is still missing).
+if ! command -v dot >/dev/null && command -v apt-get >/dev/null; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+    ($SUDO apt-get install -y -qq graphviz || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq graphviz; }) \
+        >/dev/null 2>&1 || echo "test.sh: apt-get could not install graphviz; picture tests will skip" >&2
+fi
 # Which interpreter and which TVM this run used: a CI log is read long after the machine is gone.
 "$VENV/bin/python" - <<'PY'
 import os, sys
