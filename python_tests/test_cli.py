@@ -68,3 +68,21 @@ def test_count_layers_tvm_numbering(capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:-1]]
     assert [int(row[0]) for row in rows][:6] == [0, 1, 2, 2, 3, 4]  # a shortcut conv shares TVM's index 2
     assert len(rows) == 21
+
+
+def test_bench_emulate_profiles_hexagon_bit_exactly(tmp_path):
+    from tvm_tcutils.dotprod import hexagon_profile
+
+    if hexagon_profile.missing_profile_tools():
+        pytest.skip(f"needs {hexagon_profile.missing_profile_tools()} (scripts/test.sh installs them)")
+    proc = run_cli("bench", "mlp", "--target", "hexagon", "--emulate", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "quantize_int8" in out and "final softmax stripped" in out
+    total = next(line.split() for line in out.splitlines() if line.startswith("total"))
+    # MACs, packets, instructions, vrmpy, ideal vrmpy, plain packets, plain instructions
+    macs, packets, _, vrmpy, ideal, plain_packets, _ = map(int, total[1:])
+    assert macs == 784 * 128 + 128 * 64 + 64 * 10 and ideal == -(-macs // 128)
+    assert ideal <= vrmpy < 1.1 * ideal and 2 * packets < plain_packets
+    assert "bit-identical to the x86 build and to the plain build" in " ".join(out.split())
+    assert os.listdir(tmp_path) == []

@@ -74,6 +74,10 @@ IN_PROCESS = [
     ("batch-size", ["count-layers", "mlp", "--batch-size", "0"], "--batch-size"),
     ("ops", ["count-layers", "mlp", "--ops", "nn.conv3"], "--ops"),
     ("out-dtype", ["prepare", "mlp", "-o", "out.json", "--out-dtype", "int33x"], "--out-dtype"),
+    ("emulate-target", ["bench", "mlp", "--emulate", "--target", "llvm"], "--target 'llvm': --emulate runs Hexagon"),
+    ("emulate-dtype", ["bench", "mlp", "--emulate", "--dtype", "float32"], "--dtype 'float32': --emulate runs"),
+    ("emulate-plot", ["bench", "mlp", "--emulate", "--plot", "x.png"], "--plot cannot be used with --emulate"),
+    ("emulate-timeout", ["bench", "mlp", "--emulate", "--timeout", "0"], "--timeout"),
 ]
 
 
@@ -168,3 +172,16 @@ def test_tvm_warnings_only_with_verbose(tmp_path):
     assert "Warning: Desired layout(s) not specified" in verbose.stderr
     both = run_cli("-q", "-v", "info")
     assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+def test_emulate_without_the_hexagon_tools_fails_before_loading_the_model(monkeypatch, capsys):
+    from tvm_tcutils import cli
+    from tvm_tcutils.commands import _common
+    from tvm_tcutils.dotprod import hexagon_profile
+
+    monkeypatch.setattr(hexagon_profile, "missing_profile_tools", lambda: ["qemu-hexagon", "clang-16"])
+    monkeypatch.setattr(_common, "load_model_arg", lambda args: pytest.fail("loaded the model"))
+    assert cli.main(["bench", "mlp", "--target", "hexagon", "--emulate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("tvm-tcutils: error: --emulate needs qemu-hexagon, clang-16 (apt-get install qemu-user clang-16 "
+                   "lld-16; scripts/test.sh installs them)")

@@ -35,18 +35,8 @@ import numpy as np  # noqa: E402
 
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm import relay  # noqa: E402
-from tvm_tcutils._tvm import tvm  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod import hexagon_model, hexagon_profile  # noqa: E402
-
-
-def strip_softmax(mod: tvm.IRModule):
-    """``(mod without a final softmax, True)``, or ``(mod, False)`` when it ends otherwise."""
-    body = mod["main"].body
-    if isinstance(body, relay.Call) and isinstance(body.op, tvm.ir.Op) and body.op.name == "nn.softmax":
-        stripped = tvm.IRModule.from_expr(relay.Function(mod["main"].params, body.args[0]))
-        return relay.transform.InferType()(stripped), True
-    return mod, False
 
 
 def integer_model(name: str, route: str, seed: int = 0):
@@ -57,31 +47,22 @@ def integer_model(name: str, route: str, seed: int = 0):
         import onnx
 
         from tvm_tcutils.bench.int8 import ort_quantized
-        from tvm_tcutils.dotprod import qdq
 
         path = ort_quantized(name)["qdq"]
         model = onnx.load(path)
         inp = model.graph.input[0]
         shape = tuple(d.dim_value for d in inp.type.tensor_type.shape.dim)
         mod, params = relay.frontend.from_onnx(model, {inp.name: shape})
-        mod, stripped = strip_softmax(relay.transform.InferType()(mod))
-        mod = qdq.to_integer(mod)
-        notes.append(f"onnxruntime quantize_static QDQ per-channel ({os.path.basename(path)}) -> qdq.to_integer")
+        mod, params, made = hexagon_profile.integer_model(mod, params)
+        notes.append(f"onnxruntime quantize_static QDQ per-channel ({os.path.basename(path)})")
         inputs = {inp.name: rng.standard_normal(shape).astype("float32")}
     else:
-        from tvm_tcutils.dotprod.quantize import quantize_int8
         from tvm_tcutils.models import load_model
 
-        mod, params = load_model(name)
-        mod, stripped = strip_softmax(mod)
-        mod = quantize_int8(mod, params)
-        params = None
-        notes.append("relay quantize_int8 of the float zoo model")
+        mod, params, made = hexagon_profile.integer_model(*load_model(name))
         var = mod["main"].params[0]
         inputs = {var.name_hint: rng.standard_normal([int(d) for d in var.checked_type.shape]).astype("float32")}
-    if stripped:
-        notes.append("final softmax stripped (float exp has no C form in the freestanding runner)")
-    return mod, params, inputs, notes
+    return mod, params, inputs, notes + made
 
 
 def main(argv=None) -> int:
@@ -118,25 +99,12 @@ def profile_one(model: str, route: str, args, results: Results) -> bool:
     mod, params, inputs, notes = integer_model(model, route)
     print(f"{model} via {route}: {'; '.join(notes)} ({time.time() - start:.0f} s)", flush=True)
     start = time.time()
-    package = hexagon_profile.profile_model(mod, params, inputs, timeout=args.timeout)
-    print(f"package build profiled in {time.time() - start:.0f} s", flush=True)
-    plain = None
-    if not args.no_plain:
-        start = time.time()
-        plain = hexagon_profile.profile_model(mod, params, inputs, timeout=args.timeout, package_schedules=False)
-        print(f"plain TVM build profiled in {time.time() - start:.0f} s", flush=True)
+    compared = hexagon_profile.compare_builds(mod, params, inputs, timeout=args.timeout, plain=not args.no_plain)
+    package, plain = compared.package, compared.plain
+    print(f"profiled in {time.time() - start:.0f} s", flush=True)
     out = package.outputs[0]
-
-    def equal(outs, refs):
-        return all(np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}"))
-                   for a, b in zip(outs, refs))
-
-    same = plain is None or equal(package.outputs, plain.outputs)
-    x86 = equal(package.outputs, hexagon_model.x86_reference(mod, params, inputs))
-    print(f"output: {out.dtype}{list(out.shape)}, {np.unique(out).size} distinct values, argmax {int(out.argmax())}; "
-          f"package and plain outputs {'bit-identical' if same else 'DIFFER'}; "
-          f"{'bit-identical to' if x86 else 'DIFFERENT from'} the x86 build (TVM's graph executor, plain llvm)")
-    same = same and x86
+    print(f"output: {out.dtype}{list(out.shape)}, {np.unique(out).size} distinct values, argmax {int(out.argmax())}")
+    print(compared.summary())
     print(hexagon_profile.format_table(package, plain), flush=True)
     common = {"model": model, "route": route}
     for which, prof in (("package", package), ("plain", plain)):
@@ -151,9 +119,8 @@ def profile_one(model: str, route: str, args, results: Results) -> bool:
                         packets=counts.packets, instructions=counts.instructions, vrmpy=counts.vrmpy,
                         ideal_vrmpy=prof.ideal_vrmpy if name == "total" else 0)
     results.add(**common, build="check", node="outputs", notes=notes, distinct_values=int(np.unique(out).size),
-                package_equals_plain=bool(plain is None or equal(package.outputs, plain.outputs)),
-                package_equals_x86=bool(x86))
-    return same
+                package_equals_plain=compared.equals_plain is not False, package_equals_x86=compared.equals_x86)
+    return compared.bit_exact
 
 
 if __name__ == "__main__":

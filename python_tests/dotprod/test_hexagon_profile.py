@@ -116,3 +116,23 @@ def test_package_convs_use_ideal_vrmpy_and_fewer_instructions_than_plain_tvm(pro
         assert ours.counts.packets * 3 < theirs.counts.packets
         assert ours.counts.instructions * 3 < theirs.counts.instructions
     assert package.total.packets * 3 < plain.total.packets
+
+
+def test_integer_model_strips_softmax_and_quantizes_without_changing_the_input(mlp_model):
+    mod, params = mlp_model
+    before = mod.astext()
+    qmod, qparams, notes = hexagon_profile.integer_model(mod, params)
+    assert mod.astext() == before and qparams is None
+    assert "softmax" in notes[-1] and "nn.softmax" not in qmod.astext() and "nn.softmax" in before
+    assert "int8" in qmod.astext()
+
+
+def test_compare_builds_of_a_cnn_is_bit_exact_with_fewer_packets():
+    _require_emulator()
+    data = np.random.default_rng(4).integers(0, 256, (1, 16, 12, 12)).astype("uint8")
+    compared = hexagon_profile.compare_builds(_qnn_cnn(), inputs={"x": data}, timeout=120)
+    assert compared.bit_exact and compared.equals_x86 and compared.equals_plain
+    assert compared.plain.total.packets > 3 * compared.package.total.packets
+    assert "bit-identical to the x86" in compared.summary(width=1000)
+    with pytest.raises(TypeError, match="plain must be a bool"):
+        hexagon_profile.compare_builds(_qnn_cnn(), inputs={"x": data}, plain="yes")

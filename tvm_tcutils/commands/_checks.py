@@ -172,6 +172,83 @@ def runnable_target(text: str, option: str, args: argparse.Namespace) -> None:
                            "this command runs the code it builds (use an llvm target)")
 
 
+#: What ``--target`` may say for an emulated Hexagon run, besides a full C-source Hexagon target.
+HEXAGON_ALIAS = "hexagon"
+
+
+def hexagon_target(text: Optional[str]):
+    """The C-source Hexagon target ``--target`` names for ``--emulate`` (``hexagon`` or None: the default).
+
+    Raises :class:`CommandError` for another target, or when the emulation tools are missing
+    (before any model is loaded).
+
+    Examples
+    --------
+    >>> hexagon_target("llvm")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --target 'llvm': --emulate runs Hexagon HVX: use --target hexagon ...
+    """
+    from ..dotprod import hexagon_model, hexagon_profile
+
+    try:
+        target = hexagon_model.check_target(None if text in (None, HEXAGON_ALIAS) else text)
+    except ValueError as err:
+        raise CommandError(f"--target {text!r}: --emulate runs Hexagon HVX: use --target {HEXAGON_ALIAS} or "
+                           f"{str(err).split('such as ', 1)[-1]}") from None
+    missing = hexagon_profile.missing_profile_tools()
+    if missing:
+        raise CommandError(f"--emulate needs {', '.join(missing)} (apt-get install qemu-user clang-16 lld-16; "
+                           "scripts/test.sh installs them)")
+    return target
+
+
+def emulated_hexagon_target(text: str, option: str, args: argparse.Namespace) -> None:
+    """Rule form of :func:`hexagon_target` (the value is converted when the command runs).
+
+    Examples
+    --------
+    >>> emulated_hexagon_target("cuda", "--target", argparse.Namespace())  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --target 'cuda': --emulate runs Hexagon HVX: ...
+    """
+    hexagon_target(text)
+
+
+def not_with(other: str) -> Rule:
+    """A rule for an option that makes no sense together with ``other``: set at all, it fails.
+
+    Examples
+    --------
+    >>> not_with("--emulate")(["x.png"], "--plot", argparse.Namespace())
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --plot cannot be used with --emulate
+    """
+    def rule(value: Any, option: str, args: argparse.Namespace) -> None:
+        raise CommandError(f"{option} cannot be used with {other}")
+
+    return rule
+
+
+def one_of(choices, why: str) -> Rule:
+    """A rule that takes only ``choices``; ``why`` says what restricts them.
+
+    Examples
+    --------
+    >>> one_of(("int8",), why="--emulate runs integer models")("float32", "--dtype", argparse.Namespace())
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --dtype 'float32': --emulate runs integer models; choose from int8
+    """
+    def rule(value: Any, option: str, args: argparse.Namespace) -> None:
+        if value not in choices:
+            raise CommandError(f"{option} {value!r}: {why}; choose from {', '.join(map(str, choices))}")
+
+    return rule
+
+
 # ---------------------------------------------------------------------------
 # Output paths
 # ---------------------------------------------------------------------------

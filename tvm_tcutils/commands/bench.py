@@ -21,6 +21,19 @@ CHECKS = (
     *checks.RPC_CHECKS,
 )
 
+#: Options that have no meaning for an emulated run (it is profiled, not timed, and runs here).
+_NOT_EMULATED = (("--plot", "plot"), ("--log", "log"), ("--time-budget", "time_budget"),
+                 ("--rpc-tracker", "rpc_tracker"), ("--rpc-key", "rpc_key"))
+
+#: Checked before any work with ``--emulate``.
+EMULATE_CHECKS = (
+    *checks.MODEL_CHECKS,
+    checks.Check("--target", "target", checks.emulated_hexagon_target),
+    checks.Check("--dtype", "dtype", checks.one_of(("int8",), why="--emulate runs integer models")),
+    checks.Check("--timeout", "timeout", checks.positive),
+    *(checks.Check(option, dest, checks.not_with("--emulate")) for option, dest in _NOT_EMULATED),
+)
+
 HELP = "build a model (int8 by default: dot-product schedules) and time it against TVM's fp32 build"
 
 
@@ -38,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PATH",
                         help="draw the timings (or, with the baseline, the speedup) as a bar chart "
                              "(.png/.svg/.pdf; needs matplotlib)")
+    parser.add_argument("--emulate", action="store_true",
+                        help="with --target hexagon: build for Hexagon HVX (C), run under qemu-hexagon and print "
+                             "an instruction profile against TVM's plain schedules (no times), outputs checked "
+                             "bit for bit against the x86 build")
+    parser.add_argument("--timeout", type=float, default=3000, metavar="SECONDS",
+                        help="with --emulate: seconds each emulated run may take (default %(default)s)")
     cli.add_rpc_arguments(parser)
 
 
@@ -46,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from ..dotprod.quantize import is_quantized, prepare
     from ..measure import Timer, interleave, ratio
 
+    if args.emulate:
+        return _emulate(args)
     checks.validate(args, CHECKS)
     remote = cli.rpc_backend(args)
     target = args.target or host_target()  # code for another CPU may not run here (SIGILL)
@@ -97,3 +118,27 @@ def _plot(args: argparse.Namespace, timed: dict, target: str) -> None:
     else:
         results.add(model=args.model, **{args.dtype: timed[args.dtype]})
     print(f"wrote {plot(results.payload(), args.plot)}")
+
+
+def _emulate(args: argparse.Namespace) -> int:
+    """``--emulate``: the model's int8 build profiled under qemu-hexagon; 1 when an output check fails."""
+    import time
+
+    from ..dotprod import hexagon_profile
+    from ..models import random_inputs
+
+    checks.validate(args, EMULATE_CHECKS)
+    target = checks.hexagon_target(args.target)
+    start = time.time()
+    mod, params, notes = hexagon_profile.integer_model(*cli.load_model_arg(args))
+    inputs = random_inputs(mod, params)
+    print(f"{args.model}: {'; '.join(notes)} ({time.time() - start:.0f} s)", flush=True)
+    print(f"building for {target} and running under qemu-hexagon"
+          + ("" if args.no_baseline else f", then TVM's plain schedules ({str(hexagon_profile.plain_target(target)).strip()})")
+          + " (an instruction profile, not a device time)", flush=True)
+    start = time.time()
+    compared = hexagon_profile.compare_builds(mod, params, inputs, timeout=args.timeout, target=target,
+                                              plain=not args.no_baseline)
+    print(hexagon_profile.format_table(compared.package, compared.plain))
+    print(f"{args.model} on emulated {target} ({time.time() - start:.0f} s):\n{compared.summary()}")
+    return 0 if compared.bit_exact else 1

@@ -35,6 +35,7 @@ import re
 import struct
 import subprocess
 import tempfile
+import textwrap
 from typing import Any, Iterator, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -614,3 +615,147 @@ def format_table(package: Profile, plain: Optional[Profile] = None, width: int =
     for r in cells:
         lines.append("  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def strip_final_softmax(mod: tvm.IRModule) -> "tuple[tvm.IRModule, bool]":
+    """``(mod without the softmax its main ends in, True)``, or ``(mod, False)`` when it ends otherwise.
+
+    A classifier's final float softmax calls ``expf``, which the freestanding runner has no
+    bit-exact form of; the logits before it are what the comparison checks. ``mod`` is not changed.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(1, 4))
+    >>> mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.softmax(x)))
+    >>> stripped, done = strip_final_softmax(mod)
+    >>> done, stripped["main"].body.name_hint
+    (True, 'x')
+    >>> strip_final_softmax(stripped)[1]
+    False
+    """
+    body = mod["main"].body
+    if isinstance(body, relay.Call) and isinstance(body.op, tvm.ir.Op) and body.op.name == "nn.softmax":
+        stripped = tvm.IRModule.from_expr(relay.Function(mod["main"].params, body.args[0]))
+        return relay.transform.InferType()(stripped), True
+    return mod, False
+
+
+def integer_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None):
+    """``(mod, params, notes)``: a model made integer the way it can run on emulated Hexagon.
+
+    A quantizer's file (``qnn`` ops: a QDQ import) has its fake-quantized regions made integer
+    by :func:`tvm_tcutils.dotprod.qdq.to_integer` (its weights bound first); a float model is
+    quantized by :func:`tvm_tcutils.dotprod.quantize.quantize_int8` (weights bound, params
+    ``None``). A final softmax is stripped first (:func:`strip_final_softmax`). ``notes`` say
+    what was done, for reports. ``mod`` is not changed.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> qmod, qparams, notes = integer_model(*load_model("mlp"))
+    >>> qparams is None, notes[0]
+    (True, 'a float model: quantized by relay.quantize (dotprod.quantize.quantize_int8)')
+    """
+    from . import qdq
+    from .quantize import is_quantized, quantize_int8
+
+    mod, stripped = strip_final_softmax(relay.transform.InferType()(mod))
+    if is_quantized(mod):
+        if params:
+            bound = relay.build_module.bind_params_by_name(mod["main"], dict(params))
+            mod = relay.transform.InferType()(tvm.IRModule.from_expr(bound))
+        mod, params = qdq.to_integer(mod), None
+        notes = ["a quantizer's int8 file: its QDQ regions made integer (dotprod.qdq.to_integer)"]
+    else:
+        mod, params = quantize_int8(mod, params), None
+        notes = ["a float model: quantized by relay.quantize (dotprod.quantize.quantize_int8)"]
+    if stripped:
+        notes.append("final softmax stripped (its float exp has no bit-exact C form in the freestanding runner)")
+    return mod, params, notes
+
+
+def bit_equal(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray]) -> bool:
+    """Whether two lists of arrays are equal bit for bit (a NaN equals the same NaN; -0.0 is not 0.0).
+
+    Examples
+    --------
+    >>> bit_equal([np.array([0.0], "float32")], [np.array([-0.0], "float32")])
+    False
+    >>> bit_equal([np.arange(3)], [np.arange(3)])
+    True
+    """
+    if len(outputs) != len(references):
+        return False
+    return all(a.shape == b.shape and a.dtype == b.dtype
+               and np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}"))
+               for a, b in zip(outputs, references))
+
+
+@dataclasses.dataclass
+class Comparison:
+    """What :func:`compare_builds` found: the two profiles and whether the outputs agree bit for bit."""
+
+    package: Profile
+    plain: Optional[Profile]
+    #: The package's Hexagon outputs equal the x86 build's (TVM's graph executor, plain ``llvm``).
+    equals_x86: bool
+    #: The package's outputs equal the plain build's (None: no plain build).
+    equals_plain: Optional[bool]
+
+    @property
+    def bit_exact(self) -> bool:
+        """Every comparison made agreed."""
+        return self.equals_x86 and self.equals_plain is not False
+
+    def summary(self, width: int = 110) -> str:
+        """Packets of both builds, their ratio, vrmpy against the ideal, the output checks.
+
+        Examples
+        --------
+        >>> prof = Profile([], Counts(100, 150, 8), [], 1024)
+        >>> print(Comparison(prof, Profile([], Counts(1500, 1600, 0), [], 1024), True, True).summary())
+        packets: 100 (package), 1500 (TVM plain): x15.00 fewer; vrmpy 8 (ideal 8); outputs bit-identical to the x86
+        build and to the plain build
+        """
+        text = f"packets: {self.package.total.packets} (package)"
+        if self.plain is not None:
+            text += (f", {self.plain.total.packets} (TVM plain): "
+                     f"x{self.plain.total.packets / max(self.package.total.packets, 1):.2f} fewer")
+        text += f"; vrmpy {self.package.total.vrmpy} (ideal {self.package.ideal_vrmpy}); outputs "
+        text += "bit-identical to" if self.equals_x86 else "DIFFERENT from"
+        text += " the x86 build"
+        if self.equals_plain is not None:
+            text += " and " + ("to" if self.equals_plain else "DIFFERENT from") + " the plain build"
+        return textwrap.fill(text, width)
+
+
+def compare_builds(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None,
+                   inputs: hexagon_model.Inputs = (), timeout: float = 600,
+                   target: Union[None, str, "tvm.target.Target"] = None, plain: bool = True) -> Comparison:
+    """Profile an integer model with the package's schedules (and TVM's plain ones) and check the outputs.
+
+    Runs :func:`profile_model` for ``target`` (and, with ``plain``, for :func:`plain_target`),
+    and :func:`~tvm_tcutils.dotprod.hexagon_model.x86_reference` on the same inputs.
+
+    Examples
+    --------
+    Skipped by the doctest run (it needs qemu-user, clang-16 and lld-16);
+    ``python_tests/dotprod/test_hexagon_profile.py`` runs it.
+
+    >>> x = relay.var("x", shape=(4, 64), dtype="int8")
+    >>> w = relay.const(np.ones((32, 64), "int8"))
+    >>> mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.dense(x, w, out_dtype="int32")))
+    >>> compare_builds(mod, inputs=[np.ones((4, 64), "int8")]).bit_exact  # doctest: +SKIP
+    True
+    """
+    if not isinstance(plain, bool):
+        raise TypeError(f"plain must be a bool, got {type(plain).__name__}")
+    package = profile_model(mod, params, inputs, timeout=timeout, target=target)
+    baseline = None
+    if plain:
+        baseline = profile_model(mod, params, inputs, timeout=timeout, target=target, package_schedules=False)
+    checked_params, named = hexagon_model._check_arrays(mod, params, inputs)
+    x86 = hexagon_model.x86_reference(mod, checked_params, named)
+    return Comparison(package, baseline, bit_equal(package.outputs, x86),
+                      None if baseline is None else bit_equal(package.outputs, baseline.outputs))
+
