@@ -194,6 +194,20 @@ def _tvm_only(graph: IndexedGraph, cands: Sequence[Candidate], costs: Sequence[f
     return search_valid(graph, cands, tvm_costs, toolchains)
 
 
+def _interleaved_search(estimator: CostEstimator, graph: IndexedGraph, cands: Sequence[Candidate],
+                        toolchains: Dict[str, Toolchain], deadline: Optional[float]):
+    """``estimator.search(...)``, given the deadline where it takes one (estimators written before it did not)."""
+    import inspect
+
+    try:
+        takes_deadline = "deadline" in inspect.signature(estimator.search).parameters
+    except (TypeError, ValueError):
+        takes_deadline = False
+    if takes_deadline:
+        return estimator.search(graph, cands, toolchains, deadline=deadline)
+    return estimator.search(graph, cands, toolchains)
+
+
 #: The counts of an estimator's ``stats`` that the result reports (measuring and learned estimators keep them).
 _STATS = ("cached", "measured", "predicted", "failed")
 
@@ -256,9 +270,10 @@ class _Partitioner:
         estimator = self.cost_estimator
         if estimator is None:
             from .cost.measured import MeasuredCostEstimator
+            from .cost.staged import StagedCostEstimator
 
             # The driver's progress counts every candidate, cached ones too: the estimator's own bar is off.
-            estimator = MeasuredCostEstimator(progress=False)
+            estimator = StagedCostEstimator(MeasuredCostEstimator(progress=False))
             try:
                 return self._run(mod, prepared, graph, by_name, cands, estimator, seconds, report, deadline)
             finally:
@@ -272,10 +287,13 @@ class _Partitioner:
         partial = []
         costed = sum(1 for c in cands if not c.host)
         report("estimate", 0, costed)
-        interleaved = estimator.search(graph, cands, by_name)
-        if interleaved is not None:  # it estimates and searches in one (no budget inside)
+        interleaved = _interleaved_search(estimator, graph, cands, by_name, deadline)
+        if interleaved is not None:  # it estimates and searches in one
             result, costs = interleaved
             report("estimate", costed, costed)
+            if getattr(estimator, "stats", {}).get("stop") == "deadline":
+                partial.append(f"the time budget of {self.time_budget_s:g} s ended while measuring what the "
+                               "search picked: the best fully measured partitioning so far")
         else:
             costs = _estimate(graph, cands, by_name, estimator, report, deadline)
             result = None
@@ -317,7 +335,12 @@ class _Partitioner:
         validation.deadline = deadline
         if timer is not None:
             report("validate", 0, 1)
-        result = validation.run(result, self.validate_rounds, single_results, greedy)
+        # With the final comparison to come, each toolchain alone (TVM whole, the others' greedy
+        # partitionings) is timed there, side by side with the mix: timing those answers here as
+        # well would build every whole model twice.
+        comparing = not self._not_compared(timer, whole_model_sampler(timer), partial, math.inf)
+        rivals = ({}, {}) if comparing else (single_results, greedy)
+        result = validation.run(result, self.validate_rounds, *rivals)
         if timer is not None:
             report("validate", 1, 1)
         if validation.trials:

@@ -63,9 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", help="write the partitioned module (.json/.relay) here")
     parser.add_argument("--dot", help="write the partitioned graph as Graphviz (.dot, or .svg/.png with Graphviz)")
     parser.add_argument("--force", action="store_true", help="replace existing -o / --dot files")
-    parser.add_argument("--estimator", choices=["measured", "learned"], default="measured",
-                        help="measure every candidate, or learn from some (XGBoost) and measure the rest "
-                             "only where they can change the answer")
+    parser.add_argument("--estimator", choices=list(ESTIMATORS), default="staged",
+                        help="staged (default): measure each operator alone, estimate bigger candidates from "
+                             "their parts and measure those the search picks; measured: measure every "
+                             "candidate (hours on an Inception-size model); learned: XGBoost on a sample, "
+                             "measure where it can change the answer")
     parser.add_argument("--cache-dir", default=None, help="cost cache directory (default ~/.cache/tvm-tcutils/collage)")
     parser.add_argument("--workers", type=int, default=1, help="measuring worker processes")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per candidate build and run")
@@ -78,9 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "confidence (default 0.95)")
     parser.add_argument("--compare-budget", type=float, default=60.0,
                         help="seconds of interleaved timing for the final comparison (default 60)")
-    parser.add_argument("--time-budget", type=float, default=None,
-                        help="seconds for the whole run; when it ends, the best valid partitioning found so far "
-                             "is written, marked partial")
+    parser.add_argument("--time-budget", type=float, default=DEFAULT_TIME_BUDGET_S,
+                        help="seconds for the whole run (default %(default)g); when it ends, the best valid "
+                             "partitioning found so far is the answer, marked partial in the report")
     parser.add_argument("--log", help="append one line per measurement to this file")
     parser.add_argument("--retry-failed", action="store_true",
                         help="measure again the candidates the cost cache holds as failed (otherwise after a day)")
@@ -88,6 +90,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="AutoTVM log for TVM's candidates (from 'tvm-tcutils tune MODEL --dtype float32')")
     add_target_argument(parser, "target of TVM's builds and measurements")
     add_rpc_arguments(parser)
+
+
+def _staged(measured):
+    from ..collage.cost.staged import StagedCostEstimator
+
+    return StagedCostEstimator(measured)
+
+
+def _learned(measured):
+    from ..collage.cost.learned import XGBoostCostEstimator
+
+    return XGBoostCostEstimator(measured)
+
+
+#: ``--estimator`` choices: name -> what wraps the measuring estimator.
+ESTIMATORS = {"staged": _staged, "measured": lambda measured: measured, "learned": _learned}
+
+#: Seconds a search may take unless ``--time-budget`` says otherwise (the answer so far, marked partial).
+DEFAULT_TIME_BUDGET_S = 900.0
 
 
 def _status(toolchain) -> str:
@@ -145,11 +166,7 @@ def run(args: argparse.Namespace) -> int:
                                      repeat=args.repeat, log_file=args.log, target=args.target,
                                      tuning_log=args.tuning_log, retry_failed=args.retry_failed, progress=False,
                                      remote=rpc_backend(args))
-    estimator = measured
-    if args.estimator == "learned":
-        from ..collage.cost.learned import XGBoostCostEstimator
-
-        estimator = XGBoostCostEstimator(measured)
+    estimator = ESTIMATORS[args.estimator](measured)
     try:
         result = driver.partition(mod, params, toolchains, estimator, compare_single=not args.no_compare,
                                   validate_rounds=0 if args.no_compare else 2, progress=False if quiet else None,

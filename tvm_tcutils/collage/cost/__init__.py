@@ -9,6 +9,8 @@ run). Estimators:
 * :class:`~.measured.MeasuredCostEstimator`: build and time each candidate in
   worker processes (:mod:`.workers`), with a persistent on-disk cache
   (:mod:`.store`);
+* :class:`~.staged.StagedCostEstimator` (the default): measure each operator
+  alone, estimate joint candidates from their parts, measure what the search picks;
 * :class:`~.learned.XGBoostCostEstimator`: measure some, predict the rest.
 
 Estimators only estimate; the driver validates a chosen partitioning whole
@@ -22,7 +24,7 @@ from .custom import CustomCostEstimator
 from .mock import MockCostEstimator
 
 __all__ = ["CostEstimator", "CostRequest", "CustomCostEstimator", "MockCostEstimator",
-           "MeasuredCostEstimator", "XGBoostCostEstimator"]
+           "MeasuredCostEstimator", "StagedCostEstimator", "XGBoostCostEstimator"]
 
 
 def __getattr__(name):
@@ -31,6 +33,10 @@ def __getattr__(name):
         from .measured import MeasuredCostEstimator
 
         return MeasuredCostEstimator
+    if name == "StagedCostEstimator":
+        from .staged import StagedCostEstimator
+
+        return StagedCostEstimator
     if name == "XGBoostCostEstimator":
         from .learned import XGBoostCostEstimator
 

@@ -108,11 +108,13 @@ class CostEstimator:
         """One cost per request (``inf``: the candidate cannot be used)."""
         raise NotImplementedError
 
-    def search(self, graph, candidates, toolchains):
+    def search(self, graph, candidates, toolchains, deadline=None):
         """Estimators that interleave estimating and searching return ``(SearchResult, costs)``.
 
         The default (None) lets the driver estimate every candidate once with
-        :meth:`estimate` and search after.
+        :meth:`estimate` and search after. ``deadline`` (a ``time.perf_counter()``
+        value, from the driver's time budget) is when such an estimator should
+        return its best answer so far.
         """
         return None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -189,14 +190,15 @@ class XGBoostCostEstimator(CostEstimator):
         return self._predict(list(requests), known)
 
     def search(self, graph: IndexedGraph, cands: Sequence[Candidate],
-               toolchains: Dict) -> Tuple[SearchResult, List[float]]:
+               toolchains: Dict, deadline: Optional[float] = None) -> Tuple[SearchResult, List[float]]:
         """Alternate search and measuring; return the best fully measured answer.
 
         Each round searches with measured costs where known and predictions
         elsewhere, then measures the answer's predicted candidates, which makes
         that answer fully measured. Rounds end when an answer needs no new
         measurement, when the model cannot promise ``tolerance`` more, after
-        ``patience`` rounds without such a gain, or after ``max_rounds``.
+        ``patience`` rounds without such a gain, after ``max_rounds``, or at
+        ``deadline`` (a ``time.perf_counter()`` value) once an answer is measured.
         """
         index = [k for k, c in enumerate(cands) if not c.host]
         requests = cost_requests(graph, cands, index, toolchains)
@@ -215,6 +217,9 @@ class XGBoostCostEstimator(CostEstimator):
                 break
             if best is not None and result.cost >= best.cost * (1 - self.tolerance):
                 stop = "tolerance"
+                break
+            if deadline is not None and best is not None and time.perf_counter() >= deadline:
+                stop = "deadline"
                 break
             self._measure(todo, known)
             # The answer is fully measured now: its true (estimated-alone) cost.

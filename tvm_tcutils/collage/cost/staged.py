@@ -1,0 +1,306 @@
+"""Collage's default costs: measure every operator alone, estimate bigger candidates from their parts,
+measure what the search picks.
+
+A measure-everything search builds and times every candidate: tens of thousands on an
+Inception-style CNN (about 38,000 for Inception-v1 with TVM, onnxruntime and OpenVINO; 18,000
+distinct per runtime), hours of measuring for an answer a user can get in a minute by trying
+each runtime whole. Most of those candidates are never close to the answer.
+:class:`StagedCostEstimator` measures in stages instead:
+
+1. **Parts**: every distinct one-operator candidate of every toolchain (a few hundred; repeated
+   layers share one measurement through the cost store's structural key), and each toolchain's
+   maximal regions (what BYOC's greedy partitioning would give it: a handful).
+2. **Wholes, estimated**: a candidate of ``n`` operators on toolchain ``T`` is estimated from its
+   parts: ``overhead(T) + fusion(T) * sum(part - overhead(T))``. ``overhead(T)`` is what one call
+   of ``T`` costs however small the work (its cheapest part); ``fusion(T)`` is how much of the
+   parts' own work a joint candidate keeps, fitted from the joint candidates measured so far
+   (a low quantile: optimistic, so a joint candidate that might win is tried rather than
+   dismissed), :data:`PRIOR_FUSION` before any.
+3. **What can change the answer, measured**: the search runs on measured costs where known and
+   estimates elsewhere; the estimated candidates it picks are measured, and it runs again,
+   until its answer is made of measured candidates only (or estimates cannot promise more than
+   ``tolerance`` over the best fully measured answer, or the deadline comes: then the best
+   fully measured answer so far).
+
+Example
+-------
+>>> from tvm_tcutils.collage.cost.staged import fused_estimate
+>>> fused_estimate([0.5, 0.1, 0.1], overhead=0.05, fusion=0.8)  # one call, 80 % of the parts' work
+0.49
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..candidates import Candidate
+from ..rules import MAXIMAL
+from ..search import SearchResult, search_valid
+from ..subgraph import IndexedGraph, bits
+from .base import CostEstimator, CostRequest, cost_requests
+from .measured import MeasuredCostEstimator
+
+logger = logging.getLogger("tvm_tcutils.collage")
+
+#: ``fusion(T)`` before any joint candidate of ``T`` is measured: joint runs usually save some work.
+PRIOR_FUSION = 0.7
+
+#: Quantile of the measured joint candidates' fusion ratios used as ``fusion(T)`` (optimistic).
+FUSION_QUANTILE = 0.25
+
+#: ``fusion(T)`` is kept within these bounds (a few noisy measurements must not make it absurd).
+FUSION_BOUNDS = (0.2, 1.5)
+
+
+def fused_estimate(parts: Sequence[float], overhead: float, fusion: float) -> float:
+    """A joint candidate's cost from its parts' costs: one call's ``overhead`` plus ``fusion`` of the work.
+
+    Examples
+    --------
+    >>> fused_estimate([1.0], overhead=0.1, fusion=0.5)  # one part: itself, whatever the fusion
+    1.0
+    >>> fused_estimate([0.05, 0.05], overhead=0.1, fusion=1.0)  # parts cheaper than one call: one call
+    0.1
+    """
+    if len(parts) == 1:
+        return float(parts[0])
+    return float(overhead + fusion * sum(max(p - overhead, 0.0) for p in parts))
+
+
+def fusion_ratio(measured: float, parts: Sequence[float], overhead: float) -> Optional[float]:
+    """What share of its parts' work a measured joint candidate kept (None when the parts are all overhead).
+
+    Examples
+    --------
+    >>> round(fusion_ratio(0.9, [0.5, 0.6], overhead=0.1), 6)
+    0.888889
+    """
+    work = sum(max(p - overhead, 0.0) for p in parts)
+    if work <= 0 or not math.isfinite(measured):
+        return None
+    return max(measured - overhead, 0.0) / work
+
+
+class StagedCostEstimator(CostEstimator):
+    """Measure operators alone, estimate joint candidates from them, measure what the search picks.
+
+    See the module's description for the stages.
+
+    Parameters
+    ----------
+    measured : MeasuredCostEstimator
+        Does the measuring (and the caching: a second search of the same model measures nothing).
+    max_rounds : int
+        Search / measure rounds at most.
+    tolerance : float
+        Stop once the search's best answer (measured and estimated costs) is within this fraction
+        of the best fully measured answer: more rounds could gain at most that much by the estimates'
+        own account.
+    deadline : float, optional
+        ``time.perf_counter()`` value after which no new round starts (the driver sets it from its
+        time budget); the best fully measured answer so far is returned, ``stats["stop"]`` says so.
+
+    Examples
+    --------
+    >>> est = StagedCostEstimator(MeasuredCostEstimator(cache_dir=""))
+    >>> est.stats["stop"]
+    ''
+    >>> est.close()
+    """
+
+    def __init__(self, measured: MeasuredCostEstimator, max_rounds: int = 40, tolerance: float = 0.01,
+                 deadline: Optional[float] = None):
+        if not isinstance(measured, MeasuredCostEstimator):
+            raise TypeError(f"measured must be a MeasuredCostEstimator, got {type(measured).__name__}")
+        if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 1:
+            raise ValueError(f"max_rounds must be an int >= 1, got {max_rounds!r}")
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+        self.measured = measured
+        self.max_rounds = max_rounds
+        self.tolerance = tolerance
+        self.deadline = deadline
+        self.stats = {"candidates": 0, "parts": 0, "measured": 0, "predicted": 0, "cached": 0, "failed": 0,
+                      "rounds": 0, "stop": ""}
+        self.fusion: Dict[str, float] = {}
+        self.overhead: Dict[str, float] = {}
+
+    # -- CostEstimator -----------------------------------------------------
+    def whole_model_timer(self):
+        """Whole models are timed by the measuring estimator."""
+        return self.measured.whole_model_timer()
+
+    def close(self) -> None:
+        self.measured.close()
+
+    def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
+        """Costs of ``requests``: measured where cached or a part, estimated from parts elsewhere."""
+        requests = list(requests)
+        if not requests:
+            return []
+        model = _PartsModel(requests[0].graph, requests, self)
+        model.measure_parts()
+        return model.costs()
+
+    def search(self, graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict,
+               deadline: Optional[float] = None) -> Tuple[SearchResult, List[float]]:
+        """Measure the parts, then alternate search and measuring the estimated candidates it picks."""
+        deadline = self.deadline if deadline is None else deadline
+        index = [k for k, c in enumerate(cands) if not c.host]
+        requests = cost_requests(graph, cands, index, toolchains)
+        model = _PartsModel(graph, requests, self)
+        model.measure_parts()
+        position = {cands[k]: n for n, k in enumerate(index)}
+        best: Optional[SearchResult] = None
+        stop = "max_rounds"
+        for round_ in range(self.max_rounds):
+            self.stats["rounds"] = round_ + 1
+            costs = _spread(len(cands), index, model.costs())
+            result = search_valid(graph, cands, costs, toolchains)
+            todo = [requests[position[c]] for c in result.chosen if not c.host]
+            todo = [r for r in todo if r.key not in model.known]
+            if not todo:
+                best, stop = _better(best, result), "measured"
+                break
+            if best is not None and result.cost >= best.cost * (1 - self.tolerance):
+                stop = "tolerance"
+                break
+            if deadline is not None and time.perf_counter() >= deadline and best is not None:
+                stop = "deadline"
+                break
+            model.measure(todo)
+            priced = [model.known[requests[position[c]].key] if not c.host else x
+                      for c, x in zip(result.chosen, result.costs)]
+            best = _better(best, SearchResult(list(result.chosen), priced, float(sum(priced)), result.states))
+        self.stats["stop"] = stop
+        costs = _spread(len(cands), index, model.costs())
+        if best is None:  # every round's answer held estimates and the rounds ran out: the last one
+            best = search_valid(graph, cands, costs, toolchains)
+        measured = sum(1 for r in requests if r.key in model.known)
+        self.stats.update(candidates=len(requests), measured=measured, predicted=len(requests) - measured)
+        logger.info("staged costs: %d of %d candidates measured or cached (%d parts) in %d rounds (stopped: %s); "
+                    "fusion %s", measured, len(requests), self.stats["parts"], self.stats["rounds"], stop,
+                    {k: round(v, 3) for k, v in sorted(self.fusion.items())})
+        return best, costs
+
+
+def _spread(size: int, index: Sequence[int], values: Sequence[float]) -> List[float]:
+    costs = [0.0] * size
+    for k, cost in zip(index, values):
+        costs[k] = cost
+    return costs
+
+
+def _better(best: Optional[SearchResult], other: SearchResult) -> SearchResult:
+    return other if best is None or other.cost < best.cost else best
+
+
+class _PartsModel:
+    """The parts of one search's requests, their measured costs and the estimates made from them."""
+
+    def __init__(self, graph: IndexedGraph, requests: Sequence[CostRequest], owner: StagedCostEstimator):
+        self.graph, self.requests, self.owner = graph, list(requests), owner
+        self.known: Dict[str, float] = {}
+        calls = [i for i, node in enumerate(graph.nodes) if node.kind == "call"] if graph is not None else []
+        self.is_call = set(calls)
+        # Each request's call nodes (its parts); a request with one call is a part itself.
+        self.parts: List[List[int]] = [[i for i in bits(r.candidate.mask) if i in self.is_call] for r in requests]
+        for req in self.requests:
+            cost = owner.measured.lookup(req)
+            if cost is not None:
+                self.known[req.key] = cost
+        self.owner.stats["cached"] += len(self.known)
+
+    def measure(self, requests: Sequence[CostRequest]) -> None:
+        fresh: Dict[str, CostRequest] = {}
+        for req in requests:
+            if req.key not in self.known:
+                fresh.setdefault(req.key, req)
+        if not fresh:
+            return
+        todo = list(fresh.values())
+        for req, cost in zip(todo, self.owner.measured.estimate(todo)):
+            self.known[req.key] = cost
+            self.owner.stats["failed"] += 0 if math.isfinite(cost) else 1
+
+    def measure_parts(self) -> None:
+        """Measure the parts, and each toolchain's maximal regions (what it would run alone, greedily):
+        estimated from parts that each pay a call and their own copies, a region of dozens of operators
+        would look far dearer than it is and never be picked, so never measured."""
+        parts = [r for r, p in zip(self.requests, self.parts) if len(p) <= 1]
+        self.owner.stats["parts"] = len({r.key for r in parts})
+        self.measure(parts + [r for r in self.requests if r.candidate.label == MAXIMAL])
+
+    def _part_costs(self) -> Dict[str, Dict[int, float]]:
+        """toolchain -> call node -> the cheapest finite cost of that node alone on it."""
+        out: Dict[str, Dict[int, float]] = {}
+        for req, parts in zip(self.requests, self.parts):
+            if len(parts) != 1:
+                continue
+            cost = self.known.get(req.key)
+            if cost is None or not math.isfinite(cost):
+                continue
+            table = out.setdefault(req.toolchain.name, {})
+            table[parts[0]] = min(cost, table.get(parts[0], math.inf))
+        return out
+
+    def costs(self) -> List[float]:
+        """Measured costs where known, else estimates from the parts (see the module)."""
+        singles = self._part_costs()
+        owner = self.owner
+        overhead = {name: min(table.values()) for name, table in singles.items() if table}
+        reference = _reference_toolchain(singles)
+        ratio = {name: _median_ratio(table, singles.get(reference, {})) for name, table in singles.items()}
+
+        def part_cost(name: str, node: int) -> float:
+            table = singles.get(name, {})
+            if node in table:
+                return table[node]
+            # Not measured alone on this toolchain (it cannot run it alone, or it failed): the
+            # reference toolchain's cost scaled by this toolchain's typical ratio to it.
+            other = singles.get(reference, {}).get(node)
+            if other is not None and name in ratio:
+                return other * ratio[name]
+            values = list(table.values()) or [v for t in singles.values() for v in t.values()] or [1.0]
+            return float(np.median(values))
+
+        # fusion(T): a low quantile of the measured joint candidates' ratios.
+        observed: Dict[str, List[float]] = {}
+        for req, parts in zip(self.requests, self.parts):
+            name = req.toolchain.name
+            # Maximal regions are left out: dozens of operators save far more per part than the
+            # few-operator candidates the estimates are for.
+            if len(parts) > 1 and req.key in self.known and name in overhead and req.candidate.label != MAXIMAL:
+                r = fusion_ratio(self.known[req.key], [part_cost(name, i) for i in parts], overhead[name])
+                if r is not None:
+                    observed.setdefault(name, []).append(r)
+        low, high = FUSION_BOUNDS
+        owner.fusion = {name: float(np.clip(np.quantile(v, FUSION_QUANTILE), low, high)) if v else PRIOR_FUSION
+                        for name, v in ((n, observed.get(n, [])) for n in set(overhead) | set(observed))}
+        owner.overhead = overhead
+        out = []
+        for req, parts in zip(self.requests, self.parts):
+            if req.key in self.known:
+                out.append(self.known[req.key])
+                continue
+            name = req.toolchain.name
+            part_values = [part_cost(name, i) for i in parts] or [overhead.get(name, 0.0)]
+            out.append(fused_estimate(part_values, overhead.get(name, 0.0), owner.fusion.get(name, PRIOR_FUSION)))
+        return out
+
+
+def _reference_toolchain(singles: Dict[str, Dict[int, float]]) -> Optional[str]:
+    """The toolchain with the most operators measured alone (TVM, usually: it runs every operator)."""
+    if not singles:
+        return None
+    return max(sorted(singles), key=lambda name: len(singles[name]))
+
+
+def _median_ratio(table: Dict[int, float], reference: Dict[int, float]) -> float:
+    """Median of ``table[node] / reference[node]`` over the nodes both measured (1.0 with none)."""
+    shared = [table[i] / reference[i] for i in table if i in reference and reference[i] > 0]
+    return float(np.median(shared)) if shared else 1.0
