@@ -108,3 +108,43 @@ for target in ("llvm -mcpu=cascadelake", "llvm -mcpu=skylake-avx512", tvm_tcutil
 print("OK")
 """
     assert "OK" in _run(code)
+
+
+def _dropout_model(training=None, outputs=1):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array(0.5, "float32"), "ratio")]
+    names = ["x", "ratio"]
+    if training is not None:
+        inits.append(numpy_helper.from_array(np.array(training), "training"))
+        names.append("training")
+    outs = ["y", "mask"][:outputs]
+    graph = helper.make_graph(
+        [helper.make_node("Dropout", names, outs), helper.make_node("Relu", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("training, outputs", [(None, 1), (False, 1), (False, 2)])
+def test_opset13_dropout_imports_as_identity(training, outputs):
+    import numpy as np
+    from tvm import relay
+
+    import tvm_tcutils  # noqa: F401  (installs the converters)
+
+    mod, params = relay.frontend.from_onnx(_dropout_model(training, outputs), freeze_params=True)
+    assert "dropout" not in mod.astext()
+    x = np.array([[-1, 2, -3, 4], [5, -6, 7, -8]], "float32")
+    out = relay.create_executor("graph", mod=mod).evaluate()(x).numpy()
+    np.testing.assert_array_equal(out, np.maximum(x, 0))
+
+
+def test_dropout_in_training_mode_is_refused():
+    from tvm import relay
+
+    import tvm_tcutils  # noqa: F401
+
+    with pytest.raises(ValueError, match="training_mode=True is not an inference model"):
+        relay.frontend.from_onnx(_dropout_model(True), freeze_params=True)

@@ -119,8 +119,37 @@ def install_onnx_shim() -> None:
         sys.meta_path.insert(0, OnnxMappingFinder())
 
 
+def dropout_for_inference(inputs, attrs, params):
+    """ONNX ``Dropout`` at inference: its data, unchanged.
+
+    TVM 0.19 converts ``Dropout`` by its opset-7 attribute ``ratio``; from opset 12 ``ratio`` and
+    ``training_mode`` are inputs and TVM's converter fails ("expected float but got Object") on
+    every model converted to a newer opset. A model that asks for training mode is refused.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(2,))
+    >>> dropout_for_inference([x, relay.const(0.5)], {}, {}) is x
+    True
+    """
+    from tvm import relay
+
+    training = inputs[2] if len(inputs) > 2 else None
+    if isinstance(training, relay.Constant) and bool(training.data.numpy()):
+        raise ValueError("Dropout: training_mode=True is not an inference model; export it in eval mode")
+    if training is not None and not isinstance(training, relay.Constant):
+        raise ValueError("Dropout: training_mode must be a constant (an inference model has it False)")
+    return inputs[0]
+
+
+#: ONNX op type -> converter, for ops TVM 0.19's importer converts wrongly or not at all.
+IMPORTER_GAPS = {"Dropout": dropout_for_inference}
+
+
 def install_onnx_converters() -> None:
-    """Make TVM's ONNX importer use the package's converters (:data:`onnx_quantize_dynamic.CONVERTERS`); idempotent.
+    """Make TVM's ONNX importer use the package's converters (:data:`onnx_quantize_dynamic.CONVERTERS`,
+    :data:`IMPORTER_GAPS`); idempotent.
 
     TVM 0.19's ``relay.frontend.onnx`` builds its operator table anew in
     ``_get_convert_map(opset)`` for each node; that function is wrapped so that the
@@ -138,13 +167,14 @@ def install_onnx_converters() -> None:
 
     from .onnx_quantize_dynamic import CONVERTERS
 
+    converters = {**CONVERTERS, **IMPORTER_GAPS}
     original = frontend._get_convert_map
     # The original across re-installs and importlib.reload of either module.
     original = getattr(original, "tcutils_original", original)
 
     def convert_map(opset):
         table = original(opset)
-        table.update(CONVERTERS)
+        table.update(converters)
         return table
 
     convert_map.tcutils_original = original

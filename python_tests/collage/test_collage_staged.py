@@ -80,7 +80,26 @@ def test_a_passed_deadline_returns_the_first_measured_answer_marked_partial():
     assert all(truth.cost_of(p.toolchain, p.ops) == pytest.approx(p.estimated_ms) for p in result.partitions)
 
 
+def test_calibration_measures_a_seeded_sample_of_joint_candidates_per_toolchain():
+    runs, fitted = [], []
+    for fusion in (0.3, 1.2, 0.3):
+        fake = SyntheticMeasured(FusingTruth(fusion))
+        est = StagedCostEstimator(fake, calibration=3)
+        est.estimate(_requests(encoder(1, hidden=32, heads=2, seq=8)))
+        joint = [r for r in fake.batch_requests[0] if len(r.ops) > 1 and r.candidate.label != "maximal_region"]
+        runs.append(sorted(r.key for r in joint))
+        per_toolchain = {}
+        for r in joint:
+            per_toolchain[r.toolchain.name] = per_toolchain.get(r.toolchain.name, 0) + 1
+        assert per_toolchain and all(n <= 3 for n in per_toolchain.values())
+        fitted.append(est.fusion["ortlike"])
+    assert runs[0] == runs[1] == runs[2]  # seeded
+    # Fitted from the sample before any search: joint runs that save work get a smaller share.
+    assert fitted[0] == fitted[2] < fitted[1]
+
+
 @pytest.mark.parametrize("kwargs, error", [
+    ({"calibration": -1}, "calibration must be an int >= 0"),
     ({"max_rounds": 0}, "max_rounds must be an int >= 1"),
     ({"max_rounds": True}, "max_rounds must be an int >= 1"),
     ({"tolerance": 1.0}, "tolerance must be in"),
@@ -92,24 +111,29 @@ def test_bounds_are_checked(kwargs, error):
         StagedCostEstimator(synthetic_costs())
 
 
-def test_estimate_prices_joint_candidates_from_parts():
+def _requests(mod):
     from tvm_tcutils.collage.candidates import enumerate_candidates
     from tvm_tcutils.collage.cost.base import cost_requests
     from tvm_tcutils.collage.driver import prepare
     from tvm_tcutils.collage.subgraph import IndexedGraph
 
-    truth = synthetic_costs()  # additive: the parts' estimate of a joint candidate is exact
-    graph = IndexedGraph(prepare(encoder(1, hidden=32, heads=2, seq=8))["main"])
+    graph = IndexedGraph(prepare(mod)["main"])
     toolchains = {tc.name: tc for tc in mock_toolchains()}
     cands = enumerate_candidates(graph, list(toolchains.values()))
     index = [k for k, c in enumerate(cands) if not c.host]
-    requests = cost_requests(graph, cands, index, toolchains)
+    return cost_requests(graph, cands, index, toolchains)
+
+
+def test_estimate_prices_joint_candidates_from_parts():
+    truth = synthetic_costs()  # additive: the parts' estimate of a joint candidate is exact
+    requests = _requests(encoder(1, hidden=32, heads=2, seq=8))
     fake = SyntheticMeasured(truth)
-    costs = StagedCostEstimator(fake).estimate(requests)
+    costs = StagedCostEstimator(fake, calibration=0).estimate(requests)
     # (blaslike claims dense with its bias_add, not bias_add alone: its parts are estimated otherwise)
     joint = [(r, c) for r, c in zip(requests, costs)
              if len(r.ops) > 1 and r.key not in fake.measured_keys and r.toolchain.name != "blaslike"]
-    assert joint and all(len(r.ops) == 1 for batch in fake.batch_requests for r in batch)
+    assert joint and all(len(r.ops) == 1 or r.candidate.label == "maximal_region"
+                         for batch in fake.batch_requests for r in batch)
     # fusion 0.7 before any joint measurement: a joint estimate is overhead + 0.7 x the parts' work.
     for req, cost in joint[:50]:
         parts = [truth.cost_of(req.toolchain.name, [op]) for op in req.ops]

@@ -47,6 +47,9 @@ class Partition:
     estimated_ms: float
     function: Optional[str]
     label: str
+    #: Kilobytes of tensors crossing the partition's border (inputs from other partitions or the
+    #: model's inputs, and outputs), constants left out: what a crossing to another toolchain moves.
+    border_kb: float = math.nan
 
 
 @dataclasses.dataclass
@@ -102,6 +105,10 @@ class CollageResult:
         What the budget cut short.
     not_compared : str
         Why the final comparison did not run ("" when it did).
+    mix_partitions : list of Partition
+        The search's mix (with estimates), whatever the answer.
+    mix_measured_ms : float or None
+        The mix timed whole by validation.
     """
 
     mod: tvm.IRModule
@@ -124,6 +131,34 @@ class CollageResult:
     partial: bool = False
     partial_reason: str = ""
     not_compared: str = ""
+    #: The search's mix, partition by partition with its estimates, also when the answer is a toolchain
+    #: alone (then ``partitions`` are that toolchain's): what the report explains a lost mix with.
+    mix_partitions: List[Partition] = dataclasses.field(default_factory=list)
+    #: The mix timed whole by validation (None: not timed).
+    mix_measured_ms: Optional[float] = None
+
+
+def border_kb(graph: IndexedGraph, mask: int) -> float:
+    """Kilobytes of the tensors crossing the border of the nodes ``mask`` (constants left out).
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(256,))  # 1 KB of float32
+    >>> graph = IndexedGraph(relay.transform.InferType()(tvm.IRModule.from_expr(
+    ...     relay.Function([x], relay.exp(relay.nn.relu(x)))))["main"])
+    >>> border_kb(graph, 0b110)  # relu and exp: x comes in, exp's result goes out
+    2.0
+    """
+    def kb(ttype) -> float:
+        if isinstance(ttype, relay.TupleType):
+            return sum(kb(field) for field in ttype.fields)
+        elements = 1
+        for dim in ttype.shape:
+            elements *= int(dim)
+        return elements * tvm.DataType(ttype.dtype).bits / 8 / 1024
+
+    crossing = [i for i in graph.inputs_of(mask) if graph.nodes[i].kind != "const"] + graph.outputs_of(mask)
+    return float(sum(kb(graph.nodes[i].expr.checked_type) for i in crossing))
 
 
 def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
@@ -350,9 +385,11 @@ class _Partitioner:
                            f"({len(validation.trials)} partitionings timed whole)")
         out, symbols = outline_chosen(graph, result.chosen, by_name, prepared)
         partitions = [
-            Partition(cand.toolchain, graph.op_names(cand.mask), cost, symbols.get(cand.mask), cand.label)
+            Partition(cand.toolchain, graph.op_names(cand.mask), cost, symbols.get(cand.mask), cand.label,
+                      border_kb(graph, cand.mask))
             for cand, cost in result.non_host()
         ]
+        mix_partitions = list(partitions)
         measured_ms = validation.measured_of(result)
         final, answer = None, "collage"
         whole_timer = timer  # validate_rounds=0 (or a budget spent estimating): nothing is timed whole
@@ -384,7 +421,8 @@ class _Partitioner:
         self.last_result = CollageResult(
             out, {}, partitions, result.cost, single, len(cands), result.states, seconds, graph,
             result.chosen, prepared, measured_ms, validation.trials, validation.side_by_side,
-            answer, final, counts, bool(partial), "; ".join(partial), not_compared)
+            answer, final, counts, bool(partial), "; ".join(partial), not_compared, mix_partitions,
+            validation.measured_of(result))
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
         return self.last_result

@@ -54,8 +54,9 @@ def candidate_line(result: CollageResult) -> str:
             f"{_thousands(costed)} costed (the progress bar's total){detail}")
 
 
-def partition_table(result: CollageResult, limit: int = 8) -> List[str]:
-    """Lines of a table of the chosen partitions: index, toolchain, estimated ms, ops, function.
+def partition_table(result: CollageResult, limit: int = 8, partitions: Optional[List] = None) -> List[str]:
+    """Lines of a table of the chosen partitions (or of ``partitions``): index, toolchain, estimated ms,
+    kilobytes crossing its border, function, ops.
 
     Examples
     --------
@@ -66,12 +67,35 @@ def partition_table(result: CollageResult, limit: int = 8) -> List[str]:
     >>> lines[0].split()[:3]
     ['#', 'toolchain', 'est.']
     """
-    lines = [f"{'#':>3}  {'toolchain':<13} {'est. ms':>9}  {'function':<34} ops"]
-    for k, row in enumerate(result.partitions):
+    lines = [f"{'#':>3}  {'toolchain':<13} {'est. ms':>9} {'border KB':>10}  {'function':<34} ops"]
+    for k, row in enumerate(result.partitions if partitions is None else partitions):
         ops = "+".join(row.ops[:limit]) + (f"+...({len(row.ops)} ops)" if len(row.ops) > limit else "")
         est = "-" if math.isnan(row.estimated_ms) else f"{row.estimated_ms:.4f}"
-        lines.append(f"{k:>3}  {row.toolchain:<13} {est:>9}  {row.function or '(in main)':<34} {ops}")
+        border = "-" if math.isnan(row.border_kb) else f"{row.border_kb:.1f}"
+        lines.append(f"{k:>3}  {row.toolchain:<13} {est:>9} {border:>10}  {row.function or '(in main)':<34} {ops}")
     return lines
+
+
+def crossing_line(partitions: List, measured_ms: Optional[float], tvm_name: str = "tvm") -> Optional[str]:
+    """What crossing between toolchains cost the mix: its whole-model time less its partitions' estimates,
+    per partition run outside TVM (None when the mix was not timed whole or has no such partition).
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.driver import Partition
+    >>> rows = [Partition("tvm", ["nn.conv2d"], 1.0, None, "x", 8.0), Partition("ort", ["nn.relu"], 0.2, "f", "y", 4.0)]
+    >>> print(crossing_line(rows, 1.5))
+    crossings: 1 partition(s) outside tvm, 4.0 KB across the borders; measured whole - estimates = 0.300 ms
+    (300 us per crossing partition)
+    """
+    external = [p for p in partitions if p.toolchain != tvm_name]
+    estimated = sum(p.estimated_ms for p in partitions)
+    if not external or measured_ms is None or not math.isfinite(measured_ms) or math.isnan(estimated):
+        return None
+    kb = sum(p.border_kb for p in external if not math.isnan(p.border_kb))
+    gap = measured_ms - estimated
+    return (f"crossings: {len(external)} partition(s) outside {tvm_name}, {kb:.1f} KB across the borders; "
+            f"measured whole - estimates = {gap:.3f} ms\n({1000 * gap / len(external):.0f} us per crossing partition)")
 
 
 def _estimate_note(result: CollageResult) -> List[str]:
@@ -161,6 +185,16 @@ def report_lines(result: CollageResult, skipped: Optional[str] = None) -> List[s
     lines.append(f"chosen partitions ({title}):")
     lines += partition_table(result)
     lines += _estimate_note(result)
+    tvm_name = next((p.toolchain for p in result.mix_partitions if p.function is None), "tvm")
+    if result.answer != "collage" and result.mix_partitions:
+        # Why the mix lost: its partitions, their estimates and what crossing cost it.
+        estimated = sum(p.estimated_ms for p in result.mix_partitions)
+        lines.append(f"Collage's mix (not the answer): estimated {_ms(estimated)} ms, measured whole "
+                     f"{_ms(result.mix_measured_ms)} ms")
+        lines += partition_table(result, partitions=result.mix_partitions)
+    crossing = crossing_line(result.mix_partitions, result.mix_measured_ms, tvm_name)
+    if crossing:
+        lines += crossing.splitlines()
     lines += _single_lines(result, skipped or result.not_compared)
     lines.append(answer_line(result, skipped))
     return lines

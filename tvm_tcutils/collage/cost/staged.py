@@ -9,7 +9,8 @@ each runtime whole. Most of those candidates are never close to the answer.
 
 1. **Parts**: every distinct one-operator candidate of every toolchain (a few hundred; repeated
    layers share one measurement through the cost store's structural key), and each toolchain's
-   maximal regions (what BYOC's greedy partitioning would give it: a handful).
+   maximal regions (what BYOC's greedy partitioning would give it: a handful), and a small seeded
+   sample of each toolchain's joint candidates (``calibration``) to fit ``fusion(T)`` from the start.
 2. **Wholes, estimated**: a candidate of ``n`` operators on toolchain ``T`` is estimated from its
    parts: ``overhead(T) + fusion(T) * sum(part - overhead(T))``. ``overhead(T)`` is what one call
    of ``T`` costs however small the work (its cheapest part); ``fusion(T)`` is how much of the
@@ -100,6 +101,10 @@ class StagedCostEstimator(CostEstimator):
         Stop once the search's best answer (measured and estimated costs) is within this fraction
         of the best fully measured answer: more rounds could gain at most that much by the estimates'
         own account.
+    calibration : int
+        Joint candidates per toolchain measured up front (a seeded sample) to fit ``fusion(T)``.
+    seed : int
+        Of that sample.
     deadline : float, optional
         ``time.perf_counter()`` value after which no new round starts (the driver sets it from its
         time budget); the best fully measured answer so far is returned, ``stats["stop"]`` says so.
@@ -113,14 +118,18 @@ class StagedCostEstimator(CostEstimator):
     """
 
     def __init__(self, measured: MeasuredCostEstimator, max_rounds: int = 40, tolerance: float = 0.01,
-                 deadline: Optional[float] = None):
+                 deadline: Optional[float] = None, calibration: int = 8, seed: int = 0):
         if not isinstance(measured, MeasuredCostEstimator):
             raise TypeError(f"measured must be a MeasuredCostEstimator, got {type(measured).__name__}")
         if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 1:
             raise ValueError(f"max_rounds must be an int >= 1, got {max_rounds!r}")
         if not 0 <= tolerance < 1:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+        if not isinstance(calibration, int) or isinstance(calibration, bool) or calibration < 0:
+            raise ValueError(f"calibration must be an int >= 0, got {calibration!r}")
         self.measured = measured
+        self.calibration = calibration
+        self.seed = seed
         self.max_rounds = max_rounds
         self.tolerance = tolerance
         self.deadline = deadline
@@ -233,7 +242,26 @@ class _PartsModel:
         would look far dearer than it is and never be picked, so never measured."""
         parts = [r for r, p in zip(self.requests, self.parts) if len(p) <= 1]
         self.owner.stats["parts"] = len({r.key for r in parts})
-        self.measure(parts + [r for r in self.requests if r.candidate.label == MAXIMAL])
+        maximal = [r for r in self.requests if r.candidate.label == MAXIMAL]
+        self.measure(parts + maximal + self._calibration_sample())
+
+    def _calibration_sample(self) -> List[CostRequest]:
+        """A seeded sample of each toolchain's joint candidates, to fit ``fusion(T)`` before the first
+        search: a prior that is too pessimistic for a toolchain would otherwise keep its joint candidates
+        out of every answer, so none would be measured and the prior never corrected."""
+        import random
+
+        count = self.owner.calibration
+        by_toolchain: Dict[str, Dict[str, CostRequest]] = {}
+        for req, parts in zip(self.requests, self.parts):
+            if len(parts) > 1 and req.candidate.label != MAXIMAL:
+                by_toolchain.setdefault(req.toolchain.name, {}).setdefault(req.key, req)
+        rng = random.Random(self.owner.seed)
+        sample: List[CostRequest] = []
+        for name in sorted(by_toolchain):
+            distinct = [by_toolchain[name][key] for key in sorted(by_toolchain[name])]
+            sample += rng.sample(distinct, min(count, len(distinct)))
+        return sample
 
     def _part_costs(self) -> Dict[str, Dict[int, float]]:
         """toolchain -> call node -> the cheapest finite cost of that node alone on it."""

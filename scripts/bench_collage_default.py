@@ -1,0 +1,118 @@
+"""Collage's default search on real models, from an empty cache: time, answer, and quality.
+
+For each model, in a process of its own (so no search inherits another's worker processes,
+caches or loaded runtimes), ``collage.partition`` runs as a user calls it: default estimator
+(staged: operators measured alone, joint candidates estimated from them, the search's picks
+measured), validation and the final comparison with every toolchain alone, a new empty cost
+cache. The row says how long it took, by phase, what it measured and estimated, and the answer
+with its ratio to the fastest toolchain alone (the final comparison's interval).
+
+With ``--full MODEL``, the same model is searched again measuring every candidate (its own
+empty cache), and the staged answer is priced with those measurements against that search's
+optimum (``tvm_tcutils.bench.collage_default.priced_against_full``); the staged estimates of
+joint candidates made from the parts alone are compared with their measurements
+(``estimate_error``).
+
+Usage::
+
+    PYTHONPATH=. python scripts/bench_collage_default.py \\
+        --models light_inception_v1 light_squeezenet resnet-50-onnx mobilenet-v2-onnx bert-tiny-onnx \\
+        --full light_squeezenet
+
+``light_<name>`` models are the onnx package's own test models (``onnx/backend/test/data/light``),
+converted to opset 13. Rows go to ``docs/benchmarks/data/bench_collage_default.json`` (``--json``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+
+
+def child(args) -> int:
+    """One search in this process; its row goes to ``args.out`` as JSON."""
+    from tvm_tcutils.bench.collage_default import search_row
+
+    row = search_row(args.child, args.toolchains, args.cache_dir, args.estimator)
+    with open(args.out, "w") as handle:
+        json.dump(row, handle)
+    return 0
+
+
+def run_child(model: str, estimator: str, cache_dir: str, args) -> dict:
+    """:func:`child` in a new interpreter; its row (or an error row when it failed)."""
+    out = os.path.join(cache_dir, "row.json")
+    command = [sys.executable, os.path.abspath(__file__), "--child", model, "--estimator", estimator,
+               "--cache-dir", cache_dir, "--out", out, "--toolchains", args.toolchains]
+    try:
+        proc = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return {"model": model, "estimator": estimator, "error": f"took more than {args.timeout:g} s"}
+    if proc.returncode != 0 or not os.path.exists(out):
+        return {"model": model, "estimator": estimator, "error": (proc.stderr or "").strip().splitlines()[-1:]}
+    with open(out) as handle:
+        return json.load(handle)
+
+
+def describe(row: dict) -> str:
+    """One printed line of a search row."""
+    if "error" in row:
+        return f"{row['model']} ({row['estimator']}): FAILED {row['error']}"
+    ratio = row.get("answer_vs_best_single")
+    vs = f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] of {row['best_single']}" if ratio else "not compared"
+    counts = row["counts"]
+    return (f"{row['model']} ({row['estimator']}): {row['seconds']:.0f} s {row['phases']}; "
+            f"{counts.get('candidates')} candidates, {counts.get('measured', 0)} measured; answer {row['answer']} "
+            f"({vs}){' PARTIAL' if row['partial'] else ''}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["light_squeezenet"])
+    parser.add_argument("--full", nargs="*", default=[], help="models also searched measuring every candidate")
+    parser.add_argument("--toolchains", default="tvm,ort,openvino")
+    parser.add_argument("--timeout", type=float, default=7200, help="seconds a search may take before it is stopped")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--estimator", default="staged", help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    add_json_argument(parser, __file__)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(args)
+    from tvm_tcutils.bench import collage_default as bench
+
+    unknown = [m for m in args.full if m not in args.models]
+    if unknown:
+        parser.error(f"--full {unknown}: not among --models")
+    results = Results(__file__, argv, toolchains=args.toolchains, cache="a new empty cost cache per search")
+    for model in args.models:
+        with tempfile.TemporaryDirectory(prefix="collage-default-") as cache:
+            row = run_child(model, "staged", cache, args)
+        print(describe(row), flush=True)
+        results.add(**row)
+        results.write(args.json)
+        if model not in args.full or "error" in row:
+            continue
+        with tempfile.TemporaryDirectory(prefix="collage-full-") as full_cache:
+            full = run_child(model, "measured", full_cache, args)
+            print(describe(full), flush=True)
+            if "error" not in full:
+                full["priced"] = bench.priced_against_full(model, args.toolchains, full_cache, row["chosen"])
+                full["estimate_error"] = bench.estimate_error(model, args.toolchains, full_cache)
+                print(f"  staged answer priced by the full search's measurements: {full['priced']}")
+                print(f"  staged estimates from parts vs measured: {full['estimate_error']}", flush=True)
+        results.add(**full)
+        results.write(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Collage's default search on real models: how long it takes from an empty cache, and how good it is.
+
+Used by ``scripts/bench_collage_default.py``. Three measurements per model:
+
+* :func:`search_row`: ``collage.partition`` with its defaults (the staged estimator, validation,
+  the final comparison) and an empty cost cache: seconds per phase, candidates measured and
+  estimated, the answer and its ratio to the fastest toolchain alone.
+* :func:`priced_against_full`: with a cache in which *every* candidate was measured (a
+  measure-everything search), the staged answer priced by those measurements against the
+  measure-everything search's optimum (the search's own metric: sums of candidates measured alone).
+* :func:`estimate_error`: the staged estimator's estimates of joint candidates made from the parts
+  alone (what it knows before its first search) against their measurements in that cache.
+
+Example
+-------
+>>> from tvm_tcutils.bench.collage_default import light_model_names
+>>> "squeezenet" in light_model_names()
+True
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..files import write_atomically
+
+#: The onnx package's own small-weight test models (``onnx/backend/test/data/light``), by short name.
+_LIGHT_DIR = ("backend", "test", "data", "light")
+
+#: Where the converted light models are kept (``$TVM_TCUTILS_CACHE`` overrides the parent).
+LIGHT_CACHE = os.path.join(
+    os.environ.get("TVM_TCUTILS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-tcutils")), "light")
+
+#: Opset the light models are converted to before import (they ship at opset 8/9).
+LIGHT_OPSET = 13
+
+
+def light_model_names() -> List[str]:
+    """Short names (``squeezenet``, ``inception_v1``...) of the onnx package's light test models.
+
+    Examples
+    --------
+    >>> "inception_v1" in light_model_names()
+    True
+    """
+    import onnx
+
+    folder = os.path.join(os.path.dirname(onnx.__file__), *_LIGHT_DIR)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(name[len("light_"):-len(".onnx")] for name in os.listdir(folder)
+                  if name.startswith("light_") and name.endswith(".onnx"))
+
+
+def light_model(name: str, cache_dir: Optional[str] = None) -> str:
+    """Path of the onnx package's ``light_<name>.onnx`` converted to opset :data:`LIGHT_OPSET` (cached).
+
+    Raises
+    ------
+    ValueError
+        For a name that is not one of :func:`light_model_names`.
+
+    Examples
+    --------
+    >>> light_model("banana")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: model 'light_banana' is not one of the onnx package's light models: ...
+    """
+    import onnx
+    from onnx import version_converter
+
+    names = light_model_names()
+    if name not in names:
+        raise ValueError(f"model 'light_{name}' is not one of the onnx package's light models: "
+                         f"{', '.join('light_' + n for n in names)}")
+    folder = cache_dir or LIGHT_CACHE
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"light_{name}_opset{LIGHT_OPSET}.onnx")
+    if not os.path.exists(path):
+        source = os.path.join(os.path.dirname(onnx.__file__), *_LIGHT_DIR, f"light_{name}.onnx")
+        converted = version_converter.convert_version(onnx.load(source), LIGHT_OPSET)
+        write_atomically(path, converted.SerializeToString())
+    return path
+
+
+def load(name: str):
+    """``(mod, params)`` of a benchmark model: ``light_<name>`` from the onnx package, else
+    :func:`tvm_tcutils.bench.models.load`.
+
+    Examples
+    --------
+    >>> load("mlp")[0]["main"].params[0].name_hint
+    'data'
+    """
+    from ..models import load_model
+    from .models import load as load_named
+
+    if name.startswith("light_"):
+        return load_model(light_model(name[len("light_"):]))
+    return load_named(name)
+
+
+def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "staged",
+               time_budget_s: Optional[float] = None) -> dict:
+    """Run ``collage.partition`` on ``model`` as a user would (defaults, ``estimator``), from ``cache_dir``.
+
+    ``estimator``: ``"staged"`` (the default one) or ``"measured"`` (measure every candidate).
+    """
+    from ..collage import partition
+    from ..collage.cost.measured import MeasuredCostEstimator
+    from ..collage.cost.staged import StagedCostEstimator
+
+    mod, params = load(model)
+    start = time.perf_counter()
+    measured = MeasuredCostEstimator(cache_dir=cache_dir, progress=False)
+    est = StagedCostEstimator(measured) if estimator == "staged" else measured
+    try:
+        result = partition(mod, params, toolchains, est, progress=False, time_budget_s=time_budget_s)
+    finally:
+        measured.close()
+    seconds = time.perf_counter() - start
+    final = result.final
+    row = {
+        "model": model, "estimator": estimator, "toolchains": toolchains, "seconds": round(seconds, 1),
+        "phases": {k: round(v, 1) for k, v in result.seconds.items()}, "counts": dict(result.counts),
+        "answer": result.answer, "partial": result.partial, "partial_reason": result.partial_reason,
+        "estimated_ms": result.estimated_ms, "mix_measured_ms": result.mix_measured_ms,
+        "chosen": _chosen_of(result), "stats": {k: v for k, v in getattr(est, "stats", {}).items()
+                                                 if isinstance(v, (int, float, str))},
+    }
+    if final is not None:
+        row["timings_ms"] = {name: t.median_ms for name, t in final.timings.items() if t.samples_ms}
+        row["best_single"] = final.best_single
+        if final.ratio is not None:
+            row["answer_vs_best_single"] = [final.ratio.value, final.ratio.low, final.ratio.high]
+            row["confidence"] = final.ratio.confidence
+    return row
+
+
+def _chosen_of(result) -> list:
+    """The search's chosen candidates (host glue included), JSON-ready."""
+    return [(c.toolchain, hex(c.mask), c.label, [[n, hex(m)] for n, m in c.composites], c.host)
+            for c in result.chosen]
+
+
+def _graph_and_requests(model: str, toolchains: str):
+    from ..collage.candidates import enumerate_candidates
+    from ..collage.cost.base import cost_requests
+    from ..collage.driver import prepare
+    from ..collage.subgraph import IndexedGraph
+    from ..collage.toolchains import resolve
+
+    mod, params = load(model)
+    graph = IndexedGraph(prepare(mod, params)["main"])
+    tcs = {tc.name: tc for tc in resolve(toolchains)}
+    cands = enumerate_candidates(graph, list(tcs.values()))
+    index = [k for k, c in enumerate(cands) if not c.host]
+    return graph, tcs, cands, index, cost_requests(graph, cands, index, tcs)
+
+
+def priced_against_full(model: str, toolchains: str, full_cache: str, chosen: Sequence) -> dict:
+    """The staged answer (``chosen``, from :func:`search_row`) priced by a measure-everything cache,
+    against that cache's optimum: ``{"staged_ms", "full_ms", "ratio"}``.
+    """
+    from ..collage.cost.measured import MeasuredCostEstimator
+    from ..collage.search import search_valid
+
+    graph, tcs, cands, index, requests = _graph_and_requests(model, toolchains)
+    measured = MeasuredCostEstimator(cache_dir=full_cache, progress=False)
+    try:
+        costs = [0.0] * len(cands)
+        missing = 0
+        for k, req in zip(index, requests):
+            cost = measured.lookup(req)
+            missing += cost is None
+            costs[k] = math.inf if cost is None else cost
+        full = search_valid(graph, cands, costs, tcs)
+        position = {(c.toolchain, hex(c.mask), c.label): k for k, c in enumerate(cands)}
+        staged = sum(costs[position[(t, m, lab)]] for t, m, lab, _, host in chosen if not host)
+    finally:
+        measured.close()
+    return {"staged_ms": staged, "full_ms": full.cost, "ratio": staged / full.cost, "unmeasured": missing}
+
+
+def estimate_error(model: str, toolchains: str, full_cache: str) -> Dict[str, dict]:
+    """Per toolchain: the staged estimator's estimates of joint candidates from the parts alone against
+    their measurements in ``full_cache`` (a measure-everything cache).
+
+    Returns ``{toolchain: {"n", "median_abs_log_error", "within_25_percent", "median_ratio"}}`` where
+    ratio = estimate / measurement, over candidates with 2 or more operators that are not maximal regions.
+    """
+    from ..collage.cost.measured import MeasuredCostEstimator
+    from ..collage.cost.staged import StagedCostEstimator, _PartsModel
+    from ..collage.rules import MAXIMAL
+
+    graph, _, _, _, requests = _graph_and_requests(model, toolchains)
+    measured = MeasuredCostEstimator(cache_dir=full_cache, progress=False)
+    try:
+        truth = {req.key: measured.lookup(req) for req in requests}
+        est = StagedCostEstimator(measured)
+        parts_model = _PartsModel(graph, requests, est)
+        # What the estimator knows before its first search: the parts and the maximal regions.
+        parts_model.known = {r.key: truth[r.key] for r, p in zip(requests, parts_model.parts)
+                             if (len(p) <= 1 or r.candidate.label == MAXIMAL) and truth[r.key] is not None}
+        estimates = parts_model.costs()
+    finally:
+        measured.close()
+    by_toolchain: Dict[str, List[float]] = {}
+    seen = set()
+    for req, parts, value in zip(requests, parts_model.parts, estimates):
+        real = truth[req.key]
+        if len(parts) < 2 or req.candidate.label == MAXIMAL or req.key in seen or real is None:
+            continue
+        seen.add(req.key)
+        if math.isfinite(real) and real > 0 and math.isfinite(value) and value > 0:
+            by_toolchain.setdefault(req.toolchain.name, []).append(value / real)
+    out = {}
+    for name, ratios in sorted(by_toolchain.items()):
+        logs = np.abs(np.log(ratios))
+        out[name] = {"n": len(ratios), "median_abs_log_error": float(np.median(logs)),
+                     "within_25_percent": float(np.mean(logs <= math.log(1.25))),
+                     "median_ratio": float(np.median(ratios))}
+    return out
