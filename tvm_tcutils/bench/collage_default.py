@@ -88,9 +88,14 @@ def light_model(name: str, cache_dir: Optional[str] = None) -> str:
     return path
 
 
+#: Suffix of a model name that asks for onnxruntime's ``quantize_static`` QDQ per-channel file of it.
+QDQ_SUFFIX = "-qdq"
+
+
 def load(name: str):
-    """``(mod, params)`` of a benchmark model: ``light_<name>`` from the onnx package, else
-    :func:`tvm_tcutils.bench.models.load`.
+    """``(mod, params)`` of a benchmark model: ``light_<name>`` from the onnx package; ``<zoo name>-qdq``,
+    onnxruntime's QDQ per-channel quantization of that built-in ONNX model (as a user has it: the file,
+    imported); else :func:`tvm_tcutils.bench.models.load`.
 
     Examples
     --------
@@ -102,6 +107,10 @@ def load(name: str):
 
     if name.startswith("light_"):
         return load_model(light_model(name[len("light_"):]))
+    if name.endswith(QDQ_SUFFIX):
+        from .int8 import ort_quantized
+
+        return load_model(ort_quantized(name[:-len(QDQ_SUFFIX)])["qdq"])
     return load_named(name)
 
 
