@@ -25,7 +25,7 @@ from .validate import FinalAnswer, final_answer, final_comparison  # noqa: F401
 
 
 def __getattr__(name):
-    if name in ("MeasuredCostEstimator", "XGBoostCostEstimator"):
+    if name in ("MeasuredCostEstimator", "StagedCostEstimator", "XGBoostCostEstimator"):
         from . import cost
 
         return getattr(cost, name)
