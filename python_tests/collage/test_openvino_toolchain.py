@@ -84,6 +84,13 @@ CASES: Dict[str, Tuple[Callable, List[tuple], bool]] = {
     "expand_dims": _unary(lambda x: relay.expand_dims(x, 1)),
     # Scaled so that truncation to integers is exercised; exact in f32.
     "cast": _unary(lambda x: relay.cast(relay.multiply(x, relay.const(10.0)), "int32")),
+    # int8 models (a quantize and a dequantize each, so that the result is float); more cases, 8-bit
+    # partition boundaries and the moving ops on 8-bit tensors: test_collage_int8.py.
+    "qnn.quantize": _unary(lambda x: relay.qnn.op.dequantize(relay.qnn.op.quantize(
+        x, relay.const(0.05), relay.const(3), out_dtype="int8"), relay.const(0.05), relay.const(3))),
+    "qnn.dequantize": _unary(lambda x: relay.qnn.op.dequantize(relay.qnn.op.quantize(
+        x, relay.const(np.full(3, 0.04, "float32")), relay.const(128), axis=1, out_dtype="uint8"),
+        relay.const(np.full(3, 0.04, "float32")), relay.const(128), axis=1)),
 }
 
 #: Ops whose bf16 result is not comparable with f32 within a tolerance: truncating to an integer

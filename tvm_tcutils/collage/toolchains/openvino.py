@@ -23,6 +23,16 @@ toolchain          precision hint       numerics (checked by the tests)
                                         (``BF16`` among OpenVINO's ``OPTIMIZATION_CAPABILITIES``)
 =================  ===================  ===============================================
 
+Quantized models: the claim is the converter's, ``qnn.quantize`` /
+``qnn.dequantize`` included, and partitions may take and return int8 / uint8
+tensors (``openvino.Tensor`` views of the executor's buffers, of their element
+type). OpenVINO reads ``QuantizeLinear`` / ``DequantizeLinear`` as its
+``FakeQuantize`` / convert-subtract-multiply and runs the regions between them
+in int8 where its low-precision transformations apply. Its numbers: ``quantize``
+as onnxruntime's (ties to even, see :mod:`.relay_to_onnx`), ``dequantize``
+within a float32 rounding of TVM's (it multiplies in another order), so int8
+partitions match TVM within a quantization step, as onnxruntime's do.
+
 Settings (environment): ``TVM_TCUTILS_OPENVINO_THREADS`` sets OpenVINO's
 ``INFERENCE_NUM_THREADS`` (default: as many as TVM's thread pool, the budget
 onnxruntime gets too; see :func:`openvino_threads`).
@@ -249,8 +259,8 @@ def pattern_table(precision: str = "f32") -> List[tuple]:
     Examples
     --------
     >>> names = [name for name, _, _ in pattern_table()]
-    >>> "tcutils_openvino.nn.conv2d" in names
-    True
+    >>> "tcutils_openvino.nn.conv2d" in names, "tcutils_openvino.qnn.quantize" in names
+    (True, True)
     """
     compiler = PRECISIONS[precision].compiler
     table = []

@@ -11,6 +11,16 @@ its large weights are not: they are lifted into the caller's parameters
 (:func:`.packed_call.lift_constants`) and become the session's initializers
 when it is created (:func:`.relay_to_onnx.externalize_inputs`).
 
+Quantized models (a quantizer's QDQ file: ``qnn.quantize`` / ``qnn.dequantize``
+around float ops) are claimed too: the converter writes ``QuantizeLinear`` /
+``DequantizeLinear`` nodes, and a partition may take and return int8 / uint8
+tensors, which are bound like float ones (the binding's element type is the
+tensor's). onnxruntime fuses ``DequantizeLinear -> Conv -> QuantizeLinear``
+and its kin into integer kernels (``QLinearConv``, ``QGemm``, ``QLinearAdd``,
+``QLinearGlobalAveragePool``) when the session is created, so a partition
+whose region starts and ends at 8-bit tensors runs integer arithmetic, as the
+quantized file does in onnxruntime (see :mod:`.relay_to_onnx` for the numerics).
+
 Settings (environment): ``TVM_TCUTILS_ORT_THREADS`` sets onnxruntime's
 intra-op threads (default: as many as TVM's thread pool, see :func:`ort_threads`);
 ``TVM_TCUTILS_ORT_SPIN=1`` lets onnxruntime's threads spin between
@@ -114,8 +124,8 @@ def pattern_table() -> List[tuple]:
     Examples
     --------
     >>> names = [name for name, _, _ in pattern_table()]
-    >>> "tcutils_ort.nn.conv2d" in names
-    True
+    >>> "tcutils_ort.nn.conv2d" in names, "tcutils_ort.qnn.quantize" in names, "tcutils_ort.qnn.dequantize" in names
+    (True, True, True)
     """
     table = []
     for op_name in sorted(relay_to_onnx.CONVERTERS):

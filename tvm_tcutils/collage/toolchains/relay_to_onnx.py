@@ -19,7 +19,32 @@ slow for this use, and calls into it where it is right:
   ``divide`` as TVM's ONNX importer writes ``LayerNormalization``) are fused
   back into one ``LayerNormalization`` node, which onnxruntime runs as one
   kernel (about 15% of a BERT-like encoder's time otherwise);
-* the IR version is one onnxruntime accepts (:func:`_compat.onnx_model_for_ort`).
+* the IR version is one onnxruntime accepts (:func:`_compat.onnx_model_for_ort`);
+* quantized models: ``qnn.quantize`` / ``qnn.dequantize`` with constant
+  scales and zero points (per tensor, or per channel along ``axis``; int8 and
+  uint8, and int32 dequantized with a zero point of 0 as quantizers write
+  biases) become ``QuantizeLinear`` / ``DequantizeLinear``, their scale and zero
+  point initializers. ``DequantizeLinear -> Conv / Gemm -> QuantizeLinear``
+  regions are what onnxruntime fuses into integer kernels (``QLinearConv``,
+  ``QGemm``, ``QLinearAdd``...) when the session is created, so a convolution's
+  ``bias_add`` and a ``dense``'s bias ``add`` are written as the Conv's / Gemm's
+  own bias input (with an ``Add`` after them the sum would stay float). Ops
+  that only move values (``reshape``, ``transpose``, ``concatenate``,
+  ``strided_slice``, ``max_pool2d``...) are claimed on int8 and uint8 tensors
+  too, where they are exact; arithmetic stays float32 only.
+
+Rounding of ``qnn.quantize``: Relay's is ``clip(round(x / scale) + zero_point)``
+and ONNX's ``QuantizeLinear`` the same float32 division, saturation and zero
+point, but TVM's generic lowering rounds exact ties (``x / scale`` a half
+integer) away from zero, ONNX to even. Results differ by one quantization step
+there, and only there (``python_tests/collage/test_relay_to_onnx.py`` checks
+both: equal elsewhere, the tie rule at ties). The calls are claimed anyway:
+the models that hold them are QDQ files whose ``QuantizeLinear`` means half to
+even, which is also what the package's own TVM build of QDQ regions on
+dot-product CPUs computes (:mod:`tvm_tcutils.dotprod.qdq`); and a float op
+before a quantize moves values across rounding boundaries by its accumulation
+order alone, so partitions of quantized models match TVM within a step, not
+bit for bit, whatever the rule at ties.
 
 TVM's converters are used as they are for ``softmax``, ``batch_flatten`` and
 ``concatenate``. Each row of :data:`CONVERTERS` says which calls it handles (its predicate);
@@ -40,6 +65,10 @@ from tvm import relay
 
 #: Element types the converter claims (onnxruntime's CPU kernels cover them).
 FLOAT_TYPES = ("float32",)
+
+#: Types ``qnn.quantize`` makes and ``qnn.dequantize`` reads as ONNX's QuantizeLinear / DequantizeLinear
+#: (opset 17) do; ``qnn.dequantize`` of int32 (a quantizer's bias) is claimed too, with a zero point of 0.
+QUANTIZED_TYPES = ("int8", "uint8")
 
 
 class _Graph(OnnxGraph):
@@ -65,6 +94,20 @@ class _Graph(OnnxGraph):
         """A graph input or output of a Relay tensor type."""
         return self.value_info(name, ttype.dtype, _shape(ttype))
 
+    def __init__(self, name: str = "tvm_tcutils"):
+        super().__init__(name)
+        #: How many times each node of the body being converted is used (by other nodes, or as the result).
+        self.uses: Dict[relay.Expr, int] = {}
+
+    # -- for converters -----------------------------------------------------
+    def producer(self, name: str):
+        """The node that computes value ``name`` (None for inputs and initializers)."""
+        # Converters look for the node they just wrote: a search from the end is short.
+        for node in reversed(self.nodes):
+            if name in node.output:
+                return node
+        return None
+
 
 def _shape(ttype) -> List[int]:
     return [int(dim) for dim in ttype.shape]
@@ -87,18 +130,39 @@ def _tensor_types(call: relay.Call) -> list:
     return types
 
 
+def _static(ttype) -> bool:
+    return isinstance(ttype, relay.TensorType) and all(isinstance(dim, tvm.tir.IntImm) for dim in ttype.shape)
+
+
 def _static_float(call: relay.Call) -> bool:
     """All operands and results are statically shaped tensors of a claimed float type."""
-    for ttype in _tensor_types(call):
-        if not isinstance(ttype, relay.TensorType) or str(ttype.dtype) not in FLOAT_TYPES:
-            return False
-        if not all(isinstance(dim, tvm.tir.IntImm) for dim in ttype.shape):
-            return False
-    return True
+    return all(_static(ttype) and str(ttype.dtype) in FLOAT_TYPES for ttype in _tensor_types(call))
+
+
+def _static_moving(call: relay.Call) -> bool:
+    """A call of an op that only moves or selects values: also claimed on 8-bit tensors (of one type).
+
+    Its ONNX op (Reshape, Transpose, Concat, Slice, MaxPool...) is defined on int8 and uint8 in
+    opset 17, runs there in onnxruntime and OpenVINO, and picks values without arithmetic, so it is
+    exact on them; an int8 region can then go on past it without a QuantizeLinear / DequantizeLinear.
+    """
+    if _static_float(call):
+        return True
+    types = _tensor_types(call)
+    return all(_static(ttype) and str(ttype.dtype) == str(types[0].dtype) for ttype in types) and str(
+        types[0].dtype) in QUANTIZED_TYPES
 
 
 def _nchw_pool(call: relay.Call) -> bool:
-    return _static_float(call) and call.attrs.layout == "NCHW" and len(call.args[0].checked_type.shape) == 4
+    return _static_float(call) and _nchw(call)
+
+
+def _nchw(call: relay.Call) -> bool:
+    return call.attrs.layout == "NCHW" and len(call.args[0].checked_type.shape) == 4
+
+
+def _moving_max_pool(call: relay.Call) -> bool:
+    return _static_moving(call) and _nchw(call)
 
 
 def _no_dilation(call: relay.Call) -> bool:
@@ -209,10 +273,43 @@ def _channel_shaped(graph: _Graph, vector_name: str, vector_expr, ndim: int, axi
     return graph.node("Unsqueeze", [vector_name, graph.const(list(range(1, tail + 1)), "axes", np.int64)])
 
 
+def _bias_input(graph: _Graph, producer: relay.Expr, name: str, op_type: str, bias: str) -> bool:
+    """Give the ``op_type`` node computing ``name`` (``producer``'s value) the bias input ``bias``.
+
+    onnxruntime fuses ``DequantizeLinear -> Conv / Gemm -> QuantizeLinear`` with a dequantized int32
+    bias into one integer kernel (QLinearConv, QGemm) only when the bias is the node's own third
+    input; after an Add the sum stays float. False (nothing changed) unless the node is of that type,
+    has no bias yet, and nothing else reads its value (it changes to include the bias).
+    """
+    node = graph.producer(name)
+    if node is None or node.op_type != op_type or len(node.input) != 2 or graph.uses.get(producer) != 1:
+        return False
+    # Moved last: the bias may be computed after it (a DequantizeLinear), and nothing between reads it.
+    graph.nodes.remove(node)
+    node.input.append(bias)
+    graph.nodes.append(node)
+    return True
+
+
 def _bias_add(graph, call, ins):
-    ndim = len(call.args[0].checked_type.shape)
-    bias = _channel_shaped(graph, ins[1], call.args[1], ndim, int(call.attrs.axis))
+    data = call.args[0]
+    ndim = len(data.checked_type.shape)
+    axis = int(call.attrs.axis)
+    # Conv's bias B is per output channel, the NCHW axis 1.
+    if axis in (1, 1 - ndim) and _bias_input(graph, data, ins[0], "Conv", ins[1]):
+        return ins[0]
+    bias = _channel_shaped(graph, ins[1], call.args[1], ndim, axis)
     return graph.node("Add", [ins[0], bias])
+
+
+def _add(graph, call, ins):
+    # A Gemm's (dense's) bias as its input C when it broadcasts into the product (the sum has its shape).
+    for index in (0, 1):
+        gemm = call.args[index]
+        if _shape(call.checked_type) == _shape(gemm.checked_type) and _bias_input(
+                graph, gemm, ins[index], "Gemm", ins[1 - index]):
+            return ins[index]
+    return graph.node("Add", ins[:2])
 
 
 def _optional_param(graph: _Graph, name: str, use: bool, size: int, fill: float, dtype: str) -> str:
@@ -383,6 +480,132 @@ def _cast(graph, call, ins):
     return graph.node("Cast", ins[:1], to=onnx_dtype(call.checked_type.dtype))
 
 
+# --------------------------------------------------------------------------
+# Quantization: qnn.quantize / qnn.dequantize as QuantizeLinear / DequantizeLinear.
+# --------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _QuantParams:
+    """The constant scale and zero point of a ``qnn.quantize`` / ``qnn.dequantize`` call, as ONNX takes them.
+
+    Attributes
+    ----------
+    scale : numpy.ndarray
+        float32, shape ``()`` (per tensor) or ``(n,)`` (per channel along ``axis``).
+    zero_point : numpy.ndarray
+        int64 values of the same shape (ONNX stores them in the quantized type).
+    axis : int
+        The channel axis, non-negative (meaningful per channel only).
+    """
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int
+
+    @property
+    def per_channel(self) -> bool:
+        return self.scale.ndim == 1
+
+
+def _quant_params(call: relay.Call) -> Optional[_QuantParams]:
+    """The scale and zero point of a typed ``qnn.quantize`` / ``qnn.dequantize`` call, or None where
+    they are not constants ONNX can take (see :func:`supported`).
+
+    A scale and a zero point of one element each are per tensor (whatever the
+    ``axis``); otherwise both are per channel along ``axis``, one of them
+    possibly a single value broadcast (ONNX needs the two of the same shape).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = relay.var("x", shape=(1, 3, 4, 4))
+    >>> q = relay.qnn.op.quantize(x, relay.const(np.array([0.1, 0.2, 0.3], "float32")), relay.const(5),
+    ...                           axis=1, out_dtype="uint8")
+    >>> p = _quant_params(_infer(relay.Function([x], q)).body)
+    >>> p.scale.shape, p.zero_point.tolist(), p.axis, p.per_channel
+    ((3,), [5, 5, 5], 1, True)
+    """
+    scale_expr, zero_expr = call.args[1], call.args[2]
+    # ONNX takes the scale and zero point as tensors too, but onnxruntime fuses QDQ nodes into integer
+    # kernels only around constant ones, and OpenVINO reads them as constants.
+    if not isinstance(scale_expr, relay.Constant) or not isinstance(zero_expr, relay.Constant):
+        return None
+    scale, zero = scale_expr.data.numpy(), zero_expr.data.numpy()
+    if scale.dtype != np.float32 or zero.dtype.kind not in "iu" or scale.ndim > 1 or zero.ndim > 1:
+        return None
+    if not np.all(np.isfinite(scale)):
+        return None
+    shape = _shape(call.args[0].checked_type)
+    axis = int(call.attrs.axis)
+    axis = axis + len(shape) if axis < 0 else axis
+    count = max(scale.size, zero.size)
+    if count == 1:
+        return _QuantParams(scale.reshape(()), zero.reshape(()).astype(np.int64), axis)
+    if not 0 <= axis < len(shape) or shape[axis] != count or not {scale.size, zero.size} <= {1, count}:
+        return None
+    return _QuantParams(
+        np.broadcast_to(scale.reshape(-1), (count,)).copy(),
+        np.broadcast_to(zero.reshape(-1), (count,)).astype(np.int64),
+        axis,
+    )
+
+
+def _in_range(values: np.ndarray, dtype: str) -> bool:
+    info = np.iinfo(dtype)
+    return bool(np.all((values >= info.min) & (values <= info.max)))
+
+
+def _quantize_ok(call: relay.Call) -> bool:
+    data, out = call.args[0].checked_type, call.checked_type
+    if str(data.dtype) not in FLOAT_TYPES or str(out.dtype) not in QUANTIZED_TYPES or not _static(data):
+        return False
+    params = _quant_params(call)
+    # A zero scale makes x / 0: infinities and NaNs, which TVM and onnxruntime saturate differently.
+    return (
+        params is not None and bool(np.all(params.scale != 0))
+        and _in_range(params.zero_point, str(out.dtype))
+    )
+
+
+def _dequantize_ok(call: relay.Call) -> bool:
+    data, out = call.args[0].checked_type, call.checked_type
+    if str(out.dtype) not in FLOAT_TYPES or not _static(data):
+        return False
+    params = _quant_params(call)
+    if params is None:
+        return False
+    dtype = str(data.dtype)
+    if dtype == "int32":
+        # ONNX dequantizes int32 (a quantizer's bias) without a zero point: it must be 0.
+        return not np.any(params.zero_point)
+    return dtype in QUANTIZED_TYPES and _in_range(params.zero_point, dtype)
+
+
+def _qdq_inputs(graph: _Graph, params: _QuantParams, dtype: str) -> List[str]:
+    scale = graph.const(params.scale, "scale", np.float32)
+    if dtype == "int32":
+        return [scale]
+    return [scale, graph.const(params.zero_point.astype(dtype), "zero_point")]
+
+
+def _qdq_attrs(params: _QuantParams) -> dict:
+    return {"axis": params.axis} if params.per_channel else {}
+
+
+def _quantize(graph, call, ins):
+    # Relay: clip(round(x / scale) + zero_point); ONNX: saturate(round(x / scale) + zero_point), the
+    # same float32 division. Only the rounding of exact ties differs (see the module's docstring).
+    params = _quant_params(call)
+    dtype = str(call.checked_type.dtype)
+    return graph.node("QuantizeLinear", [ins[0], *_qdq_inputs(graph, params, dtype)], **_qdq_attrs(params))
+
+
+def _dequantize(graph, call, ins):
+    # Relay and ONNX alike: float32(x - zero_point) * scale, exact for 8-bit x.
+    params = _quant_params(call)
+    dtype = str(call.args[0].checked_type.dtype)
+    return graph.node("DequantizeLinear", [ins[0], *_qdq_inputs(graph, params, dtype)], **_qdq_attrs(params))
+
+
 def _leaky_relu(graph, call, ins):
     return graph.node("LeakyRelu", ins[:1], alpha=float(call.attrs.alpha))
 
@@ -425,13 +648,15 @@ class OpRule:
 #: claims exactly these operators, each under its rule's predicate.
 CONVERTERS: Dict[str, OpRule] = {
     **{op: OpRule(_binary(onnx_op)) for op, onnx_op in (
-        ("add", "Add"), ("subtract", "Sub"), ("multiply", "Mul"), ("divide", "Div"),
+        ("subtract", "Sub"), ("multiply", "Mul"), ("divide", "Div"),
         ("power", "Pow"), ("maximum", "Max"), ("minimum", "Min"),
     )},
     **{op: OpRule(_unary(onnx_op)) for op, onnx_op in (
         ("nn.relu", "Relu"), ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("erf", "Erf"), ("exp", "Exp"),
-        ("log", "Log"), ("sqrt", "Sqrt"), ("negative", "Neg"), ("abs", "Abs"), ("copy", "Identity"),
+        ("log", "Log"), ("sqrt", "Sqrt"), ("negative", "Neg"), ("abs", "Abs"),
     )},
+    "copy": OpRule(_unary("Identity"), _static_moving),
+    "add": OpRule(_add),
     "rsqrt": OpRule(_rsqrt),
     # Inference: dropout is the identity (its mask result is never produced).
     "nn.dropout": OpRule(_unary("Identity")),
@@ -444,25 +669,27 @@ CONVERTERS: Dict[str, OpRule] = {
     "nn.softmax": OpRule(_tvm_converter("Softmax")),
     "nn.layer_norm": OpRule(_layer_norm, _last_axis),
     "nn.batch_norm": OpRule(_batch_norm, _channel_axis),
-    "nn.max_pool2d": OpRule(_max_pool, _nchw_pool),
+    "nn.max_pool2d": OpRule(_max_pool, _moving_max_pool),
     "nn.avg_pool2d": OpRule(_avg_pool, _no_dilation),
     "nn.global_avg_pool2d": OpRule(_unary("GlobalAveragePool"), _nchw_pool),
     "nn.global_max_pool2d": OpRule(_unary("GlobalMaxPool"), _nchw_pool),
-    "nn.batch_flatten": OpRule(_tvm_converter("Flatten")),
+    "nn.batch_flatten": OpRule(_tvm_converter("Flatten"), _static_moving),
     "nn.pad": OpRule(_pad, _pad_ok),
-    "reshape": OpRule(_reshape),
-    "transpose": OpRule(_transpose),
-    "concatenate": OpRule(_tvm_converter("Concat")),
+    "reshape": OpRule(_reshape, _static_moving),
+    "transpose": OpRule(_transpose, _static_moving),
+    "concatenate": OpRule(_tvm_converter("Concat"), _static_moving),
     "clip": OpRule(_clip),
     "mean": OpRule(_reduce("ReduceMean"), _nonempty_reduce),
     "sum": OpRule(_reduce("ReduceSum"), _nonempty_reduce),
     "max": OpRule(_reduce("ReduceMax"), _nonempty_reduce),
     "min": OpRule(_reduce("ReduceMin"), _nonempty_reduce),
     "variance": OpRule(_variance, _nonempty_reduce),
-    "strided_slice": OpRule(_strided_slice),
-    "squeeze": OpRule(_squeeze),
-    "expand_dims": OpRule(_expand_dims),
+    "strided_slice": OpRule(_strided_slice, _static_moving),
+    "squeeze": OpRule(_squeeze, _static_moving),
+    "expand_dims": OpRule(_expand_dims, _static_moving),
     "cast": OpRule(_cast, _cast_ok),
+    "qnn.quantize": OpRule(_quantize, _quantize_ok),
+    "qnn.dequantize": OpRule(_dequantize, _dequantize_ok),
 }
 
 
@@ -528,6 +755,7 @@ def to_onnx(func: relay.Function, name: str = "tcutils"):
         _expect_tensor(param.checked_type, f"parameter {param.name_hint}")
         names[param] = [f"in{index}"]
         graph.inputs.append(graph.relay_value(f"in{index}", param.checked_type))
+    graph.uses = _use_counts(func.body)
     _convert_body(graph, func.body, names)
     results = names[func.body]
     out_type = func.body.checked_type
@@ -596,6 +824,15 @@ def _children(node: relay.Expr) -> list:
     if isinstance(node, relay.TupleGetItem):
         return [node.tuple_value]
     return []
+
+
+def _use_counts(body: relay.Expr) -> Dict[relay.Expr, int]:
+    """How many times each node of ``body`` is an operand (the result counts as one use)."""
+    counts: Dict[relay.Expr, int] = {body: 1}
+    for node in _post_order(body):
+        for child in _children(node):
+            counts[child] = counts.get(child, 0) + 1
+    return counts
 
 
 def _post_order(expr: relay.Expr) -> List[relay.Expr]:
