@@ -133,8 +133,9 @@ def _emulate(args: argparse.Namespace) -> int:
     mod, params, notes = hexagon_profile.integer_model(*cli.load_model_arg(args))
     inputs = random_inputs(mod, params)
     print(f"{args.model}: {'; '.join(notes)} ({time.time() - start:.0f} s)", flush=True)
+    plain = str(hexagon_profile.plain_target(target)).strip()
     print(f"building for {target} and running under qemu-hexagon"
-          + ("" if args.no_baseline else f", then TVM's plain schedules ({str(hexagon_profile.plain_target(target)).strip()})")
+          + ("" if args.no_baseline else f", then TVM's plain schedules ({plain})")
           + " (an instruction profile, not a device time)", flush=True)
     start = time.time()
     compared = hexagon_profile.compare_builds(mod, params, inputs, timeout=args.timeout, target=target,
