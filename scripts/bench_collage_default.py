@@ -68,9 +68,16 @@ def describe(row: dict) -> str:
     ratio = row.get("answer_vs_best_single")
     vs = f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] of {row['best_single']}" if ratio else "not compared"
     counts = row["counts"]
+    from tvm_tcutils.bench.collage_default import layer_summary
+
+    layers = layer_summary(row.get("layers", []))
+    per_layer = "; ".join(f"{name}: fastest on {v['fastest_on']} of {v['layers']} layers, {v['sum_ms']:.3f} ms "
+                          f"summed" for name, v in layers.items())
+    minima = next(iter(layers.values()))["best_per_layer_ms"] if layers else None
     return (f"{row['model']} ({row['estimator']}): {row['seconds']:.0f} s {row['phases']}; "
             f"{counts.get('candidates')} candidates, {counts.get('measured', 0)} measured; answer {row['answer']} "
-            f"({vs}){' PARTIAL' if row['partial'] else ''}")
+            f"({vs}){' PARTIAL' if row['partial'] else ''}"
+            + (f"\n  layers alone: {per_layer}; best per layer {minima:.3f} ms" if layers else ""))
 
 
 def main(argv=None) -> int:
@@ -111,6 +118,7 @@ def main(argv=None) -> int:
                 print(f"  staged estimates from parts vs measured: {full['estimate_error']}", flush=True)
         results.add(**full)
         results.write(args.json)
+    print(bench.markdown(results.rows))
     return 0
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -142,6 +142,7 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
         "chosen": _chosen_of(result), "stats": {k: v for k, v in getattr(est, "stats", {}).items()
                                                  if isinstance(v, (int, float, str))},
     }
+    row["layers"] = layer_costs(result.graph, toolchains, measured)
     if final is not None:
         row["timings_ms"] = {name: t.median_ms for name, t in final.timings.items() if t.samples_ms}
         row["best_single"] = final.best_single
@@ -149,6 +150,67 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
             row["answer_vs_best_single"] = [final.ratio.value, final.ratio.low, final.ratio.high]
             row["confidence"] = final.ratio.confidence
     return row
+
+
+#: Operators a per-layer table has a row for.
+LAYER_OPS = ("nn.conv2d", "nn.dense", "nn.batch_matmul", "nn.matmul")
+
+
+def layer_costs(graph, toolchains: str, measured) -> List[dict]:
+    """Per heavy layer (:data:`LAYER_OPS`), the cheapest measured candidate of each toolchain holding it and
+    no other heavy layer (for a QDQ model: the layer with its dequantize/quantize neighbours, when such a
+    candidate was measured): what each toolchain costs for that layer alone, crossings not counted.
+
+    Only candidates the search measured are known; a toolchain with none for a layer has no entry.
+    """
+    from ..collage.candidates import enumerate_candidates
+    from ..collage.cost.base import cost_requests
+    from ..collage.subgraph import bits
+    from ..collage.toolchains import resolve
+
+    tcs = {tc.name: tc for tc in resolve(toolchains)}
+    cands = enumerate_candidates(graph, list(tcs.values()))
+    index = [k for k, c in enumerate(cands) if not c.host]
+    heavy = {i for i, node in enumerate(graph.nodes) if node.kind == "call" and node.op_name in LAYER_OPS}
+    best: Dict[int, Dict[str, Tuple[float, int]]] = {}
+    for req in cost_requests(graph, cands, index, tcs):
+        layers = [i for i in bits(req.candidate.mask) if i in heavy]
+        if len(layers) != 1:
+            continue
+        cost = measured.lookup(req)
+        if cost is None or not math.isfinite(cost):
+            continue
+        held = best.setdefault(layers[0], {}).get(req.toolchain.name)
+        if held is None or cost < held[0]:
+            best[layers[0]][req.toolchain.name] = (cost, len(req.ops))
+    rows = []
+    for i in sorted(best):
+        node = graph.nodes[i]
+        shape = [int(d) for d in node.expr.checked_type.shape]
+        rows.append({"node": i, "op": node.op_name, "shape": shape,
+                     "ms": {name: round(cost, 5) for name, (cost, _) in sorted(best[i].items())},
+                     "ops_in_candidate": {name: n for name, (_, n) in sorted(best[i].items())}})
+    return rows
+
+
+def layer_summary(layers: Sequence[dict]) -> Dict[str, dict]:
+    """Per toolchain: the layers it is fastest on, its sum over the layers every toolchain has, and the
+    sum of the per-layer minima (what a mix with free crossings would get on those layers).
+
+    Examples
+    --------
+    >>> layer_summary([{"ms": {"a": 1.0, "b": 2.0}}, {"ms": {"a": 3.0, "b": 1.0}}])["b"]
+    {'fastest_on': 1, 'sum_ms': 3.0, 'layers': 2, 'best_per_layer_ms': 2.0}
+    """
+    names = sorted({name for row in layers for name in row["ms"]})
+    common = [row for row in layers if all(name in row["ms"] for name in names)]
+    minima = sum(min(row["ms"].values()) for row in common)
+    out = {}
+    for name in names:
+        out[name] = {"fastest_on": sum(1 for row in common if min(row["ms"], key=row["ms"].get) == name),
+                     "sum_ms": round(sum(row["ms"][name] for row in common), 4), "layers": len(common),
+                     "best_per_layer_ms": round(minima, 4)}
+    return out
 
 
 def _chosen_of(result) -> list:
@@ -235,3 +297,36 @@ def estimate_error(model: str, toolchains: str, full_cache: str) -> Dict[str, di
                      "within_25_percent": float(np.mean(logs <= math.log(1.25))),
                      "median_ratio": float(np.median(ratios))}
     return out
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """The docs' table of :func:`search_row` rows (and of the measure-everything rows, when present).
+
+    Examples
+    --------
+    >>> table = markdown([{"model": "m", "estimator": "staged", "seconds": 12.0, "phases": {"estimate": 9.0},
+    ...                     "counts": {"candidates": 40, "measured": 10}, "answer": "tvm alone", "partial": False,
+    ...                     "best_single": "tvm alone", "timings_ms": {"tvm alone": 1.0}}])
+    >>> table.splitlines()[2]
+    '| m | staged | 12 | 9 / - / - | 40 | 10 | tvm alone | 1.000 | 1.000 (tvm alone) | - |'
+    """
+    head = ("| model | estimator | search s | estimate / validate / compare s | candidates | measured | answer | "
+            "answer ms | best single ms | vs best single [95 %] |")
+    lines = [head, "|" + "---|" * 10]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | {row['estimator']} | failed: {row['error']} |" + " |" * 7)
+            continue
+        phases = row.get("phases", {})
+        split = " / ".join(f"{phases[k]:.0f}" if k in phases else "-" for k in ("estimate", "validate", "compare"))
+        timings = row.get("timings_ms", {})
+        answer_ms = timings.get("collage" if row["answer"] == "collage" else row["answer"])
+        best = row.get("best_single")
+        best_ms = f"{timings[best]:.3f} ({best})" if best in timings else "-"
+        ratio = row.get("answer_vs_best_single")
+        versus = f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" if ratio else "-"
+        answer = row["answer"] + (" (partial)" if row.get("partial") else "")
+        lines.append(f"| {row['model']} | {row['estimator']} | {row['seconds']:.0f} | {split} | "
+                     f"{row['counts'].get('candidates', '-')} | {row['counts'].get('measured', '-')} | {answer} | "
+                     f"{'-' if answer_ms is None else f'{answer_ms:.3f}'} | {best_ms} | {versus} |")
+    return "\n".join(lines)
