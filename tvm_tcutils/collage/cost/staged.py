@@ -26,7 +26,7 @@ each runtime whole. Most of those candidates are never close to the answer.
 Example
 -------
 >>> from tvm_tcutils.collage.cost.staged import fused_estimate
->>> fused_estimate([0.5, 0.1, 0.1], overhead=0.05, fusion=0.8)  # one call, 80 % of the parts' work
+>>> round(fused_estimate([0.5, 0.1, 0.1], overhead=0.05, fusion=0.8), 6)  # one call, 80 % of the work
 0.49
 """
 from __future__ import annotations
