@@ -214,3 +214,37 @@ def test_each_package_pattern_checks_the_claim_its_builder_checks():
         root = graph.nodes[-1].expr
         assert all(bool(entry[2](root)) == claimed for entry in entries if entry[0] == "tcutils_blas.dense_bias")
         assert predicates.blas_claims(root) == claimed  # what the codegen asserts
+
+
+def _qdq_residual_block(end_in_quantize: bool = True):
+    """x(u8) -> dq -> conv(dq(w)) -> bias -> relu -> add(dq(skip)) -> [quantize]: a QDQ layer with a residual."""
+    import numpy as np
+
+    scale, zero = relay.const(0.05), relay.const(0)
+    x = relay.var("x", shape=(1, 4, 6, 6), dtype="uint8")
+    skip = relay.var("skip", shape=(1, 4, 6, 6), dtype="uint8")
+    weight = relay.qnn.op.dequantize(relay.const(np.ones((4, 4, 3, 3), "int8")), scale, zero)
+    conv = relay.nn.conv2d(relay.qnn.op.dequantize(x, scale, zero), weight, padding=(1, 1))
+    y = relay.nn.relu(relay.nn.bias_add(conv, relay.const(np.ones(4, "float32"))))
+    y = relay.add(y, relay.qnn.op.dequantize(skip, scale, zero))
+    if end_in_quantize:
+        y = relay.qnn.op.quantize(y, scale, zero, out_dtype="uint8")
+    mod = tvm.IRModule.from_expr(relay.Function([x, skip], y))
+    return IndexedGraph(relay.transform.InferType()(mod)["main"])
+
+
+def test_quantized_region_takes_the_layer_whole_with_its_residual_dequantize():
+    graph = _qdq_residual_block()
+    (cand,) = rules.QuantizedRegionRule().candidates(graph, "tvm")
+    assert sorted(graph.op_names(cand.mask)) == sorted(
+        ["qnn.dequantize"] * 3 + ["nn.conv2d", "nn.bias_add", "nn.relu", "add", "qnn.quantize"])
+    assert cand.label == rules.QUANTIZED and graph.depth(cand.mask) > TVM.max_depth
+    # TVM's rule offers it past its depth limit (its fusion kinds never group qnn ops).
+    tvm_cands = enumerate_candidates(graph, [TVM])
+    assert any(c.mask == cand.mask and c.label == rules.QUANTIZED for c in tvm_cands)
+    assert not any(c.label == "tvm.fused" and "qnn.quantize" in graph.op_names(c.mask)
+                   and "nn.conv2d" in graph.op_names(c.mask) for c in tvm_cands)
+
+
+def test_no_quantized_region_without_a_final_quantize():
+    assert rules.QuantizedRegionRule().candidates(_qdq_residual_block(end_in_quantize=False), "tvm") == []

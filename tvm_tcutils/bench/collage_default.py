@@ -130,9 +130,10 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
     est = StagedCostEstimator(measured) if estimator == "staged" else measured
     try:
         result = partition(mod, params, toolchains, est, progress=False, time_budget_s=time_budget_s)
+        seconds = time.perf_counter() - start
+        layers = layer_costs(result.graph, toolchains, measured)  # after the clock: not part of the search
     finally:
         measured.close()
-    seconds = time.perf_counter() - start
     final = result.final
     row = {
         "model": model, "estimator": estimator, "toolchains": toolchains, "seconds": round(seconds, 1),
@@ -142,7 +143,7 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
         "chosen": _chosen_of(result), "stats": {k: v for k, v in getattr(est, "stats", {}).items()
                                                  if isinstance(v, (int, float, str))},
     }
-    row["layers"] = layer_costs(result.graph, toolchains, measured)
+    row["layers"] = layers
     if final is not None:
         row["timings_ms"] = {name: t.median_ms for name, t in final.timings.items() if t.samples_ms}
         row["best_single"] = final.best_single
@@ -157,11 +158,12 @@ LAYER_OPS = ("nn.conv2d", "nn.dense", "nn.batch_matmul", "nn.matmul")
 
 
 def layer_costs(graph, toolchains: str, measured) -> List[dict]:
-    """Per heavy layer (:data:`LAYER_OPS`), the cheapest measured candidate of each toolchain holding it and
-    no other heavy layer (for a QDQ model: the layer with its dequantize/quantize neighbours, when such a
-    candidate was measured): what each toolchain costs for that layer alone, crossings not counted.
+    """Per heavy layer (:data:`LAYER_OPS`), what each toolchain costs for that layer alone (crossings not
+    counted), measured now where the search did not.
 
-    Only candidates the search measured are known; a toolchain with none for a layer has no entry.
+    A layer's candidate on a toolchain is the smallest one holding it and no other heavy layer that is
+    a quantized region when the toolchain has one (the layer with a ``qnn.dequantize`` and a
+    ``qnn.quantize``: in a QDQ model only such a region runs in 8 bits), else the layer alone.
     """
     from ..collage.candidates import enumerate_candidates
     from ..collage.cost.base import cost_requests
@@ -172,24 +174,32 @@ def layer_costs(graph, toolchains: str, measured) -> List[dict]:
     cands = enumerate_candidates(graph, list(tcs.values()))
     index = [k for k, c in enumerate(cands) if not c.host]
     heavy = {i for i, node in enumerate(graph.nodes) if node.kind == "call" and node.op_name in LAYER_OPS}
-    best: Dict[int, Dict[str, Tuple[float, int]]] = {}
+    chosen: Dict[Tuple[int, str], object] = {}
     for req in cost_requests(graph, cands, index, tcs):
         layers = [i for i in bits(req.candidate.mask) if i in heavy]
         if len(layers) != 1:
             continue
-        cost = measured.lookup(req)
-        if cost is None or not math.isfinite(cost):
-            continue
-        held = best.setdefault(layers[0], {}).get(req.toolchain.name)
-        if held is None or cost < held[0]:
-            best[layers[0]][req.toolchain.name] = (cost, len(req.ops))
+        ops = req.ops
+        quantized = "qnn.quantize" in ops and "qnn.dequantize" in ops
+        rank = (not quantized, len(ops) if quantized or len(ops) == 1 else math.inf)
+        slot = (layers[0], req.toolchain.name)
+        held = chosen.get(slot)
+        if math.isfinite(rank[1]) and (held is None or rank < held[0]):
+            chosen[slot] = (rank, req)
+    requests = [req for _, req in chosen.values()]
+    costs = measured.estimate(requests) if requests else []
+    by_layer: Dict[int, Dict[str, Tuple[float, int, bool]]] = {}
+    for ((layer, name), (rank, req)), cost in zip(chosen.items(), costs):
+        if cost is not None and math.isfinite(cost):
+            by_layer.setdefault(layer, {})[name] = (cost, len(req.ops), not rank[0])
     rows = []
-    for i in sorted(best):
+    for i in sorted(by_layer):
         node = graph.nodes[i]
-        shape = [int(d) for d in node.expr.checked_type.shape]
-        rows.append({"node": i, "op": node.op_name, "shape": shape,
-                     "ms": {name: round(cost, 5) for name, (cost, _) in sorted(best[i].items())},
-                     "ops_in_candidate": {name: n for name, (_, n) in sorted(best[i].items())}})
+        entries = by_layer[i]
+        rows.append({"node": i, "op": node.op_name, "shape": [int(d) for d in node.expr.checked_type.shape],
+                     "ms": {name: round(v[0], 5) for name, v in sorted(entries.items())},
+                     "ops_in_candidate": {name: v[1] for name, v in sorted(entries.items())},
+                     "quantized_region": {name: v[2] for name, v in sorted(entries.items())}})
     return rows
 
 

@@ -373,6 +373,91 @@ class FusionKindRule(PartitionRule):
         return out
 
 
+#: Label of :class:`QuantizedRegionRule`'s candidates (exempt from the depth limit, like maximal regions).
+QUANTIZED = "quantized_region"
+
+#: Operators a quantized region is built around.
+_QUANTIZED_ANCHORS = frozenset({"nn.conv2d", "nn.dense", "nn.batch_matmul", "nn.matmul"})
+
+
+class QuantizedRegionRule(PartitionRule):
+    """A QDQ model's 8-bit layers: ``qnn.dequantize`` inputs -> conv/dense/matmul -> epilogue -> ``qnn.quantize``.
+
+    In a quantizer's QDQ file every layer is float arithmetic between a ``DequantizeLinear`` and a
+    ``QuantizeLinear``; only when the whole region is one partition can a toolchain run it in 8 bits
+    (TVM's build with the package's integer rewrite, onnxruntime's QLinearConv). TVM's fusion kinds
+    never group them (``qnn`` ops are opaque to ``FuseOps``), and their depth passes the usual limit,
+    so this rule offers each such region whole. The epilogue is the anchor's single-consumer chain of
+    elementwise and broadcast calls (bias, activation, a residual add whose other operand is a
+    dequantize, taken in too) ending at a ``qnn.quantize``; a region that does not end there is none.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = relay.var("x", shape=(1, 8), dtype="uint8")
+    >>> w = relay.const(np.ones((4, 8), "int8"))
+    >>> scale, zero = relay.const(0.1), relay.const(0)
+    >>> dense = relay.nn.dense(relay.qnn.op.dequantize(x, scale, zero), relay.qnn.op.dequantize(w, scale, zero))
+    >>> out = relay.qnn.op.quantize(relay.nn.relu(dense), scale, zero, out_dtype="uint8")
+    >>> graph = IndexedGraph(relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], out)))["main"])
+    >>> [graph.op_names(c.mask) for c in QuantizedRegionRule().candidates(graph, "tvm")]
+    [['qnn.dequantize', 'qnn.dequantize', 'nn.dense', 'nn.relu', 'qnn.quantize']]
+    """
+
+    name = "quantized_regions"
+
+    def candidates(self, graph: IndexedGraph, toolchain: str) -> List[Candidate]:
+        out = []
+        for node in graph.nodes:
+            if node.kind != "call" or node.op_name not in _QUANTIZED_ANCHORS:
+                continue
+            mask = self._dequantized_inputs(graph, node.index)
+            if mask is None:
+                continue
+            mask |= 1 << node.index
+            current = node.index
+            while True:
+                consumers = graph.nodes[current].outputs
+                if len(consumers) != 1 or current == graph.output:
+                    break
+                nxt = graph.nodes[consumers[0]]
+                if nxt.kind != "call":
+                    break
+                if nxt.op_name == "qnn.quantize":
+                    region = mask | (1 << nxt.index)
+                    if graph.is_convex(region):
+                        out.append(Candidate(toolchain, region, QUANTIZED))
+                    break
+                if fusion_kind(nxt) > BROADCAST:
+                    break
+                others = [i for i in nxt.inputs if i != current and not (mask >> i) & 1]
+                extra = 0
+                for i in others:
+                    other = graph.nodes[i]
+                    if other.kind == "call" and other.op_name == "qnn.dequantize":
+                        extra |= 1 << i
+                    elif other.kind != "const":
+                        extra = None
+                        break
+                if extra is None:
+                    break
+                mask |= extra | (1 << nxt.index)
+                current = nxt.index
+        return out
+
+    @staticmethod
+    def _dequantized_inputs(graph: IndexedGraph, index: int) -> Optional[int]:
+        """The ``qnn.dequantize`` calls feeding node ``index`` (constants allowed), or None if another feeds it."""
+        mask = 0
+        for i in graph.nodes[index].inputs:
+            node = graph.nodes[i]
+            if node.kind == "call" and node.op_name == "qnn.dequantize":
+                mask |= 1 << i
+            elif node.kind != "const":
+                return None
+        return mask or None
+
+
 class HostGlueRule(PartitionRule):
     """Tuples and tuple projections, left in ``main`` at no cost."""
 
@@ -553,7 +638,7 @@ class OnlyValidRule(PartitionRule):
     def valid(self, graph: IndexedGraph, cand: Candidate) -> bool:
         if not cand.mask or cand.mask & ~graph.covered_mask:
             return False
-        if not cand.host and cand.label != MAXIMAL and graph.depth(cand.mask) > self.max_depth:
+        if not cand.host and cand.label not in (MAXIMAL, QUANTIZED) and graph.depth(cand.mask) > self.max_depth:
             return False
         if not graph.is_convex(cand.mask):
             return False

@@ -9,7 +9,8 @@ each runtime whole. Most of those candidates are never close to the answer.
 
 1. **Parts**: every distinct one-operator candidate of every toolchain (a few hundred; repeated
    layers share one measurement through the cost store's structural key), and each toolchain's
-   maximal regions (what BYOC's greedy partitioning would give it: a handful), and a small seeded
+   maximal regions (what BYOC's greedy partitioning would give it: a handful), a QDQ model's 8-bit
+   layers (``dequantize -> conv -> quantize`` regions, on every toolchain), and a small seeded
    sample of each toolchain's joint candidates (``calibration``) to fit ``fusion(T)`` from the start.
 2. **Wholes, estimated**: a candidate of ``n`` operators on toolchain ``T`` is estimated from its
    parts: ``overhead(T) + fusion(T) * sum(part - overhead(T))``. ``overhead(T)`` is what one call
@@ -39,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..candidates import Candidate
-from ..rules import MAXIMAL
+from ..rules import MAXIMAL, QUANTIZED
 from ..search import SearchResult, search_valid
 from ..subgraph import IndexedGraph, bits
 from .base import CostEstimator, CostRequest, cost_requests
@@ -218,6 +219,8 @@ class _PartsModel:
         self.is_call = set(calls)
         # Each request's call nodes (its parts); a request with one call is a part itself.
         self.parts: List[List[int]] = [[i for i in bits(r.candidate.mask) if i in self.is_call] for r in requests]
+        # Quantized regions run in 8 bits, their parts in float: no measure of joint runs of float parts.
+        self.quantized = {r.candidate.mask for r in self.requests if r.candidate.label == QUANTIZED}
         for req in self.requests:
             cost = owner.measured.lookup(req)
             if cost is not None:
@@ -243,7 +246,11 @@ class _PartsModel:
         parts = [r for r, p in zip(self.requests, self.parts) if len(p) <= 1]
         self.owner.stats["parts"] = len({r.key for r in parts})
         maximal = [r for r in self.requests if r.candidate.label == MAXIMAL]
-        self.measure(parts + maximal + self._calibration_sample())
+        # A QDQ model's 8-bit layers, on every toolchain that has them: estimated from their float
+        # parts they would look several times dearer than they run, and never be picked.
+        quantized = {r.candidate.mask for r in self.requests if r.candidate.label == QUANTIZED}
+        regions = [r for r in self.requests if r.candidate.mask in quantized]
+        self.measure(parts + maximal + regions + self._calibration_sample())
 
     def _calibration_sample(self) -> List[CostRequest]:
         """A seeded sample of each toolchain's joint candidates, to fit ``fusion(T)`` before the first
@@ -302,7 +309,8 @@ class _PartsModel:
             name = req.toolchain.name
             # Maximal regions are left out: dozens of operators save far more per part than the
             # few-operator candidates the estimates are for.
-            if len(parts) > 1 and req.key in self.known and name in overhead and req.candidate.label != MAXIMAL:
+            if (len(parts) > 1 and req.key in self.known and name in overhead
+                    and req.candidate.label != MAXIMAL and req.candidate.mask not in self.quantized):
                 r = fusion_ratio(self.known[req.key], [part_cost(name, i) for i in parts], overhead[name])
                 if r is not None:
                     observed.setdefault(name, []).append(r)

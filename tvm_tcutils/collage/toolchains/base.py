@@ -144,7 +144,8 @@ class Toolchain:
         True
         """
         if self.is_tvm:
-            source = rules.UnionRule([rules.FusionKindRule(self.max_depth), rules.HostGlueRule()])
+            source = rules.UnionRule([rules.FusionKindRule(self.max_depth), rules.QuantizedRegionRule(),
+                                      rules.HostGlueRule()])
             return rules.OnlyValidRule(source, self.max_depth)
         sources = []
         if self.pattern_table:
