@@ -161,10 +161,13 @@ def layer_costs(graph, toolchains: str, measured) -> List[dict]:
     """Per heavy layer (:data:`LAYER_OPS`), what each toolchain costs for that layer alone (crossings not
     counted), measured now where the search did not.
 
-    A layer's candidate on a toolchain is the smallest one holding it and no other heavy layer that is
-    a quantized region when the toolchain has one (the layer with a ``qnn.dequantize`` and a
-    ``qnn.quantize``: in a QDQ model only such a region runs in 8 bits), else the layer alone.
+    A layer's candidate on a toolchain is its quantized region when the model has one (the layer with
+    all its ``qnn.dequantize`` inputs, its epilogue and its ``qnn.quantize``, as
+    :class:`~tvm_tcutils.collage.rules.QuantizedRegionRule` finds it: in a QDQ model only such a region
+    runs in 8 bits), else the layer alone.
     """
+    from ..collage.rules import QUANTIZED
+
     from ..collage.candidates import enumerate_candidates
     from ..collage.cost.base import cost_requests
     from ..collage.subgraph import bits
@@ -174,17 +177,16 @@ def layer_costs(graph, toolchains: str, measured) -> List[dict]:
     cands = enumerate_candidates(graph, list(tcs.values()))
     index = [k for k, c in enumerate(cands) if not c.host]
     heavy = {i for i, node in enumerate(graph.nodes) if node.kind == "call" and node.op_name in LAYER_OPS}
+    regions = {c.mask for c in cands if c.label == QUANTIZED}
     chosen: Dict[Tuple[int, str], object] = {}
     for req in cost_requests(graph, cands, index, tcs):
         layers = [i for i in bits(req.candidate.mask) if i in heavy]
-        if len(layers) != 1:
+        if len(layers) != 1 or not (req.candidate.mask in regions or len(req.ops) == 1):
             continue
-        ops = req.ops
-        quantized = "qnn.quantize" in ops and "qnn.dequantize" in ops
-        rank = (not quantized, len(ops) if quantized or len(ops) == 1 else math.inf)
+        rank = (req.candidate.mask not in regions,)  # the region first, else the layer alone
         slot = (layers[0], req.toolchain.name)
         held = chosen.get(slot)
-        if math.isfinite(rank[1]) and (held is None or rank < held[0]):
+        if held is None or rank < held[0]:
             chosen[slot] = (rank, req)
     requests = [req for _, req in chosen.values()]
     costs = measured.estimate(requests) if requests else []
