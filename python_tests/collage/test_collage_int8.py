@@ -20,6 +20,7 @@ import tvm
 from tvm import relay
 from tvm.contrib import graph_executor
 
+from conftest import build_and_run
 from tvm_tcutils.collage import build_partitioned, partition
 from tvm_tcutils.collage.candidates import enumerate_candidates
 from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator
@@ -213,12 +214,7 @@ def test_input_module_is_not_mutated(collage_run):
 # 8-bit tensors across partition boundaries, and OpenVINO's numbers
 # --------------------------------------------------------------------------
 def _build_run(mod, inputs):
-    with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target="llvm")
-    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    runner.set_input(**inputs)
-    runner.run()
-    return runner.get_output(0).numpy()
+    return build_and_run(mod, inputs=inputs)[0]
 
 
 def _partition_signatures(mod):
