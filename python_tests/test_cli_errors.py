@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 import pytest
 
 from conftest import run_cli
@@ -38,6 +39,7 @@ def _inputs(tmp_path) -> str:
     folder.mkdir()
     (folder / "typo.relay").write_text(TYPE_ERROR_RELAY)
     (folder / "bad.log").write_text("this is not an AutoTVM record\n{\"input\": [\"llvm\"\n")
+    np.savez(folder / "inputs.npz", pixels=np.zeros((1, 1, 28, 28), "float32"))
     (folder / "existing.json").write_text("{}")
     return str(folder)
 
@@ -67,6 +69,17 @@ IN_PROCESS = [
     ("bench-log-missing", ["bench", "mlp", "--log", "{in}/none.log"], "--log"),
     ("tuning-log-missing", ["collage", "mlp", "--toolchains", "tvm", "--tuning-log", "{in}/none.log"],
      "--tuning-log"),
+    ("error-budget-negative", ["collage", "mlp", "--toolchains", "tvm", "--error-budget", "-0.1"],
+     "--error-budget must be at least 0"),
+    ("sample-inputs-without-budget", ["collage", "mlp", "--toolchains", "tvm", "--sample-inputs", "{in}/bad.log"],
+     "--sample-inputs needs --error-budget"),
+    ("sample-inputs-not-npz", ["collage", "mlp", "--toolchains", "tvm", "--error-budget", "0.01",
+                               "--sample-inputs", "{in}/bad.log"], "--sample-inputs"),
+    ("sample-inputs-missing", ["collage", "mlp", "--toolchains", "tvm", "--error-budget", "0.01",
+                               "--sample-inputs", "{in}/none.npz"], "none.npz: no such file"),
+    ("sample-inputs-wrong-name", ["collage", "mlp", "--toolchains", "tvm,tvm-fastmath", "--error-budget", "0.01",
+                                  "--sample-inputs", "{in}/inputs.npz"],
+     "sample_inputs: ['pixels'] are not parameters of main"),
     ("trials", ["tune", "mlp", "--log", "x.log", "--trials", "0"], "--trials must be at least 1, got 0"),
     ("repeat", ["bench", "mlp", "--repeat", "0"], "--repeat must be at least 1"),
     ("workers", ["collage", "mlp", "--toolchains", "tvm", "--workers", "0"], "--workers"),

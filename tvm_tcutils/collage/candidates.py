@@ -80,9 +80,14 @@ def enumerate_candidates(graph: IndexedGraph, toolchains: Sequence) -> List[Cand
     True
     """
     found: Dict[Tuple, Candidate] = {}
+    # A second TVM toolchain (a fast-math mode beside the TVM that lowers main) offers only the
+    # candidates it computes differently: elsewhere it is the same code at the same cost.
+    lowering = next((tc for tc in toolchains if tc.is_tvm and not getattr(tc, "lossy", False)), None)
     for toolchain in toolchains:
         rule = toolchain.rule()
         produced = rule.candidates(graph, toolchain.name)
+        if toolchain.is_tvm and lowering is not None and toolchain is not lowering:
+            produced = [c for c in produced if not c.host and toolchain.changes(graph, c.mask)]
         logger.info("rule %s: %d candidates", rule.name, len(produced))
         for cand in produced:
             found.setdefault((cand.toolchain, cand.mask, cand.composites, cand.host), cand)

@@ -29,6 +29,7 @@ from .cost.base import CostEstimator, cost_requests
 from .search import NoCoverError, SearchResult, search, search_valid
 from .subgraph import IndexedGraph
 from .toolchains import TVM, Toolchain, resolve, tvm_toolchain
+from .precision import ErrorCheck, check_singles, fit_budget, sample_inputs
 from .validate import (
     FinalAnswer, Validation, final_comparison, greedy_answers, outline_chosen, whole_model_sampler,
 )
@@ -50,6 +51,9 @@ class Partition:
     #: Kilobytes of tensors crossing the partition's border (inputs from other partitions or the
     #: model's inputs, and outputs), constants left out: what a crossing to another toolchain moves.
     border_kb: float = math.nan
+    #: What it computes in: ``int8`` where it holds quantized operators, else its toolchain's
+    #: precision (``f32``, ``bf16``, ``f32 fast math``).
+    precision: str = "f32"
 
 
 @dataclasses.dataclass
@@ -109,6 +113,14 @@ class CollageResult:
         The search's mix (with estimates), whatever the answer.
     mix_measured_ms : float or None
         The mix timed whole by validation.
+    error_budget : float or None
+        The largest relative error of the outputs allowed (see :mod:`.precision`).
+    errors : dict of str to float
+        Relative error of the outputs against the exact model on the sample
+        inputs, of each competitor checked (``"collage"``: the mix; lossy
+        toolchains alone); nan: not checked.
+    budget_steps : list of BudgetStep
+        The mixes checked against the error budget, in order.
     """
 
     mod: tvm.IRModule
@@ -136,6 +148,9 @@ class CollageResult:
     mix_partitions: List[Partition] = dataclasses.field(default_factory=list)
     #: The mix timed whole by validation (None: not timed).
     mix_measured_ms: Optional[float] = None
+    error_budget: Optional[float] = None
+    errors: Dict[str, float] = dataclasses.field(default_factory=dict)
+    budget_steps: List = dataclasses.field(default_factory=list)
 
 
 def border_kb(graph: IndexedGraph, mask: int) -> float:
@@ -159,6 +174,20 @@ def border_kb(graph: IndexedGraph, mask: int) -> float:
 
     crossing = [i for i in graph.inputs_of(mask) if graph.nodes[i].kind != "const"] + graph.outputs_of(mask)
     return float(sum(kb(graph.nodes[i].expr.checked_type) for i in crossing))
+
+
+def partition_precision(toolchain: Optional[Toolchain], ops: Sequence[str]) -> str:
+    """What a partition computes in: ``int8`` with quantized operators, else its toolchain's precision.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.toolchains import TVM_FASTMATH
+    >>> partition_precision(TVM_FASTMATH, ["nn.dense", "nn.softmax"]), partition_precision(None, ["qnn.conv2d"])
+    ('f32 fast math', 'int8')
+    """
+    if any(op.startswith("qnn.") for op in ops):
+        return "int8"
+    return toolchain.precision if toolchain is not None else "f32"
 
 
 def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
@@ -261,7 +290,8 @@ class _Partitioner:
     def __init__(self, toolchains: ToolchainSpec = None, cost_estimator: Optional[CostEstimator] = None,
                  params: Optional[Dict] = None, compare_single: bool = True, validate_rounds: int = 2,
                  progress: ProgressArg = None, time_budget_s: Optional[float] = None,
-                 confidence: float = 0.95, compare_budget_s: float = 60.0):
+                 confidence: float = 0.95, compare_budget_s: float = 60.0, error_budget: Optional[float] = None,
+                 sample_inputs: Optional[Mapping] = None):
         # Every argument is checked here, before the search starts (the module in run, first thing).
         self.toolchains = resolve(toolchains)
         if cost_estimator is not None and not isinstance(cost_estimator, CostEstimator):
@@ -281,6 +311,11 @@ class _Partitioner:
         if not self.confidence < 1:
             raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
         self.compare_budget_s = arguments.positive_number("compare_budget_s", compare_budget_s)
+        self.error_budget = None if error_budget is None else arguments.positive_number(
+            "error_budget", error_budget, zero=True)
+        if sample_inputs is not None and not isinstance(sample_inputs, Mapping):
+            raise TypeError(f"sample_inputs must be a dict of input name -> array, got {type(sample_inputs).__name__}")
+        self.sample_inputs = sample_inputs
         self.last_result: Optional[CollageResult] = None
 
     def run(self, mod: tvm.IRModule) -> CollageResult:
@@ -296,6 +331,8 @@ class _Partitioner:
         deadline = None if self.time_budget_s is None else start + self.time_budget_s
         report("enumerate", 0, 1)
         prepared = prepare(mod, self.params)
+        # Checked against the model's inputs (parameters bound) before the search starts.
+        self._inputs = None if self.sample_inputs is None else sample_inputs(prepared["main"], self.sample_inputs)
         graph = IndexedGraph(prepared["main"])
         by_name = {tc.name: tc for tc in self.toolchains}
         cands = enumerate_candidates(graph, self.toolchains)
@@ -383,11 +420,23 @@ class _Partitioner:
         if validation.cut_short:
             partial.append(f"the time budget of {self.time_budget_s:g} s ended while validating "
                            f"({len(validation.trials)} partitionings timed whole)")
+        errors: Dict[str, float] = {}
+        steps: List = []
+        check = None
+        if self.error_budget is not None and any(tc.lossy for tc in self.toolchains):
+            start = time.perf_counter()
+            report("precision", 0, 1)
+            check = ErrorCheck(prepared, self._inputs)
+            result, errors["collage"], steps = fit_budget(
+                graph, cands, costs, by_name, result, self.error_budget,
+                lambda r: check(outline_chosen(graph, r.chosen, by_name, prepared)[0]), deadline)
+            report("precision", 1, 1)
+            seconds["precision"] = time.perf_counter() - start
         out, symbols = outline_chosen(graph, result.chosen, by_name, prepared)
         partitions = [
-            Partition(cand.toolchain, graph.op_names(cand.mask), cost, symbols.get(cand.mask), cand.label,
-                      border_kb(graph, cand.mask))
-            for cand, cost in result.non_host()
+            Partition(cand.toolchain, ops, cost, symbols.get(cand.mask), cand.label, border_kb(graph, cand.mask),
+                      partition_precision(by_name.get(cand.toolchain), ops))
+            for cand, cost in result.non_host() for ops in [graph.op_names(cand.mask)]
         ]
         mix_partitions = list(partitions)
         measured_ms = validation.measured_of(result)
@@ -410,19 +459,20 @@ class _Partitioner:
                 session = getattr(whole_timer, "session", None)
                 with session() if callable(session) else contextlib.nullcontext():
                     final, singles, same = self._compare(out, prepared, runnable, sampler,
-                                                         min(self.compare_budget_s, remaining), report)
+                                                         min(self.compare_budget_s, remaining), report,
+                                                         check, errors)
                 seconds["compare"] = time.perf_counter() - start
         if final is not None:
             answer = final.answer
             measured_ms = final.timings[final.answer].median_ms
             if not final.is_mix and final.answer not in same:  # the mix itself keeps its estimated table
                 out = singles[final.answer]
-                partitions = module_partitions(out, by_name)
+                partitions = module_partitions(out, by_name, final.answer.removesuffix(" alone"))
         self.last_result = CollageResult(
             out, {}, partitions, result.cost, single, len(cands), result.states, seconds, graph,
             result.chosen, prepared, measured_ms, validation.trials, validation.side_by_side,
             answer, final, counts, bool(partial), "; ".join(partial), not_compared, mix_partitions,
-            validation.measured_of(result))
+            validation.measured_of(result), self.error_budget, errors, steps)
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
         return self.last_result
@@ -439,13 +489,21 @@ class _Partitioner:
         return next((reason for failed, reason in reasons if failed), "")
 
     def _compare(self, mix: tvm.IRModule, prepared: tvm.IRModule, toolchains: Sequence[Toolchain], sampler,
-                 budget_s: float, report: Reporter):
+                 budget_s: float, report: Reporter, check: Optional[ErrorCheck] = None,
+                 errors: Optional[Dict[str, float]] = None):
         """The final comparison (:func:`~.validate.final_comparison`) of the mix and each of ``toolchains``
         alone: ``(FinalAnswer or None, {single's name: module}, [singles the mix is structurally])``.
 
         The comparison builds in this process (the mix was built and timed in a worker by validation;
-        ``toolchains`` are those with candidates that built and ran in a worker)."""
+        ``toolchains`` are those with candidates that built and ran in a worker). With an error
+        budget (``check``), a lossy toolchain alone over the budget does not compete (its error
+        goes into ``errors``)."""
         singles = single_toolchain_modules(prepared, toolchains)
+        if check is not None:
+            lossy_names = [f"{tc.name} alone" for tc in toolchains if tc.lossy]
+            singles, checked = check_singles(singles, lossy_names, self.error_budget, check)
+            if errors is not None:
+                errors.update(checked)
         # A mix that is one of the single toolchains (everything in TVM) is not timed twice.
         same = [name for name, module in singles.items() if tvm.ir.structural_equal(module, mix)]
         modules = dict(singles) if same else {"collage": mix, **singles}
@@ -476,7 +534,7 @@ params : dict, optional
 compare_single : bool
     Also compute each single toolchain's estimated latency (for reports),
     and run the final comparison (see :func:`partition`).
-validate_rounds, progress, time_budget_s, confidence, compare_budget_s :
+validate_rounds, progress, time_budget_s, confidence, compare_budget_s, error_budget, sample_inputs :
     See :func:`partition`.
 
 The pass object forwards attribute access to the partitioner, so
@@ -497,7 +555,8 @@ True
 def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
               cost_estimator: Optional[CostEstimator] = None, compare_single: bool = True,
               validate_rounds: int = 2, *, progress: ProgressArg = None, time_budget_s: Optional[float] = None,
-              confidence: float = 0.95, compare_budget_s: float = 60.0) -> CollageResult:
+              confidence: float = 0.95, compare_budget_s: float = 60.0, error_budget: Optional[float] = None,
+              sample_inputs: Optional[Mapping] = None) -> CollageResult:
     """Partition ``mod`` across ``toolchains`` at minimum estimated latency.
 
     Parameters
@@ -540,6 +599,18 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
         Of the final comparison's interval, in (0, 1).
     compare_budget_s : float
         Seconds of timing for the final comparison.
+    error_budget : float, optional
+        With lossy toolchains among ``toolchains`` (``openvino-bf16``,
+        ``tvm-fastmath`` beside ``tvm``): the largest relative error of the
+        outputs (``||out - exact|| / ||exact||``, the worst output) the answer
+        may have on ``sample_inputs`` against the exact model. The mix gives up
+        lossy partitions, cheapest loss first, until it is within; a lossy
+        toolchain alone over it does not compete (:mod:`.precision`;
+        ``result.errors``, ``result.budget_steps``). None: lossy toolchains are
+        placed wherever they are faster.
+    sample_inputs : dict, optional
+        Inputs (name -> array) the error is measured on; inputs left out get
+        seeded random values of their types.
 
     Returns
     -------
@@ -563,7 +634,7 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
     return _Partitioner(toolchains, cost_estimator, params, compare_single, validate_rounds, progress,
-                        time_budget_s, confidence, compare_budget_s).run(mod)
+                        time_budget_s, confidence, compare_budget_s, error_budget, sample_inputs).run(mod)
 
 
 def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
@@ -651,11 +722,14 @@ def single_toolchain_modules(prepared: tvm.IRModule, toolchains: Sequence[Toolch
     return out
 
 
-def module_partitions(mod: tvm.IRModule, toolchains: Mapping[str, Toolchain]) -> List[Partition]:
+def module_partitions(mod: tvm.IRModule, toolchains: Mapping[str, Toolchain],
+                      lowering: Optional[str] = None) -> List[Partition]:
     """The partitions of a partitioned module: one per ``Compiler`` function, and TVM's ``main``.
 
     Estimates are ``nan``: a module built whole (a single toolchain alone)
-    has no per-partition estimate.
+    has no per-partition estimate. ``main`` is reported as ``lowering``'s
+    when that names a TVM toolchain (``tvm-fastmath`` alone), else as the
+    search's TVM toolchain's.
 
     Examples
     --------
@@ -665,6 +739,8 @@ def module_partitions(mod: tvm.IRModule, toolchains: Mapping[str, Toolchain]) ->
     """
     by_compiler = {tc.compiler: name for name, tc in toolchains.items() if tc.compiler}
     tvm_name = tvm_toolchain(dict(toolchains)).name if toolchains else "tvm"
+    if lowering in toolchains and toolchains[lowering].is_tvm:
+        tvm_name = lowering
 
     def ops(func) -> List[str]:
         found: List[str] = []
@@ -677,10 +753,13 @@ def module_partitions(mod: tvm.IRModule, toolchains: Mapping[str, Toolchain]) ->
         compiler = mod[gv].attrs.get("Compiler") if mod[gv].attrs else None
         if gv.name_hint != "main" and compiler:
             name = by_compiler.get(str(compiler), str(compiler))
-            rows.append(Partition(name, ops(mod[gv]), math.nan, gv.name_hint, f"{name} region"))
+            found = ops(mod[gv])
+            rows.append(Partition(name, found, math.nan, gv.name_hint, f"{name} region",
+                                  precision=partition_precision(toolchains.get(name), found)))
     main_ops = ops(mod["main"])
     if main_ops:
-        rows.insert(0, Partition(tvm_name, main_ops, math.nan, None, "main"))
+        rows.insert(0, Partition(tvm_name, main_ops, math.nan, None, "main",
+                                 precision=partition_precision(toolchains.get(tvm_name), main_ops)))
     return rows
 
 

@@ -16,7 +16,7 @@ recursion.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .._tvm import tvm
 from tvm import relay
@@ -24,15 +24,18 @@ from tvm import relay
 from .candidates import Candidate
 from .search import partition_order
 from .subgraph import IndexedGraph, bits
+from .toolchains.base import FAST_MATH_OPS
 from .toolchains.packed_call import lift_constants
 
 
-def rebuild_node(graph: IndexedGraph, index: int, value: Dict[int, relay.Expr]) -> relay.Expr:
-    """Node ``index`` of ``graph`` with its inputs replaced by ``value[input]``."""
+def rebuild_node(graph: IndexedGraph, index: int, value: Dict[int, relay.Expr], fast: bool = False) -> relay.Expr:
+    """Node ``index`` of ``graph`` with its inputs replaced by ``value[input]``
+    (``fast``: its operator's fast-math form, :data:`~.toolchains.base.FAST_MATH_OPS`)."""
     node = graph.nodes[index]
     expr = node.expr
     if node.kind == "call":
-        return relay.Call(expr.op, [value[i] for i in node.inputs], expr.attrs, None, expr.span)
+        op = relay.op.get(FAST_MATH_OPS[node.op_name]) if fast else expr.op
+        return relay.Call(op, [value[i] for i in node.inputs], expr.attrs, None, expr.span)
     if node.kind == "tuple":
         return relay.Tuple([value[i] for i in node.inputs], expr.span)
     if node.kind == "getitem":
@@ -167,15 +170,16 @@ def _tensor_params(func: relay.Function) -> relay.Function:
 
 def partitioned_module(
     graph: IndexedGraph, chosen: Sequence[Candidate], compilers: Dict[str, Optional[str]],
-    base: Optional[tvm.IRModule] = None, rewrite: Optional[Callable[[tvm.IRModule], tvm.IRModule]] = None,
+    base: Optional[tvm.IRModule] = None, fast_nodes: int = 0,
 ) -> Tuple[tvm.IRModule, Dict[int, str]]:
     """``main`` with every chosen BYOC partition outlined to a global function.
 
     Partitions of TVM itself and host glue stay in ``main`` (``relay.build``
     fuses them); ``compilers`` maps toolchain names to their ``Compiler``
     value (None for TVM). Functions of ``base`` other than ``main`` are kept.
-    ``rewrite`` (the TVM toolchain's :meth:`~.toolchains.Toolchain.rewrite`)
-    is applied to the result last.
+    The nodes of ``fast_nodes`` (partitions of a fast-math TVM toolchain:
+    operators of :data:`~.toolchains.base.FAST_MATH_OPS`) get their fast-math
+    operator, so fast math is chosen per partition, not for all of ``main``.
 
     Returns
     -------
@@ -199,7 +203,7 @@ def partitioned_module(
         cand = by_mask.get(mask)
         if cand is None:
             (i,) = bits(mask)
-            value[i] = rebuild_node(graph, i, value)
+            value[i] = rebuild_node(graph, i, value, bool(fast_nodes >> i & 1))
             continue
         compiler = compilers[cand.toolchain]
         k = counters.get(compiler, 0)
@@ -219,4 +223,4 @@ def partitioned_module(
     mod["main"] = relay.Function(main.params, value[graph.output], main.ret_type, main.type_params, main.attrs)
     mod = relay.transform.InferType()(mod)
     # Large weights of graph-toolchain partitions are passed in, not embedded (packed_call.lift_constants).
-    return lift_constants(rewrite(mod) if rewrite is not None else mod), symbols
+    return lift_constants(mod), symbols

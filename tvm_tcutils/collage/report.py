@@ -56,7 +56,7 @@ def candidate_line(result: CollageResult) -> str:
 
 def partition_table(result: CollageResult, limit: int = 8, partitions: Optional[List] = None) -> List[str]:
     """Lines of a table of the chosen partitions (or of ``partitions``): index, toolchain, estimated ms,
-    kilobytes crossing its border, function, ops.
+    kilobytes crossing its border, what it computes in, function, ops.
 
     Examples
     --------
@@ -67,12 +67,13 @@ def partition_table(result: CollageResult, limit: int = 8, partitions: Optional[
     >>> lines[0].split()[:3]
     ['#', 'toolchain', 'est.']
     """
-    lines = [f"{'#':>3}  {'toolchain':<13} {'est. ms':>9} {'border KB':>10}  {'function':<34} ops"]
+    lines = [f"{'#':>3}  {'toolchain':<13} {'est. ms':>9} {'border KB':>10}  {'runs in':<13} {'function':<34} ops"]
     for k, row in enumerate(result.partitions if partitions is None else partitions):
         ops = "+".join(row.ops[:limit]) + (f"+...({len(row.ops)} ops)" if len(row.ops) > limit else "")
         est = "-" if math.isnan(row.estimated_ms) else f"{row.estimated_ms:.4f}"
         border = "-" if math.isnan(row.border_kb) else f"{row.border_kb:.1f}"
-        lines.append(f"{k:>3}  {row.toolchain:<13} {est:>9} {border:>10}  {row.function or '(in main)':<34} {ops}")
+        lines.append(f"{k:>3}  {row.toolchain:<13} {est:>9} {border:>10}  {row.precision:<13} "
+                     f"{row.function or '(in main)':<34} {ops}")
     return lines
 
 
@@ -96,6 +97,35 @@ def crossing_line(partitions: List, measured_ms: Optional[float], tvm_name: str 
     gap = measured_ms - estimated
     return (f"crossings: {len(external)} partition(s) outside {tvm_name}, {kb:.1f} KB across the borders; "
             f"measured whole - estimates = {gap:.3f} ms\n({1000 * gap / len(external):.0f} us per crossing partition)")
+
+
+def precision_lines(result: CollageResult) -> List[str]:
+    """The error budget's lines: each mix checked (what it gave up, its error) and each lossy toolchain alone.
+
+    Empty without an error budget.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage import MockCostEstimator, partition
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> precision_lines(partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}), progress=False,
+    ...                           error_budget=0.01))
+    ['error budget 0.01: no lossy toolchain among the toolchains, nothing to check']
+    """
+    if result.error_budget is None:
+        return []
+    head = f"error budget {result.error_budget:g}"
+    if not result.errors:
+        return [f"{head}: no lossy toolchain among the toolchains, nothing to check"]
+    lines = [f"{head} (relative error of the outputs against the exact model, on the sample inputs):"]
+    lines += [f"  {step}" for step in result.budget_steps]
+    for name, error in result.errors.items():
+        if name == "collage":
+            continue
+        verdict = "within" if error <= result.error_budget else "over: left out of the comparison"
+        lines.append(f"  {name}: error {error:.3g} ({verdict})")
+    return lines
 
 
 def _estimate_note(result: CollageResult) -> List[str]:
@@ -185,6 +215,7 @@ def report_lines(result: CollageResult, skipped: Optional[str] = None) -> List[s
     lines.append(f"chosen partitions ({title}):")
     lines += partition_table(result)
     lines += _estimate_note(result)
+    lines += precision_lines(result)
     tvm_name = next((p.toolchain for p in result.mix_partitions if p.function is None), "tvm")
     if result.answer != "collage" and result.mix_partitions:
         # Why the mix lost: its partitions, their estimates and what crossing cost it.

@@ -27,7 +27,8 @@ from .candidates import Candidate
 from .outline import partitioned_module
 from .search import NoCoverError, SearchResult, is_valid, search, search_valid
 from .subgraph import IndexedGraph
-from .toolchains import Toolchain, tvm_toolchain
+from .toolchains import Toolchain
+from .toolchains.base import fast_math_nodes
 
 logger = logging.getLogger("tvm_tcutils.collage")
 
@@ -70,7 +71,12 @@ def outline_chosen(graph: IndexedGraph, chosen: Sequence[Candidate], toolchains:
     {}
     """
     compilers = {name: tc.compiler for name, tc in toolchains.items()}
-    return partitioned_module(graph, chosen, compilers, prepared, rewrite=tvm_toolchain(toolchains).rewrite)
+    fast = 0
+    for cand in chosen:
+        tc = toolchains.get(cand.toolchain)
+        if tc is not None and tc.is_tvm and tc.fast_math and not cand.host:
+            fast |= fast_math_nodes(graph, cand.mask)
+    return partitioned_module(graph, chosen, compilers, prepared, fast_nodes=fast)
 
 
 class Validation:
@@ -190,7 +196,7 @@ class Validation:
                 break
             self._time(current, f"collage, {penalty * 1e3:.0f} us per crossing")
             tried.append(current)
-        labelled = [("tvm alone" if self.toolchains[name].is_tvm else f"{name} + tvm", single)
+        labelled = [(f"{name} alone" if self.toolchains[name].is_tvm else f"{name} + tvm", single)
                     for name, single in singles.items()]
         labelled += [(f"{name} greedy", answer) for name, answer in (greedy or {}).items()]
         for label, answer in labelled:

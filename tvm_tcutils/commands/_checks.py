@@ -423,6 +423,33 @@ def existing_log(path: str, option: str, args: argparse.Namespace) -> None:
         raise CommandError(f"{option} {path}: {problem}")
 
 
+def npz_file(path: str, option: str, args: argparse.Namespace) -> None:
+    """A NumPy ``.npz`` file of named arrays that loads (sample inputs).
+
+    Examples
+    --------
+    >>> npz_file("/no/such.npz", "--sample-inputs", argparse.Namespace())
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --sample-inputs /no/such.npz: no such file
+    """
+    import zipfile
+
+    import numpy as np
+
+    if not os.path.isfile(path):
+        raise CommandError(f"{option} {path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not isinstance(data, np.lib.npyio.NpzFile) or not data.files:
+                raise ValueError("not an .npz file of named arrays (numpy.savez)")
+            for name in data.files:
+                data[name]  # every array must read, before the model loads
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise CommandError(f"{option} {path}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+                           ) from None
+
+
 def new_or_log_file(path: str, option: str, args: argparse.Namespace) -> None:
     """An AutoTVM log to append to and resume from: writable, and a log if it exists.
 

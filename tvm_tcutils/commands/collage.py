@@ -22,6 +22,20 @@ def _fraction(value: float, option: str, args: argparse.Namespace) -> None:
         raise CommandError(f"{option} must lie strictly between 0 and 1 (e.g. 0.95), got {value}")
 
 
+def _with_error_budget(path: str, option: str, args: argparse.Namespace) -> None:
+    """Sample inputs only mean something with an error budget.
+
+    Examples
+    --------
+    >>> _with_error_budget("x.npz", "--sample-inputs", argparse.Namespace(error_budget=None))
+    Traceback (most recent call last):
+    ...
+    tvm_tcutils.commands._common.CommandError: --sample-inputs needs --error-budget (the error is measured on them)
+    """
+    if getattr(args, "error_budget", None) is None:
+        raise CommandError(f"{option} needs --error-budget (the error is measured on them)")
+
+
 #: Checked before any work (see commands._checks); every search here measures costs, so
 #: toolchains must be buildable.
 CHECKS = (
@@ -40,6 +54,9 @@ CHECKS = (
     checks.Check("--confidence", "confidence", _fraction),
     checks.Check("--compare-budget", "compare_budget", checks.positive),
     checks.Check("--time-budget", "time_budget", checks.positive),
+    checks.Check("--error-budget", "error_budget", checks.at_least(0)),
+    checks.Check("--sample-inputs", "sample_inputs", _with_error_budget),
+    checks.Check("--sample-inputs", "sample_inputs", checks.npz_file),
     *checks.RPC_CHECKS,
 )
 
@@ -83,6 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-budget", type=float, default=DEFAULT_TIME_BUDGET_S,
                         help="seconds for the whole run (default %(default)g); when it ends, the best valid "
                              "partitioning found so far is the answer, marked partial in the report")
+    parser.add_argument("--error-budget", type=float, default=None,
+                        help="with lossy toolchains (openvino-bf16, tvm-fastmath beside tvm): the largest "
+                             "relative error of the outputs against the exact model the answer may have; "
+                             "lossy partitions are given up until it holds")
+    parser.add_argument("--sample-inputs", default=None,
+                        help="an .npz of input name -> array the error is measured on (default: seeded random)")
     parser.add_argument("--log", help="append one line per measurement to this file")
     parser.add_argument("--retry-failed", action="store_true",
                         help="measure again the candidates the cost cache holds as failed (otherwise after a day)")
@@ -145,6 +168,16 @@ def toolchain_lines() -> List[str]:
     return lines
 
 
+def _sample_inputs(path):
+    """The arrays of an ``.npz`` file (checked by :func:`~._checks.npz_file`), or None."""
+    if path is None:
+        return None
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}
+
+
 def run(args: argparse.Namespace) -> int:
     from ._common import load_model_arg, rpc_backend
     from ..collage import driver, picture, report
@@ -171,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         result = driver.partition(mod, params, toolchains, estimator, compare_single=not args.no_compare,
                                   validate_rounds=0 if args.no_compare else 2, progress=False if quiet else None,
                                   time_budget_s=args.time_budget, confidence=args.confidence,
-                                  compare_budget_s=args.compare_budget)
+                                  compare_budget_s=args.compare_budget, error_budget=args.error_budget,
+                                  sample_inputs=_sample_inputs(args.sample_inputs))
     finally:
         measured.close()
     print(f"Collage on {args.model}: toolchains {', '.join(tc.name for tc in toolchains)}; "

@@ -110,9 +110,12 @@ def tvm_toolchain(toolchains: Union[Sequence[Toolchain], Dict[str, Toolchain]]) 
     --------
     >>> tvm_toolchain(resolve("tvm-fastmath,ort")).name
     'tvm-fastmath'
+    >>> tvm_toolchain(resolve("tvm-fastmath,tvm")).name  # fast math a choice per partition
+    'tvm'
     """
-    values = toolchains.values() if isinstance(toolchains, dict) else toolchains
-    return next((tc for tc in values if tc.is_tvm), TVM)
+    values = list(toolchains.values() if isinstance(toolchains, dict) else toolchains)
+    return next((tc for tc in values if tc.is_tvm and not tc.lossy), None) or next(
+        (tc for tc in values if tc.is_tvm), TVM)
 
 
 def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> List[Toolchain]:
@@ -125,8 +128,9 @@ def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> 
         left out with a warning. Named toolchains (a comma-separated string or
         a list) must exist and be available, else ``ValueError`` lists what is
         available. ``tvm`` is always included: it is the fallback that can run
-        every operator. At most one TVM toolchain (``tvm`` or ``tvm-fastmath``):
-        both lower the partitions left in ``main``.
+        every operator. One TVM toolchain lowers ``main`` (``tvm``, or
+        ``tvm-fastmath`` named alone); ``tvm,tvm-fastmath`` makes fast math a
+        choice per partition.
 
     Examples
     --------
@@ -169,13 +173,15 @@ def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> 
             continue
         if all(tc.name != c.name for c in chosen):
             chosen.append(tc)
-    tvms = [tc.name for tc in chosen if tc.is_tvm]
-    if len(tvms) > 1:
-        raise ValueError(f"toolchains: at most one TVM toolchain, got {tvms}; "
-                         "partitions left to TVM are all lowered one way")
+    tvms = [tc for tc in chosen if tc.is_tvm]
+    lowering = [tc.name for tc in tvms if not tc.lossy] or [tc.name for tc in tvms][:1]
+    if len(lowering) > 1 or any(tc.lossy and not tc.fast_math for tc in tvms):
+        raise ValueError(f"toolchains: at most one TVM toolchain lowers main, got {[tc.name for tc in tvms]}; "
+                         "a second one must be a fast-math mode of it (tvm,tvm-fastmath)")
     if not tvms:
         chosen.insert(0, TVM)
-    chosen.sort(key=lambda tc: not tc.is_tvm)
+    # TVM first, the one that lowers main (the exact one) ahead of its fast-math mode.
+    chosen.sort(key=lambda tc: (not tc.is_tvm, tc.lossy))
     return chosen
 
 

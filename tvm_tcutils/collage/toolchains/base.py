@@ -21,6 +21,21 @@ from .. import rules
 
 
 
+#: What TVM's ``FastMath`` rewrite turns into its approximation (exact op -> fast op); the
+#: same table lowers fast-math partitions node by node inside ``main``
+#: (:func:`~tvm_tcutils.collage.outline.partitioned_module`).
+FAST_MATH_OPS = {"exp": "fast_exp", "erf": "fast_erf", "tanh": "fast_tanh", "nn.softmax": "nn.fast_softmax"}
+
+
+def fast_math_nodes(graph, mask: int) -> int:
+    """The nodes of ``mask`` whose operator has a fast-math form (a bitset over ``graph``'s indices)."""
+    found = 0
+    for i in range(mask.bit_length()):
+        if mask >> i & 1 and graph.nodes[i].kind == "call" and graph.nodes[i].op_name in FAST_MATH_OPS:
+            found |= 1 << i
+    return found
+
+
 #: Bumped when the package changes how a toolchain's code runs, so that costs cached before
 #: (measured with the old code) are not reused: 2 = packed toolchains called through a raw C
 #: callback (about 19 us less per call than TVM's generic Python callback); 3 = onnxruntime
@@ -65,6 +80,14 @@ class Toolchain:
         (``exp``, ``erf``, ``tanh`` and ``nn.softmax`` as TVM's fast
         approximations, what ``relay.build`` does at ``opt_level=4``); see
         :meth:`rewrite`.
+    precision : str
+        What its partitions compute in, for reports (``"f32"``, ``"bf16"``,
+        ``"f32 fast math"``).
+    exact : str or None
+        For a faster, less precise mode of another toolchain: that
+        toolchain's name (``openvino-bf16`` -> ``openvino``). Collage places
+        such a toolchain per partition under the user's error budget
+        (:mod:`~tvm_tcutils.collage.precision`).
 
     Examples
     --------
@@ -85,6 +108,8 @@ class Toolchain:
     requires: Tuple[str, ...] = ()
     description: str = ""
     fast_math: bool = False
+    precision: str = "f32"
+    exact: Optional[str] = None
 
     @property
     def is_tvm(self) -> bool:
@@ -109,6 +134,32 @@ class Toolchain:
         if not (self.is_tvm and self.fast_math):
             return mod
         return relay.transform.FastMath()(mod)
+
+    @property
+    def lossy(self) -> bool:
+        """Whether this is a less precise mode of another toolchain (see ``exact``)."""
+        return self.exact is not None
+
+    def changes(self, graph, mask: int) -> bool:
+        """Whether this toolchain computes the nodes ``mask`` of ``graph`` differently from its exact twin.
+
+        A fast-math TVM toolchain changes only candidates holding an operator of
+        :data:`FAST_MATH_OPS`; elsewhere it is TVM itself (so, beside ``tvm`` in one
+        search, it offers just those). Every other toolchain changes what it runs.
+
+        Examples
+        --------
+        >>> from tvm_tcutils.collage.subgraph import IndexedGraph
+        >>> x = relay.var("x", shape=(8,))
+        >>> g = IndexedGraph(relay.transform.InferType()(tvm.IRModule.from_expr(
+        ...     relay.Function([x], relay.nn.relu(relay.exp(x)))))["main"])
+        >>> fast = Toolchain("tvm-fastmath", None, fast_math=True)
+        >>> fast.changes(g, 0b010), fast.changes(g, 0b100)
+        (True, False)
+        """
+        if not (self.is_tvm and self.fast_math):
+            return True
+        return bool(fast_math_nodes(graph, mask))
 
     def availability(self) -> Tuple[bool, str]:
         """``(True, "")`` when usable for the search, else ``(False, reason)``.

@@ -398,8 +398,6 @@ class OpenVinoToolchain(Toolchain):
     'tcutils_openvino'
     """
 
-    precision: str = "f32"
-
     def availability(self) -> Tuple[bool, str]:
         """``(True, "")`` when OpenVINO runs this precision here, else ``(False, reason)``;
         a missing install names the extra to install."""
@@ -422,6 +420,7 @@ def _collage_toolchain(precision: str) -> OpenVinoToolchain:
     return OpenVinoToolchain(
         spec.toolchain, spec.compiler, pattern_table=spec.compiler, combine=True, max_depth=4,
         requires=REQUIRED_MODULES, precision=precision,
+        exact=None if precision == "f32" else PRECISIONS["f32"].toolchain,
         description=f"OpenVINO (CPU, {precision} inference precision), graph style",
     )
 

@@ -10,7 +10,11 @@ schedules where registered).
 ``exp``, ``tanh`` and softmax become TVM's vectorizable approximations
 (absolute error about 1e-6 on GELU and softmax outputs), which makes them
 5-15x faster on CPUs where ``relay.build`` otherwise calls the C library
-per element (``scripts/bench_collage_toolchains.py``).
+per element (``scripts/bench_collage_toolchains.py``). Named alone it lowers
+all of ``main``; named beside ``tvm`` it is a choice per partition: its
+candidates are the TVM candidates holding one of those operators, and the
+partitions chosen for it are rewritten node by node (under an error budget,
+see :mod:`~tvm_tcutils.collage.precision`).
 """
 from __future__ import annotations
 
@@ -34,5 +38,7 @@ TVM_FASTMATH = dataclasses.replace(
     TVM,
     name="tvm-fastmath",
     fast_math=True,
+    precision="f32 fast math",
+    exact="tvm",
     description="TVM's own lowering with its FastMath rewrite (fast erf, exp, tanh, softmax)",
 )
