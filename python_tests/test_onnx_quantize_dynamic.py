@@ -268,6 +268,10 @@ def test_dynamic_quantize_linear_equals_onnxruntime():
         "negative": -rng.uniform(0.5, 3.0, (4, 33)).astype("float32"),
         "ties": np.concatenate([np.arange(-20, 235, dtype="float32") + 0.5, [-20.0, 235.0]]).astype("float32"),
         "zeros": np.zeros((3, 5), "float32"),
+        # Rows wider than 32 are halved elementwise before the reduction (_whole): 256 -> 32, 96 -> 48.
+        "wide": rng.standard_normal((2, 8, 256)).astype("float32"),
+        "wide-positive": rng.uniform(0.5, 3.0, (3, 96)).astype("float32"),
+        "wide-negative": -rng.uniform(0.5, 3.0, (1, 1024)).astype("float32"),
     }
     for name, x in cases.items():
         node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "scale", "zp"])

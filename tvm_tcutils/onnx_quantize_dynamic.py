@@ -348,13 +348,35 @@ def round_half_to_even(x: relay.Expr) -> relay.Expr:
                        relay.where(relay.greater(frac, half), relay.add(floor, one), tie))
 
 
-def _whole(reduce, x: relay.Expr) -> relay.Expr:
-    """``reduce`` (min or max) over all of ``x``: over its last axis first, then over the rest.
+#: Row width at which :func:`_whole` stops halving and reduces: 32 floats, two AVX-512 registers.
+_TREE_WIDTH = 32
 
-    The same value (min and max are exact), but TVM schedules a reduction to one scalar as one serial
-    loop; reducing rows first is parallel and vectorized (a [128, 1024] tensor's min: 0.072 -> 0.031 ms).
+#: ``relay.min`` / ``relay.max`` -> the elementwise op that halves a row with the same result.
+_PAIRWISE = {relay.min: relay.minimum, relay.max: relay.maximum}
+
+
+def _whole(reduce, x: relay.Expr) -> relay.Expr:
+    """``reduce`` (min or max) over all of ``x``: rows halved elementwise down to 32 columns, then reduced.
+
+    The same value (min and max are exact in any order), but TVM schedules a reduction as a serial loop
+    per output, which LLVM does not vectorize for floats; ``maximum(left half, right half)`` is
+    elementwise, vectorized, and fuses with the halvings after it into one kernel. A [128, 1024]
+    tensor's max, 1 thread, AVX-512: 68 us reduced whole (row by row), 31 us halved to 32 columns first.
     """
-    return reduce(reduce(x, axis=-1)) if len(_type(x).shape) >= 2 else reduce(x)
+    try:
+        shape = _shape(x)
+    except ValueError:  # a dimension known only at run time: one reduction
+        return reduce(x)
+    if not shape or not shape[-1] > _TREE_WIDTH or shape[-1] % 2:
+        return reduce(x)
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    v = relay.reshape(x, (rows, cols))
+    while cols > _TREE_WIDTH and cols % 2 == 0:
+        half = cols // 2
+        left = relay.strided_slice(v, [0, 0], [rows, half])
+        v = _PAIRWISE[reduce](left, relay.strided_slice(v, [0, half], [rows, cols]))
+        cols = half
+    return reduce(v)
 
 
 def dynamic_quantize_linear(inputs: List[Optional[relay.Expr]], attrs: dict, params: dict) -> relay.TupleWrapper:
