@@ -40,17 +40,19 @@ def child(args) -> int:
     """One search in this process; its row goes to ``args.out`` as JSON."""
     from tvm_tcutils.bench.collage_default import search_row
 
-    row = search_row(args.child, args.toolchains, args.cache_dir, args.estimator)
+    row = search_row(args.child, args.toolchains, args.cache_dir, args.estimator,
+                     error_budget=None if args.error_budget == "none" else float(args.error_budget))
     with open(args.out, "w") as handle:
         json.dump(row, handle)
     return 0
 
 
-def run_child(model: str, estimator: str, cache_dir: str, args) -> dict:
+def run_child(model: str, estimator: str, cache_dir: str, args, error_budget: str = "none") -> dict:
     """:func:`child` in a new interpreter; its row (or an error row when it failed)."""
     out = os.path.join(cache_dir, "row.json")
     command = [sys.executable, os.path.abspath(__file__), "--child", model, "--estimator", estimator,
-               "--cache-dir", cache_dir, "--out", out, "--toolchains", args.toolchains]
+               "--cache-dir", cache_dir, "--out", out, "--toolchains", args.toolchains,
+               "--error-budget", error_budget]
     try:
         proc = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
@@ -80,12 +82,38 @@ def describe(row: dict) -> str:
             + (f"\n  layers alone: {per_layer}; best per layer {minima:.3f} ms" if layers else ""))
 
 
+def budgets(args) -> int:
+    """``--error-budgets``: each model searched once per budget, the first from an empty cache, the others
+    reusing its measurements (only the error checks and the final comparison are new)."""
+    from tvm_tcutils.bench import collage_default as bench
+
+    for budget in args.error_budgets:
+        if budget != "none":
+            float(budget)  # a bad budget fails here, before any search
+    results = Results(__file__, None, toolchains=args.toolchains, error_budgets=args.error_budgets,
+                      cache="one cost cache per model, shared by its searches (the first starts empty)")
+    for model in args.models:
+        with tempfile.TemporaryDirectory(prefix="collage-precision-") as cache:
+            for budget in args.error_budgets:
+                row = run_child(model, "staged", cache, args, budget)
+                print(describe(row), f"error budget {budget}: errors {row.get('errors')}",
+                      *(f"\n  {step}" for step in row.get("budget_steps", [])), flush=True)
+                results.add(**row)
+                results.write(args.json)
+    print(bench.precision_markdown(results.rows))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["light_squeezenet"])
     parser.add_argument("--full", nargs="*", default=[], help="models also searched measuring every candidate")
     parser.add_argument("--toolchains", default="tvm,ort,openvino")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds a search may take before it is stopped")
+    parser.add_argument("--error-budgets", nargs="+", default=None, metavar="BUDGET",
+                        help="search each model once per error budget ('none' or a relative error), in turns "
+                             "sharing one cost cache per model, instead of the default search")
+    parser.add_argument("--error-budget", default="none", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--estimator", default="staged", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
@@ -99,6 +127,8 @@ def main(argv=None) -> int:
     unknown = [m for m in args.full if m not in args.models]
     if unknown:
         parser.error(f"--full {unknown}: not among --models")
+    if args.error_budgets:
+        return budgets(args)
     results = Results(__file__, argv, toolchains=args.toolchains, cache="a new empty cost cache per search")
     for model in args.models:
         with tempfile.TemporaryDirectory(prefix="collage-default-") as cache:

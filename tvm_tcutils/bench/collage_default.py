@@ -115,10 +115,11 @@ def load(name: str):
 
 
 def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "staged",
-               time_budget_s: Optional[float] = None) -> dict:
+               time_budget_s: Optional[float] = None, error_budget: Optional[float] = None) -> dict:
     """Run ``collage.partition`` on ``model`` as a user would (defaults, ``estimator``), from ``cache_dir``.
 
-    ``estimator``: ``"staged"`` (the default one) or ``"measured"`` (measure every candidate).
+    ``estimator``: ``"staged"`` (the default one) or ``"measured"`` (measure every candidate);
+    ``error_budget``: passed on (lossy toolchains placed under it; the row then has the checks).
     """
     from ..collage import partition
     from ..collage.cost.measured import MeasuredCostEstimator
@@ -129,7 +130,8 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
     measured = MeasuredCostEstimator(cache_dir=cache_dir, progress=False)
     est = StagedCostEstimator(measured) if estimator == "staged" else measured
     try:
-        result = partition(mod, params, toolchains, est, progress=False, time_budget_s=time_budget_s)
+        result = partition(mod, params, toolchains, est, progress=False, time_budget_s=time_budget_s,
+                           error_budget=error_budget)
         seconds = time.perf_counter() - start
         layers = layer_costs(result.graph, toolchains, measured)  # after the clock: not part of the search
     finally:
@@ -144,6 +146,11 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
                                                  if isinstance(v, (int, float, str))},
     }
     row["layers"] = layers
+    row["error_budget"] = error_budget
+    row["errors"] = dict(result.errors)
+    row["budget_steps"] = [str(step) for step in result.budget_steps]
+    row["precisions"] = _precisions(result.partitions)
+    row["mix_precisions"] = _precisions(result.mix_partitions)
     if final is not None:
         row["timings_ms"] = {name: t.median_ms for name, t in final.timings.items() if t.samples_ms}
         row["best_single"] = final.best_single
@@ -151,6 +158,49 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
             row["answer_vs_best_single"] = [final.ratio.value, final.ratio.low, final.ratio.high]
             row["confidence"] = final.ratio.confidence
     return row
+
+
+def _precisions(partitions) -> Dict[str, Dict[str, int]]:
+    """Partitions by toolchain and what they compute in: ``{"openvino-bf16": {"bf16": 3}, ...}``."""
+    out: Dict[str, Dict[str, int]] = {}
+    for p in partitions:
+        out.setdefault(p.toolchain, {}).setdefault(p.precision, 0)
+        out[p.toolchain][p.precision] += 1
+    return out
+
+
+def precision_markdown(rows: Sequence[dict]) -> str:
+    """The docs' table of searches under error budgets (:func:`search_row` rows with ``error_budget``).
+
+    Examples
+    --------
+    >>> row = {"model": "m", "error_budget": 0.01, "answer": "collage", "seconds": 30.0,
+    ...        "timings_ms": {"collage": 1.0, "tvm alone": 2.0}, "best_single": "tvm alone",
+    ...        "answer_vs_best_single": [0.5, 0.4, 0.6], "errors": {"collage": 0.002},
+    ...        "precisions": {"tvm": {"f32": 2}, "tvm-fastmath": {"f32 fast math": 1}}, "budget_steps": ["a", "b"]}
+    >>> precision_markdown([row]).splitlines()[2]
+    '| m | 0.01 | 30 | collage | 1.000 | x0.500 [0.400, 0.600] of tvm alone | 0.002 | tvm: 2 f32; tvm-fastmath: 1 f32 fast math | 2 |'
+    """
+    head = ("| model | error budget | search s | answer | answer ms | vs best single [95 %] | error of the answer | "
+            "partitions (toolchain: count, runs in) | mixes checked |")
+    lines = [head, "|" + "---|" * 9]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | {row.get('error_budget')} | failed: {row['error']} |" + " |" * 6)
+            continue
+        budget = "none" if row.get("error_budget") is None else f"{row['error_budget']:g}"
+        timings = row.get("timings_ms", {})
+        answer_ms = timings.get("collage" if row["answer"] == "collage" else row["answer"])
+        ratio = row.get("answer_vs_best_single")
+        versus = f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] of {row.get('best_single')}" if ratio else "-"
+        errors = row.get("errors", {})
+        error = errors.get("collage" if row["answer"] == "collage" else row["answer"])
+        kinds = "; ".join(f"{tc}: " + ", ".join(f"{n} {prec}" for prec, n in precs.items())
+                          for tc, precs in row.get("precisions", {}).items())
+        lines.append(f"| {row['model']} | {budget} | {row['seconds']:.0f} | {row['answer']} | "
+                     f"{'-' if answer_ms is None else f'{answer_ms:.3f}'} | {versus} | "
+                     f"{'-' if error is None else f'{error:.3g}'} | {kinds} | {len(row.get('budget_steps', []))} |")
+    return "\n".join(lines)
 
 
 #: Operators a per-layer table has a row for.
