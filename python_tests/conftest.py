@@ -169,6 +169,14 @@ def conv_chain(layers: int, channels: int = 4, size: int = 4, dtype: str = "floa
     return tvm.IRModule.from_expr(relay.Function([x], y))
 
 
+def op_names(expr) -> list:
+    """Names of the operators ``expr`` (a Relay expression or function) calls, in post order."""
+    found = []
+    relay.analysis.post_order_visit(expr, lambda e: found.append(e.op.name) if isinstance(
+        e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    return found
+
+
 def build_and_run(mod, params=None, inputs=None, target: str = "llvm"):
     """Build ``mod`` for ``target`` at opt_level 3, run it once on the CPU; returns the list of outputs."""
     from tvm.contrib import graph_executor

@@ -8,14 +8,7 @@ from tvm import relay
 
 from tvm_tcutils.fast_forms import fast_chain
 
-from conftest import build_and_run
-
-
-def _ops(expr) -> list:
-    found = []
-    relay.analysis.post_order_visit(expr, lambda e: found.append(e.op.name) if isinstance(
-        e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
-    return found
+from conftest import build_and_run, op_names
 
 
 def _attention(heads: int = 2, seq: int = 16, dim: int = 8):
@@ -31,8 +24,8 @@ def _attention(heads: int = 2, seq: int = 16, dim: int = 8):
 def test_chain_reaches_the_softmax_behind_attention_product():
     params, context = _attention()
     fast = fast_chain(context)
-    assert "nn.fast_softmax" in _ops(fast) and "nn.softmax" not in _ops(fast)
-    assert "nn.softmax" in _ops(context)  # the input expression is not changed
+    assert "nn.fast_softmax" in op_names(fast) and "nn.softmax" not in op_names(fast)
+    assert "nn.softmax" in op_names(context)  # the input expression is not changed
     rng = np.random.default_rng(0)
     inputs = {p.name_hint: rng.standard_normal([int(d) for d in p.type_annotation.shape]).astype("float32")
               for p in params}
@@ -43,7 +36,7 @@ def test_chain_reaches_the_softmax_behind_attention_product():
 
 
 @pytest.mark.parametrize("stop", ["nn.dense", "mean"])
-def test_chain_stops_at_other_ops(stop):
+def test_chain_stops_at_otherop_names(stop):
     x = relay.var("x", shape=(4, 8))
     soft = relay.nn.softmax(x, axis=-1)
     after = relay.nn.dense(soft, relay.var("w", shape=(8, 8))) if stop == "nn.dense" else relay.mean(soft, axis=-1)

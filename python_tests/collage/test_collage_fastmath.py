@@ -12,17 +12,14 @@ from tvm_tcutils.collage.candidates import enumerate_candidates
 from tvm_tcutils.collage.subgraph import IndexedGraph
 from tvm_tcutils.collage.toolchains import PACKAGE_TOOLCHAINS, TVM, TVM_FASTMATH
 
-from conftest import build_and_run
+from conftest import build_and_run, op_names
 
 #: Each operator FastMath rewrites, and what it becomes.
 _REWRITTEN = {"erf": "fast_erf", "exp": "fast_exp", "tanh": "fast_tanh", "nn.softmax": "nn.fast_softmax"}
 
 
 def _op_names(func) -> set:
-    names = set()
-    relay.analysis.post_order_visit(
-        func, lambda e: names.add(e.op.name) if isinstance(e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
-    return names
+    return set(op_names(func))
 
 
 def gelu_softmax_block(seq: int = 16, hidden: int = 32):

@@ -17,14 +17,7 @@ from tvm_tcutils.collage.search import search_valid
 from tvm_tcutils.collage.subgraph import IndexedGraph
 from tvm_tcutils.collage.toolchains import known
 
-from conftest import build_and_run
-
-
-def _op_names(func) -> list:
-    names = []
-    relay.analysis.post_order_visit(
-        func, lambda e: names.append(e.op.name) if isinstance(e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
-    return names
+from conftest import build_and_run, op_names as _op_names
 
 
 def two_branches(rows: int = 8, width: int = 64):

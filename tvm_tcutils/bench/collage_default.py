@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -160,6 +160,24 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
     return row
 
 
+def _answer_cells(row: dict) -> Tuple[str, Optional[list]]:
+    """The answer's median ms (``-`` when not timed) and the ``[ratio, low, high]`` to the best single."""
+    answer_ms = row.get("timings_ms", {}).get("collage" if row["answer"] == "collage" else row["answer"])
+    return ("-" if answer_ms is None else f"{answer_ms:.3f}"), row.get("answer_vs_best_single")
+
+
+def _table(columns: Sequence[str], rows: Sequence[dict], first: Callable[[dict], str],
+           cells: Callable[[dict], List[str]]) -> str:
+    """A markdown table: a row's ``cells``, or for a search that failed its model, ``first(row)`` and the error."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | {first(row)} | failed: {row['error']} |" + " |" * (len(columns) - 3))
+        else:
+            lines.append("| " + " | ".join(cells(row)) + " |")
+    return "\n".join(lines)
+
+
 def _precisions(partitions) -> Dict[str, Dict[str, int]]:
     """Partitions by toolchain and what they compute in: ``{"openvino-bf16": {"bf16": 3}, ...}``."""
     out: Dict[str, Dict[str, int]] = {}
@@ -178,29 +196,22 @@ def precision_markdown(rows: Sequence[dict]) -> str:
     ...        "timings_ms": {"collage": 1.0, "tvm alone": 2.0}, "best_single": "tvm alone",
     ...        "answer_vs_best_single": [0.5, 0.4, 0.6], "errors": {"collage": 0.002},
     ...        "precisions": {"tvm": {"f32": 2}, "tvm-fastmath": {"f32 fast math": 1}}, "budget_steps": ["a", "b"]}
-    >>> precision_markdown([row]).splitlines()[2]
-    '| m | 0.01 | 30 | collage | 1.000 | x0.500 [0.400, 0.600] of tvm alone | 0.002 | tvm: 2 f32; tvm-fastmath: 1 f32 fast math | 2 |'
+    >>> precision_markdown([row]).splitlines()[2]  # doctest: +ELLIPSIS
+    '| m | 0.01 | 30 | collage | 1.000 | x0.500 [0.400, 0.600] of tvm alone | 0.002 | tvm: 2 f32; ...'
     """
-    head = ("| model | error budget | search s | answer | answer ms | vs best single [95 %] | error of the answer | "
-            "partitions (toolchain: count, runs in) | mixes checked |")
-    lines = [head, "|" + "---|" * 9]
-    for row in rows:
-        if "error" in row:
-            lines.append(f"| {row['model']} | {row.get('error_budget')} | failed: {row['error']} |" + " |" * 6)
-            continue
+    def cells(row: dict) -> List[str]:
         budget = "none" if row.get("error_budget") is None else f"{row['error_budget']:g}"
-        timings = row.get("timings_ms", {})
-        answer_ms = timings.get("collage" if row["answer"] == "collage" else row["answer"])
-        ratio = row.get("answer_vs_best_single")
+        answer_ms, ratio = _answer_cells(row)
         versus = f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] of {row.get('best_single')}" if ratio else "-"
-        errors = row.get("errors", {})
-        error = errors.get("collage" if row["answer"] == "collage" else row["answer"])
+        error = row.get("errors", {}).get("collage" if row["answer"] == "collage" else row["answer"])
         kinds = "; ".join(f"{tc}: " + ", ".join(f"{n} {prec}" for prec, n in precs.items())
                           for tc, precs in row.get("precisions", {}).items())
-        lines.append(f"| {row['model']} | {budget} | {row['seconds']:.0f} | {row['answer']} | "
-                     f"{'-' if answer_ms is None else f'{answer_ms:.3f}'} | {versus} | "
-                     f"{'-' if error is None else f'{error:.3g}'} | {kinds} | {len(row.get('budget_steps', []))} |")
-    return "\n".join(lines)
+        return [row["model"], budget, f"{row['seconds']:.0f}", row["answer"], answer_ms, versus,
+                "-" if error is None else f"{error:.3g}", kinds, str(len(row.get("budget_steps", [])))]
+
+    return _table(("model", "error budget", "search s", "answer", "answer ms", "vs best single [95 %]",
+                   "error of the answer", "partitions (toolchain: count, runs in)", "mixes checked"),
+                  rows, lambda row: str(row.get("error_budget")), cells)
 
 
 #: Operators a per-layer table has a row for.
@@ -372,23 +383,18 @@ def markdown(rows: Sequence[dict]) -> str:
     >>> table.splitlines()[2]
     '| m | staged | 12 | 9 / - / - | 40 | 10 | tvm alone | 1.000 | 1.000 (tvm alone) | - |'
     """
-    head = ("| model | estimator | search s | estimate / validate / compare s | candidates | measured | answer | "
-            "answer ms | best single ms | vs best single [95 %] |")
-    lines = [head, "|" + "---|" * 10]
-    for row in rows:
-        if "error" in row:
-            lines.append(f"| {row['model']} | {row['estimator']} | failed: {row['error']} |" + " |" * 7)
-            continue
+    def cells(row: dict) -> List[str]:
         phases = row.get("phases", {})
         split = " / ".join(f"{phases[k]:.0f}" if k in phases else "-" for k in ("estimate", "validate", "compare"))
         timings = row.get("timings_ms", {})
-        answer_ms = timings.get("collage" if row["answer"] == "collage" else row["answer"])
+        answer_ms, ratio = _answer_cells(row)
         best = row.get("best_single")
-        best_ms = f"{timings[best]:.3f} ({best})" if best in timings else "-"
-        ratio = row.get("answer_vs_best_single")
-        versus = f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" if ratio else "-"
-        answer = row["answer"] + (" (partial)" if row.get("partial") else "")
-        lines.append(f"| {row['model']} | {row['estimator']} | {row['seconds']:.0f} | {split} | "
-                     f"{row['counts'].get('candidates', '-')} | {row['counts'].get('measured', '-')} | {answer} | "
-                     f"{'-' if answer_ms is None else f'{answer_ms:.3f}'} | {best_ms} | {versus} |")
-    return "\n".join(lines)
+        return [row["model"], row["estimator"], f"{row['seconds']:.0f}", split,
+                str(row["counts"].get("candidates", "-")), str(row["counts"].get("measured", "-")),
+                row["answer"] + (" (partial)" if row.get("partial") else ""), answer_ms,
+                f"{timings[best]:.3f} ({best})" if best in timings else "-",
+                f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" if ratio else "-"]
+
+    return _table(("model", "estimator", "search s", "estimate / validate / compare s", "candidates", "measured",
+                   "answer", "answer ms", "best single ms", "vs best single [95 %]"),
+                  rows, lambda row: row["estimator"], cells)
