@@ -409,10 +409,11 @@ class _Partitioner:
             report("validate", 0, 1)
         # With the final comparison to come, each toolchain alone (TVM whole, the others' greedy
         # partitionings) is timed there, side by side with the mix: timing those answers here as
-        # well would build every whole model twice.
+        # well would build every whole model twice (and so would timing validation's mixes again
+        # side by side: Inception-v1's mixes take 10-20 s each to build).
         comparing = not self._not_compared(timer, whole_model_sampler(timer), partial, math.inf)
         rivals = ({}, {}) if comparing else (single_results, greedy)
-        result = validation.run(result, self.validate_rounds, *rivals)
+        result = validation.run(result, self.validate_rounds, *rivals, retime=not comparing)
         if timer is not None:
             report("validate", 1, 1)
         if validation.trials:

@@ -169,10 +169,15 @@ class Validation:
         return self.cut_short
 
     def run(self, result: SearchResult, rounds: int, singles: Dict[str, SearchResult],
-            greedy: Optional[Dict[str, SearchResult]] = None) -> SearchResult:
+            greedy: Optional[Dict[str, SearchResult]] = None, retime: bool = True) -> SearchResult:
         """Time ``result`` whole, re-search ``rounds`` times with the learned crossing cost, time the
         ``singles`` and ``greedy`` answers too; the fastest measured answer (``result`` untimed when
         there is no timer or ``rounds`` is 0).
+
+        ``retime``: time the distinct answers again side by side before choosing (each is built
+        again). The driver leaves it off when its final comparison follows: that comparison times
+        the chosen mix in interleaved rounds against every toolchain alone, and returns a toolchain
+        alone unless the mix is faster with confidence.
 
         Past :attr:`deadline` (a ``time.perf_counter()`` value) nothing more is
         timed: the fastest answer timed so far is returned and
@@ -204,7 +209,7 @@ class Validation:
                 break
             self._time(answer, label)
             tried.append(answer)
-        if not self._late():
+        if retime and not self._late():
             self._retime_side_by_side(tried)
         return min(tried, key=lambda r: self._measured.get(self._key(r), math.inf))
 
