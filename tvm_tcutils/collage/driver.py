@@ -428,8 +428,10 @@ class _Partitioner:
             start = time.perf_counter()
             report("precision", 0, 1)
             check = ErrorCheck(prepared, self._inputs)
+            # Re-searches price crossings as validation learned them: without, giving up a lossy region
+            # splits it into many small exact ones that looked cheap alone.
             result, errors["collage"], steps = fit_budget(
-                graph, cands, costs, by_name, result, self.error_budget,
+                graph, cands, validation.with_crossings(), by_name, result, self.error_budget,
                 lambda r: check(outline_chosen(graph, r.chosen, by_name, prepared)[0]), deadline)
             report("precision", 1, 1)
             seconds["precision"] = time.perf_counter() - start

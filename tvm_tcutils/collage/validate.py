@@ -136,6 +136,9 @@ class Validation:
         self.deadline: Optional[float] = None
         #: Whether :meth:`run` stopped at :attr:`deadline` before timing everything.
         self.cut_short = False
+        #: The cost of crossing into another toolchain learned by :meth:`run` (ms per partition outside
+        #: TVM: whole-model time less the estimates, shared out); 0 until learned.
+        self.penalty = 0.0
         self._measured: Dict[frozenset, float] = {}
         self._labels: Dict[frozenset, str] = {}
 
@@ -162,6 +165,11 @@ class Validation:
             self.trials.append((label, result.cost, ms))
             logger.info("validation: %s estimated %.3f ms, measured %.3f ms", label, result.cost, ms)
         return self._measured[key]
+
+    def with_crossings(self) -> List[float]:
+        """The candidates' costs with :attr:`penalty` added to each partition outside TVM (what a new search
+        should use after validation, e.g. the error budget's re-searches)."""
+        return [x + self.penalty if self._external(c) else x for c, x in zip(self.cands, self.costs)]
 
     def _late(self) -> bool:
         if self.deadline is not None and time.perf_counter() >= self.deadline:
@@ -195,7 +203,8 @@ class Validation:
                 break
             gap = self._measured[self._key(current)] - current.cost
             penalty = max(0.0, penalty + gap / crossings)
-            costs = [x + penalty if self._external(c) else x for c, x in zip(self.cands, self.costs)]
+            self.penalty = penalty
+            costs = self.with_crossings()
             current = search_valid(self.graph, self.cands, costs, self.toolchains)
             if self._key(current) in self._measured:
                 break
