@@ -45,7 +45,7 @@ import numpy as np
 import tvm
 from tvm import relay
 
-from .fast_forms import fast_chain
+from .fast_forms import fast_chain, rounded_int32
 
 #: The element types ``MatMulInteger`` and ``ConvInteger`` take for each input and its zero point.
 INTEGER_DTYPES = ("uint8", "int8")
@@ -329,25 +329,6 @@ def conv_integer(inputs: List[Optional[relay.Expr]], attrs: dict, params: dict) 
 # --------------------------------------------------------------------------
 # DynamicQuantizeLinear
 # --------------------------------------------------------------------------
-def round_half_to_even(x: relay.Expr) -> relay.Expr:
-    """``x`` rounded to the nearest integer, ties to even (Relay's ``round`` takes ties away from zero).
-
-    Examples
-    --------
-    >>> x = relay.const(np.array([0.5, 1.5, 2.5, -1.5, -2.5, 2.6], "float32"))
-    >>> relay.transform.FoldConstantExpr(round_half_to_even(x), tvm.IRModule()).data.numpy()
-    array([ 0.,  2.,  2., -2., -2.,  3.], dtype=float32)
-    """
-    dtype = _dtype(x)
-    floor = relay.floor(x)
-    frac = relay.subtract(x, floor)  # exact for floats
-    half, one, two = (relay.const(v, dtype) for v in (0.5, 1.0, 2.0))
-    odd = relay.subtract(floor, relay.multiply(two, relay.floor(relay.divide(floor, two))))  # 0 or 1
-    tie = relay.add(floor, odd)  # the even one of floor, floor + 1
-    return relay.where(relay.less(frac, half), floor,
-                       relay.where(relay.greater(frac, half), relay.add(floor, one), tie))
-
-
 #: Row width at which :func:`_whole` stops halving and reduces: 32 floats, two AVX-512 registers.
 _TREE_WIDTH = 32
 
@@ -403,8 +384,10 @@ def dynamic_quantize_linear(inputs: List[Optional[relay.Expr]], attrs: dict, par
     one = relay.const(1.0, "float32")
     scale = relay.divide(relay.where(flat, one, relay.subtract(high, low)),
                          relay.where(flat, one, relay.const(255.0, "float32")))
-    zero_point = relay.clip(round_half_to_even(relay.subtract(zero, relay.divide(low, scale))), 0.0, 255.0)
-    y = relay.clip(relay.add(round_half_to_even(relay.divide(x, scale)), zero_point), 0.0, 255.0)
+    # low <= 0 <= high: -low / scale and x / scale lie within [-255, 255] (|x| <= high - low), where the
+    # one-add rounding of fast_forms.rounded_int32 is exact, ties to even.
+    zero_point = rounded_int32(relay.clip(relay.divide(relay.negative(low), scale), 0.0, 255.0))
+    y = relay.clip(relay.add(rounded_int32(relay.divide(x, scale)), zero_point), 0, 255)
     return relay.TupleWrapper(relay.Tuple([relay.cast(y, "uint8"), scale, relay.cast(zero_point, "uint8")]), 3)
 
 

@@ -67,7 +67,8 @@ import numpy as np
 from .._tvm import tvm
 from tvm import relay
 
-from ..fast_forms import FAST_FORMS, fast_region  # noqa: F401  (FAST_FORMS: part of this module's API)
+from ..fast_forms import FAST_FORMS, fast_region, rounded_int32, round_half_even  # noqa: F401  (FAST_FORMS,
+# round_half_even: part of this module's API)
 from .isa import for_target
 
 #: Requantization modes: ``"onnx"`` (float32 multiplier, round half to even, as onnxruntime) and
@@ -175,39 +176,6 @@ class _RegionInputs(dict):
         return var
 
 
-#: 1.5 * 2**23: added to a float32 of magnitude below 2**22, the sum lies where float32's spacing is 1.0,
-#: so the addition itself rounds to the nearest integer, ties to even (IEEE's default rounding), and
-#: the sum's bits read as an int32, less this constant's bits, are that integer.
-_ROUNDING_SHIFT = 12582912.0
-_ROUNDING_SHIFT_BITS = int(np.array(_ROUNDING_SHIFT, "float32").view("int32"))
-
-
-def _rounded_int32(value: relay.Expr, offset: int = 0) -> relay.Expr:
-    """``round_half_even(value) + offset`` as int32, for float32 ``value`` with |value| < 2**22.
-
-    Three vector instructions (add, a free bit reinterpretation, an integer add) that TVM fuses into
-    the producing kernel; none of them can be folded away (``(v + c) - c`` in float would be, by TVM's
-    simplifier).
-    """
-    shifted = relay.add(value, relay.const(_ROUNDING_SHIFT, "float32"))
-    return relay.add(relay.reinterpret(shifted, "int32"), relay.const(offset - _ROUNDING_SHIFT_BITS, "int32"))
-
-
-def round_half_even(value: relay.Expr) -> relay.Expr:
-    """Float32 rounding to the nearest integer, ties to even (ONNX ``QuantizeLinear``), for |value| < 2**22.
-
-    IEEE float32 addition of 1.5 * 2**23 rounds to an integer, ties to even, on every
-    target (TVM's ``round`` follows the backend: half away from zero on LLVM).
-
-    Examples
-    --------
-    >>> v = relay.const(np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.4, -2.6, 254.5, -255.5], "float32"))
-    >>> relay.create_executor().evaluate(round_half_even(v)).numpy().tolist()
-    [0.0, 2.0, 2.0, 0.0, -2.0, 2.0, -3.0, 254.0, -256.0]
-    """
-    return relay.cast(_rounded_int32(value), "float32")
-
-
 def _saturate(value: relay.Expr, out: QParams) -> relay.Expr:
     """``saturate(round_half_even(value) + zero_point)`` as ``out.dtype`` (``value`` float32, scaled)."""
     _, zero = out.scalar()
@@ -215,7 +183,7 @@ def _saturate(value: relay.Expr, out: QParams) -> relay.Expr:
     # Clamped before rounding (as onnxruntime): the bounds are integers, so the result is the same
     # and the float stays small enough for exact rounding.
     clamped = relay.clip(value, float(info.min - zero), float(info.max - zero))
-    return relay.cast(_rounded_int32(clamped, int(zero)), out.dtype)
+    return relay.cast(rounded_int32(clamped, int(zero)), out.dtype)
 
 
 def _channel_const(values: np.ndarray, rank: int, axis: int, dtype: str) -> relay.Constant:
