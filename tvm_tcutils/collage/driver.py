@@ -29,7 +29,7 @@ from .cost.base import CostEstimator, cost_requests
 from .search import NoCoverError, SearchResult, search, search_valid
 from .subgraph import IndexedGraph
 from .toolchains import TVM, Toolchain, resolve, tvm_toolchain
-from .precision import ErrorCheck, check_singles, fit_budget, sample_inputs
+from .precision import ErrorCheck, check_sample_inputs, check_singles, fit_budget
 from .validate import (
     FinalAnswer, Validation, final_comparison, greedy_answers, outline_chosen, whole_model_sampler,
 )
@@ -332,7 +332,7 @@ class _Partitioner:
         report("enumerate", 0, 1)
         prepared = prepare(mod, self.params)
         # Checked against the model's inputs (parameters bound) before the search starts.
-        self._inputs = None if self.sample_inputs is None else sample_inputs(prepared["main"], self.sample_inputs)
+        self._inputs = None if self.sample_inputs is None else check_sample_inputs(prepared["main"], self.sample_inputs)
         graph = IndexedGraph(prepared["main"])
         by_name = {tc.name: tc for tc in self.toolchains}
         cands = enumerate_candidates(graph, self.toolchains)

@@ -122,14 +122,14 @@ def _numpy(value) -> np.ndarray:
     return value.numpy() if isinstance(value, tvm.nd.NDArray) else np.asarray(value)
 
 
-def sample_inputs(main, value) -> Dict[str, np.ndarray]:
+def check_sample_inputs(main, value) -> Dict[str, np.ndarray]:
     """``sample_inputs`` checked against ``main``'s parameters (names, shapes, dtypes): a new dict.
 
     Examples
     --------
     >>> from tvm import relay
     >>> x = relay.var("x", shape=(2,))
-    >>> sample_inputs(relay.Function([x], x), {"y": np.ones(2, "float32")})
+    >>> check_sample_inputs(relay.Function([x], x), {"y": np.ones(2, "float32")})
     Traceback (most recent call last):
     ...
     ValueError: sample_inputs: ['y'] are not parameters of main; its parameters: ['x']

@@ -248,8 +248,7 @@ class _PartsModel:
         maximal = [r for r in self.requests if r.candidate.label == MAXIMAL]
         # A QDQ model's 8-bit layers, on every toolchain that has them: estimated from their float
         # parts they would look several times dearer than they run, and never be picked.
-        quantized = {r.candidate.mask for r in self.requests if r.candidate.label == QUANTIZED}
-        regions = [r for r in self.requests if r.candidate.mask in quantized]
+        regions = [r for r in self.requests if r.candidate.mask in self.quantized]
         self.measure(parts + maximal + regions + self._calibration_sample())
 
     def _calibration_sample(self) -> List[CostRequest]:
