@@ -64,6 +64,20 @@ def test_unreachable_tracker_fails_fast_naming_the_address(tmp_path):
     assert not (tmp_path / "t.log").exists()
 
 
+def test_server_needs_an_explicit_address():
+    from tvm_tcutils import rpc_server
+
+    with pytest.raises(SystemExit):
+        rpc_server.parser().parse_args(["--tracker", "127.0.0.1:9190", "--key", "k"])
+    assert rpc_server.parser().parse_args(["--host", "10.0.0.5"]).host == "10.0.0.5"
+
+
+def test_servers_say_at_start_that_they_belong_on_trusted_networks(rpc_cluster):
+    with open(rpc_cluster.logs[0]) as log:
+        first = log.readline()
+    assert "serving on 127.0.0.1" in first and "trusted network only" in first
+
+
 def test_queue_lists_the_key_and_cli_info(rpc_cluster):
     rows = rpc.queue(rpc_cluster.tracker)
     assert rows["tcutils-test"].total == 2 and rows["tcutils-test"].free == 2

@@ -41,18 +41,21 @@ def child(args) -> int:
     from tvm_tcutils.bench.collage_default import search_row
 
     row = search_row(args.child, args.toolchains, args.cache_dir, args.estimator,
-                     error_budget=None if args.error_budget == "none" else float(args.error_budget))
+                     error_budget=None if args.error_budget == "none" else float(args.error_budget),
+                     answer_path=args.answer)
     with open(args.out, "w") as handle:
         json.dump(row, handle)
     return 0
 
 
-def run_child(model: str, estimator: str, cache_dir: str, args, error_budget: str = "none") -> dict:
-    """:func:`child` in a new interpreter; its row (or an error row when it failed)."""
+def run_child(model: str, estimator: str, cache_dir: str, args, error_budget: str = "none",
+              answer: str = "") -> dict:
+    """:func:`child` in a new interpreter; its row (or an error row when it failed). ``answer``: where the
+    child saves its answer's module."""
     out = os.path.join(cache_dir, "row.json")
     command = [sys.executable, os.path.abspath(__file__), "--child", model, "--estimator", estimator,
                "--cache-dir", cache_dir, "--out", out, "--toolchains", args.toolchains,
-               "--error-budget", error_budget]
+               "--error-budget", error_budget, "--answer", answer]
     try:
         proc = subprocess.run(command, timeout=args.timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
@@ -118,6 +121,7 @@ def main(argv=None) -> int:
     parser.add_argument("--estimator", default="staged", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--answer", default="", help=argparse.SUPPRESS)
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     if args.child:
@@ -131,23 +135,33 @@ def main(argv=None) -> int:
         return budgets(args)
     results = Results(__file__, argv, toolchains=args.toolchains, cache="a new empty cost cache per search")
     for model in args.models:
-        with tempfile.TemporaryDirectory(prefix="collage-default-") as cache:
-            row = run_child(model, "staged", cache, args)
-        print(describe(row), flush=True)
-        results.add(**row)
-        results.write(args.json)
-        if model not in args.full or "error" in row:
-            continue
-        with tempfile.TemporaryDirectory(prefix="collage-full-") as full_cache:
-            full = run_child(model, "measured", full_cache, args)
-            print(describe(full), flush=True)
+        with tempfile.TemporaryDirectory(prefix="collage-answers-") as answers:
+            staged_answer = os.path.join(answers, "staged.json") if model in args.full else ""
+            with tempfile.TemporaryDirectory(prefix="collage-default-") as cache:
+                row = run_child(model, "staged", cache, args, answer=staged_answer)
+            print(describe(row), flush=True)
+            results.add(**row)
+            results.write(args.json)
+            if model not in args.full or "error" in row:
+                continue
+            full_answer = os.path.join(answers, "full.json")
+            with tempfile.TemporaryDirectory(prefix="collage-full-") as full_cache:
+                full = run_child(model, "measured", full_cache, args, answer=full_answer)
+                print(describe(full), flush=True)
+                if "error" not in full:
+                    full["priced"] = bench.priced_against_full(model, args.toolchains, full_cache, row["chosen"])
+                    full["estimate_error"] = bench.estimate_error(model, args.toolchains, full_cache)
+                    print(f"  staged answer priced by the full search's measurements: {full['priced']}")
+                    print(f"  staged estimates from parts vs measured: {full['estimate_error']}", flush=True)
             if "error" not in full:
-                full["priced"] = bench.priced_against_full(model, args.toolchains, full_cache, row["chosen"])
-                full["estimate_error"] = bench.estimate_error(model, args.toolchains, full_cache)
-                print(f"  staged answer priced by the full search's measurements: {full['priced']}")
-                print(f"  staged estimates from parts vs measured: {full['estimate_error']}", flush=True)
-        results.add(**full)
-        results.write(args.json)
+                # The two answers timed in turns in one process (each search's own timings are in
+                # two processes, which on these VMs differ by more than the goal's 3 %).
+                full["answers_side_by_side"] = bench.answers_side_by_side(
+                    {"staged": staged_answer, "measured": full_answer})
+                print(f"  staged answer / measure-everything answer, side by side: "
+                      f"{full['answers_side_by_side']}", flush=True)
+            results.add(**full)
+            results.write(args.json)
     print(bench.markdown(results.rows))
     return 0
 

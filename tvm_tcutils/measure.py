@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._tvm import host_target, tvm
+from ._tvm import host_target, settle_thread_count, tvm
 from tvm import autotvm, relay
 from tvm.contrib import graph_executor
 
@@ -485,6 +485,8 @@ class LocalBackend(Backend):
     name = "local"
 
     def load(self, lib, inputs: Mapping[str, np.ndarray], debug: bool = False) -> Loaded:
+        # TVM is timed as deployed with its thread count set (see settle_thread_count).
+        settle_thread_count()
         return Loaded(graph_module(lib, inputs, debug), tvm.cpu())
 
 
@@ -633,6 +635,7 @@ def time_function(func, args: Sequence, repeat: int = 10, number: int = 1, min_r
     >>> time_function(f, [a, b], repeat=3).median_ms > 0
     True
     """
+    settle_thread_count()
     evaluator = func.time_evaluator(func.entry_name, device or tvm.cpu(), number=number, repeat=repeat,
                                     min_repeat_ms=min_repeat_ms)
     return Timing(tuple(s * 1e3 for s in evaluator(*args).results))

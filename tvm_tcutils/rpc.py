@@ -55,8 +55,8 @@ REACH_TIMEOUT = 5.0
 SESSION_TIMEOUT = 600.0
 
 #: How to start the pieces, quoted in error messages.
-START_TRACKER = "python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port PORT"
-START_SERVER = "python -m tvm_tcutils.rpc_server --tracker HOST:PORT --key KEY"
+START_TRACKER = "python -m tvm.exec.rpc_tracker --host HOST --port PORT"
+START_SERVER = "python -m tvm_tcutils.rpc_server --host ADDRESS --tracker HOST:PORT --key KEY"
 
 
 class RPCError(RuntimeError):

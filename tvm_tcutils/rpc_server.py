@@ -10,9 +10,13 @@ warning, the toolchains the servers of a key cannot run.
 
 On a device::
 
-    python -m tvm_tcutils.rpc_server --tracker HOST:9190 --key rasp4
+    python -m tvm_tcutils.rpc_server --host 192.168.1.23 --tracker HOST:9190 --key rasp4
 
-The server's process dies with this one (a killed launcher leaves no server).
+A TVM RPC server loads and runs whatever library a client uploads: it belongs on
+a trusted network only. So ``--host`` has no default (name the address of the
+interface the tracker and clients reach, not every interface), and the server
+says so when it starts. The server's process dies with this one (a killed
+launcher leaves no server).
 """
 from __future__ import annotations
 
@@ -36,11 +40,13 @@ def parser() -> argparse.ArgumentParser:
 
     Examples
     --------
-    >>> parser().parse_args(["--tracker", "127.0.0.1:9190", "--key", "rasp4"]).port
+    >>> parser().parse_args(["--host", "127.0.0.1", "--tracker", "127.0.0.1:9190", "--key", "rasp4"]).port
     9090
     """
     p = argparse.ArgumentParser(prog="python -m tvm_tcutils.rpc_server", description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="0.0.0.0", help="address the server binds to")
+    p.add_argument("--host", required=True,
+                   help="address the server binds to (required: the interface clients reach; "
+                        "the server runs what they upload, so a trusted network only)")
     p.add_argument("--port", type=int, default=9090, help="first port to try")
     p.add_argument("--port-end", type=int, default=9199, help="end of the port range to try")
     p.add_argument("--through-proxy", dest="through_proxy", action="store_true",
@@ -74,6 +80,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from tvm import rpc
 
     logging.basicConfig(level=logging.INFO)
+    print(f"tvm_tcutils.rpc_server: serving on {args.host}; a TVM RPC server runs any library a client "
+          "uploads: run it on a trusted network only", file=sys.stderr, flush=True)
     server = rpc.Server(args.host, args.port, args.port_end, is_proxy=args.through_proxy, key=args.key,
                         tracker_addr=tracker, load_library=args.load_library, custom_addr=args.custom_addr,
                         silent=args.silent, no_fork=not args.fork,

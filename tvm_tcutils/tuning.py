@@ -17,7 +17,7 @@ import os
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ._tvm import tvm
+from ._tvm import settle_thread_count, tvm
 from tvm import autotvm
 from tvm.autotvm.env import AutotvmGlobalScope, reset_global_scope
 from tvm.contrib.popen_pool import PopenPoolExecutor
@@ -254,6 +254,8 @@ def tune(
     if remote is not None:
         runner = remote.autotvm_runner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
     else:
+        # The runner's server process inherits the environment: it times kernels as measure does.
+        settle_thread_count()
         runner = autotvm.LocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
     # The limits TVM gives its own pools (a runner's call covers n_parallel runs and a set-up).
     _workers_die_with_us(builder, builder.timeout)

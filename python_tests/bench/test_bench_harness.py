@@ -147,3 +147,20 @@ def test_script_timing_arguments():
     for bad in ("0", "-3", "soon"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--time-budget", bad])
+
+
+def test_two_answers_are_built_and_timed_side_by_side(tmp_path, mlp_model):
+    from tvm_tcutils.bench.collage_default import answers_side_by_side
+    from tvm_tcutils.collage.driver import prepare
+    from tvm_tcutils.models import save_model
+
+    mod = prepare(*mlp_model)  # parameters bound, as result.mod has them
+    paths = {name: str(tmp_path / f"{name}.json") for name in ("staged", "measured")}
+    for path in paths.values():
+        save_model(path, mod)
+    out = answers_side_by_side(paths, rounds=3)
+    assert set(out["ms"]) == {"staged", "measured"} and all(ms > 0 for ms in out["ms"].values())
+    value, low, high = out["ratio"]
+    assert low <= value <= high and out["rounds"] == 3
+    with pytest.raises(ValueError, match="two answers"):
+        answers_side_by_side({"staged": paths["staged"]})

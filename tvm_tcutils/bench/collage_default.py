@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -115,11 +115,14 @@ def load(name: str):
 
 
 def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "staged",
-               time_budget_s: Optional[float] = None, error_budget: Optional[float] = None) -> dict:
+               time_budget_s: Optional[float] = None, error_budget: Optional[float] = None,
+               answer_path: Optional[str] = None) -> dict:
     """Run ``collage.partition`` on ``model`` as a user would (defaults, ``estimator``), from ``cache_dir``.
 
     ``estimator``: ``"staged"`` (the default one) or ``"measured"`` (measure every candidate);
-    ``error_budget``: passed on (lossy toolchains placed under it; the row then has the checks).
+    ``error_budget``: passed on (lossy toolchains placed under it; the row then has the checks);
+    ``answer_path``: where to save the answer's module (``result.mod``, constants inside), for
+    :func:`answers_side_by_side`.
     """
     from ..collage import partition
     from ..collage.cost.measured import MeasuredCostEstimator
@@ -134,6 +137,10 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
                            error_budget=error_budget)
         seconds = time.perf_counter() - start
         layers = layer_costs(result.graph, toolchains, measured)  # after the clock: not part of the search
+        if answer_path:
+            from ..models import save_model
+
+            save_model(answer_path, result.mod)
     finally:
         measured.close()
     final = result.final
@@ -329,6 +336,31 @@ def priced_against_full(model: str, toolchains: str, full_cache: str, chosen: Se
     finally:
         measured.close()
     return {"staged_ms": staged, "full_ms": full.cost, "ratio": staged / full.cost, "unmeasured": missing}
+
+
+def answers_side_by_side(paths: Mapping[str, str], rounds: int = 9, confidence: float = 0.95) -> dict:
+    """Two searches' answers (modules saved by :func:`search_row`) built here and timed in turns.
+
+    Answers of two searches run in two processes differ by the 2-7 % a module moves between processes
+    on these VMs; timed side by side they are comparable. ``paths``: two names -> saved modules.
+    Returns ``{"ms": {name: median}, "ratio": [value, low, high]}`` (first / second, interval at
+    ``confidence``).
+    """
+    from ..measure import Timer, interleave, ratio
+    from ..models import load_model
+
+    if len(paths) != 2:
+        raise ValueError(f"answers_side_by_side: two answers to compare, got {sorted(paths)}")
+    timers = {name: Timer(*load_model(path), repeat=5, warmup=3, min_repeat_ms=100) for name, path in paths.items()}
+    try:
+        timed = interleave({name: timer.sample for name, timer in timers.items()}, rounds)
+    finally:
+        for timer in timers.values():
+            timer.close()
+    first, second = (timed[name] for name in paths)
+    r = ratio(first, second, confidence)
+    return {"ms": {name: t.median_ms for name, t in timed.items()}, "ratio": [r.value, r.low, r.high],
+            "rounds": rounds}
 
 
 def estimate_error(model: str, toolchains: str, full_cache: str) -> Dict[str, dict]:

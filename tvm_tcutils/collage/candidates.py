@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .subgraph import IndexedGraph, popcount
 
@@ -54,6 +54,22 @@ class Candidate:
                 self.composites)
 
 
+def lowering_toolchain(toolchains: Sequence) -> Optional[object]:
+    """The TVM toolchain that lowers ``main`` among ``toolchains``: the exact one, else any TVM one, else ``None``.
+
+    (Here, below the toolchains in the import order, so the enumeration and
+    :func:`~.toolchains.tvm_toolchain` share one rule.)
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.toolchains import resolve
+    >>> [lowering_toolchain(resolve(names)).name for names in ("tvm,tvm-fastmath", "tvm-fastmath")]
+    ['tvm', 'tvm-fastmath']
+    """
+    tvms = [tc for tc in toolchains if tc.is_tvm]
+    return next((tc for tc in tvms if not getattr(tc, "lossy", False)), tvms[0] if tvms else None)
+
+
 def enumerate_candidates(graph: IndexedGraph, toolchains: Sequence) -> List[Candidate]:
     """All candidates of all ``toolchains`` on ``graph``, each rule applied once.
 
@@ -82,7 +98,7 @@ def enumerate_candidates(graph: IndexedGraph, toolchains: Sequence) -> List[Cand
     found: Dict[Tuple, Candidate] = {}
     # A second TVM toolchain (a fast-math mode beside the TVM that lowers main) offers only the
     # candidates it computes differently: elsewhere it is the same code at the same cost.
-    lowering = next((tc for tc in toolchains if tc.is_tvm and not getattr(tc, "lossy", False)), None)
+    lowering = lowering_toolchain(toolchains)
     for toolchain in toolchains:
         rule = toolchain.rule()
         produced = rule.candidates(graph, toolchain.name)

@@ -40,31 +40,9 @@ from .candidates import Candidate
 from .search import NoCoverError, SearchResult, search_valid
 from .subgraph import IndexedGraph
 from .toolchains import Toolchain
+from .toolchains.base import relative_error  # noqa: F401  (the error measure of budgets lives with the toolchains)
 
 logger = logging.getLogger("tvm_tcutils.collage")
-
-
-def relative_error(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
-    """The largest ``||got - want|| / ||want||`` over a model's outputs (2-norms over all elements).
-
-    An output whose reference is all zeros counts its absolute norm.
-
-    Examples
-    --------
-    >>> want = [np.array([3.0, 4.0]), np.zeros(2)]
-    >>> relative_error([np.array([3.0, 4.5]), np.zeros(2)], want)
-    0.1
-    """
-    if len(got) != len(want):
-        raise ValueError(f"relative_error: {len(got)} outputs against {len(want)}")
-    worst = 0.0
-    for a, b in zip(got, want):
-        a, b = np.asarray(a, dtype="float64"), np.asarray(b, dtype="float64")
-        if a.shape != b.shape:
-            raise ValueError(f"relative_error: output of shape {a.shape} against {b.shape}")
-        norm = float(np.linalg.norm(b))
-        worst = max(worst, float(np.linalg.norm(a - b)) / (norm if norm > 0 else 1.0))
-    return round(worst, 12)
 
 
 def lossy(cand: Candidate, toolchains: Mapping[str, Toolchain]) -> bool:

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence, Union
 from ..._tvm import tvm  # noqa: F401
 from tvm.relay.op.contrib import register as _contrib
 
+from ..candidates import lowering_toolchain
 from .base import Toolchain
 from .openvino import TOOLCHAIN_BF16 as _OPENVINO_BF16, TOOLCHAIN_F32 as _OPENVINO
 from .tvm import TVM, TVM_FASTMATH
@@ -114,8 +115,7 @@ def tvm_toolchain(toolchains: Union[Sequence[Toolchain], Dict[str, Toolchain]]) 
     'tvm'
     """
     values = list(toolchains.values() if isinstance(toolchains, dict) else toolchains)
-    return next((tc for tc in values if tc.is_tvm and not tc.lossy), None) or next(
-        (tc for tc in values if tc.is_tvm), TVM)
+    return lowering_toolchain(values) or TVM
 
 
 def resolve(names: Union[None, str, Sequence[Union[str, Toolchain]]] = None) -> List[Toolchain]:

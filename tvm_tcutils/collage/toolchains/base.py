@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..._tvm import tvm
 from tvm import relay
@@ -40,8 +42,9 @@ def fast_math_nodes(graph, mask: int) -> int:
 #: (measured with the old code) are not reused: 2 = packed toolchains called through a raw C
 #: callback (about 19 us less per call than TVM's generic Python callback); 3 = onnxruntime
 #: runs with as many threads as TVM's pool unless told otherwise; 4 = TVM candidates are priced
-#: without the layout transforms at their inputs and outputs (they cancel inside a TVM region).
-COST_REVISION = 4
+#: without the layout transforms at their inputs and outputs (they cancel inside a TVM region);
+#: 5 = TVM is timed with ``TVM_NUM_THREADS`` set (:func:`tvm_tcutils._tvm.settle_thread_count`).
+COST_REVISION = 5
 
 @dataclasses.dataclass(frozen=True)
 class Toolchain:
@@ -264,3 +267,26 @@ def _thread_settings() -> str:
     pool = int(tvm.get_global_func("runtime.NumThreads")())
     extra = [f"{name}={os.environ[name]}" for name in THREAD_VARIABLES if os.environ.get(name)]
     return ",".join([f"threads={pool}", *extra, parking()])
+
+
+def relative_error(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
+    """The largest ``||got - want|| / ||want||`` over a model's outputs (2-norms over all elements).
+
+    An output whose reference is all zeros counts its absolute norm.
+
+    Examples
+    --------
+    >>> want = [np.array([3.0, 4.0]), np.zeros(2)]
+    >>> relative_error([np.array([3.0, 4.5]), np.zeros(2)], want)
+    0.1
+    """
+    if len(got) != len(want):
+        raise ValueError(f"relative_error: {len(got)} outputs against {len(want)}")
+    worst = 0.0
+    for a, b in zip(got, want):
+        a, b = np.asarray(a, dtype="float64"), np.asarray(b, dtype="float64")
+        if a.shape != b.shape:
+            raise ValueError(f"relative_error: output of shape {a.shape} against {b.shape}")
+        norm = float(np.linalg.norm(b))
+        worst = max(worst, float(np.linalg.norm(a - b)) / (norm if norm > 0 else 1.0))
+    return round(worst, 12)

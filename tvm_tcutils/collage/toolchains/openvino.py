@@ -54,7 +54,7 @@ from tvm import relay
 
 from ... import registry
 from . import ort
-from .base import Toolchain, thread_budget
+from .base import Toolchain, relative_error, thread_budget
 from .packed_call import (
     LIFTING_COMPILERS, PackedToolchain, byoc_partition, function_of, missing_modules, modules_present, tensor_data,
     tensor_view,
@@ -80,7 +80,8 @@ BF16_RELATIVE_ERROR = 2e-2
 
 
 def bf16_error(got, want) -> float:
-    """``||got - want|| / ||want||``: the error measure of bf16 results (:data:`BF16_RELATIVE_ERROR`).
+    """``||got - want|| / ||want||``: the error measure of bf16 results (:data:`BF16_RELATIVE_ERROR`), as
+    error budgets measure outputs (:func:`~.base.relative_error`).
 
     Examples
     --------
@@ -89,10 +90,8 @@ def bf16_error(got, want) -> float:
     >>> round(bf16_error(got, want), 3), bf16_error(got, want) <= BF16_RELATIVE_ERROR
     (0.01, True)
     """
-    import numpy as np
+    return relative_error([got], [want])
 
-    got, want = np.asarray(got, dtype="float64"), np.asarray(want, dtype="float64")
-    return float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-30))
 
 #: f32 results against TVM's: the accumulation order differs, nothing else.
 F32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}

@@ -1,0 +1,40 @@
+"""The one measuring module: how it prepares TVM's runtime before it times."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_PROBE = """
+import os
+import tvm
+from tvm_tcutils.measure import Timer
+from tvm_tcutils.models import load_model
+before = os.environ.get("TVM_NUM_THREADS")
+Timer(*load_model("mlp"), repeat=1, warmup=0)()
+print(before, os.environ.get("TVM_NUM_THREADS"), tvm.get_global_func("runtime.NumThreads")())
+"""
+
+
+def _probe(**env: str) -> list:
+    clean = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    clean["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    out = subprocess.run([sys.executable, "-c", _PROBE], env={**clean, **env}, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    return out.split()[-3:]
+
+
+def test_timing_sets_tvm_num_threads_to_the_pool_tvm_chose():
+    # Unset, TVM re-counts the CPUs on every parallel call; the size written is the pool's own.
+    before, after, pool = _probe()
+    assert before == "None" and after == pool and int(pool) >= 1
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"TVM_NUM_THREADS": "1"}, ["1", "1", "1"]),
+    ({"OMP_NUM_THREADS": "1"}, ["None", "None", "1"]),
+])
+def test_a_thread_count_the_user_set_is_kept(env, expected):
+    assert _probe(**env) == expected
