@@ -84,6 +84,30 @@ def test_batch_matmul_kernels_are_exact(transpose_a, transpose_b, pair, batches,
 
 
 @pytest.mark.parametrize("pair", [("uint8", "int8"), ("uint8", "uint8"), ("int8", "int8")])
+@pytest.mark.parametrize("m, n, k", [(7, 32, 24), (5, 48, 21)])  # N a whole number of lanes (no padded columns)
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_whole_lane_batch_matmul_is_exact_with_and_without_an_epilogue(pair, m, n, k, epilogue):
+    from tvm_tcutils.dotprod.isa import for_target
+
+    target = tvm.target.Target(host_dot_target())
+    if bmm.stored_pair(for_target(target), *pair) is None:
+        pytest.skip(f"the host's ISA takes no {pair} batch_matmul")
+    x_np, y_np = _rand((2, m, k), pair[0]), _rand((2, n, k), pair[1])
+    x, y = te.placeholder(x_np.shape, pair[0], "x"), te.placeholder(y_np.shape, pair[1], "y")
+    with target:
+        cfg = autotvm.get_config()
+        out = bmm.batch_matmul_dot(cfg, x, y)
+        if epilogue:  # what a fused requantize looks like to the schedule: injective ops after the product
+            out = te.compute(out.shape, lambda *i: out(*i) * 3 - 7, name="epilogue", tag="injective")
+        s = bmm.schedule_batch_matmul_dot(cfg, [out])
+        func = tvm.build(s, [x, y, out], target)
+    res = tvm.nd.empty((2, m, n), "int32")
+    func(tvm.nd.array(x_np), tvm.nd.array(y_np), res)
+    ref = np.einsum("bmk,bnk->bmn", x_np.astype(np.int64), y_np.astype(np.int64))
+    np.testing.assert_array_equal(res.numpy(), (ref * 3 - 7 if epilogue else ref).astype("int32"))
+
+
+@pytest.mark.parametrize("pair", [("uint8", "int8"), ("uint8", "uint8"), ("int8", "int8")])
 def test_vnni_batch_matmul_is_tensorized(pair):
     x = relay.var("x", shape=(2, 4, 64), dtype=pair[0])
     y = relay.var("y", shape=(2, 32, 64), dtype=pair[1])
