@@ -284,8 +284,9 @@ def test_tvm_candidates_are_timed_without_their_boundary_transforms():
 
     target = tvm_tcutils.host_target()
     # A 1x1 conv with few channels does little work next to the two transforms around it (about 60 %
-    # of its time here); alternate the two timings so drift hits both.
-    text = tvm.ir.save_json(_conv_module(channels=16))
+    # of its time here at 32 channels; at 16 the conv alone came within the 10 % floor under a loaded
+    # CI run); alternate the two timings so drift hits both.
+    text = tvm.ir.save_json(_conv_module(channels=32))
     whole, inner = [], []
     for _ in range(3):
         whole.append(time_candidate(text, target, 5, 1, 5, None, True)["ms"])
