@@ -72,6 +72,17 @@ def set_offline_defaults() -> None:
 set_offline_defaults()
 
 
+def pool_size() -> int:
+    """Threads in TVM's pool (``runtime.NumThreads``; asking sizes and starts the pool).
+
+    Examples
+    --------
+    >>> pool_size() >= 1
+    True
+    """
+    return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
+
+
 def settle_thread_count() -> int:
     """Write TVM's pool size into ``TVM_NUM_THREADS`` where nothing sets it; return that size.
 
@@ -95,7 +106,7 @@ def settle_thread_count() -> int:
     """
     # Asking TVM (not recomputing its rule) sizes and starts the pool first, so the value
     # written is the one the pool was built with.
-    size = max(1, int(tvm.get_global_func("runtime.NumThreads")()))
+    size = pool_size()
     if not os.environ.get("TVM_NUM_THREADS") and not os.environ.get("OMP_NUM_THREADS"):
         os.environ["TVM_NUM_THREADS"] = str(size)
     return size

@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._tvm import host_target, settle_thread_count, tvm
+from ._tvm import host_target, pool_size, settle_thread_count, tvm
 from tvm import autotvm, relay
 from tvm.contrib import graph_executor
 
@@ -748,7 +748,7 @@ def machine() -> dict:
         "cpu": cpu,
         "features": [f for f in wanted if f in flags],
         "cores": os.cpu_count(),
-        "tvm_threads": int(tvm.get_global_func("runtime.NumThreads")()),
+        "tvm_threads": pool_size(),
         "host_target": host_target(),
         "tvm": tvm.__version__,
         "python": platform.python_version(),

@@ -67,8 +67,8 @@ import numpy as np
 from .._tvm import tvm
 from tvm import relay
 
-from ..fast_forms import FAST_FORMS, fast_region, rounded_int32, round_half_even  # noqa: F401  (FAST_FORMS,
-# round_half_even: part of this module's API)
+# FAST_FORMS and round_half_even stay importable from here: part of this module's API.
+from ..fast_forms import FAST_FORMS, fast_region, round_half_even, rounded_int32  # noqa: F401
 from .isa import for_target
 
 #: Requantization modes: ``"onnx"`` (float32 multiplier, round half to even, as onnxruntime) and

@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..._tvm import tvm
+from ..._tvm import pool_size, tvm
 from tvm import relay
 
 from .. import rules
@@ -256,7 +256,7 @@ def thread_budget(variable: str) -> int:
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"{variable} must be a positive integer, got {value!r}")
         return int(value)
-    return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
+    return pool_size()
 
 
 def _thread_settings() -> str:
@@ -264,7 +264,7 @@ def _thread_settings() -> str:
     whether their calls park TVM's pool)."""
     from .packed_call import parking
 
-    pool = int(tvm.get_global_func("runtime.NumThreads")())
+    pool = pool_size()
     extra = [f"{name}={os.environ[name]}" for name in THREAD_VARIABLES if os.environ.get(name)]
     return ",".join([f"threads={pool}", *extra, parking()])
 
