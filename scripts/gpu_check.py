@@ -24,7 +24,7 @@ from tvm_tcutils import cuda  # noqa: E402
 from tvm_tcutils.bench import gpu_check  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 
-PARTS = ("resnet50", "layers", "dense", "int4_probe", "profile", "int4_cast")
+PARTS = ("resnet50", "layers", "dense", "int4_probe", "profile", "int4_cast", "int4", "stem")
 
 
 def _parts(text: str) -> list:
@@ -66,6 +66,10 @@ def main(argv=None) -> int:
                 wait()
                 if part == "layers":
                     gpu_check.layers(results, arch, args.batch, args.rounds)
+                elif part == "stem":
+                    gpu_check.stem(results, arch, args.rounds)
+                elif part == "int4":
+                    gpu_check.int4(results, arch, args.batch, args.rounds)
                 elif part == "int4_cast":
                     gpu_check.int4_cast(results, arch)
                 elif part == "profile":

@@ -69,13 +69,13 @@ status=0
 # The GPU tests (bit-exact against numpy) run while ResNet-50 builds on the CPU; timings wait for them.
 rm -f "$WORK/pytest.done"
 ( "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --timeout=400 -rs \
-      python_tests/tensorcore/test_numerics.py python_tests/test_cuda.py > "$OUT/pytest.log" 2>&1
+      python_tests/tensorcore/test_numerics.py python_tests/test_cuda.py python_tests/test_cuda_subbyte.py > "$OUT/pytest.log" 2>&1
   echo $? > "$WORK/pytest.rc"; touch "$WORK/pytest.done" ) &
 tests=$!
 
 # One process per part (PARTS, default all): a crash in one (a segfault was seen once in the resnet50 part
 # after the dense part had run in the same process) loses that part only. Each writes its own JSON.
-for part in ${PARTS:-resnet50 layers dense profile int4_probe int4_cast}; do
+for part in ${PARTS:-resnet50 layers dense profile int4_probe int4_cast int4 stem}; do
     "$PY" "$ROOT/scripts/gpu_check.py" --parts "$part" --json "$OUT/gpu_check_$part.json" \
         --wait-for "$WORK/pytest.done" "$@" || { echo "== part $part: exit $?"; status=1; }
 done

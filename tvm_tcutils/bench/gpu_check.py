@@ -11,6 +11,11 @@ Three parts, each writing its rows to one :class:`~.results.Results`:
 * ``layers``: every distinct HWNC conv2d layer of that model, the package's
   template against TVM's ``conv2d_HWNCnc_tensorcore.cuda`` (both on their
   fallback configs), timed in turns.
+* ``int4``: int4/uint4 layers through ``relay.build`` against the CPU build of
+  the same module, with and without the package's rewrite of element-wise
+  4-bit accesses (:mod:`tvm_tcutils.cuda_subbyte`); int4 ResNet-50 against
+  its CPU build; int4 against int8 per layer. On sm_90 and newer, where the
+  rules keep int4 off tensor cores, this part lifts that rule for itself.
 * ``dense``: the package's int8 tensor-core dense against cuBLASLt's int8 GEMM
   (``torch._int_mm``, in a process of its own that waits between its turns),
   and both against the GPU's integer tensor-core peak.
@@ -29,11 +34,13 @@ True
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -516,6 +523,219 @@ def int4_probe(results, python: str = "python3", archs: Sequence[str] = ("sm_90"
     found = json.loads(lines[-1]) if proc.returncode == 0 and lines else {"error": proc.stderr[-500:]}
     results.add(part="int4_probe", **found)
     print(f"int4 WMMA probe (8x8x32 s4 tile via CuPy): {found}", flush=True)
+
+
+#: The relay cases of the ``int4`` part: (op, dtype, batch, in-channels, out-channels); legalization pads 60
+#: channels to 64 and 8 output channels stay 8.
+INT4_CASES: Tuple[Tuple[str, str, int, int, int], ...] = (
+    ("conv2d", "int4", 8, 64, 16), ("conv2d", "int4", 8, 60, 8), ("conv2d", "uint4", 8, 32, 32),
+    ("dense", "int4", 16, 64, 32),
+)
+
+
+@contextlib.contextmanager
+def _int4_allowed() -> Iterator[None]:
+    """int4/uint4 layers qualify for every arch (the rules keep them off sm_90 and newer) inside the block."""
+    from ..tensorcore import rules
+
+    kept = rules.INT4_EMULATED_FROM_ARCH
+    rules.INT4_EMULATED_FROM_ARCH = 10 ** 6
+    try:
+        yield
+    finally:
+        rules.INT4_EMULATED_FROM_ARCH = kept
+
+
+def _int4_case(op: str, dtype: str, batch: int, cin: int, cout: int, rng) -> Tuple[tvm.IRModule, np.ndarray]:
+    """A relay module casting its 8-bit input (and constant weights) to ``dtype`` on the device, and an input."""
+    storage, (low, high) = ("int8", (-8, 7)) if dtype == "int4" else ("uint8", (0, 15))
+    shape = (8, 8, batch, cin) if op == "conv2d" else (batch, cin)
+    weight = rng.integers(low, high + 1, size=(3, 3, cout, cin) if op == "conv2d" else (cout, cin)).astype(storage)
+    value = rng.integers(low, high + 1, size=shape).astype(storage)
+    x = relay.var("x", shape=shape, dtype=storage)
+    w = relay.cast(relay.const(weight), dtype)
+    if op == "conv2d":
+        y = relay.nn.conv2d(relay.cast(x, dtype), w, padding=1, kernel_size=(3, 3), data_layout="HWNC",
+                            kernel_layout="HWOI", out_dtype="int32")
+    else:
+        y = relay.nn.dense(relay.cast(x, dtype), w, out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([x], y)), value
+
+
+def _int4_as_8bit(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each cast to int4/uint4 done in int32 and kept in int8/uint8: the CPU reference.
+
+    TVM's CPU code generator refuses element-wise 4-bit accesses; a 4-bit cast
+    truncates to the low nibble (sign-extended for int4), which is what this computes.
+    """
+
+    class _Rewrite(relay.ExprMutator):
+        def visit_call(self, call):
+            new = super().visit_call(call)
+            dtype = str(new.attrs.dtype) if getattr(new.op, "name", "") == "cast" else ""
+            if dtype not in ("int4", "uint4"):
+                return new
+            value = relay.cast(new.args[0], "int32")
+            if dtype == "int4":
+                value = relay.right_shift(relay.left_shift(value, relay.const(28)), relay.const(28))
+                return relay.cast(value, "int8")
+            return relay.cast(relay.bitwise_and(value, relay.const(15)), "uint8")
+
+    return tvm.IRModule.from_expr(_Rewrite().visit(mod["main"]))
+
+
+def _run_graph(lib, dev, inputs: Dict[str, np.ndarray]) -> np.ndarray:
+    module = _graph(lib, dev)
+    module.set_input(**inputs)
+    module.run()
+    return module.get_output(0).numpy()
+
+
+def int4(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
+    """int4 on the GPU: relay layers with and without the package's 4-bit access rewrite, ResNet-50, int4 vs int8."""
+    import tvm_tcutils
+    from ..registry import overriding_func, replaced_func
+    from ..tensorcore import strategy as tc
+
+    target = f"cuda -arch={arch}"
+    present = gpu_present()
+    dev = tvm.cuda(0) if present else None
+    rng = np.random.default_rng(0)
+    tvm_codegen = replaced_func("target.build.cuda")
+    with _int4_allowed():
+        for case in INT4_CASES:
+            mod, value = _int4_case(*case, rng)
+            with tc.pad_limit(0.5):
+                want = _run_graph(_build(_int4_as_8bit(mod), None, "llvm"), tvm.cpu(), {"x": value})
+                libs = {"fixed": _build(mod, None, target)}
+                if tvm_codegen is not None:
+                    with overriding_func("target.build.cuda", tvm_codegen):
+                        libs["unfixed"] = _build(mod, None, target)
+            row: Dict[str, object] = {"part": "int4", "case": list(case), "elements": int(want.size)}
+            kernels = cuda.sass(cuda.module_cubin(libs["fixed"]))
+            row["mma"] = sorted({m for code in kernels.values() for m in re.findall(r"IMMA\.\w+\.\w+\.\w+", code)})
+            if not present:
+                results.add(rehearsal=True, **row)
+                continue
+            for name, lib in libs.items():
+                row[f"{name}_mismatches"] = int((_run_graph(lib, dev, {"x": value}) != want).sum())
+            results.add(**row)
+            print(f"int4 {case}: mismatches of {row['elements']} with the rewrite {row['fixed_mismatches']}, "
+                  f"without {row.get('unfixed_mismatches')}; {row['mma']}", flush=True)
+
+        mod, params = tvm_tcutils.load_model("resnet-50", batch_size=batch)
+        prepared, skipped = tvm_tcutils.prepare_for_tensorcore(_without_softmax(mod), dtype="int4", target=target)
+        row = {"part": "int4", "case": "resnet-50", "batch": batch, "skipped_layers": len(skipped)}
+        lib = _build(prepared, params, target)
+        x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
+        want = _run_graph(_build(_int4_as_8bit(prepared), params, "llvm"), tvm.cpu(), {"data": x})
+        if present:
+            got = _run_graph(lib, dev, {"data": x})
+            row.update(max_abs_diff=float(np.max(np.abs(got - want))), max_abs_ref=float(np.max(np.abs(want))),
+                       top1_agree=float(np.mean(got.argmax(1) == want.argmax(1))))
+            print(f"ResNet-50 int4 GPU vs CPU: max |diff| {row['max_abs_diff']:.3g} of {row['max_abs_ref']:.3g}",
+                  flush=True)
+        else:
+            row["rehearsal"] = True
+        results.add(**row)
+        _int4_against_int8(results, arch, batch, rounds, dev)
+
+
+def _int4_against_int8(results, arch: str, batch: int, rounds: int, dev) -> None:
+    """The package's template on each ResNet-50 layer in int4 and in int8 (fallback configs), in turns."""
+    from . import tensorcore as bench
+    from ..tensorcore.topi import conv2d_hwnc
+
+    target = tvm.target.Target(f"cuda -arch={arch}")
+    for workload in bench.layers("int8", batch, str(target)):
+        data, kernel = workload[1][1], workload[2][1]
+        row: Dict[str, object] = {"part": "int4_vs_int8", "data": list(data), "kernel": list(kernel),
+                                  "strides": list(workload[3])}
+        timers = {}
+        for dtype in ("int4", "int8"):
+            args = (("TENSOR", data, dtype), ("TENSOR", kernel, dtype)) + tuple(workload[3:])
+            func, tensors = _task_function(autotvm.task.create(conv2d_hwnc.TASK, args, target), target)
+            if dev is not None:
+                arrays = [tvm.nd.empty([int(v) for v in t.shape], t.dtype, dev) for t in tensors]
+                timers[dtype] = _kernel_sample(func, arrays, dev)
+        if dev is None:
+            results.add(rehearsal=True, **row)
+            continue
+        timings = interleave(timers, rounds)
+        row.update(timings)
+        row["int8_over_int4"] = ratio(timings["int8"], timings["int4"])
+        results.add(**row)
+        print(f"layer {tuple(data)} x {tuple(kernel)}: int4 {timings['int4'].median_ms:.4f} ms, "
+              f"int8 {timings['int8'].median_ms:.4f} ms", flush=True)
+
+
+#: ResNet-50's stem at batch 8 (NCHW data, OIHW kernel, stride, padding): 38 of the 40 ms of the int8 model
+#: on an H200, on TVM's fallback configuration of its direct CUDA convolution.
+STEM = ((8, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3, 3, 3))
+
+
+def stem(results, arch: str, rounds: int = 5, random_configs: int = 24, budget_s: float = 40.0) -> None:
+    """The stem convolution alone: TVM's NCHW and NHWC fallbacks, the best of random NCHW configs, int8 HWNC.
+
+    Says what the end-to-end time's one slow kernel could be: tuned, in another layout, or on the
+    tensor cores with its 3 input channels padded to 16 (the int8 template's smallest).
+    """
+    from ..tensorcore.topi import conv2d_hwnc
+
+    target = tvm.target.Target(f"cuda -arch={arch}")
+    (n, c, h, w), (o, _, kh, kw), strides, padding = STEM
+    f32 = "float32"
+    tasks = {
+        "nchw_fallback": autotvm.task.create("conv2d_nchw.cuda", (("TENSOR", (n, c, h, w), f32),
+                                             ("TENSOR", (o, c, kh, kw), f32), strides, padding, (1, 1), f32), target),
+        "nhwc_fallback": autotvm.task.create("conv2d_nhwc.gpu", (("TENSOR", (n, h, w, c), f32),
+                                             ("TENSOR", (kh, kw, c, o), f32), strides, padding, (1, 1), f32), target),
+        "hwnc_int8_c16": autotvm.task.create(conv2d_hwnc.TASK, (("TENSOR", (h, w, n, 16), "int8"),
+                                             ("TENSOR", (kh, kw, o, 16), "int8"), strides, padding, (1, 1), "int32"),
+                                             target),
+    }
+    funcs = {name: _task_function(task, target) for name, task in tasks.items()}
+    present = gpu_present()
+    dev = tvm.cuda(0) if present else None
+
+    def _timer(func, tensors):
+        arrays = [tvm.nd.empty([int(v) for v in t.shape], t.dtype, dev) for t in tensors]
+        return _kernel_sample(func, arrays, dev, number=10)
+
+    space = tasks["nchw_fallback"].config_space
+    picks = np.random.default_rng(0).choice(len(space), min(random_configs, len(space)), replace=False)
+    best: Optional[Tuple[float, int]] = None
+    start = time.time()
+    tried = 0
+    for index in picks:
+        if time.time() - start > budget_s:
+            break
+        try:
+            with target:
+                sched, tensors = tasks["nchw_fallback"].instantiate(space.get(int(index)))
+                func = tvm.build(sched, tensors, target)
+            tried += 1
+            if present:
+                ms = min(_timer(func, tensors)() for _ in range(2))
+                if best is None or ms < best[0]:
+                    best = (ms, int(index))
+        except Exception:  # noqa: BLE001  (a config that does not build or launch is skipped, as AutoTVM does)
+            continue
+    row: Dict[str, object] = {"part": "stem", "data": list(STEM[0]), "kernel": list(STEM[1]),
+                              "random_configs_tried": tried}
+    if not present:
+        results.add(rehearsal=True, **row)
+        print(f"rehearsal: stem built 3 ways and {tried} random NCHW configs; timing needs a GPU", flush=True)
+        return
+    if best is not None:
+        with target:
+            sched, tensors = tasks["nchw_fallback"].instantiate(space.get(best[1]))
+            funcs["nchw_best_random"] = (tvm.build(sched, tensors, target), tensors)
+        row["best_random_config"] = str(space.get(best[1]))
+    timings = interleave({name: _timer(func, tensors) for name, (func, tensors) in funcs.items()}, rounds)
+    row.update(timings)
+    results.add(**row)
+    print("stem: " + ", ".join(f"{k} {v.median_ms:.3f} ms" for k, v in timings.items() if v.samples_ms), flush=True)
 
 
 def int4_cast(results, arch: str) -> None:

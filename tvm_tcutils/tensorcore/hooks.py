@@ -6,7 +6,12 @@
 * the CUDA tensor-core templates, strategy rows, legalize and alter-op
   handlers of :mod:`tvm_tcutils.tensorcore.strategy`;
 * ``tvm_callback_cuda_postproc`` (:func:`tvm_tcutils.cuda.repair_source`): TVM prints
-  the int8 kernels' 16-byte zero fills in a form nvcc rejects;
+  the int8 kernels' 16-byte zero fills in a form nvcc rejects; it also puts in front the
+  device functions of the next item;
+* ``target.build.cuda`` (:func:`tvm_tcutils.cuda_subbyte.lower_subbyte_access`), wherever TVM has
+  one (the package's plugin or a CUDA build of TVM): element-wise int4/uint4 reads and
+  writes, which TVM prints as whole-word ones, are rewritten to act on their nibble
+  before TVM's code generator runs; every other kernel goes through unchanged;
 * while the package's CUDA plugin provides TVM's CUDA code generator,
   ``tvm_callback_cuda_compile`` (:func:`tvm_tcutils.cuda.compile_cuda`: NVRTC or
   nvcc for the target's ``-arch``, no GPU needed); TVM's own callback comes back
@@ -22,7 +27,8 @@ from typing import List
 from tvm.relay.op.strategy.generic import wrap_topi_schedule
 from tvm.topi.utils import get_const_tuple
 
-from .. import cuda, registry
+from .. import cuda, cuda_subbyte, registry
+from .._tvm import tvm
 from . import strategy
 from .convert_layout import HANDLERS
 from .topi.hwnc_reference import DATA_LAYOUT, conv2d_hwnc, schedule_conv2d_hwnc
@@ -80,6 +86,12 @@ def hooks() -> List[registry.Hook]:
             "tvm_callback_cuda_compile", _compile_cuda,
             description="CUDA C++ to a cubin for the target's -arch (NVRTC, or nvcc if asked)",
         ))
+    build_cuda = tvm.get_global_func("target.build.cuda", allow_missing=True)
+    if build_cuda is not None:
+        declared.append(registry.packed_func(
+            "target.build.cuda", _build_cuda,
+            description="element-wise int4/uint4 loads and stores on their nibble, then TVM's CUDA code generator",
+        ))
     declared.append(registry.packed_func(
         "tvm_callback_cuda_postproc", _postproc_cuda,
         description="TVM's 8-bit vector broadcasts (int8 HWNC zero fills) written so that nvcc/NVRTC compile them",
@@ -89,9 +101,17 @@ def hooks() -> List[registry.Hook]:
 
 def _postproc_cuda(code: str, target) -> str:
     """TVM's ``tvm_callback_cuda_postproc`` convention; a callback registered before the package's runs after it."""
-    code = cuda.repair_source(code)
+    code = cuda_subbyte.add_helpers(cuda.repair_source(code))
     previous = registry.replaced_func("tvm_callback_cuda_postproc")
     return str(previous(code, target)) if previous is not None else code
+
+
+def _build_cuda(mod, target):
+    """TVM's ``target.build.cuda`` convention: (device IRModule, target) -> runtime module."""
+    build = registry.replaced_func("target.build.cuda")
+    if build is None:  # registered while TVM had one, so only an unregister in between gets here
+        raise RuntimeError("target.build.cuda: the code generator the package wrapped is gone")
+    return build(cuda_subbyte.lower_subbyte_access(mod), target)
 
 
 def _compile_cuda(code: str, target) -> bytearray:
