@@ -547,6 +547,11 @@ def _int4_allowed() -> Iterator[None]:
 
 
 def _int4_case(op: str, dtype: str, batch: int, cin: int, cout: int, rng) -> Tuple[tvm.IRModule, np.ndarray]:
+    mod, value, _ = _int4_case_with_weight(op, dtype, batch, cin, cout, rng)
+    return mod, value
+
+
+def _int4_case_with_weight(op: str, dtype: str, batch: int, cin: int, cout: int, rng):
     """A relay module casting its 8-bit input (and constant weights) to ``dtype`` on the device, and an input."""
     storage, (low, high) = ("int8", (-8, 7)) if dtype == "int4" else ("uint8", (0, 15))
     shape = (8, 8, batch, cin) if op == "conv2d" else (batch, cin)
@@ -559,7 +564,7 @@ def _int4_case(op: str, dtype: str, batch: int, cin: int, cout: int, rng) -> Tup
                             kernel_layout="HWOI", out_dtype="int32")
     else:
         y = relay.nn.dense(relay.cast(x, dtype), w, out_dtype="int32")
-    return tvm.IRModule.from_expr(relay.Function([x], y)), value
+    return tvm.IRModule.from_expr(relay.Function([x], y)), value, weight
 
 
 def _int4_as_8bit(mod: tvm.IRModule) -> tvm.IRModule:
@@ -639,6 +644,131 @@ def int4(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
             row["rehearsal"] = True
         results.add(**row)
         _int4_against_int8(results, arch, batch, rounds, dev)
+
+
+def _nvcc_compiler(arch: str, flag: str) -> Callable:
+    """A ``tvm_callback_cuda_compile`` running the toolkit's nvcc with ``flag`` (``--cubin``/``--ptx``) for ``arch``.
+
+    PTX comes back as text starting with ``//``, which TVM's CUDA module loads through the driver's JIT.
+    """
+    import tempfile
+
+    def _compile(code: str, target) -> bytearray:
+        with tempfile.TemporaryDirectory(prefix="tcutils-diag-") as tmp:
+            source, out = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.out")
+            with open(source, "w", encoding="utf-8") as handle:
+                handle.write(code)
+            subprocess.run([cuda.tool("nvcc"), flag, "-O3", f"-arch={arch}", "-o", out, source], check=True,
+                           capture_output=True, text=True)
+            with open(out, "rb") as handle:
+                return bytearray(handle.read())
+
+    return _compile
+
+
+_INT4_PROBE_VARIANTS = r'''
+import json, sys
+import numpy as np, cupy as cp
+CODE = r"""
+#include <mma.h>
+using namespace nvcuda;
+// K = 32 * ksteps; a: 8 x K row-major, b: 8 x K (col-major B), nibbles packed eight to an int.
+extern "C" __global__ void s4(const int* a, const int* b, int* c, int ksteps, int from_shared) {
+  __shared__ int sa[8 * 16], sb[8 * 16];
+  wmma::fragment<wmma::matrix_a, 8, 8, 32, wmma::experimental::precision::s4, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 8, 8, 32, wmma::experimental::precision::s4, wmma::col_major> fb;
+  wmma::fragment<wmma::accumulator, 8, 8, 32, int> fc;
+  wmma::fill_fragment(fc, 0);
+  for (int i = threadIdx.x; i < 8 * 4 * ksteps; i += 32) { sa[i] = a[i]; sb[i] = b[i]; }
+  __syncthreads();
+  for (int k = 0; k < ksteps; ++k) {
+    const int* pa = from_shared ? sa : a;
+    const int* pb = from_shared ? sb : b;
+    wmma::load_matrix_sync(fa, pa + k * 4, 32 * ksteps);
+    wmma::load_matrix_sync(fb, pb + k * 4, 32 * ksteps);
+    wmma::mma_sync(fc, fa, fb, fc);
+  }
+  wmma::store_matrix_sync(c, fc, 8, wmma::mem_row_major);
+}
+"""
+def pack(m):
+    u = (m & 0xF).astype(np.uint32); out = np.zeros((m.shape[0], m.shape[1] // 8), np.uint32)
+    for j in range(m.shape[1]):
+        out[:, j // 8] |= u[:, j] << np.uint32(4 * (j % 8))
+    return out.view(np.int32)
+result = {}
+import os
+include = "-I" + os.environ.get("CUDA_PATH", "/usr/local/cuda") + "/include"
+for arch in sys.argv[1:]:
+    kernel = cp.RawModule(code=CODE, options=("-arch=" + arch, "-std=c++17", include)).get_function("s4")
+    for ksteps in (1, 2, 4):
+        for shared in (0, 1):
+            rng = np.random.default_rng(ksteps)
+            a = rng.integers(-8, 8, (8, 32 * ksteps)); b = rng.integers(-8, 8, (8, 32 * ksteps))
+            c = cp.zeros((8, 8), cp.int32)
+            kernel((1,), (32,), (cp.asarray(pack(a)), cp.asarray(pack(b)), c, np.int32(ksteps), np.int32(shared)))
+            got = cp.asnumpy(c)
+            result[f"{arch} k={32 * ksteps} {'shared' if shared else 'global'}"] = int((got != a @ b.T).sum())
+print(json.dumps(result))
+'''
+
+
+def int4_diag(results, arch: str, python: str = "python3") -> None:
+    """Where int4 tensor-core layers go wrong on this GPU: compilers, PTX JIT, WMMA probes; arrays saved.
+
+    The relay int4 dense and conv2d of :data:`INT4_CASES` are built with NVRTC for ``arch`` (the
+    package's default), nvcc for ``arch``, and nvcc to compute_80 PTX that the driver compiles;
+    each output is compared with the CPU build and saved with the inputs to ``$OUT/int4_diag.npz``
+    for offline analysis. Then one s4 WMMA tile chain outside TVM (CuPy) with K = 32-128, from
+    global and from shared memory.
+    """
+    import contextlib as _contextlib
+
+    from ..registry import overriding_func
+
+    target = f"cuda -arch={arch}"
+    present = gpu_present()
+    compilers: Dict[str, Optional[Callable]] = {f"nvrtc_{arch}": None}
+    if cuda.tool("nvcc"):
+        compilers[f"nvcc_{arch}"] = _nvcc_compiler(arch, "--cubin")
+        compilers["ptx_compute_80"] = _nvcc_compiler("compute_80", "--ptx")
+    saved: Dict[str, np.ndarray] = {}
+    rng = np.random.default_rng(0)
+    with _int4_allowed():
+        for case in (INT4_CASES[3], INT4_CASES[0]):
+            mod, value, weight = _int4_case_with_weight(*case, rng)
+            key = case[0]
+            saved[f"{key}_x"], saved[f"{key}_w"] = value, weight
+            saved[f"{key}_want"] = _run_graph(_build(_int4_as_8bit(mod), None, "llvm"), tvm.cpu(), {"x": value})
+            row: Dict[str, object] = {"part": "int4_diag", "case": list(case)}
+            for name, compile_fn in compilers.items():
+                scope = overriding_func("tvm_callback_cuda_compile", compile_fn) if compile_fn \
+                    else _contextlib.nullcontext()
+                try:
+                    with scope:
+                        lib = _build(mod, None, target)
+                    if present:
+                        got = _run_graph(lib, tvm.cuda(0), {"x": value})
+                        saved[f"{key}_{name}"] = got
+                        row[name] = int((got != saved[f"{key}_want"]).sum())
+                    else:
+                        row[name] = "built"
+                except Exception as err:  # noqa: BLE001  (a diagnosis reports every variant)
+                    row[name] = f"error: {str(err).strip().splitlines()[-1][:200]}"
+            results.add(**row)
+            print(f"int4 diag {case}: {row}", flush=True)
+    out_dir = os.environ.get("OUT", "gpu-out")
+    os.makedirs(out_dir, exist_ok=True)
+    np.savez(os.path.join(out_dir, "int4_diag.npz"), **saved)
+    if not present:
+        results.add(part="int4_diag_probe", rehearsal=True)
+        return
+    proc = subprocess.run([python, "-c", _INT4_PROBE_VARIANTS, arch, "compute_80"], capture_output=True,
+                          text=True, timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    found = json.loads(lines[-1]) if proc.returncode == 0 and lines else {"error": proc.stderr[-800:]}
+    results.add(part="int4_diag_probe", **found)
+    print(f"int4 WMMA probe variants (mismatches of 64): {found}", flush=True)
 
 
 def _int4_against_int8(results, arch: str, batch: int, rounds: int, dev) -> None:
