@@ -21,6 +21,12 @@ the generated source. The package installs both around TVM's
 ``target.build.cuda`` and ``tvm_callback_cuda_postproc``
 (:mod:`tvm_tcutils.tensorcore.hooks`).
 
+The same holds for TVM's CPU code generator, which ``FoldConstant`` runs:
+a weight cast to int4 and folded there comes out with every 16-value chunk
+after the first at the wrong place (LLVM addresses an ``i4`` pointer in
+bytes). :func:`fold_subbyte_cast` folds such casts in NumPy instead; the
+tensor-core legalization applies it to the layers it handles.
+
 Examples
 --------
 >>> from tvm.script import tir as T
@@ -36,10 +42,12 @@ True
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
+
+import numpy as np
 
 from ._tvm import tvm
-from tvm import tir
+from tvm import relay, tir
 from tvm.tir import stmt_functor
 
 #: The device functions the rewritten kernels call, put in front of the source by :func:`add_helpers`.
@@ -75,13 +83,20 @@ _CMP = (tir.EQ, tir.NE, tir.LT, tir.LE, tir.GT, tir.GE)
 _WRAPPING = {tir.Add: lambda a, b: a + b, tir.Sub: lambda a, b: a - b, tir.Mul: lambda a, b: a * b}
 
 
-def _is_subbyte(dtype) -> bool:
+def is_subbyte(dtype) -> bool:
+    """Whether ``dtype`` is int4 or uint4 (any number of lanes).
+
+    Examples
+    --------
+    >>> is_subbyte("int4"), is_subbyte("uint4x8"), is_subbyte("int8")
+    (True, True, False)
+    """
     dtype = tvm.DataType(str(dtype))
     return dtype.bits == 4 and dtype.type_code in (tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT)
 
 
 def _scalar_subbyte(dtype) -> bool:
-    return _is_subbyte(dtype) and tvm.DataType(str(dtype)).lanes == 1
+    return is_subbyte(dtype) and tvm.DataType(str(dtype)).lanes == 1
 
 
 def _signed(dtype) -> bool:
@@ -122,7 +137,7 @@ class _Rewriter:
             helper = "tcutils_store4" if buffer.scope() == "local" else "tcutils_store4_atomic"
             return tir.Evaluate(tir.call_extern(
                 "int32", helper, buffer.data, self.expr(_index(node.indices)), self.widen(node.value)))
-        if isinstance(node, tir.Cast) and _scalar_subbyte(node.value.dtype) and not _is_subbyte(node.dtype):
+        if isinstance(node, tir.Cast) and _scalar_subbyte(node.value.dtype) and not is_subbyte(node.dtype):
             return tir.Cast(node.dtype, self.widen(node.value))
         if isinstance(node, _CMP) and _scalar_subbyte(node.a.dtype):
             return type(node)(self.widen(node.a), self.widen(node.b))
@@ -222,3 +237,89 @@ def add_helpers(code: str) -> str:
     if "tcutils_" not in code or _MARK in code:
         return code
     return HELPERS + code
+
+
+def subbyte_array(values: np.ndarray, dtype: str) -> "tvm.nd.NDArray":
+    """Integer ``values`` as a ``dtype`` (int4/uint4) NDArray, packed as TVM's kernels read it.
+
+    Element ``i`` goes to bits ``4 * (i % 2)`` of byte ``i // 2`` (so ``4 * (i % 8)`` of word
+    ``i // 8``); each value is truncated to its low four bits, as a cast to ``dtype`` does.
+
+    Examples
+    --------
+    >>> arr = subbyte_array(np.array([1, -2, 7, -8]), "int4")
+    >>> arr.dtype, arr.shape, arr._create_view((2,), "uint8").numpy().tolist()
+    ('int4', (4,), [225, 135])
+    """
+    if not is_subbyte(dtype) or tvm.DataType(dtype).lanes != 1:
+        raise ValueError(f"dtype {dtype!r} is not a 4-bit integer type; valid: int4, uint4")
+    values = np.asarray(values)
+    nibbles = (values.astype(np.int64) & 15).reshape(-1)
+    if nibbles.size % 2:
+        nibbles = np.append(nibbles, 0)
+    packed = (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
+    array = tvm.nd.empty(values.shape, dtype)
+    array._create_view((packed.size,), "uint8").copyfrom(packed)
+    return array
+
+
+def subbyte_values(array: "tvm.nd.NDArray") -> np.ndarray:
+    """The values of an int4/uint4 NDArray as int64 (``NDArray.numpy()`` neither unpacks nor sign-extends them).
+
+    Examples
+    --------
+    >>> subbyte_values(subbyte_array(np.array([[1, -2], [7, -8]]), "int4")).tolist()
+    [[1, -2], [7, -8]]
+    >>> subbyte_values(subbyte_array(np.array([15, 3, 8]), "uint4")).tolist()
+    [15, 3, 8]
+    """
+    dtype = str(array.dtype)
+    if not is_subbyte(dtype):
+        raise ValueError(f"array of dtype {dtype!r} is not 4-bit; valid: int4, uint4")
+    shape = tuple(int(v) for v in array.shape)
+    count = int(np.prod(shape))
+    raw = array.copyto(tvm.cpu())._create_view(((count + 1) // 2,), "uint8").numpy()
+    values = np.stack([raw & 15, raw >> 4], axis=1).reshape(-1)[:count].astype(np.int64)
+    if _signed(dtype):
+        values = np.where(values >= 8, values - 16, values)
+    return values.reshape(shape)
+
+
+def fold_subbyte_cast(expr: relay.Expr) -> Optional[relay.Constant]:
+    """``cast(<constant expression>, int4/uint4)`` folded correctly, or ``None`` for any other ``expr``.
+
+    Float values are truncated toward zero, then wrapped to four bits, as the
+    cast does on the GPU.
+
+    Examples
+    --------
+    >>> folded = fold_subbyte_cast(relay.cast(relay.const(np.arange(-8, 24, dtype="int8")), "int4"))
+    >>> folded.data._create_view((16,), "uint8").numpy()[8:].tolist()  # 8, 9, ... wrapped to -8, -7, ...
+    [152, 186, 220, 254, 16, 50, 84, 118]
+    >>> fold_subbyte_cast(relay.cast(relay.var("x", shape=(4,), dtype="int8"), "int4")) is None
+    True
+    """
+    if not (isinstance(expr, relay.Call) and getattr(expr.op, "name", "") == "cast"
+            and _scalar_subbyte(expr.attrs.dtype)):
+        return None
+    inner = expr.args[0]
+    if relay.analysis.free_vars(inner):
+        return None
+    if not isinstance(inner, relay.Constant):
+        folded = relay.transform.FoldConstant()(relay.transform.InferType()(
+            tvm.IRModule.from_expr(relay.Function([], inner))))["main"].body
+        if not isinstance(folded, relay.Constant):
+            return None
+        inner = folded
+    if is_subbyte(inner.data.dtype):
+        return None  # a cast of a 4-bit constant: what is in it is already TVM's
+    values = inner.data.numpy()
+    if values.dtype.kind == "f":
+        values = np.trunc(values)
+    return relay.const(subbyte_array(values.astype(np.int64), str(expr.attrs.dtype)))
+
+
+def fold_subbyte_inputs(inputs) -> List[relay.Expr]:
+    """``inputs`` with each :func:`fold_subbyte_cast`-able one folded."""
+    folded = [fold_subbyte_cast(expr) for expr in inputs]
+    return [expr if new is None else new for expr, new in zip(inputs, folded)]

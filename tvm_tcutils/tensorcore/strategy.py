@@ -16,9 +16,16 @@ What :func:`hooks` declares (all for the ``cuda``/``gpu`` target keys):
   says why; an int4/uint4 layer for sm_90 and newer (no tensor cores for it
   there: :func:`tvm_tcutils.tensorcore.rules.unsupported_reason`) is a
   ``ValueError`` that says to use int8, as TVM's CUDA conv2d has no 4-bit path;
+  constant int4/uint4 inputs (``cast(<constant>, "int4")``) are folded there,
+  correctly (:func:`tvm_tcutils.cuda_subbyte.fold_subbyte_cast`), before TVM's
+  ``FoldConstant`` would fold them on the CPU, wrong;
+* ``FTVMLegalize`` for ``nn.dense``: the same folding of constant int4/uint4
+  inputs, then TVM's own legalization; other dense layers go to TVM's alone;
 * ``FTVMAlterOpLayout`` for ``nn.conv2d``: when our conv2d implementation is
   selected and the kernel is a constant, the kernel is re-laid out to
-  ``HWOI<n>o<k>i`` tiles once at compile time.
+  ``HWOI<n>o<k>i`` tiles once at compile time (int8/uint8 only: a 4-bit
+  layout transform would be folded wrong, so 4-bit kernels are packed inside
+  the kernel).
 
 Everything else (float or NCHW/NHWC layers, targets without tensor cores) goes
 to TVM's original hooks.
@@ -35,6 +42,8 @@ fraction of extra work channel padding may add to a layer, the same setting
 from __future__ import annotations
 
 import logging
+
+import numpy as np
 from typing import List, Optional, Sequence, Tuple
 
 from .._tvm import tvm
@@ -42,7 +51,7 @@ from tvm import autotvm, relay, te
 from tvm.relay.op.strategy.generic import wrap_compute_conv2d, wrap_topi_schedule
 from tvm.topi.utils import get_const_tuple
 
-from .. import registry
+from .. import cuda_subbyte, registry
 from .rules import (  # noqa: F401  (the setting, re-exported beside the hooks it steers)
     DEFAULT_PAD_FRACTION, Verdict, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
     set_max_pad_fraction, unsupported_reason,
@@ -173,19 +182,29 @@ def _pad_to_tiles(attrs, data, kernel, sizes, in_channels, out_shape):
     if (new_batch, new_in) != (batch, in_channels):
         data = relay.nn.pad(data, ((0, 0), (0, 0), (0, new_batch - batch), (0, new_in - in_channels)))
     if (new_out, new_in) != (out_channels, in_channels):
-        kernel = relay.nn.pad(kernel, ((0, 0), (0, 0), (0, new_out - out_channels), (0, new_in - in_channels)))
+        widths = ((0, 0), (0, 0), (0, new_out - out_channels), (0, new_in - in_channels))
+        if isinstance(kernel, relay.Constant) and cuda_subbyte.is_subbyte(kernel.data.dtype):
+            # Padded here: FoldConstant would pad a 4-bit constant on the CPU, wrong (cuda_subbyte).
+            padded = np.pad(cuda_subbyte.subbyte_values(kernel.data), widths)
+            kernel = relay.const(cuda_subbyte.subbyte_array(padded, str(kernel.data.dtype)))
+        else:
+            kernel = relay.nn.pad(kernel, widths)
     out = relay.nn.conv2d(data, kernel, **_conv2d_attrs(attrs, channels=new_out))
     return relay.strided_slice(out, begin=[0, 0, 0, 0], end=list(out_shape))
 
 
 def _legalize_conv2d(attrs, inputs, types):
-    """Pad HWNC int4/int8 conv2d to WMMA tiles, or move it to NHWC with a log line that says why."""
+    """Pad HWNC int4/int8 conv2d to WMMA tiles, or move it to NHWC with a log line that says why.
+
+    Constant int4/uint4 inputs are folded here, correctly (:func:`~tvm_tcutils.cuda_subbyte.fold_subbyte_cast`),
+    before TVM's ``FoldConstant`` would fold them wrong.
+    """
     if attrs.data_layout != "HWNC" or attrs.kernel_layout != "HWOI":
         return None
     target = tvm.target.Target.current(allow_none=True)
     if target is None or target.kind.name != "cuda":
         return None
-    data, kernel = inputs
+    data, kernel = cuda_subbyte.fold_subbyte_inputs(inputs)
     data_type, kernel_type, out_type = types[0], types[1], types[-1]
     name = f"conv2d HWNC {get_const_tuple(data_type.shape)} x {get_const_tuple(kernel_type.shape)} {data_type.dtype}"
     # The package's one verdict (raises MissingArchError without -arch), so
@@ -219,6 +238,15 @@ def _legalize_conv2d(attrs, inputs, types):
     return _to_nhwc(attrs, data, kernel)
 
 
+def _legalize_dense(attrs, inputs, types):
+    """Fold constant int4/uint4 inputs of ``nn.dense`` correctly, then TVM's own legalization; else ``None``."""
+    folded = cuda_subbyte.fold_subbyte_inputs(inputs)
+    if all(new.same_as(old) for new, old in zip(folded, inputs)):
+        return None
+    legal = tvm.topi.nn.dense_legalize(attrs, folded, types)
+    return legal if legal is not None else relay.nn.dense(*folded, units=attrs.units, out_dtype=attrs.out_dtype)
+
+
 # --------------------------------------------------------------------------
 # Alter-op: pack the constant kernel into tiles at compile time.
 # --------------------------------------------------------------------------
@@ -235,6 +263,12 @@ def _alter_conv2d(attrs, inputs, tinfos, out_type):
     )
     workload = autotvm.task.get_workload(outs)
     if workload is None or workload[0] != conv2d_hwnc.TASK:
+        return None
+    if cuda_subbyte.is_subbyte(tinfos[1].dtype):
+        # The tile layout would be made by a layout_transform that FoldConstant runs on the CPU, whose code
+        # generator misplaces 4-bit values (tvm_tcutils.cuda_subbyte); the kernel packs them itself instead.
+        logger.info("conv2d HWNC: %s kernel packed inside the kernel on every run (TVM cannot fold a %s "
+                    "layout transform correctly)", tinfos[1].dtype, tinfos[1].dtype)
         return None
     if not isinstance(kernel, relay.Constant):
         logger.info(
@@ -328,5 +362,6 @@ def hooks() -> List[registry.Hook]:
             targets=TARGETS,
         ),
         registry.op_attr("nn.conv2d", "FTVMLegalize", _legalize_conv2d, targets=TARGETS),
+        registry.op_attr("nn.dense", "FTVMLegalize", _legalize_dense, targets=TARGETS),
         registry.op_attr("nn.conv2d", "FTVMAlterOpLayout", _alter_conv2d, targets=TARGETS),
     ]
