@@ -239,7 +239,14 @@ def test_qnn_conv2d_nhwc_is_left_to_tvm(request):
 
 
 def test_input_module_is_not_modified():
-    mod = model("resnet-18")
+    mod = load_model("resnet-18")[0]
+    # TVM's ConvertLayout types the input's nodes in place on its first run (checked_type_): let TVM's own
+    # handlers do that first, so that what is compared is what the package's handlers do.
+    tvm_tcutils.unregister()
+    try:
+        convert(mod, "HWNC")
+    finally:
+        tvm_tcutils.register()
     before = tvm.ir.save_json(mod)
     with LayoutConfig(skip_layers=[0]):
         convert(mod, "HWNC")

@@ -641,7 +641,8 @@ def int4(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
         row["max_abs_ref"] = float(np.max(np.abs(want)))
         if present:
             got = _run_graph(lib, dev, {"data": x})
-            row.update(max_abs_diff=float(np.max(np.abs(got - want))), top1_agree=float(np.mean(got.argmax(1) == want.argmax(1))))
+            row.update(max_abs_diff=float(np.max(np.abs(got - want))),
+                       top1_agree=float(np.mean(got.argmax(1) == want.argmax(1))))
             print(f"ResNet-50 int4 GPU vs CPU: max |diff| {row['max_abs_diff']:.3g} of {row['max_abs_ref']:.3g}",
                   flush=True)
         else:
