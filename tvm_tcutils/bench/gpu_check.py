@@ -468,6 +468,22 @@ def markdown(payload: dict) -> str:
               f"{r['peak_tops']:.0f}" if r.get("peak_tops") else "-",
               f"{100 * r.get('tcutils_tops', 0) / r['peak_tops']:.1f}" if r.get("peak_tops") else "-"]
              for r in dense_rows]))
+    speed_rows = [r for r in rows if r.get("part") == "int4_vs_int8" and "int4" in r]
+    if speed_rows:
+        parts.append(table(
+            ["layer (HWNC data x HWOI kernel / stride)", "int4 ms", "int8 ms", "int8 / int4"],
+            [[f"{tuple(r['data'])} x {tuple(r['kernel'])} /{r['strides'][0]}", _ms(r.get("int4")),
+              _ms(r.get("int8")), _ratio(r.get("int8_over_int4"))] for r in speed_rows]))
+    stem_rows = [r for r in rows if r.get("part") == "stem" and "nchw_fallback" in r]
+    for r in stem_rows:
+        names = {"nchw_fallback": "float32 NCHW, TVM's fallback config (what ResNet-50 runs)",
+                 "nchw_best_random": f"float32 NCHW, best of {r['random_configs_tried']} random configs",
+                 "nhwc_fallback": "float32 NHWC, TVM's fallback config",
+                 "hwnc_int8_c16": "int8 HWNC on tensor cores, 3 channels padded to 16 (the package's template)"}
+        base = r["nchw_fallback"]["median_ms"]
+        parts.append(table(["stem convolution (8x3x224x224, 64 7x7 filters, stride 2)", "ms", "x faster"],
+                           [[label, _ms(r.get(key)), f"x{base / r[key]['median_ms']:.0f}"]
+                            for key, label in names.items() if key in r]))
     return "\n\n".join(parts)
 
 

@@ -149,8 +149,8 @@ def layer_table(
     target : str or tvm.target.Target, optional
         The build's target, for its rules too: a CUDA arch with tensor cores
         for ``dtype`` (a CUDA target needs ``-arch`` when no GPU is attached),
-        and no int4/uint4 for sm_90 and newer (no 4-bit MMA instruction there,
-        and the package's int4 kernels gave wrong results on an H200). Default:
+        and no int4/uint4 for sm_90 and newer (no 4-bit MMA instruction there:
+        int4 ran slower than int8 on an H200). Default:
         the layers alone are judged.
 
     Returns

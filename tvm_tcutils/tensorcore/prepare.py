@@ -75,8 +75,8 @@ def prepare_for_tensorcore(
         int8 / sm_75 for int4; a CUDA target needs ``-arch`` when no GPU is
         attached). int4/uint4 for sm_90 and newer is refused with a
         ``ValueError`` before any work: those GPUs have no 4-bit tensor-core
-        instruction (the 4-bit tiles run emulated on 8-bit MMA) and the
-        package's int4 kernels gave wrong results on an H200; use
+        instruction (the 4-bit tiles run emulated on 8-bit MMA, slower than
+        int8 on an H200); use
         ``dtype="int8"`` there. Default: the layers alone are judged.
 
     Returns

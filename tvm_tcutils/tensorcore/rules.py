@@ -18,10 +18,10 @@ The rules, in the order they are checked
 4. With a ``target``: it is CUDA with an arch that has these tensor cores
    (:data:`MIN_ARCH`), and not int4/uint4 on sm_90 or newer
    (:data:`INT4_EMULATED_FROM_ARCH`): those GPUs have no 4-bit MMA
-   instruction (ptxas emulates the 4-bit tiles on 8-bit MMA), and the
-   package's int4 kernels gave wrong results on an H200
-   (``docs/benchmarks/tensorcore.md``), so int4 layers do not qualify there;
-   int8 does.
+   instruction (ptxas emulates the 4-bit tiles on 8-bit MMA), and on an
+   H200 the package's int4 layers ran at about three quarters of int8's
+   speed (``docs/benchmarks/tensorcore.md``), so int4 layers do not qualify
+   there; int8 does.
 5. The GEMM each output pixel performs is ``M = batch``, ``N = out channels``,
    ``K = in channels``, computed in WMMA tiles of shape ``(m, n, k)``:
 
@@ -98,8 +98,9 @@ MIN_ARCH: Dict[str, int] = {"int4": 75, "uint4": 75, "int8": 72, "uint8": 72}
 #: int4/uint4 WMMA tiles (``mma.sync`` m8n8k32 ``.s4``) to 8-bit ones after unpacking the nibbles --
 #: CUDA 13 gives ``IMMA.8816.S8.S8`` for sm_90 and ``IMMA.16816.S8.S8`` for sm_100/sm_120 where
 #: sm_75-sm_89 have ``IMMA.8832.S4.S4`` (python_tests/tensorcore/test_sass.py checks the SASS).
-#: int4's tensor-core throughput over int8 is gone, and the package's int4 kernels gave wrong results on
-#: an H200 (sm_90; docs/benchmarks/tensorcore.md), so from this arch on int4/uint4 layers do not qualify.
+#: int4's tensor-core throughput over int8 is gone: on an H200 (sm_90) the package's int4 layers of ResNet-50
+#: ran at x0.56-x0.94 of their int8 speed (docs/benchmarks/tensorcore.md), so from this arch on int4/uint4
+#: layers do not qualify.
 INT4_EMULATED_FROM_ARCH = 90
 
 #: Operand types without a tensor-core instruction of their own from :data:`INT4_EMULATED_FROM_ARCH` on.
@@ -231,8 +232,8 @@ def unsupported_reason(dtype: str, target: Optional[tvm.target.Target]) -> str:
     """Why ``dtype`` may not use ``target``'s tensor cores although the arch has some, or ``""``.
 
     int4/uint4 on sm_90 and newer (:data:`INT4_EMULATED_FROM_ARCH`): there is no
-    4-bit MMA instruction (ptxas runs the 4-bit tiles on 8-bit MMA), and the
-    package's int4 kernels gave wrong results on an H200. Only CUDA targets are
+    4-bit MMA instruction (ptxas runs the 4-bit tiles on 8-bit MMA), and int4
+    layers were slower than int8 ones on an H200. Only CUDA targets are
     judged (``""`` for others and for ``None``).
 
     Raises
@@ -243,7 +244,7 @@ def unsupported_reason(dtype: str, target: Optional[tvm.target.Target]) -> str:
     Examples
     --------
     >>> print(unsupported_reason("uint4", tvm.target.Target("cuda -arch=sm_90")))  # doctest: +ELLIPSIS
-    uint4 on sm_90 and newer (target has sm_90): no 4-bit MMA instruction (emulated on 8-bit MMA) and ...; use int8
+    uint4 on sm_90 and newer (target has sm_90): no 4-bit MMA instruction (emulated on 8-bit MMA: ...); use int8
     >>> unsupported_reason("int4", tvm.target.Target("cuda -arch=sm_80")), unsupported_reason("int8", None)
     ('', '')
     """
@@ -254,8 +255,8 @@ def unsupported_reason(dtype: str, target: Optional[tvm.target.Target]) -> str:
         return ""
     return (
         f"{dtype} on sm_{INT4_EMULATED_FROM_ARCH} and newer (target has sm_{arch}): no 4-bit MMA instruction "
-        "(emulated on 8-bit MMA) and the package's int4 kernels gave wrong results on an H200 "
-        "(docs/benchmarks/tensorcore.md); use int8"
+        "(emulated on 8-bit MMA: int4 layers ran slower than int8 on an H200, docs/benchmarks/tensorcore.md); "
+        "use int8"
     )
 
 
