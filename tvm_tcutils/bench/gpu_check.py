@@ -144,8 +144,8 @@ def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable
     # The logits, not the softmax: with the model's random weights the softmax is nearly uniform (about
     # 0.001 everywhere) and would hide differences.
     mod = _without_softmax(mod)
-    prepared, skipped = tvm_tcutils.prepare_for_tensorcore(mod, dtype="int8")
     target = f"cuda -arch={arch}"
+    prepared, skipped = tvm_tcutils.prepare_for_tensorcore(mod, dtype="int8", target=target)
     row: Dict[str, object] = {"part": "resnet50", "batch": batch, "dtype": "int8", "target": target,
                               "skipped_layers": len(skipped)}
     start = time.time()
@@ -234,7 +234,7 @@ def profile(results, arch: str, batch: int = 8) -> None:
     import tvm_tcutils
 
     mod, params = tvm_tcutils.load_model("resnet-50", batch_size=batch)
-    prepared, _ = tvm_tcutils.prepare_for_tensorcore(mod, dtype="int8")
+    prepared, _ = tvm_tcutils.prepare_for_tensorcore(mod, dtype="int8", target=f"cuda -arch={arch}")
     lib = _build(prepared, params, f"cuda -arch={arch}")
     if not gpu_present():
         results.add(part="profile", rehearsal=True)

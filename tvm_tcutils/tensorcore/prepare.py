@@ -41,6 +41,7 @@ def prepare_for_tensorcore(
     skip_layers: Union[str, Iterable[int]] = "auto",
     pad_fraction: Optional[float] = None,
     target: TargetLike = None,
+    skipped_layout: str = "auto",
 ) -> Prepared:
     """Convert conv2d layers to HWNC and recast them to int4/int8, skipping those that cannot use tensor cores.
 
@@ -78,6 +79,12 @@ def prepare_for_tensorcore(
         instruction (the 4-bit tiles run emulated on 8-bit MMA, slower than
         int8 on an H200); use
         ``dtype="int8"`` there. Default: the layers alone are judged.
+    skipped_layout : {"auto", "NHWC", "keep"}
+        The data layout of the skipped layers, which stay in float. ``"auto"``:
+        ``NHWC`` for a CUDA ``target``, else as they are. On a GPU a skipped
+        3-channel stem in NCHW runs on TVM's untuned NCHW schedule: 38 ms for
+        ResNet-50's at batch 8 on an H200, 1.0 ms in NHWC
+        (``docs/benchmarks/tensorcore.md``).
 
     Returns
     -------
@@ -117,6 +124,10 @@ def prepare_for_tensorcore(
                          "(prepare with dtype='int8' for this target; docs/cuda.md)")
     mod = typed(mod, "mod")
     calls = layer_calls(mod, resolve_ops(CONV, "ops"))
+    if skipped_layout not in SKIPPED_LAYOUTS:
+        raise ValueError(f"skipped_layout must be one of {', '.join(SKIPPED_LAYOUTS)}, got {skipped_layout!r}")
+    if skipped_layout == "auto":
+        skipped_layout = "NHWC" if target is not None and target.kind.name == "cuda" else "keep"
     if isinstance(skip_layers, str):
         if skip_layers != "auto":
             raise ValueError(f"skip_layers must be 'auto' or a list of layer indices, got {skip_layers!r}")
@@ -131,10 +142,19 @@ def prepare_for_tensorcore(
         converted = relay.transform.ConvertLayout({CONV: [DATA_LAYOUT, "default"]})(mod)
     already = {i for i, call in enumerate(calls) if str(call.attrs.data_layout) == DATA_LAYOUT}
     _check_converted(converted, config, len(calls), (set(range(len(calls))) - set(skip)) | already)
+    if skip and skipped_layout == "NHWC":
+        # The converted layers are skipped this time: only the float ones move, to NHWC.
+        others = sorted(set(range(len(calls))) - set(skip))
+        with LayoutConfig(skip_layers=others, num_layers=len(calls)), tvm.transform.PassContext(opt_level=3):
+            converted = relay.transform.ConvertLayout({CONV: ["NHWC", "default"]})(converted)
     # ConvertLayout keeps every layer's result type: no type inference needed before recasting.
     result_dtypes = [str(call.checked_type.dtype) for call in calls]
     recast_mod = recast_layers(converted, resolve_ops(CONV, "ops"), dtype, out_dtype, frozenset(skip), result_dtypes)
     return Prepared(relay.transform.InferType()(recast_mod), skipped)
+
+
+#: The choices of ``prepare_for_tensorcore(skipped_layout=...)``.
+SKIPPED_LAYOUTS = ("auto", "NHWC", "keep")
 
 
 def _check_converted(mod: tvm.IRModule, config: LayoutConfig, num_layers: int, expected: set) -> None:
