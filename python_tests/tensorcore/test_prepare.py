@@ -242,7 +242,8 @@ def test_the_target_changes_nothing_where_the_tensor_cores_are_allowed(dtype, ta
         warnings.simplefilter("error")
         prepared, skipped = prepare_for_tensorcore(mod, dtype, target=target)
     assert [s.index for s in skipped] == [0]
-    plain = prepare_for_tensorcore(mod, dtype)
+    # Nothing but the skipped layers' layout (NHWC for a CUDA target).
+    plain = prepare_for_tensorcore(mod, dtype, skipped_layout="NHWC")
     assert plain.skipped == skipped and tvm.ir.structural_equal(plain.mod, prepared)
 
 
@@ -255,7 +256,7 @@ def test_a_target_without_these_tensor_cores_skips_every_layer(target, words):
     if target == "cuda" and tvm_tcutils.capabilities()["cuda_device"]:
         pytest.skip("a GPU is attached: TVM takes its arch for a plain 'cuda' target")
     mod = small_conv_net(channels=32)
-    prepared, skipped = prepare_for_tensorcore(mod, "int8", target=target)
+    prepared, skipped = prepare_for_tensorcore(mod, "int8", target=target, skipped_layout="keep")
     assert [s.index for s in skipped] == [0, 1] and all(words in s.reason for s in skipped)
     assert tvm.ir.structural_equal(prepared, relay.transform.InferType()(mod))
 
