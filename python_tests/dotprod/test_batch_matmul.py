@@ -107,6 +107,28 @@ def test_whole_lane_batch_matmul_is_exact_with_and_without_an_epilogue(pair, m, 
     np.testing.assert_array_equal(res.numpy(), (ref * 3 - 7 if epilogue else ref).astype("int32"))
 
 
+@pytest.mark.parametrize("n, per_tile", [(128, True), (19, False)])
+def test_a_whole_lane_product_is_consumed_tile_by_tile(n, per_tile):
+    """With N a whole number of lanes the product lives one tile at a time (in L1), consumed in the same loop;
+    otherwise (padded columns) it is a whole buffer sliced by a second pass."""
+    import re
+
+    from tvm_tcutils.dotprod.isa import for_target
+
+    target = tvm.target.Target(host_dot_target())
+    lanes = for_target(target).lanes
+    x, y = te.placeholder((2, 16, 64), "uint8", "x"), te.placeholder((2, n, 64), "int8", "y")
+    with target:
+        cfg = autotvm.get_config()
+        out = bmm.batch_matmul_dot(cfg, x, y)
+        lowered = str(tvm.lower(bmm.schedule_batch_matmul_dot(cfg, [out]), [x, y, out]))
+    count, vector = re.search(r'batch_matmul_dot = T.allocate\(\[(\d+)\], "int32(?:x(\d+))?"', lowered).groups()
+    elements = int(count) * int(vector or 1)
+    tile = cfg["tile_m"].val * cfg["tile_nb"].val * lanes
+    n_padded = -(-n // lanes) * lanes
+    assert elements == (tile if per_tile else 2 * 16 * n_padded)
+
+
 @pytest.mark.parametrize("pair", [("uint8", "int8"), ("uint8", "uint8"), ("int8", "int8")])
 def test_vnni_batch_matmul_is_tensorized(pair):
     x = relay.var("x", shape=(2, 4, 64), dtype=pair[0])

@@ -453,6 +453,30 @@ def bench_encoder_ops(threads, rounds: int = 5) -> list:
     return rows
 
 
+def encoder_ops_markdown(payload: Mapping) -> str:
+    """The docs' per-op table from the JSON of ``scripts/bench_int8.py --encoder-ops``.
+
+    Examples
+    --------
+    >>> row = {"layer": "scores 4x128x64x128", "threads": 1, "peak_gops": 400.0,
+    ...        "gops": {"ours untuned": 320.0, "ORT MatMulInteger": 160.0}}
+    >>> print(encoder_ops_markdown({"rows": [row]}).splitlines()[-1])
+    | scores 4x128x64x128 | 1 | 320 | 80.0% | 160 | - | x2.00 |
+    """
+    from .table import markdown
+
+    lines = []
+    for row in payload["rows"]:
+        gops = row["gops"]
+        ours_gops, ort = gops.get("ours untuned"), gops.get("ORT MatMulInteger")
+        qlinear = gops.get("ORT QLinearMatMul")
+        lines.append([row["layer"], row["threads"], f"{ours_gops:.0f}", f"{100 * ours_gops / row['peak_gops']:.1f}%",
+                      f"{ort:.0f}" if ort else "-", f"{qlinear:.0f}" if qlinear else "-",
+                      f"x{ours_gops / ort:.2f}" if ort else "-"])
+    return markdown(["product", "threads", "tcutils GOPS (untuned)", "of peak", "ORT MatMulInteger GOPS",
+                     "ORT QLinearMatMul GOPS", "tcutils / MatMulInteger"], lines)
+
+
 def _build_relay(expr, *params):
     with tvm.transform.PassContext(opt_level=3):
         return relay.build(tvm.IRModule.from_expr(relay.Function(list(params), expr)), target=TARGET)

@@ -151,9 +151,14 @@ def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=F
     cfg.define_knob("tile_m", divisors_up_to(m, budget))
     cfg.define_knob("tile_nb", divisors_up_to(n_p // lanes, budget))
     if cfg.is_fallback:
-        tile_m = divisors_up_to(m, 4)[-1]
+        # When N fills whole lane blocks the schedule consumes each tile in the same loop nest; on a wide
+        # register file 8 accumulators (2 rows x 4 blocks) then leave room for the consumer: 21.0 us against
+        # 32.1 us with 16 for a 4 x 128 x 128 x 64 u8 x u8 product on VNNI (docs/benchmarks/dotprod.md).
+        per_tile = n == n_p and budget >= 16
+        tile_m = divisors_up_to(m, 2 if per_tile else 4)[-1]
+        tile_budget = max(1, budget // 2) if per_tile else budget
         cfg["tile_m"] = OtherOptionEntity(tile_m)
-        cfg["tile_nb"] = OtherOptionEntity(divisors_up_to(n_p // lanes, max(1, budget // tile_m))[-1])
+        cfg["tile_nb"] = OtherOptionEntity(divisors_up_to(n_p // lanes, max(1, tile_budget // tile_m))[-1])
     r_ko = te.reduce_axis((0, k_p // 4), name="k_outer")
     r_ki = te.reduce_axis((0, 4), name="k_inner")
     product = te.compute(
@@ -216,8 +221,13 @@ def schedule_batch_matmul_dot(cfg, outs):
     product = find_op(outs, TAG)
     if product is None:
         raise ValueError(f"no {TAG} op among the outputs")
-    # A root of the schedule, so that its bounds are its whole (lane-padded) shape, not the sliced part.
-    s = te.create_schedule([product.op] + [t.op for t in outs])
+    final = outs[-1]
+    # N fills whole lane blocks: each product tile is consumed (correction, fused elementwise ops) while
+    # it is in L1, in the same parallel loop, instead of by a second pass over the whole product.
+    per_tile = (len(outs) == 1 and final.op != product.op and isinstance(final.op, te.ComputeOp)
+                and get_const_tuple(final.shape) == get_const_tuple(product.shape))
+    # Else the product is a root of the schedule, so that its bounds are its whole (lane-padded) shape.
+    s = te.create_schedule([t.op for t in outs] if per_tile else [product.op] + [t.op for t in outs])
     x_pack, y_pack = product.op.input_tensors
     isa = current_isa(x_pack.dtype, y_pack.dtype)
     intrin = dot_product_intrin(isa, str(x_pack.dtype), str(y_pack.dtype))
@@ -231,16 +241,33 @@ def schedule_batch_matmul_dot(cfg, outs):
     sums = find_op(outs, "dot_flip_sum")
     if sums is not None:
         s[sums].parallel(s[sums].op.axis[0])
-    # The product stays a stage of its own (its N is padded to the lanes); whatever follows it
-    # (the slice, fused elementwise ops) is one parallel, vectorized loop nest over the output.
-    _schedule_elementwise_tail(s, outs, product)
-    b, i, j = s[product].op.axis
+    tile_m, tile_n = cfg["tile_m"].val, cfg["tile_nb"].val * lanes
+    if per_tile:
+        inline_between(s, outs, product)
+        b, i, j = s[final].op.axis
+        i_o, i_i = s[final].split(i, factor=tile_m)
+        j_o, j_i = s[final].split(j, factor=tile_n)
+        s[final].reorder(b, i_o, j_o, i_i, j_i)
+        tile = s[final].fuse(b, i_o, j_o)
+        s[final].parallel(tile)
+        j_b, j_l = s[final].split(j_i, factor=lanes)
+        s[final].vectorize(j_l)
+        s[final].unroll(i_i)
+        s[final].unroll(j_b)
+        s[product].compute_at(s[final], tile)
+        _, i_i, j_i = s[product].op.axis
+    else:
+        # The product stays a stage of its own (its N is padded to the lanes); whatever follows it
+        # (the slice, fused elementwise ops) is one parallel, vectorized loop nest over the output.
+        _schedule_elementwise_tail(s, outs, product)
+        b, i, j = s[product].op.axis
+        i_o, i_i = s[product].split(i, factor=tile_m)
+        j_o, j_i = s[product].split(j, factor=tile_n)
+        s[product].reorder(b, i_o, j_o, i_i, j_i)
+        s[product].parallel(s[product].fuse(b, i_o, j_o))
     r_ko, r_ki = s[product].op.reduce_axis
-    i_o, i_i = s[product].split(i, factor=cfg["tile_m"].val)
-    j_o, j_i = s[product].split(j, factor=cfg["tile_nb"].val * lanes)
     j_b, j_l = s[product].split(j_i, factor=lanes)
-    s[product].reorder(b, i_o, j_o, r_ko, i_i, j_b, j_l, r_ki)
-    s[product].parallel(s[product].fuse(b, i_o, j_o))
+    s[product].reorder(r_ko, i_i, j_b, j_l, r_ki)
     s[product].unroll(i_i)
     s[product].unroll(j_b)
     s[product].tensorize(j_l, intrin)
