@@ -651,11 +651,15 @@ def int4(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
                   if len(value.shape) in (2, 4) else value for name, value in params.items()}
         prepared, skipped = tvm_tcutils.prepare_for_tensorcore(_without_softmax(mod), dtype="int4", target=target)
         row = {"part": "int4", "case": "resnet-50", "batch": batch, "skipped_layers": len(skipped)}
+        # Each step says when it starts: one run died here with SIGSEGV, and the log is what came back.
+        print("int4 ResNet-50: building for the GPU", flush=True)
         lib = _build(prepared, params, target)
         x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
+        print("int4 ResNet-50: building and running the CPU reference", flush=True)
         want = _run_graph(_build(_int4_as_8bit(prepared), params, "llvm"), tvm.cpu(), {"data": x})
         row["max_abs_ref"] = float(np.max(np.abs(want)))
         if present:
+            print("int4 ResNet-50: running on the GPU", flush=True)
             got = _run_graph(lib, dev, {"data": x})
             row.update(max_abs_diff=float(np.max(np.abs(got - want))),
                        top1_agree=float(np.mean(got.argmax(1) == want.argmax(1))))
