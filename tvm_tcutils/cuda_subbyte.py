@@ -323,3 +323,32 @@ def fold_subbyte_inputs(inputs) -> List[relay.Expr]:
     """``inputs`` with each :func:`fold_subbyte_cast`-able one folded."""
     folded = [fold_subbyte_cast(expr) for expr in inputs]
     return [expr if new is None else new for expr, new in zip(inputs, folded)]
+
+
+def fold_subbyte_pads(expr: relay.Expr) -> relay.Expr:
+    """``expr`` with each zero ``nn.pad`` of an int4/uint4 constant done in NumPy (FoldConstant would misplace it).
+
+    For what another legalization (TVM's dense one pads int4 operands to its tiles) makes of folded inputs.
+
+    Examples
+    --------
+    >>> weight = relay.const(subbyte_array(np.arange(-8, 8).reshape(2, 8), "int4"))
+    >>> folded = fold_subbyte_pads(relay.nn.pad(weight, ((0, 0), (0, 8))))
+    >>> subbyte_values(folded.data)[1].tolist()
+    [0, 1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0]
+    """
+
+    class _Pads(relay.ExprMutator):
+        def visit_call(self, call):
+            new = super().visit_call(call)
+            if getattr(new.op, "name", "") != "nn.pad" or not isinstance(new.args[0], relay.Constant):
+                return new
+            data, value = new.args[0].data, new.args[1] if len(new.args) > 1 else None
+            if not is_subbyte(data.dtype) or str(new.attrs.pad_mode) != "constant":
+                return new
+            if value is not None and not (isinstance(value, relay.Constant) and not value.data.numpy().any()):
+                return new
+            widths = [tuple(int(v) for v in pair) for pair in new.attrs.pad_width]
+            return relay.const(subbyte_array(np.pad(subbyte_values(data), widths), str(data.dtype)))
+
+    return _Pads().visit(expr)

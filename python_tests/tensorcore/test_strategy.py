@@ -209,6 +209,25 @@ def test_four_bit_constant_kernels_are_folded_right_and_packed_by_the_kernel(dty
     assert not got[..., cin:].any()  # zero padding
 
 
+@pytest.mark.parametrize("dtype,k", [("int4", 64), ("int4", 60), ("uint4", 60)])
+def test_four_bit_constant_dense_weights_are_folded_right_also_when_tvm_pads_them(dtype, k):
+    """The dense legalization folds the cast in NumPy; TVM's own then pads K to 32 (60 -> 64), also in NumPy."""
+    rng = np.random.default_rng(0)
+    low, high = (-8, 7) if dtype == "int4" else (0, 15)
+    weight = rng.integers(low, high + 1, size=(32, k)).astype("int8" if dtype == "int4" else "uint8")
+    x = relay.var("x", shape=(16, k), dtype=str(weight.dtype))
+    y = relay.nn.dense(relay.cast(x, dtype), relay.cast(relay.const(weight), dtype), out_dtype="int32")
+    with tvm.transform.PassContext(opt_level=3):
+        opt, _ = relay.optimize(tvm.IRModule.from_expr(relay.Function([x], y)), target=SM80)
+    consts = []
+    relay.analysis.post_order_visit(opt["main"], lambda n: consts.append(n) if isinstance(n, relay.Constant) else None)
+    (kernel,) = [c for c in consts if str(c.data.dtype) == dtype]
+    got = cuda_subbyte.subbyte_values(kernel.data)
+    assert got.shape == (32, -(-k // 32) * 32)
+    np.testing.assert_array_equal(got[:, :k], weight)
+    assert not got[:, k:].any()
+
+
 def test_alter_op_leaves_a_non_constant_kernel_alone_with_a_log(caplog):
     mod = _conv_module((8, 8, 8, 64), (3, 3, 64, 64), "int8", const_kernel=False)
     with caplog.at_level(logging.INFO, logger="tvm_tcutils.tensorcore"):

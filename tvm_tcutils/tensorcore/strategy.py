@@ -244,7 +244,9 @@ def _legalize_dense(attrs, inputs, types):
     if all(new.same_as(old) for new, old in zip(folded, inputs)):
         return None
     legal = tvm.topi.nn.dense_legalize(attrs, folded, types)
-    return legal if legal is not None else relay.nn.dense(*folded, units=attrs.units, out_dtype=attrs.out_dtype)
+    if legal is None:
+        return relay.nn.dense(*folded, units=attrs.units, out_dtype=attrs.out_dtype)
+    return cuda_subbyte.fold_subbyte_pads(legal)  # TVM's pads its int4 operands to its tiles
 
 
 # --------------------------------------------------------------------------
