@@ -55,7 +55,7 @@ def test_float_batch_matmul_keeps_tvm_implementation():
 @pytest.mark.parametrize("pair", [("uint8", "int8"), ("int8", "uint8"), ("uint8", "uint8"), ("int8", "int8")])
 @pytest.mark.parametrize("batches", [(2, 2), (1, 3)])
 @pytest.mark.parametrize("kernel", ["dot", "exact"])
-@pytest.mark.parametrize("k", [21, 24])  # 24: x is read where it is, without a packed copy
+@pytest.mark.parametrize("k", [21, 24, 64])  # 24: x read where it is; 64: row sums on vpsadbw (AVX-512)
 def test_batch_matmul_kernels_are_exact(transpose_a, transpose_b, pair, batches, kernel, k):
     target = tvm.target.Target(host_dot_target())
     m, n = 3, 19
@@ -84,7 +84,8 @@ def test_batch_matmul_kernels_are_exact(transpose_a, transpose_b, pair, batches,
 
 
 @pytest.mark.parametrize("pair", [("uint8", "int8"), ("uint8", "uint8"), ("int8", "int8")])
-@pytest.mark.parametrize("m, n, k", [(7, 32, 24), (5, 48, 21)])  # N a whole number of lanes (no padded columns)
+# N a whole number of lanes (no padded columns); K = 128: the flip correction's row sums on vpsadbw (AVX-512)
+@pytest.mark.parametrize("m, n, k", [(7, 32, 24), (5, 48, 21), (3, 32, 128)])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_whole_lane_batch_matmul_is_exact_with_and_without_an_epilogue(pair, m, n, k, epilogue):
     from tvm_tcutils.dotprod.isa import for_target

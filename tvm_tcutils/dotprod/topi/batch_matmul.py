@@ -29,7 +29,7 @@ from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
 from .common import current_isa, divisors_up_to, find_op, inline_between
-from .intrinsics import dot_product_intrin
+from .intrinsics import BYTE_SUM_WIDTH, byte_sum_intrin, dot_product_intrin
 from .packing import round_up
 
 #: Tag of the tensorized product, used by the schedule to find it among fused ops.
@@ -241,6 +241,7 @@ def schedule_batch_matmul_dot(cfg, outs):
     sums = find_op(outs, "dot_flip_sum")
     if sums is not None:
         s[sums].parallel(s[sums].op.axis[0])
+        _byte_sums(s, sums, isa)
     tile_m, tile_n = cfg["tile_m"].val, cfg["tile_nb"].val * lanes
     if per_tile:
         inline_between(s, outs, product)
@@ -272,6 +273,24 @@ def schedule_batch_matmul_dot(cfg, outs):
     s[product].unroll(j_b)
     s[product].tensorize(j_l, intrin)
     return s
+
+
+#: ISAs whose row sums run on AVX-512BW's ``vpsadbw`` (:func:`~.intrinsics.byte_sum_intrin`).
+BYTE_SUM_ISAS = ("x86_vnni",)
+
+
+def _byte_sums(s: te.Schedule, sums: te.Tensor, isa) -> None:
+    """Tensorize the flip correction's row sums with ``vpsadbw`` where the ISA has it and rows are whole
+    64-byte chunks read contiguously (the operand as stored, not transposed)."""
+    (r_k,) = s[sums].op.reduce_axis
+    source = sums.op.body[0].source[0]  # the read's widening cast
+    load = source.value if isinstance(source, tir.Cast) else None
+    contiguous = (isinstance(load, tir.ProducerLoad) and isinstance(load.indices[-1], tir.Var)
+                  and load.indices[-1].same_as(r_k.var))
+    if isa.name not in BYTE_SUM_ISAS or int(r_k.dom.extent) % BYTE_SUM_WIDTH or not contiguous:
+        return
+    _, k_i = s[sums].split(r_k, factor=BYTE_SUM_WIDTH)
+    s[sums].tensorize(k_i, byte_sum_intrin(str(load.dtype)))
 
 
 def _schedule_elementwise_tail(s: te.Schedule, outs, stop: te.Tensor) -> None:
