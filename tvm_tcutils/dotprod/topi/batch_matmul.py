@@ -13,7 +13,9 @@ replacements:
   ``x`` to ``(B, M, K4)`` and ``y`` to ``(B, N/L, K4/4, L, 4)`` (``L`` lanes,
   ``K4`` = ``K`` rounded up to 4), which also undoes ``transpose_a`` /
   ``transpose_b`` (and flips the sign bit), and each ``L``-lane output block is
-  one dot-product step per 4 ``K``;
+  one dot-product step per 4 ``K``; when ``N`` is a whole number of lanes each product tile is
+  consumed (correction, fused epilogue) in the loop that computed it, and on AVX-512 the correction's
+  row sums run on ``vpsadbw``;
 * :func:`batch_matmul_exact` for 8-bit pairs no ISA variant takes even so:
   int32 products summed in int32, vectorized over ``N``.
 
