@@ -136,11 +136,20 @@ def _sample(module, dev, number: int) -> Callable[[], float]:
     return lambda: float(evaluator().results[0]) * 1e3
 
 
+def _integer_weights(params: Dict[str, "tvm.nd.NDArray"]) -> Dict[str, "tvm.nd.NDArray"]:
+    """``params`` with small integer weights (-2..2, conv and dense): the model's random float weights
+    (``|w| < 1``) all truncate to 0 when recast to int8/int4, which would make a GPU-vs-CPU check vacuous."""
+    rng = np.random.default_rng(0)
+    return {name: tvm.nd.array(rng.integers(-2, 3, size=value.shape).astype(value.dtype))
+            if len(value.shape) in (2, 4) else value for name, value in params.items()}
+
+
 def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable[[], None] = lambda: None) -> None:
     """ResNet-50 int8 on tensor cores: GPU outputs against the CPU reference, then package vs TVM end to end."""
     import tvm_tcutils
 
     mod, params = tvm_tcutils.load_model("resnet-50", batch_size=batch)
+    params = _integer_weights(params)
     # The logits, not the softmax: with the model's random weights the softmax is nearly uniform (about
     # 0.001 everywhere) and would hide differences.
     mod = _without_softmax(mod)
@@ -646,9 +655,7 @@ def int4(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
                   f"without {row.get('unfixed_mismatches')}; {row['mma']}", flush=True)
 
         mod, params = tvm_tcutils.load_model("resnet-50", batch_size=batch)
-        # Small integer weights: the model's random float weights (|w| < 1) all truncate to 0 in int4.
-        params = {name: tvm.nd.array(rng.integers(-2, 3, size=value.shape).astype(value.dtype))
-                  if len(value.shape) in (2, 4) else value for name, value in params.items()}
+        params = _integer_weights(params)
         prepared, skipped = tvm_tcutils.prepare_for_tensorcore(_without_softmax(mod), dtype="int4", target=target)
         row = {"part": "int4", "case": "resnet-50", "batch": batch, "skipped_layers": len(skipped)}
         # Each step says when it starts: one run died here with SIGSEGV, and the log is what came back.
