@@ -237,3 +237,15 @@ def test_int4_tensors_round_trip_between_kernels_on_the_gpu(dtype):
 def test_registry_declares_the_build_hook_only_where_tvm_has_a_code_generator():
     names = {row.name for row in registry.registered() if row.kind == "packed_func"}
     assert ("target.build.cuda" in names) == STATUS["codegen"]
+
+
+def test_casts_of_short_constant_expressions_fold_and_long_graphs_are_not_walked():
+    weight = np.random.default_rng(0).integers(-8, 8, size=(2, 3, 4, 8)).astype("float32")
+    chain = relay.transpose(relay.const(weight), (0, 2, 3, 1))  # a weight's layout change, as ConvertLayout makes
+    folded = cuda_subbyte.fold_subbyte_cast(relay.cast(chain, "int4"))
+    np.testing.assert_array_equal(cuda_subbyte.subbyte_values(folded.data), weight.transpose(0, 2, 3, 1))
+    # Beyond the budget the expression is left to TVM: a layer's input graph is not walked whole per layer.
+    long_chain = relay.const(weight)
+    for _ in range(cuda_subbyte.CONSTANT_EXPRESSION_BUDGET):
+        long_chain = relay.negative(relay.negative(long_chain))
+    assert cuda_subbyte.fold_subbyte_cast(relay.cast(long_chain, "int4")) is None

@@ -306,20 +306,43 @@ def compile_cuda(code: str, target: Union[str, "tvm.target.Target", None] = None
             return bytearray(nvrtc(code, arch, os.path.join(root, "include")))
         except tvm.TVMError as err:
             raise RuntimeError(str(err)) from None
+    return nvcc_compile(code, arch, "cubin")
+
+
+#: What :func:`nvcc_compile` can make: nvcc's ``--cubin`` or ``--ptx``.
+NVCC_OUTPUTS = ("cubin", "ptx")
+
+
+def nvcc_compile(code: str, arch: str, output: str = "cubin") -> bytearray:
+    """CUDA C++ to a cubin (``arch`` an ``sm_XX``) or PTX (``arch`` may be a ``compute_XX``) with the toolkit's nvcc.
+
+    PTX comes back as text starting with ``//``, which TVM's CUDA module loads through the driver's JIT
+    (:func:`compile_cuda` uses the cubin form).
+
+    Raises
+    ------
+    ValueError
+        For an ``output`` not in :data:`NVCC_OUTPUTS`.
+    RuntimeError
+        When nvcc is missing or the code does not compile (its messages included).
+    """
+    if output not in NVCC_OUTPUTS:
+        raise ValueError(f"output must be one of {', '.join(NVCC_OUTPUTS)}, got {output!r}")
+    root = toolkit_root()
     nvcc = tool("nvcc")
-    if nvcc is None:
+    if root is None or nvcc is None:
         raise RuntimeError(f"nvcc is not in the CUDA toolkit at {root} (pip install nvidia-cuda-nvcc)")
     with tempfile.TemporaryDirectory(prefix="tcutils-nvcc-") as tmp:
-        source, cubin = os.path.join(tmp, "tvm_kernels.cu"), os.path.join(tmp, "tvm_kernels.cubin")
+        source, result = os.path.join(tmp, "tvm_kernels.cu"), os.path.join(tmp, f"tvm_kernels.{output}")
         with open(source, "w", encoding="utf-8") as out:
             out.write(code)
         # nvcc finds ptxas, cicc and the host compiler's helpers through PATH and its own folder.
         env = {**os.environ, "PATH": os.path.join(root, "bin") + os.pathsep + os.environ.get("PATH", "")}
-        proc = subprocess.run([nvcc, "--cubin", "-O3", f"-arch={arch}", "-o", cubin, source],
+        proc = subprocess.run([nvcc, f"--{output}", "-O3", f"-arch={arch}", "-o", result, source],
                               capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc could not compile the kernels for {arch}:\n{proc.stdout}{proc.stderr}")
-        with open(cubin, "rb") as handle:
+        with open(result, "rb") as handle:
             return bytearray(handle.read())
 
 

@@ -42,7 +42,7 @@ True
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -285,6 +285,33 @@ def subbyte_values(array: "tvm.nd.NDArray") -> np.ndarray:
     return values.reshape(shape)
 
 
+#: Nodes :func:`fold_subbyte_cast` looks at before it takes an expression for a non-constant one: a weight's
+#: constant expression is a short chain (layout transforms, casts) over a constant, and the legalization
+#: calling it runs once per layer, where walking each layer's whole input graph would be quadratic.
+CONSTANT_EXPRESSION_BUDGET = 64
+
+
+def _constant_expression(expr: relay.Expr, budget: int = CONSTANT_EXPRESSION_BUDGET) -> bool:
+    """Whether ``expr`` is made of constants only, judged from at most ``budget`` nodes (``False`` beyond)."""
+    pending, seen = [expr], 0
+    while pending:
+        node = pending.pop()
+        seen += 1
+        if seen > budget:
+            return False
+        if isinstance(node, relay.Constant):
+            continue
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            pending.extend(node.args)
+        elif isinstance(node, relay.Tuple):
+            pending.extend(node.fields)
+        elif isinstance(node, relay.TupleGetItem):
+            pending.append(node.tuple_value)
+        else:
+            return False  # a variable, a function, a let: not a constant expression
+    return True
+
+
 def fold_subbyte_cast(expr: relay.Expr) -> Optional[relay.Constant]:
     """``cast(<constant expression>, int4/uint4)`` folded correctly, or ``None`` for any other ``expr``.
 
@@ -303,7 +330,7 @@ def fold_subbyte_cast(expr: relay.Expr) -> Optional[relay.Constant]:
             and _scalar_subbyte(expr.attrs.dtype)):
         return None
     inner = expr.args[0]
-    if relay.analysis.free_vars(inner):
+    if not _constant_expression(inner):
         return None
     if not isinstance(inner, relay.Constant):
         folded = relay.transform.FoldConstant()(relay.transform.InferType()(
@@ -325,10 +352,11 @@ def fold_subbyte_inputs(inputs) -> List[relay.Expr]:
     return [expr if new is None else new for expr, new in zip(inputs, folded)]
 
 
-def fold_subbyte_pads(expr: relay.Expr) -> relay.Expr:
+def fold_subbyte_pads(expr: relay.Expr, stop: Sequence[relay.Expr] = ()) -> relay.Expr:
     """``expr`` with each zero ``nn.pad`` of an int4/uint4 constant done in NumPy (FoldConstant would misplace it).
 
-    For what another legalization (TVM's dense one pads int4 operands to its tiles) makes of folded inputs.
+    For what a legalization (the package's conv2d one, TVM's dense one) makes of folded inputs. The walk
+    does not enter the expressions in ``stop`` (a layer's inputs: the rest of the graph).
 
     Examples
     --------
@@ -351,4 +379,7 @@ def fold_subbyte_pads(expr: relay.Expr) -> relay.Expr:
             widths = [tuple(int(v) for v in pair) for pair in new.attrs.pad_width]
             return relay.const(subbyte_array(np.pad(subbyte_values(data), widths), str(data.dtype)))
 
-    return _Pads().visit(expr)
+    mutator = _Pads()
+    for kept in stop:
+        mutator.memo_map[kept] = kept
+    return mutator.visit(expr)

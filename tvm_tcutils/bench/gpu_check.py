@@ -572,13 +572,9 @@ def _int4_allowed() -> Iterator[None]:
         rules.INT4_EMULATED_FROM_ARCH = kept
 
 
-def _int4_case(op: str, dtype: str, batch: int, cin: int, cout: int, rng) -> Tuple[tvm.IRModule, np.ndarray]:
-    mod, value, _ = _int4_case_with_weight(op, dtype, batch, cin, cout, rng)
-    return mod, value
-
-
-def _int4_case_with_weight(op: str, dtype: str, batch: int, cin: int, cout: int, rng):
-    """A relay module casting its 8-bit input (and constant weights) to ``dtype`` on the device, and an input."""
+def _int4_case(op: str, dtype: str, batch: int, cin: int, cout: int,
+               rng) -> Tuple[tvm.IRModule, np.ndarray, np.ndarray]:
+    """A relay module casting its 8-bit input (and constant weights) to ``dtype`` on the device; input; weight."""
     storage, (low, high) = ("int8", (-8, 7)) if dtype == "int4" else ("uint8", (0, 15))
     shape = (8, 8, batch, cin) if op == "conv2d" else (batch, cin)
     weight = rng.integers(low, high + 1, size=(3, 3, cout, cin) if op == "conv2d" else (cout, cin)).astype(storage)
@@ -635,7 +631,7 @@ def int4(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
     tvm_codegen = replaced_func("target.build.cuda")
     with _int4_allowed():
         for case in INT4_CASES:
-            mod, value = _int4_case(*case, rng)
+            mod, value, _ = _int4_case(*case, rng)
             with tc.pad_limit(0.5):
                 want = _run_graph(_build(_int4_as_8bit(mod), None, "llvm"), tvm.cpu(), {"x": value})
                 libs = {"fixed": _build(mod, None, target)}
@@ -675,26 +671,6 @@ def int4(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
         else:
             row["rehearsal"] = True
         results.add(**row)
-
-
-def _nvcc_compiler(arch: str, flag: str) -> Callable:
-    """A ``tvm_callback_cuda_compile`` running the toolkit's nvcc with ``flag`` (``--cubin``/``--ptx``) for ``arch``.
-
-    PTX comes back as text starting with ``//``, which TVM's CUDA module loads through the driver's JIT.
-    """
-    import tempfile
-
-    def _compile(code: str, target) -> bytearray:
-        with tempfile.TemporaryDirectory(prefix="tcutils-diag-") as tmp:
-            source, out = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.out")
-            with open(source, "w", encoding="utf-8") as handle:
-                handle.write(code)
-            subprocess.run([cuda.tool("nvcc"), flag, "-O3", f"-arch={arch}", "-o", out, source], check=True,
-                           capture_output=True, text=True)
-            with open(out, "rb") as handle:
-                return bytearray(handle.read())
-
-    return _compile
 
 
 _INT4_PROBE_VARIANTS = r'''
@@ -753,28 +729,27 @@ def int4_diag(results, arch: str, python: str = "python3") -> None:
     for offline analysis. Then one s4 WMMA tile chain outside TVM (CuPy) with K = 32-128, from
     global and from shared memory.
     """
-    import contextlib as _contextlib
-
     from ..registry import overriding_func
 
     target = f"cuda -arch={arch}"
     present = gpu_present()
     compilers: Dict[str, Optional[Callable]] = {f"nvrtc_{arch}": None}
     if cuda.tool("nvcc"):
-        compilers[f"nvcc_{arch}"] = _nvcc_compiler(arch, "--cubin")
-        compilers["ptx_compute_80"] = _nvcc_compiler("compute_80", "--ptx")
+        # tvm_callback_cuda_compile's convention, (code, target) -> bytes; PTX is loaded through the driver's JIT.
+        compilers[f"nvcc_{arch}"] = lambda code, target: cuda.nvcc_compile(code, arch, "cubin")
+        compilers["ptx_compute_80"] = lambda code, target: cuda.nvcc_compile(code, "compute_80", "ptx")
     saved: Dict[str, np.ndarray] = {}
     rng = np.random.default_rng(0)
     with _int4_allowed():
         for case in (INT4_CASES[3], INT4_CASES[0]):
-            mod, value, weight = _int4_case_with_weight(*case, rng)
+            mod, value, weight = _int4_case(*case, rng)
             key = case[0]
             saved[f"{key}_x"], saved[f"{key}_w"] = value, weight
             saved[f"{key}_want"] = _run_graph(_build(_int4_as_8bit(mod), None, "llvm"), tvm.cpu(), {"x": value})
             row: Dict[str, object] = {"part": "int4_diag", "case": list(case)}
             for name, compile_fn in compilers.items():
                 scope = overriding_func("tvm_callback_cuda_compile", compile_fn) if compile_fn \
-                    else _contextlib.nullcontext()
+                    else contextlib.nullcontext()
                 try:
                     with scope:
                         lib = _build(mod, None, target)

@@ -122,12 +122,12 @@ def prepare_for_tensorcore(
     if refused:
         raise ValueError(f"prepare_for_tensorcore(dtype={dtype!r}) for target {str(given)!r}: {refused} "
                          "(prepare with dtype='int8' for this target; docs/cuda.md)")
-    mod = typed(mod, "mod")
-    calls = layer_calls(mod, resolve_ops(CONV, "ops"))
     if skipped_layout not in SKIPPED_LAYOUTS:
         raise ValueError(f"skipped_layout must be one of {', '.join(SKIPPED_LAYOUTS)}, got {skipped_layout!r}")
     if skipped_layout == "auto":
         skipped_layout = "NHWC" if target is not None and target.kind.name == "cuda" else "keep"
+    mod = typed(mod, "mod")
+    calls = layer_calls(mod, resolve_ops(CONV, "ops"))
     if isinstance(skip_layers, str):
         if skip_layers != "auto":
             raise ValueError(f"skip_layers must be 'auto' or a list of layer indices, got {skip_layers!r}")

@@ -42,8 +42,6 @@ fraction of extra work channel padding may add to a layer, the same setting
 from __future__ import annotations
 
 import logging
-
-import numpy as np
 from typing import List, Optional, Sequence, Tuple
 
 from .._tvm import tvm
@@ -182,13 +180,10 @@ def _pad_to_tiles(attrs, data, kernel, sizes, in_channels, out_shape):
     if (new_batch, new_in) != (batch, in_channels):
         data = relay.nn.pad(data, ((0, 0), (0, 0), (0, new_batch - batch), (0, new_in - in_channels)))
     if (new_out, new_in) != (out_channels, in_channels):
-        widths = ((0, 0), (0, 0), (0, new_out - out_channels), (0, new_in - in_channels))
-        if isinstance(kernel, relay.Constant) and cuda_subbyte.is_subbyte(kernel.data.dtype):
-            # Padded here: FoldConstant would pad a 4-bit constant on the CPU, wrong (cuda_subbyte).
-            padded = np.pad(cuda_subbyte.subbyte_values(kernel.data), widths)
-            kernel = relay.const(cuda_subbyte.subbyte_array(padded, str(kernel.data.dtype)))
-        else:
-            kernel = relay.nn.pad(kernel, widths)
+        # A 4-bit constant kernel is padded in NumPy: FoldConstant would pad it on the CPU, wrong (cuda_subbyte).
+        kernel = cuda_subbyte.fold_subbyte_pads(
+            relay.nn.pad(kernel, ((0, 0), (0, 0), (0, new_out - out_channels), (0, new_in - in_channels))),
+            stop=[kernel])
     out = relay.nn.conv2d(data, kernel, **_conv2d_attrs(attrs, channels=new_out))
     return relay.strided_slice(out, begin=[0, 0, 0, 0], end=list(out_shape))
 
@@ -246,7 +241,7 @@ def _legalize_dense(attrs, inputs, types):
     legal = tvm.topi.nn.dense_legalize(attrs, folded, types)
     if legal is None:
         return relay.nn.dense(*folded, units=attrs.units, out_dtype=attrs.out_dtype)
-    return cuda_subbyte.fold_subbyte_pads(legal)  # TVM's pads its int4 operands to its tiles
+    return cuda_subbyte.fold_subbyte_pads(legal, stop=folded)  # TVM's pads its int4 operands to its tiles
 
 
 # --------------------------------------------------------------------------
