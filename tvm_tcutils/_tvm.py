@@ -83,6 +83,39 @@ def pool_size() -> int:
     return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
 
 
+def constant_expression(expr, limit: int) -> bool:
+    """Whether the Relay ``expr`` is made of constants only, judged from at most ``limit`` nodes (``False``
+    beyond: a pass that asks once per layer must not walk each layer's whole input graph).
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> constant_expression(relay.cast(relay.const(1.0), "int8"), 8)
+    True
+    >>> constant_expression(relay.add(relay.var("x"), relay.const(1.0)), 8), constant_expression(relay.const(1.0), 0)
+    (False, False)
+    """
+    from tvm import relay
+
+    pending, seen = [expr], 0
+    while pending:
+        node = pending.pop()
+        seen += 1
+        if seen > limit:
+            return False
+        if isinstance(node, relay.Constant):
+            continue
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            pending.extend(node.args)
+        elif isinstance(node, relay.Tuple):
+            pending.extend(node.fields)
+        elif isinstance(node, relay.TupleGetItem):
+            pending.append(node.tuple_value)
+        else:
+            return False  # a variable, a function, a let: not a constant expression
+    return True
+
+
 def settle_thread_count() -> int:
     """Write TVM's pool size into ``TVM_NUM_THREADS`` where nothing sets it; return that size.
 

@@ -46,7 +46,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ._tvm import tvm
+from ._tvm import constant_expression, tvm
 from tvm import relay, tir
 from tvm.tir import stmt_functor
 
@@ -291,27 +291,6 @@ def subbyte_values(array: "tvm.nd.NDArray") -> np.ndarray:
 CONSTANT_EXPRESSION_BUDGET = 64
 
 
-def _constant_expression(expr: relay.Expr, budget: int = CONSTANT_EXPRESSION_BUDGET) -> bool:
-    """Whether ``expr`` is made of constants only, judged from at most ``budget`` nodes (``False`` beyond)."""
-    pending, seen = [expr], 0
-    while pending:
-        node = pending.pop()
-        seen += 1
-        if seen > budget:
-            return False
-        if isinstance(node, relay.Constant):
-            continue
-        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
-            pending.extend(node.args)
-        elif isinstance(node, relay.Tuple):
-            pending.extend(node.fields)
-        elif isinstance(node, relay.TupleGetItem):
-            pending.append(node.tuple_value)
-        else:
-            return False  # a variable, a function, a let: not a constant expression
-    return True
-
-
 def fold_subbyte_cast(expr: relay.Expr) -> Optional[relay.Constant]:
     """``cast(<constant expression>, int4/uint4)`` folded correctly, or ``None`` for any other ``expr``.
 
@@ -330,14 +309,12 @@ def fold_subbyte_cast(expr: relay.Expr) -> Optional[relay.Constant]:
             and _scalar_subbyte(expr.attrs.dtype)):
         return None
     inner = expr.args[0]
-    if not _constant_expression(inner):
+    if not constant_expression(inner, CONSTANT_EXPRESSION_BUDGET):
         return None
     if not isinstance(inner, relay.Constant):
-        folded = relay.transform.FoldConstant()(relay.transform.InferType()(
-            tvm.IRModule.from_expr(relay.Function([], inner))))["main"].body
-        if not isinstance(folded, relay.Constant):
+        inner = relay.transform.FoldConstantExpr(inner, tvm.IRModule())
+        if not isinstance(inner, relay.Constant):
             return None
-        inner = folded
     if is_subbyte(inner.data.dtype):
         return None  # a cast of a 4-bit constant: what is in it is already TVM's
     values = inner.data.numpy()

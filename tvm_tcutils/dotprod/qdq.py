@@ -64,7 +64,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._tvm import tvm
+from .._tvm import constant_expression, tvm
 from tvm import relay
 
 # FAST_FORMS and round_half_even stay importable from here: part of this module's API.
@@ -136,27 +136,6 @@ def _type(expr: relay.Expr):
 #: At most this many nodes in an expression :meth:`_Rewriter._constant` folds (zero points written as
 #: ``cast(constant)``, a reshaped bias: a few nodes each).
 _FOLD_LIMIT = 32
-
-
-def _constant_expr(expr) -> bool:
-    """Whether ``expr`` is a small expression of constants only (no variable), for FoldConstant."""
-    stack, seen = [expr], 0
-    while stack:
-        node = stack.pop()
-        seen += 1
-        if seen > _FOLD_LIMIT:
-            return False
-        if isinstance(node, relay.Constant):
-            continue
-        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
-            stack.extend(node.args)
-        elif isinstance(node, relay.Tuple):
-            stack.extend(node.fields)
-        elif isinstance(node, relay.TupleGetItem):
-            stack.append(node.tuple_value)
-        else:
-            return False
-    return True
 
 
 class _RegionInputs(dict):
@@ -250,7 +229,8 @@ class _Rewriter:
         if isinstance(expr, relay.Constant) or not self.one_region:
             return _const(expr)
         if expr not in self.folded:
-            folded = relay.transform.FoldConstantExpr(expr, tvm.IRModule()) if _constant_expr(expr) else None
+            small = constant_expression(expr, _FOLD_LIMIT)
+            folded = relay.transform.FoldConstantExpr(expr, tvm.IRModule()) if small else None
             self.folded[expr] = _const(folded)
         return self.folded[expr]
 
