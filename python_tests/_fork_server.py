@@ -79,6 +79,10 @@ def _child(request: dict) -> int:
 def serve() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _tvm_speedups import cache_libinfo
+
+    cache_libinfo()
     out = sys.stdout
     for line in sys.stdin:
         request = json.loads(line)

@@ -16,6 +16,10 @@ from tvm import relay  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from _tvm_speedups import cache_libinfo  # noqa: E402
+
+cache_libinfo()
+
 
 def pytest_report_header(config) -> list[str]:
     """Name the interpreter and TVM in the session header, so a CI log says what it ran on."""

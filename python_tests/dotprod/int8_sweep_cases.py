@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from typing import Callable, Dict, Tuple
 
@@ -403,6 +404,10 @@ def main(argv) -> int:
     import tvm  # noqa: F401
     import tvm_tcutils  # noqa: F401  (the package under test)
 
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from _tvm_speedups import cache_libinfo
+
+    cache_libinfo()
     run = host_runs(target)
     with open(out_path, "a") as out:
         for name in names:
