@@ -6,7 +6,7 @@ import pytest
 import tvm
 from tvm import relay
 
-from tvm_tcutils.fast_forms import fast_chain
+from tvm_tcutils.fast_forms import DENSE_BATCHES_MAX, dense_per_batch, fast_chain
 
 from conftest import build_and_run, op_names
 
@@ -25,6 +25,8 @@ def test_chain_reaches_the_softmax_behind_attention_product():
     params, context = _attention()
     fast = fast_chain(context)
     assert "nn.fast_softmax" in op_names(fast) and "nn.softmax" not in op_names(fast)
+    # Both products (scores and context) as one dense per head.
+    assert "nn.batch_matmul" not in op_names(fast) and "nn.dense" in op_names(fast)
     assert "nn.softmax" in op_names(context)  # the input expression is not changed
     rng = np.random.default_rng(0)
     inputs = {p.name_hint: rng.standard_normal([int(d) for d in p.type_annotation.shape]).astype("float32")
@@ -41,3 +43,41 @@ def test_chain_stops_at_otherop_names(stop):
     soft = relay.nn.softmax(x, axis=-1)
     after = relay.nn.dense(soft, relay.var("w", shape=(8, 8))) if stop == "nn.dense" else relay.mean(soft, axis=-1)
     assert fast_chain(after).same_as(after)
+
+
+def _product_inputs(shape_x, shape_y, dtype="float32"):
+    rng = np.random.default_rng(1)
+    return {"x": rng.standard_normal(shape_x).astype(dtype), "y": rng.standard_normal(shape_y).astype(dtype)}
+
+
+@pytest.mark.parametrize("transpose_a, transpose_b", [(False, True), (False, False), (True, True), (True, False)])
+@pytest.mark.parametrize("batches", [(3, 3), (1, 3), (3, 1), (1, 1)])
+def test_dense_per_batch_computes_the_batch_matmul(transpose_a, transpose_b, batches):
+    m, n, k = 5, 7, 6
+    shape_x = (batches[0],) + ((k, m) if transpose_a else (m, k))
+    shape_y = (batches[1],) + ((n, k) if transpose_b else (k, n))
+    x, y = relay.var("x", shape=shape_x), relay.var("y", shape=shape_y)
+    call = relay.nn.batch_matmul(x, y, transpose_a=transpose_a, transpose_b=transpose_b)
+    dense = dense_per_batch(call)
+    assert dense is not None and "nn.batch_matmul" not in op_names(dense)
+    assert op_names(dense).count("nn.dense") == max(batches)
+    inputs = _product_inputs(shape_x, shape_y)
+    xs = inputs["x"].transpose(0, 2, 1) if transpose_a else inputs["x"]
+    ys = inputs["y"].transpose(0, 2, 1) if transpose_b else inputs["y"]
+    got, = build_and_run(tvm.IRModule.from_expr(relay.Function([x, y], dense)), inputs=inputs)
+    np.testing.assert_allclose(got, np.matmul(xs, ys), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["int8", "out_dtype", "too_many_batches", "dynamic"])
+def test_dense_per_batch_keeps_what_it_does_not_handle(case):
+    shape_x, shape_y, dtype, out_dtype = (2, 3, 4), (2, 5, 4), "float32", ""
+    if case == "int8":
+        dtype, out_dtype = "int8", "int32"
+    elif case == "out_dtype":
+        out_dtype = "float16"
+    elif case == "too_many_batches":
+        shape_x, shape_y = (DENSE_BATCHES_MAX + 1, 3, 4), (DENSE_BATCHES_MAX + 1, 5, 4)
+    elif case == "dynamic":
+        shape_x = (2, relay.Any(), 4)
+    x, y = relay.var("x", shape=shape_x, dtype=dtype), relay.var("y", shape=shape_y, dtype=dtype)
+    assert dense_per_batch(relay.nn.batch_matmul(x, y, out_dtype=out_dtype)) is None

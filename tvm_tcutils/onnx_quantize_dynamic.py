@@ -27,7 +27,10 @@ puts them in at ``import tvm_tcutils``, for ``relay.frontend.from_onnx`` and
   elementwise ops (and softmax) right before it, whose values it rounds to 8
   bits, take their fast forms (:func:`tvm_tcutils.fast_forms.fast_chain`: GELU's
   ``erf``, attention's softmax), as in a static QDQ region: their error is far
-  below the 8-bit step (onnxruntime approximates both as well).
+  below the 8-bit step (onnxruntime approximates both as well). Attention's two
+  float products of activations on that chain (``quantize_dynamic`` leaves them
+  float) become one float ``dense`` per head (:func:`tvm_tcutils.fast_forms.dense_per_batch`):
+  TVM's x86 ``batch_matmul`` runs them 2.5-4x slower than its ``dense``.
 
 Zero points that are constant scalars (or constant vectors of one value) go
 into the QNN op; the rest -- per-row ``a_zero_point``, per-column
