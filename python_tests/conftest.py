@@ -258,6 +258,24 @@ def host_dot_target() -> str:
 
 
 @pytest.fixture(scope="session")
+def int8_conv_tuning(tmp_path_factory):
+    """A 2-trial AutoTVM session of an int8 one-task conv net on this CPU: (module, log path, summary).
+
+    ``test_tuning_cli.py`` checks the session itself (its summary and records) and ``test_tuning_log.py``
+    damages copies of its log: one tuning (its build and measuring pools, the runner's tracker and server:
+    seconds of process start-up) serves both when they run in one process. The log is read-only: a test
+    that tunes on or appends copies it first.
+    """
+    from tvm_tcutils import tuning
+    from tvm_tcutils.dotprod import quantize
+
+    mod = quantize.quantize_int8(small_conv_net(channels=16, size=8), {})
+    log = str(tmp_path_factory.mktemp("int8-tuning") / "clean.log")
+    summary = tuning.tune(mod, {}, host_dot_target(), trials=2, log=log, progress=False, measure_number=1)
+    return mod, log, summary
+
+
+@pytest.fixture(scope="session")
 def rpc_cluster():
     """A real RPC tracker and two ``tvm_tcutils.rpc_server`` servers (key ``tcutils-test``) on free localhost ports.
 

@@ -10,16 +10,14 @@ from tvm import autotvm
 
 from conftest import host_dot_target, run_cli, small_conv_net
 from tvm_tcutils import measure, tuning
-from tvm_tcutils.dotprod import quantize
 from tvm_tcutils.models import save_model
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
-    """An int8 one-conv model and a clean two-record log of it."""
-    mod = quantize.quantize_int8(small_conv_net(channels=16, size=8), {})
-    log = str(tmp_path_factory.mktemp("log") / "clean.log")
-    tuning.tune(mod, {}, host_dot_target(), trials=2, log=log, progress=False, measure_number=1)
+def tuned(int8_conv_tuning):
+    """An int8 one-conv model and a clean two-record log of it (conftest's session, shared with
+    ``test_tuning_cli.py``; every test here damages or tunes on a copy, never the log itself)."""
+    mod, log, _ = int8_conv_tuning
     with open(log) as handle:
         lines = handle.read().splitlines()
     assert len(lines) == 2

@@ -110,13 +110,14 @@ def collage_run(quantized, tmp_path_factory):
     before = mod.astext()
     # The default estimator (staged) over a cold measuring one (a fresh cache), with short timings:
     # candidates are timed for a few ms each (building one takes 0.1-0.3 s), and the final comparison
-    # for a few seconds; it still decides by confidence.
+    # for about a second (its budget is checked between rounds: every competitor gets at least one round);
+    # it still decides by confidence, or, not separated, answers the fastest single by median.
     estimator = StagedCostEstimator(MeasuredCostEstimator(cache_dir=str(tmp_path_factory.mktemp("costs")), repeat=3,
                                                           warmup=1, min_repeat_ms=1, progress=False))
     start = time.perf_counter()
     try:
         result = partition(mod, params, toolchains=TOOLCHAINS, cost_estimator=estimator, progress=False,
-                           validate_rounds=1, compare_budget_s=3.0)
+                           validate_rounds=1, compare_budget_s=1.0)
     finally:
         estimator.close()
     return mod, params, before, result, time.perf_counter() - start

@@ -84,7 +84,9 @@ def test_costs_are_taken_for_the_host_cpu_and_cached_per_target(tmp_path):
 def test_crashing_and_hanging_toolchains_cost_infinity(tmp_path, caplog):
     crash = test_codegen.toolchain("tcutils_test_abort", combine=False, ops=["tanh"])
     hang = test_codegen.toolchain("tcutils_test_hang", combine=False, ops=["exp"])
-    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, timeout=5, progress=False,
+    # Each hung candidate costs the whole timeout: 3 s is still ten times what building and timing one of
+    # these elementwise candidates takes (a normal one timing out would show up in the failed set below).
+    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, timeout=3, progress=False,
                                 worker_imports=["collage_test_codegen"])
     with caplog.at_level(logging.WARNING, logger="tvm_tcutils.collage"):
         try:

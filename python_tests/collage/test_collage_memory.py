@@ -85,8 +85,11 @@ def test_payloads_carry_no_weights_and_shared_constants_are_written_once(tmp_pat
 
     est.pool.run = recording
     try:
+        # Validated and compared whole (those tasks' payloads are checked too), with a 1 s comparison budget:
+        # at least one round always runs, and this tiny model's near-ties would spend the default 60 s budget
+        # on rounds that send the same payloads again.
         result = collage.partition(weighted_net(), None, ["tvm", test_codegen.toolchain(ops=["add", "tanh"])],
-                                   est, validate_rounds=1)
+                                   est, validate_rounds=1, compare_budget_s=1.0)
         shared = sorted(os.listdir(est._shared.directory))
     finally:
         est.close()
@@ -137,7 +140,9 @@ def test_a_timed_out_workers_children_are_killed(tmp_path, monkeypatch):
     marker = tmp_path / "grandchild.pid"
     monkeypatch.setenv("TCUTILS_TEST_GRANDCHILD", str(marker))
     spawner = test_codegen.toolchain("tcutils_test_spawn_hang", combine=False, ops=["tanh"])
-    est = MeasuredCostEstimator(cache_dir="", repeat=1, timeout=8, progress=False,
+    # 3 s: the hung candidate writes its child's pid as soon as its build starts; a slow ordinary candidate
+    # timing out as well would not change what is checked (the spawner's errors and its child's end).
+    est = MeasuredCostEstimator(cache_dir="", repeat=1, timeout=3, progress=False,
                                 worker_imports=["collage_test_codegen"])
     try:
         collage.partition(elementwise_net(), None, ["tvm", spawner], est, validate_rounds=0)

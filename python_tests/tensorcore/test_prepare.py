@@ -14,8 +14,13 @@ from tvm_tcutils.tensorcore._graph import layer_calls, resolve_ops
 
 
 @functools.lru_cache(maxsize=None)
+def loaded(name):
+    """``load_model(name)``, once per module: the tests only read the module and its params."""
+    return load_model(name)
+
+
 def model(name):
-    return load_model(name)[0]
+    return loaded(name)[0]
 
 
 def _convs(mod):
@@ -48,7 +53,7 @@ def test_skipped_layers_go_to_nhwc_for_cuda_and_compute_the_same(target, skipped
     """A float NCHW stem runs on TVM's untuned CUDA NCHW schedule (38 ms on an H200, 1 ms in NHWC)."""
     import numpy as np
 
-    mod, params = load_model("resnet-18")
+    mod, params = loaded("resnet-18")
     prepared, skipped = prepare_for_tensorcore(mod, "int8", target=target, skipped_layout=skipped_layout)
     convs = _convs(prepared)
     assert (str(convs[0].attrs.data_layout), str(convs[0].attrs.kernel_layout)) == want

@@ -15,8 +15,10 @@ Checked for each arch of :data:`tvm_tcutils.cuda.TENSORCORE_ARCHS`:
   space (``autotvm.task.create(...).instantiate`` + ``tvm.build``), for sm_80;
   the int4/uint4 conv2d template's fallback config for every arch (sm_90's
   4-bit emulation included);
-* ResNet-18 int8 and int4 (ResNet-50 under ``-m slow``: 37-70 s a build on
-  2 cores) prepared by ``prepare_for_tensorcore``: built, exported and loaded back.
+* a ResNet prepared by ``prepare_for_tensorcore``: built, exported and loaded
+  back -- ResNet-10 int8 (ResNet-18 with one residual unit per stage: the same
+  tensor-core GEMM kernels as ResNet-18, see :func:`_load`), and ResNet-18
+  and ResNet-50 int8/int4 under ``-m slow`` (25-70 s a build on 2 cores).
 
 What the SASS must show: each tensor-core GEMM kernel contains the integer MMA
 instruction of :data:`IMMA` (the one CUDA 13.0's NVRTC emits: ``IMMA.16816.S8.S8``
@@ -42,9 +44,11 @@ import numpy as np
 import pytest
 import tvm
 from tvm import autotvm, relay, te
+from tvm.relay.testing import create_workload, resnet
 
 import tvm_tcutils
 from tvm_tcutils import cuda
+from tvm_tcutils.models import realistic_params
 from tvm_tcutils.tensorcore import rules
 from tvm_tcutils.tensorcore.topi import conv2d_hwnc, dense
 
@@ -347,8 +351,25 @@ def test_template_configs_compile_to_integer_mma(case):
 # --------------------------------------------------------------------------
 # Whole models: prepared, built, saved and loaded back.
 # --------------------------------------------------------------------------
+def _load(model: str) -> Tuple[tvm.IRModule, dict]:
+    """A zoo model (:func:`tvm_tcutils.load_model`), or ``resnet-10``: ResNet-18 with one residual unit per
+    stage instead of two (224x224, batch 1, the same realistic weights).
+
+    ResNet-18's second unit of a stage repeats the first one's 3x3 convolution (same shapes, same fusion
+    with the residual add), so ResNet-10 has every conv2d workload of ResNet-18 -- the stem, 3x3 and 1x1,
+    strided or not, 64 to 512 channels -- and its build has every tensor-core GEMM kernel of ResNet-18's,
+    by name (it lacks only a few elementwise kernels), in 13 conv2d layers instead of 21.
+    """
+    if model != "resnet-10":
+        return tvm_tcutils.load_model(model)
+    net = resnet.resnet(units=[1, 1, 1, 1], num_stages=4, filter_list=[64, 64, 128, 256, 512], num_classes=1000,
+                        data_shape=(1, 3, 224, 224), bottle_neck=False)
+    mod, params = create_workload(net)
+    return mod, realistic_params(params)
+
+
 def _build_save_load(model: str, dtype: str, tmp_path) -> Tuple[Kernels, list]:
-    mod, params = tvm_tcutils.load_model(model)
+    mod, params = _load(model)
     prepared, skipped = tvm_tcutils.prepare_for_tensorcore(mod, dtype)
     start = time.perf_counter()
     with tvm.transform.PassContext(opt_level=3):
@@ -380,9 +401,10 @@ def _check_model(what: str, kernels: Kernels, skipped: list, dtype: str) -> None
     kernels.check_no_spills(what)
 
 
-#: ResNet-18 int8 in the default run (about 20 s a build); int4 (its kernels are checked per template above)
-#: and ResNet-50 (37-70 s a build) under ``-m slow``.
-MODELS = [("resnet-18", "int8"), pytest.param("resnet-18", "int4", marks=pytest.mark.slow),
+#: ResNet-10 int8 in the default run (ResNet-18's GEMM kernels in fewer layers: see :func:`_load`); ResNet-18
+#: (25-36 s a build), int4 (its kernels are checked per template above) and ResNet-50 (37-70 s) under ``-m slow``.
+MODELS = [("resnet-10", "int8"), pytest.param("resnet-18", "int8", marks=pytest.mark.slow),
+          pytest.param("resnet-18", "int4", marks=pytest.mark.slow),
           pytest.param("resnet-50", "int8", marks=pytest.mark.slow), pytest.param("resnet-50", "int4", marks=pytest.mark.slow)]
 
 

@@ -49,6 +49,20 @@ def resnet50():
     return resnet.get_workload(num_layers=50, batch_size=8, image_shape=(3, 64, 64))
 
 
+@pytest.fixture(scope="module")
+def resnet50_hwnc(resnet50):
+    """``{dtype: (prepared ResNet-50, its tc.implementations rows for sm_80)}``: prepared once per dtype
+    for the tests below, which only read them (neither the preparation nor the rows mutate anything)."""
+    prepared = {dtype: prepare_hwnc(resnet50[0], dtype) for dtype in ("int4", "int8")}
+    return {dtype: (mod, tc.implementations(mod, SM80)) for dtype, mod in prepared.items()}
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    """ResNet-18 (batch 8, 64x64 images), for AutoTVM's task extraction: 20 HWNC layers, 11 of them distinct."""
+    return resnet.get_workload(num_layers=18, batch_size=8, image_shape=(3, 64, 64))
+
+
 def _calls(expr, op_name):
     found = []
     relay.analysis.post_order_visit(
@@ -97,8 +111,8 @@ def _legalize(mod, target=SM80):
 # Strategy selection on ResNet-50.
 # --------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["int4", "int8"])
-def test_resnet50_hwnc_layers_select_tensorcore_and_first_layer_does_not(resnet50, dtype):
-    mod = prepare_hwnc(resnet50[0], dtype)
+def test_resnet50_hwnc_layers_select_tensorcore_and_first_layer_does_not(resnet50_hwnc, dtype):
+    mod, _ = resnet50_hwnc[dtype]
     convs = _calls(mod["main"], "nn.conv2d")
     assert len(convs) == 53
     names = collections.Counter()
@@ -115,28 +129,37 @@ def test_resnet50_hwnc_layers_select_tensorcore_and_first_layer_does_not(resnet5
 
 
 @pytest.mark.parametrize("dtype", ["int4", "int8"])
-def test_tvm_own_preparation_gives_the_same_strategy_choices(resnet50, dtype):
+def test_tvm_own_preparation_gives_the_same_strategy_choices(resnet50, resnet50_hwnc, dtype):
     """Oracle: TVM's LayoutConfig/ConvertLayout/recast workflow, skipping the stem, picks the same per layer."""
-    ours = prepare_hwnc(resnet50[0], dtype)
+    _, rows = resnet50_hwnc[dtype]  # the package's preparation, rows from tc.implementations
     theirs = tvm_prepare_hwnc(resnet50[0], dtype)
-    rows = tc.implementations(ours, SM80)
     assert len(rows) == 54 and rows[-1][0] == "nn.dense"
     assert rows == tc.implementations(theirs, SM80)
     assert sum(row[3] == tc.CONV2D_IMPL for row in rows) == 52
 
 
-def test_autotvm_extracts_one_task_per_distinct_hwnc_layer(resnet50):
-    mod = prepare_hwnc(resnet50[0], "int4")
-    hwnc = {_workload_key(c) for c in _calls(mod["main"], "nn.conv2d") if c.attrs.data_layout == "HWNC"}
+def test_autotvm_extracts_one_task_per_distinct_hwnc_layer(resnet18, resnet50_hwnc):
+    # ResNet-18, not ResNet-50: the extraction lowers every layer of the model (26 s for ResNet-50's 53
+    # layers on 2 cores, 6 s for ResNet-18's 21). ResNet-18's HWNC layers repeat just as well (20 layers,
+    # 11 distinct: 3x3 and 1x1, strided or not), which is what one task per distinct layer needs.
+    mod = prepare_hwnc(resnet18[0], "int4")
+    layers = [_workload_key(c) for c in _calls(mod["main"], "nn.conv2d") if c.attrs.data_layout == "HWNC"]
+    hwnc = set(layers)
     # Without params the weights stay inputs: the same tasks, without minutes of constant folding.
     tasks = autotvm.task.extract_from_program(mod["main"], target=SM80, params=None, ops=(CONV2D,))
     ours = [t for t in tasks if t.name == conv2d_hwnc.TASK]
-    assert len(ours) == len(hwnc) == 19
+    assert len(layers) == 20 and len(ours) == len(hwnc) == 11
     assert {(t.args[0][1], t.args[1][1]) for t in ours} == {(k[0], k[1]) for k in hwnc}
     assert all("HWNC" not in t.name and "hwnc" not in t.name for t in tasks if t not in ours)
-    for task in ours:
-        assert len(task.config_space) >= 64, (task.args, len(task.config_space))
-        assert {"wmma_m", "tile_rows", "tile_cols", "chunk"} <= set(task.config_space.space_map)
+    spaces = [(task.args, task.config_space) for task in ours]
+    # ResNet-50's 19 distinct HWNC workloads (its bottleneck 1x1 layers included) get such config spaces
+    # too: the extraction creates each task from its workload, as autotvm.task.create does here.
+    workloads = {row[4] for row in resnet50_hwnc["int4"][1] if row[3] == tc.CONV2D_IMPL}
+    assert len(workloads) == 19
+    spaces += [(w[1:], autotvm.task.create(w[0], w[1:], SM80).config_space) for w in sorted(workloads)]
+    for args, space in spaces:
+        assert len(space) >= 64, (args, len(space))
+        assert {"wmma_m", "tile_rows", "tile_cols", "chunk"} <= set(space.space_map)
 
 
 def test_dense_selects_tensorcore_when_tiles_fit():
