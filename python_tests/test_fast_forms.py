@@ -6,7 +6,7 @@ import pytest
 import tvm
 from tvm import relay
 
-from tvm_tcutils.fast_forms import DENSE_BATCHES_MAX, dense_per_batch, fast_chain
+from tvm_tcutils.fast_forms import DENSE_BATCHES_MAX, dense_per_batch, fast_chain, split_softmax
 
 from conftest import build_and_run, op_names
 
@@ -81,3 +81,37 @@ def test_dense_per_batch_keeps_what_it_does_not_handle(case):
         shape_x = (2, relay.Any(), 4)
     x, y = relay.var("x", shape=shape_x, dtype=dtype), relay.var("y", shape=shape_y, dtype=dtype)
     assert dense_per_batch(relay.nn.batch_matmul(x, y, out_dtype=out_dtype)) is None
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 32), (3, 128), (2, 4, 128, 128)])
+def test_split_softmax_computes_the_softmax(shape):
+    x = relay.var("x", shape=shape)
+    split = split_softmax(relay.nn.softmax(x, axis=-1))
+    assert split is not None and not {"nn.softmax", "nn.fast_softmax"} & set(op_names(split))
+    data = (np.random.default_rng(4).standard_normal(shape) * 4).astype("float32")
+    got, = build_and_run(tvm.IRModule.from_expr(relay.Function([x], split)), inputs={"x": data})
+    shifted = np.exp(data - data.max(axis=-1, keepdims=True))
+    # fast_exp's relative error (about 1e-7) and another order of the additions.
+    np.testing.assert_allclose(got, shifted / shifted.sum(axis=-1, keepdims=True), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", ["width", "axis", "dtype", "dynamic"])
+def test_split_softmax_keeps_what_it_does_not_handle(case):
+    shape, dtype, axis = (4, 64), "float32", -1
+    if case == "width":
+        shape = (4, 40)  # not 16-wide parts
+    elif case == "axis":
+        axis = 0
+    elif case == "dtype":
+        dtype = "float16"
+    elif case == "dynamic":
+        shape = (relay.Any(), 64)
+    call = relay.nn.softmax(relay.var("x", shape=shape, dtype=dtype), axis=axis)
+    assert split_softmax(call) is None
+
+
+def test_chain_splits_a_wide_softmax():
+    params, context = _attention(seq=64)
+    fast = fast_chain(context)
+    assert not {"nn.softmax", "nn.fast_softmax", "nn.batch_matmul"} & set(op_names(fast))
+    assert "fast_exp" in op_names(fast)

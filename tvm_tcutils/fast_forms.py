@@ -60,6 +60,11 @@ class _FastForms(relay.ExprMutator):
             return call
         new = super().visit_call(call)
         name = getattr(new.op, "name", "")
+        if name == "nn.softmax":
+            split = split_softmax(new)
+            if split is not None:
+                self.changed += 1
+                return split
         if name in FAST_FORMS:
             self.changed += 1
             return relay.Call(tvm.ir.Op.get(FAST_FORMS[name]), new.args, new.attrs, new.type_args, new.span)
@@ -69,6 +74,51 @@ class _FastForms(relay.ExprMutator):
                 self.changed += 1
                 return dense
         return new
+
+
+#: Width of the partial sums :func:`split_softmax` reduces a row to first.
+_PARTIAL = 16
+
+
+def _split_reduce(reduce, value: relay.Expr, shape, width: int) -> relay.Expr:
+    """``reduce`` over the last axis (kept), as ``width``-wide partial results first."""
+    parts = relay.reshape(value, (*shape[:-1], shape[-1] // width, width))
+    return relay.expand_dims(reduce(reduce(parts, axis=-2), axis=-1), -1)
+
+
+def split_softmax(call: relay.Call) -> Optional[relay.Expr]:
+    """A float32 softmax over the last axis as ``fast_exp(x - max) / sum``, each reduction over 16-wide
+    partial results first; None where it does not apply (then :data:`FAST_FORMS` gives ``fast_softmax``).
+
+    The same arithmetic as TVM's ``fast_softmax`` (``fast_exp``, a max and a sum per row), in another
+    order of the additions. TVM 0.19's x86 softmax schedule reduces each row in one serial loop, which
+    LLVM does not vectorize for floats, and evaluates the exponential twice per element (once for the
+    sum, once for the quotient); 16-wide partial sums break the loop-carried chain, and the exponential is
+    computed once. AMD EPYC Zen 4, 1 thread: [512, 128] 88.6 -> 46.9 us, [128, 256] 56.7 -> 26.5 us.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(4, 128))
+    >>> out = split_softmax(relay.nn.softmax(x))
+    >>> sorted({c.op.name for c in _calls(out)} & {"fast_exp", "max", "sum", "nn.softmax"})
+    ['fast_exp', 'max', 'sum']
+    >>> split_softmax(relay.nn.softmax(relay.var("y", shape=(4, 100)))) is None  # 100: not 16-wide parts
+    True
+    """
+    try:
+        typed = relay.transform.InferTypeLocal(call.args[0])
+        shape = [int(d) for d in typed.shape]
+    except (tvm.TVMError, TypeError, ValueError, AttributeError):  # dynamic shapes: keep the op
+        return None
+    axis = int(call.attrs.axis)
+    if str(typed.dtype) != "float32" or not shape or axis not in (-1, len(shape) - 1):
+        return None
+    if shape[-1] % _PARTIAL or shape[-1] < 2 * _PARTIAL:
+        return None
+    x = call.args[0]
+    shifted = relay.subtract(x, _split_reduce(relay.max, x, shape, _PARTIAL))
+    exp = relay.Call(tvm.ir.Op.get("fast_exp"), [shifted])
+    return relay.divide(exp, _split_reduce(relay.sum, exp, shape, _PARTIAL))
 
 
 #: ``TOpPattern`` of injective ops (TVM's ``kInjective``: reshape, transpose); elementwise and broadcasting
