@@ -1,12 +1,15 @@
 """Fast forms of float ops whose results are quantized to 8 bits right after (``tvm_tcutils.fast_forms``)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tvm
 from tvm import relay
 
-from tvm_tcutils.fast_forms import DENSE_BATCHES_MAX, dense_per_batch, fast_chain, split_softmax
+from tvm_tcutils.fast_forms import (DENSE_BATCHES_MAX, dense_per_batch, fast_chain, legalize_mean, legalize_variance,
+                                    split_softmax)
 
 from conftest import build_and_run, op_names
 
@@ -115,3 +118,52 @@ def test_chain_splits_a_wide_softmax():
     fast = fast_chain(context)
     assert not {"nn.softmax", "nn.fast_softmax", "nn.batch_matmul"} & set(op_names(fast))
     assert "fast_exp" in op_names(fast)
+
+
+def _layer_norm(x: relay.Expr, eps: float = 1e-5) -> relay.Expr:
+    """What TVM's ONNX importer writes for ``LayerNormalization`` over the last axis (no scale, no bias)."""
+    mean = relay.mean(x, axis=-1, keepdims=True)
+    variance = relay.variance(x, axis=-1, keepdims=True, with_mean=mean)
+    return relay.divide(relay.subtract(x, mean), relay.sqrt(relay.add(variance, relay.const(eps))))
+
+
+@pytest.mark.parametrize("width", [64, 256])
+def test_quantized_models_layer_norm_sums_in_parts_and_computes_the_same(width):
+    q = relay.var("q", shape=(8, width), dtype="int8")
+    x = relay.qnn.op.dequantize(q, relay.const(0.05), relay.const(3))
+    func = relay.Function([q], _layer_norm(relay.add(x, relay.const(0.5))))
+    data = np.random.default_rng(5).integers(-128, 128, (8, width)).astype("int8")
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(func), target="llvm")
+    # The reductions are sums over 16-wide parts: no mean or variance kernel is left.
+    kernels = {node["attrs"]["func_name"] for node in json.loads(lib.get_graph_json())["nodes"]
+               if node["op"] == "tvm_op"}
+    assert not [k for k in kernels if "mean" in k or "variance" in k], kernels
+    runner = tvm.contrib.graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    runner.set_input("q", data)
+    runner.run()
+    v = (data.astype("float64") - 3) * 0.05 + 0.5
+    want = (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(runner.get_output(0).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["float_model", "width", "axis", "unbiased"])
+def test_layer_norm_reductions_left_to_tvm(case):
+    shape, axis, unbiased = (8, 64), -1, False
+    x = relay.var("x", shape=shape)
+    if case != "float_model":  # the other cases are quantized models' reductions
+        x = relay.qnn.op.dequantize(relay.var("q", shape=shape, dtype="int8"), relay.const(0.1), relay.const(0))
+    if case == "width":
+        x = relay.reshape(x, (16, 32))
+        x = relay.strided_slice(x, [0, 0], [16, 24])  # 24: not 16-wide parts
+    elif case == "axis":
+        axis = 0
+    elif case == "unbiased":
+        unbiased = True
+    x_type = relay.transform.InferTypeLocal(x)
+    mean = relay.mean(x, axis=axis, keepdims=True)
+    variance = relay.variance(x, axis=axis, keepdims=True, with_mean=mean, unbiased=unbiased)
+    types = [x_type, relay.transform.InferTypeLocal(mean)]
+    if case != "unbiased":
+        assert legalize_mean(mean.attrs, [x], types[:1]) is None
+    assert legalize_variance(variance.attrs, [x, mean], types) is None

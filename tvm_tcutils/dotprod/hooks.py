@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import List
 
-from .. import registry
+from .. import fast_forms, registry
 from ..prebuild import PREBUILD_FUNC  # (mod, target) -> mod, applied before builds and task extraction
 from . import qdq, strategy
 
@@ -42,6 +42,13 @@ def hooks() -> List[registry.Hook]:
             op, "FTVMQnnLegalize", qdq.legalize_uniform_zero_point, targets=strategy.TARGET_KEYS,
             description="a constant per-channel kernel zero point of equal values as a scalar (dotprod.qdq)")
           for op in ("qnn.conv2d", "qnn.dense")],
+        # A quantized model's layer norms (mean, variance) over partial sums: TVM sums a row serially.
+        registry.op_attr(
+            "mean", "FTVMQnnLegalize", fast_forms.legalize_mean, targets=strategy.TARGET_KEYS,
+            description="a quantized model's row mean over 16-wide partial sums (fast_forms)"),
+        registry.op_attr(
+            "variance", "FTVMQnnLegalize", fast_forms.legalize_variance, targets=strategy.TARGET_KEYS,
+            description="a quantized model's row variance over 16-wide partial sums (fast_forms)"),
         # QOperator files' requantizations with the same (onnxruntime's) arithmetic.
         registry.op_attr(
             "qnn.requantize", "FTVMQnnLegalize", qdq.legalize_requantize, targets=strategy.TARGET_KEYS,
