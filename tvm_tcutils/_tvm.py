@@ -83,9 +83,38 @@ def pool_size() -> int:
     return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
 
 
+def upstream_nodes(expr, limit: int):
+    """The nodes that compute the Relay ``expr`` (itself first, then breadth first through operator calls'
+    arguments, tuples' fields and tuple items' tuples), at most ``limit`` of them, and whether those were
+    all: a bounded look for passes that ask once per layer and must not walk each layer's whole input graph.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> nodes, complete = upstream_nodes(relay.add(relay.var("x"), relay.const(1.0)), 8)
+    >>> [type(n).__name__ for n in nodes], complete
+    (['Call', 'Var', 'Constant'], True)
+    >>> upstream_nodes(relay.add(relay.var("x"), relay.const(1.0)), 2)[1]
+    False
+    """
+    from tvm import relay
+
+    nodes, pending = [], [expr]
+    while pending and len(nodes) < limit:
+        node = pending.pop(0)
+        nodes.append(node)
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            pending.extend(node.args)
+        elif isinstance(node, relay.Tuple):
+            pending.extend(node.fields)
+        elif isinstance(node, relay.TupleGetItem):
+            pending.append(node.tuple_value)
+    return nodes, not pending
+
+
 def constant_expression(expr, limit: int) -> bool:
     """Whether the Relay ``expr`` is made of constants only, judged from at most ``limit`` nodes (``False``
-    beyond: a pass that asks once per layer must not walk each layer's whole input graph).
+    beyond, see :func:`upstream_nodes`).
 
     Examples
     --------
@@ -97,23 +126,11 @@ def constant_expression(expr, limit: int) -> bool:
     """
     from tvm import relay
 
-    pending, seen = [expr], 0
-    while pending:
-        node = pending.pop()
-        seen += 1
-        if seen > limit:
-            return False
-        if isinstance(node, relay.Constant):
-            continue
-        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
-            pending.extend(node.args)
-        elif isinstance(node, relay.Tuple):
-            pending.extend(node.fields)
-        elif isinstance(node, relay.TupleGetItem):
-            pending.append(node.tuple_value)
-        else:
-            return False  # a variable, a function, a let: not a constant expression
-    return True
+    nodes, complete = upstream_nodes(expr, limit)
+    # Anything else (a variable, a function, a let, a call of a function) is not a constant expression.
+    inner = (relay.Constant, relay.Tuple, relay.TupleGetItem)
+    return complete and all(isinstance(node, inner) or (isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op))
+                            for node in nodes)
 
 
 def settle_thread_count() -> int:

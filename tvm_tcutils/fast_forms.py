@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._tvm import tvm
+from ._tvm import tvm, upstream_nodes
 from tvm import relay
 
 
@@ -112,15 +112,12 @@ def split_softmax(call: relay.Call) -> Optional[relay.Expr]:
     >>> split_softmax(relay.nn.softmax(relay.var("y", shape=(4, 100)))) is None  # 100: not 16-wide parts
     True
     """
-    try:
-        typed = relay.transform.InferTypeLocal(call.args[0])
-        shape = [int(d) for d in typed.shape]
-    except (tvm.TVMError, TypeError, ValueError, AttributeError):  # dynamic shapes: keep the op
+    typed = _typed(call.args[0])
+    if typed is None:  # dynamic shapes: keep the op
         return None
+    typed, shape = typed
     axis = int(call.attrs.axis)
-    if str(typed.dtype) != "float32" or not shape or axis not in (-1, len(shape) - 1):
-        return None
-    if shape[-1] % _PARTIAL or shape[-1] < 2 * _PARTIAL:
+    if str(typed.dtype) != "float32" or not _splits(shape) or axis not in (-1, len(shape) - 1):
         return None
     x = call.args[0]
     shifted = relay.subtract(x, _split_reduce(relay.max, x, shape, _PARTIAL))
@@ -129,8 +126,8 @@ def split_softmax(call: relay.Call) -> Optional[relay.Expr]:
 
 
 def after_quantized_op(expr: relay.Expr, limit: int = 64) -> bool:
-    """Whether a ``qnn.*`` op computes ``expr``, found among at most ``limit`` nodes upstream (breadth
-    first); float models have none.
+    """Whether a ``qnn.*`` op computes ``expr``, found among at most ``limit`` nodes upstream
+    (:func:`~tvm_tcutils._tvm.upstream_nodes`); float models have none.
 
     Examples
     --------
@@ -139,33 +136,41 @@ def after_quantized_op(expr: relay.Expr, limit: int = 64) -> bool:
     >>> after_quantized_op(relay.add(x, relay.exp(dq))), after_quantized_op(relay.add(x, relay.exp(x)))
     (True, False)
     """
-    pending, seen = [expr], 0
-    while pending and seen < limit:
-        node = pending.pop(0)
-        seen += 1
-        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
-            if node.op.name.startswith("qnn."):
-                return True
-            pending.extend(node.args)
-        elif isinstance(node, relay.Tuple):
-            pending.extend(node.fields)
-        elif isinstance(node, relay.TupleGetItem):
-            pending.append(node.tuple_value)
-    return False
+    nodes, _ = upstream_nodes(expr, limit)
+    return any(isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name.startswith("qnn.")
+               for node in nodes)
+
+
+def _static_shape(tensor_type) -> Optional[list]:
+    """The dimensions of a tensor type, or None where one is known only at run time (or there is no type)."""
+    try:
+        return [int(d) for d in tensor_type.shape]
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _typed(expr: relay.Expr):
+    """``(type, static shape)`` of ``expr``, or None where it has no type or a dynamic dimension."""
+    try:
+        typed = relay.transform.InferTypeLocal(expr)
+    except (tvm.TVMError, TypeError, ValueError, AttributeError):
+        return None
+    shape = _static_shape(typed)
+    return None if shape is None else (typed, shape)
+
+
+def _splits(shape) -> bool:
+    """Whether a last axis of ``shape`` reduces over :data:`_PARTIAL`-wide parts (at least two)."""
+    return bool(shape) and shape[-1] % _PARTIAL == 0 and shape[-1] >= 2 * _PARTIAL
 
 
 def _last_axis_rows(attrs, data: relay.Expr, data_type) -> Optional[list]:
     """The static shape of a float32 reduction over the last axis only that splits into 16-wide parts."""
-    try:
-        shape = [int(d) for d in data_type.shape]
-    except (TypeError, ValueError, AttributeError):
-        return None
+    shape = _static_shape(data_type)
     axes = [int(a) for a in attrs.axis] if attrs.axis is not None else None
-    if str(data_type.dtype) != "float32" or not shape or bool(attrs.exclude):
+    if shape is None or str(data_type.dtype) != "float32" or not _splits(shape) or bool(attrs.exclude):
         return None
     if axes is None or len(axes) != 1 or axes[0] not in (-1, len(shape) - 1):
-        return None
-    if shape[-1] % _PARTIAL or shape[-1] < 2 * _PARTIAL:
         return None
     return shape
 
@@ -259,11 +264,11 @@ def dense_per_batch(call: relay.Call) -> Optional[relay.Expr]:
     [2, 3, 5]
     """
     x, y = call.args
-    try:
-        tx, ty = relay.transform.InferTypeLocal(x), relay.transform.InferTypeLocal(y)
-        shapes = [[int(d) for d in t.shape] for t in (tx, ty)]
-    except (tvm.TVMError, TypeError, ValueError, AttributeError):  # untyped or dynamic: keep the op
+    typed = [_typed(x), _typed(y)]
+    if None in typed:  # untyped or dynamic: keep the op
         return None
+    (tx, shape_x), (ty, shape_y) = typed
+    shapes = [shape_x, shape_y]
     attrs = call.attrs
     out_dtype = str(attrs.out_dtype or "float32")
     if {str(tx.dtype), str(ty.dtype), out_dtype} != {"float32"} or any(len(s) != 3 for s in shapes):
