@@ -75,9 +75,21 @@ tests=$!
 
 # One process per part (PARTS, default all): a crash in one (a segfault was seen once in the resnet50 part
 # after the dense part had run in the same process) loses that part only. Each writes its own JSON.
+# A part killed by SIGSEGV runs once more under cuda-gdb (it debugs host code too; gdb is not on the GPU
+# machine) for the native stack, when CRASH_BT_S seconds (default 0: off) are still left to it.
 for part in ${PARTS:-resnet50 layers dense profile int4_probe int4_cast int4 stem}; do
     "$PY" "$ROOT/scripts/gpu_check.py" --parts "$part" --json "$OUT/gpu_check_$part.json" \
-        --wait-for "$WORK/pytest.done" "$@" || { echo "== part $part: exit $?"; status=1; }
+        --wait-for "$WORK/pytest.done" "$@"
+    rc=$?
+    [ "$rc" = 0 ] && continue
+    echo "== part $part: exit $rc"
+    status=1
+    if [ "$rc" = 139 ] && [ "${CRASH_BT_S:-0}" -gt 60 ] && command -v cuda-gdb >/dev/null; then
+        echo "== part $part again under cuda-gdb (at most ${CRASH_BT_S} s)"
+        timeout "$CRASH_BT_S" cuda-gdb -q -batch -ex run -ex bt -ex "info sharedlibrary tcutils" \
+            --args "$PY" "$ROOT/scripts/gpu_check.py" --parts "$part" --json "$OUT/gpu_check_${part}_gdb.json" "$@" \
+            2>&1 | grep -v '^\[New Thread\|^\[Thread .* exited' | tail -n 80
+    fi
 done
 wait "$tests"
 echo "== pytest: exit $(cat "$WORK/pytest.rc"); last lines:"
