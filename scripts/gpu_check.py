@@ -25,7 +25,8 @@ from tvm_tcutils import cuda  # noqa: E402
 from tvm_tcutils.bench import gpu_check  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 
-PARTS = ("resnet50", "layers", "dense", "int4_probe", "profile", "int4_cast", "int4", "stem", "int4_diag", "int4_speed")
+PARTS = ("resnet50", "exact", "layers", "dense", "int4_probe", "profile", "int4_cast", "int4", "stem", "int4_diag",
+         "int4_speed")
 
 
 def _parts(text: str) -> list:
@@ -69,6 +70,8 @@ def main(argv=None) -> int:
                 wait()
                 if part == "layers":
                     gpu_check.layers(results, arch, args.batch, args.rounds)
+                elif part == "exact":
+                    gpu_check.exact(results, arch, args.batch)
                 elif part == "int4_speed":
                     gpu_check.int4_speed(results, arch, args.batch, args.rounds)
                 elif part == "int4_diag":

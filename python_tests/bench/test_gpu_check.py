@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relay
+from tvm.contrib import graph_executor
 
 import tvm_tcutils
 from tvm_tcutils import cuda
@@ -79,3 +80,31 @@ def test_summary_is_a_geometric_mean():
 
     rows = [{"part": "layers", "tvm_over_tcutils": R(v)} for v in (0.5, 2.0, 4.0)]
     assert np.isclose(gpu_check.summary(rows)["layers_geomean_tvm_over_tcutils"], 4 ** (1 / 3))  # (0.5*2*4)^(1/3)
+
+
+def test_saturating_casts_clip_each_narrow_cast_to_its_range_and_leave_the_input_alone():
+    x = relay.var("x", shape=(6,), dtype="float32")
+    body = relay.Tuple([relay.cast(x, "int8"), relay.cast(x, "uint8"), relay.cast(x, "float16"),
+                        relay.cast(relay.cast(x, "int32"), "int4")])
+    mod = tvm.IRModule.from_expr(relay.Function([x], body))
+    before = tvm.ir.save_json(mod)
+    clipped = gpu_check._saturating_casts(mod)
+    assert tvm.ir.save_json(mod) == before
+    ranges = {}
+
+    def visit(node):
+        if isinstance(node, relay.Call) and node.op.name == "cast" and isinstance(node.args[0], relay.Call) \
+                and node.args[0].op.name == "clip":
+            ranges[str(node.attrs.dtype)] = (node.args[0].attrs.a_min, node.args[0].attrs.a_max)
+
+    relay.analysis.post_order_visit(clipped["main"], visit)
+    assert ranges == {"int8": (-128, 127), "uint8": (0, 255), "int4": (-8, 7)}
+    # int8 and uint8 run on the CPU: values past the range saturate instead of being undefined.
+    value = np.array([-1000.0, -128.5, -3.7, 0.0, 254.9, 1e6], dtype="float32")
+    two = relay.Function([x], relay.Tuple([relay.cast(x, "int8"), relay.cast(x, "uint8")]))
+    lib = relay.build(gpu_check._saturating_casts(tvm.IRModule.from_expr(two)), target="llvm")
+    module = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    module.set_input("x", value)
+    module.run()
+    assert module.get_output(0).numpy().tolist() == [-128, -128, -3, 0, 127, 127]
+    assert module.get_output(1).numpy().tolist() == [0, 0, 0, 0, 254, 255]
