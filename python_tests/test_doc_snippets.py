@@ -9,6 +9,10 @@ named by file and block index (``README.md-1``: the README's second python
 block), and a failure shows the block's first line in the file and the
 interpreter's error.
 
+A few blocks build a big model (ResNet-18 for CUDA, BERT-tiny through onnxruntime): they run
+whole under ``-m slow`` (:data:`SLOW_SNIPPETS` names the default test that runs the same calls
+on a small model); by default their code is compiled and their imports run.
+
 Blocks that are not Python to run (shell commands, printed output, layouts)
 must be fenced as something else (plain ```, ```sh, ```text).
 """
@@ -53,6 +57,32 @@ def python_blocks(path: str) -> List[Snippet]:
 
 SNIPPETS = [snippet for path in DOC_FILES for snippet in python_blocks(path)]
 
+#: Blocks that build a big model, run whole only under ``-m slow``; each with the default test that
+#: runs the same API calls on a small model (by default such a block is compiled and its imports run).
+SLOW_SNIPPETS = {
+    # ResNet-18 prepared for int4 tensor cores, its implementations listed, its AutoTVM tasks extracted
+    # (a full CUDA lowering, 25 s): tensorcore/test_strategy.py (test_autotvm_extracts_one_task_per_distinct_
+    # hwnc_layer: prepare + extract_from_program on ResNet-18; test_implementations_reports_per_layer_after_
+    # legalization_without_mutating: implementations(mod, target, ops=("nn.conv2d",))).
+    "docs/tensorcore.md-0": "tensorcore/test_strategy.py",
+    # ResNet-18 under pad_limit, prepared and built for CUDA (22 s): tensorcore/test_sass.py
+    # (test_prepared_model_builds_saves_and_loads[resnet-10-int8]: prepare_for_tensorcore + relay.build for
+    # cuda) and tensorcore/test_strategy.py (pad_limit with prepare_for_tensorcore).
+    "docs/integrate-tc.md-0": "tensorcore/test_sass.py",
+    # BERT-tiny greedily partitioned to onnxruntime, built, exported (25 s): collage/test_ort_toolchain.py
+    # (partition_for, relay.build, export_library and load, available()) and collage/test_relay_to_onnx.py.
+    "docs/collage-toolchains.md-0": "collage/test_ort_toolchain.py",
+}
+
+
+def _snippet_id(snippet: Snippet) -> str:
+    return f"{snippet.path}-{snippet.index}"
+
+
+def _params(snippets):
+    return [pytest.param(s, id=_snippet_id(s), marks=[pytest.mark.slow] if _snippet_id(s) in SLOW_SNIPPETS else [])
+            for s in snippets]
+
 
 @pytest.fixture(scope="module")
 def collage_cache(tmp_path_factory) -> str:
@@ -67,7 +97,7 @@ def test_the_docs_have_python_snippets():
 
 
 @pytest.mark.timeout(SNIPPET_TIMEOUT + 30)
-@pytest.mark.parametrize("snippet", SNIPPETS, ids=[f"{s.path}-{s.index}" for s in SNIPPETS])
+@pytest.mark.parametrize("snippet", _params(SNIPPETS))
 def test_snippet_runs(snippet: Snippet, tmp_path, collage_cache):
     # exec with the file's name and line, so a traceback points into the Markdown file.
     program = (
@@ -80,4 +110,26 @@ def test_snippet_runs(snippet: Snippet, tmp_path, collage_cache):
     result = run_python(program, env=env, timeout=SNIPPET_TIMEOUT, cwd=str(tmp_path), fresh=False)
     assert result.returncode == 0, (
         f"{snippet.path}, python block {snippet.index} (line {snippet.line}) failed:\n{result.stderr[-3000:]}"
+    )
+
+
+def test_slow_snippets_exist():
+    # A renamed or renumbered block must not leave a stale entry (and its block unchecked by default).
+    assert set(SLOW_SNIPPETS) <= {_snippet_id(s) for s in SNIPPETS}
+
+
+@pytest.mark.parametrize("snippet", [s for s in SNIPPETS if _snippet_id(s) in SLOW_SNIPPETS], ids=_snippet_id)
+def test_slow_snippet_compiles_and_its_imports_run(snippet: Snippet, tmp_path):
+    # The default run's check of a block that runs whole only under -m slow: it is valid Python and
+    # every name it imports exists (its import statements run, in order, in a process of its own).
+    import ast
+
+    tree = ast.parse(snippet.code, filename=snippet.path)
+    compile(tree, snippet.path, "exec")
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert imports, f"{snippet.path}, python block {snippet.index}: no import to check"
+    program = "\n".join(ast.unparse(node) for node in imports)
+    result = run_python(program, timeout=60, cwd=str(tmp_path), fresh=False)
+    assert result.returncode == 0, (
+        f"{snippet.path}, python block {snippet.index} (line {snippet.line}): imports failed:\n{result.stderr[-3000:]}"
     )
