@@ -388,7 +388,18 @@ def _build_save_load(model: str, dtype: str, tmp_path) -> Tuple[Kernels, list]:
     return kernels, skipped
 
 
-def _check_model(what: str, kernels: Kernels, skipped: list, dtype: str) -> None:
+#: Model kernels known to use a stack frame, per (model, dtype) of :data:`MODELS` (``-m slow``): ResNet-18's
+#: int4 3x3 512 -> 512 conv2d (stage 4, batch 1, WMMA 8x8x32, fallback config), and one int4 conv2d kernel
+#: of ResNet-50, get an 8-byte stack frame (32 registers, no local memory) from NVRTC 13.0; nvcc 13.0 gives
+#: ResNet-18's none on the same CUDA source; NVRTC's PTX addresses shared
+#: memory with 64-bit generic pointers where nvcc's uses 32-bit ones, and no NVRTC option found changes it
+#: (-dopt, --extra-device-vectorization, -Xptxas -O3, -default-device, c++14). The test fails when the set
+#: changes: a fix removes the entry.
+KNOWN_MODEL_SPILLS = {("resnet-18", "int4"): {"tvmgen_default_fused_nn_conv2d_9_kernel"},
+                      ("resnet-50", "int4"): {"tvmgen_default_fused_nn_conv2d_15_kernel"}}
+
+
+def _check_model(what: str, kernels: Kernels, skipped: list, dtype: str, known: frozenset = frozenset()) -> None:
     _report(what, kernels)
     mma = kernels.mma()
     convs = {re.sub(r"_kernel(_\d+)?$", "", name) for name in kernels.sass if "_nn_conv2d" in name}
@@ -398,7 +409,9 @@ def _check_model(what: str, kernels: Kernels, skipped: list, dtype: str) -> None
         f"{what}: {len(mma)} MMA kernels for {len(convs)} conv2d functions\n{kernels.table()}"
     )
     assert all(ops == [IMMA[dtype, "sm_80"]] for ops in mma.values()), f"{what}: {mma}"
-    kernels.check_no_spills(what)
+    spills = {name for name, use in kernels.resources.items() if use.stack or use.local}
+    assert spills == set(known), f"{what}: kernels that spill: {sorted(spills)}, known: {sorted(known)}\n{kernels.table()}"
+    kernels.check_no_spills(what, ignore=frozenset(known))
 
 
 #: ResNet-10 int8 in the default run (ResNet-18's GEMM kernels in fewer layers: see :func:`_load`); ResNet-18
@@ -412,4 +425,7 @@ MODELS = [("resnet-10", "int8"), pytest.param("resnet-18", "int8", marks=pytest.
 @pytest.mark.parametrize("model,dtype", MODELS)
 def test_prepared_model_builds_saves_and_loads(tmp_path, model, dtype):
     kernels, skipped = _build_save_load(model, dtype, tmp_path)
-    _check_model(f"{model} {dtype} on sm_80", kernels, skipped, dtype)
+    known = frozenset(KNOWN_MODEL_SPILLS.get((model, dtype), ()))
+    _check_model(f"{model} {dtype} on sm_80", kernels, skipped, dtype, known)
+    if known:
+        pytest.xfail(f"{model} {dtype}: {', '.join(sorted(known))} use a stack frame under NVRTC (KNOWN_MODEL_SPILLS)")
