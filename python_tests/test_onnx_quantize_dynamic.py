@@ -224,10 +224,13 @@ EVERY_PAIR = {"scalar_2d", "column_3d", "runtime_zp_3d", "batched_runtime", "pad
               "runtime_zp_dilated", "channel_padded"}
 
 
-# s8 x u8 (the least used pair; its legalization is u8 x s8's mirror) under -m slow, as TVM's own path.
+# s8 x u8 (the least used pair; its legalization is u8 x s8's mirror) under -m slow, as TVM's own path;
+# s8 x s8 too (int8 activations: quantize_dynamic's DynamicQuantizeLinear makes uint8 ones): by default the
+# int8-data kernels are checked by dotprod/test_int8_op_sweep.py (every */i8xi8 case on VNNI, exact against
+# numpy) and the ONNX import of int8 activations by test_onnx_import.py (QLinearMatMul int8).
 @pytest.mark.parametrize("a_dtype, b_dtype, target", [
-    pair + ("host",) if pair != ("int8", "uint8") else pytest.param(*pair, "host", marks=pytest.mark.slow)
-    for pair in PAIRS] + [
+    pair + ("host",) if pair in (("uint8", "int8"), ("uint8", "uint8")) else
+    pytest.param(*pair, "host", marks=pytest.mark.slow) for pair in PAIRS] + [
     # TVM's own int8 path, for quantize_dynamic's default (QInt8) weights (30 s: under -m slow)
     pytest.param("uint8", "int8", "llvm", marks=pytest.mark.slow),
 ])
@@ -268,10 +271,14 @@ def test_dynamic_quantize_linear_equals_onnxruntime():
         "negative": -rng.uniform(0.5, 3.0, (4, 33)).astype("float32"),
         "ties": np.concatenate([np.arange(-20, 235, dtype="float32") + 0.5, [-20.0, 235.0]]).astype("float32"),
         "zeros": np.zeros((3, 5), "float32"),
-        # Rows wider than 32 are halved elementwise before the reduction (_whole): 256 -> 32, 96 -> 48.
+        # Rows of a multiple of 32 columns are halved elementwise before the reduction, min and max side by
+        # side (_min_max): 256 -> 32, 96 -> 48, 768 and 3072 -> 48 (BERT-base's widths).
         "wide": rng.standard_normal((2, 8, 256)).astype("float32"),
         "wide-positive": rng.uniform(0.5, 3.0, (3, 96)).astype("float32"),
         "wide-negative": -rng.uniform(0.5, 3.0, (1, 1024)).astype("float32"),
+        "wide-768": rng.standard_normal((5, 768)).astype("float32"),
+        "wide-3072-positive": rng.uniform(0.5, 3.0, (2, 3072)).astype("float32"),
+        "not-halved-48": rng.standard_normal((3, 48)).astype("float32"),
     }
     for name, x in cases.items():
         node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "scale", "zp"])
@@ -328,9 +335,12 @@ def _quantize_dynamic(tmp_path, model_name: str, weight_type: str, per_channel: 
     return str(path), quantized
 
 
-# The default run: each model once, with each weight type once; the other three (about 60 s) under -m slow.
+# The default run: the CNN with uint8 weights; the others (about 70 s) under -m slow. The encoder with
+# quantize_dynamic's default int8 weights is checked against onnxruntime by default in
+# dotprod/test_encoder_routes.py (its "dynamic" route, built by relay.build for this CPU).
 @pytest.mark.parametrize("model_name, weight_type, per_channel", [
-    ("encoder", "QInt8", False), pytest.param("encoder", "QUInt8", False, marks=pytest.mark.slow),
+    pytest.param("encoder", "QInt8", False, marks=pytest.mark.slow),
+    pytest.param("encoder", "QUInt8", False, marks=pytest.mark.slow),
     pytest.param("encoder", "QUInt8", True, marks=pytest.mark.slow),
     pytest.param("cnn", "QInt8", False, marks=pytest.mark.slow), ("cnn", "QUInt8", False),
 ])
