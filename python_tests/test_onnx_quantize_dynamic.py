@@ -294,6 +294,24 @@ def test_dynamic_quantize_linear_equals_onnxruntime():
             np.testing.assert_array_equal(out, ref, err_msg=f"{name}: {what}")
 
 
+@pytest.mark.parametrize("cols", [256, 1024, 768])
+def test_dynamic_quantize_linear_takes_min_and_max_in_one_kernel(cols):
+    # The min and max halving trees run side by side in one kernel, kept apart from the final reduction:
+    # fused into it, TVM copied the first slices (and the reshape) out in kernels of their own.
+    from tvm_tcutils._tvm import host_target
+    from tvm_tcutils.onnx_quantize_dynamic import dynamic_quantize_linear
+
+    x = relay.var("x", shape=(128, cols))
+    out = dynamic_quantize_linear([x], {}, {})
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], out.astuple())), target=host_target())
+    names = [n for n in lib.function_metadata.keys() if n.startswith("tvmgen_")]
+    trees = [n for n in names if "minimum" in n and "strided_slice" in n]
+    assert len(trees) == 1, names
+    assert not any(n.endswith(("_fused_strided_slice", "_fused_reshape")) or "_fused_strided_slice_" in n
+                   and "minimum" not in n for n in names), names
+
+
 # --------------------------------------------------------------------------
 # Whole models through quantize_dynamic
 # --------------------------------------------------------------------------
