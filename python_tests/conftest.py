@@ -263,16 +263,35 @@ def int8_conv_tuning(tmp_path_factory):
 
     ``test_tuning_cli.py`` checks the session itself (its summary and records) and ``test_tuning_log.py``
     damages copies of its log: one tuning (its build and measuring pools, the runner's tracker and server:
-    seconds of process start-up) serves both when they run in one process. The log is read-only: a test
-    that tunes on or appends copies it first.
+    seconds of process start-up) serves both. The log is read-only: a test that tunes on or appends copies
+    it first.
+
+    With ``pytest -n`` (scripts/test.sh) the two files usually land on different workers: the first worker
+    to ask tunes, under a lock in the run's shared temporary folder, and the other reads its log and summary.
     """
+    import fcntl
+
     from tvm_tcutils import tuning
     from tvm_tcutils.dotprod import quantize
 
     mod = quantize.quantize_int8(small_conv_net(channels=16, size=8), {})
-    log = str(tmp_path_factory.mktemp("int8-tuning") / "clean.log")
-    summary = tuning.tune(mod, {}, host_dot_target(), trials=2, log=log, progress=False, measure_number=1)
-    return mod, log, summary
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder = root / "int8-tuning-shared"
+    folder.mkdir(exist_ok=True)
+    log, done = str(folder / "clean.log"), folder / "summary.json"
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not done.exists():
+                if os.path.exists(log):
+                    os.remove(log)  # a worker that failed to tune left a partial log: start afresh
+                summary = tuning.tune(mod, {}, host_dot_target(), trials=2, log=log, progress=False, measure_number=1)
+                done.write_text(json.dumps(summary))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return mod, log, [tuple(row) for row in json.loads(done.read_text())]
 
 
 @pytest.fixture(scope="session")
