@@ -51,11 +51,31 @@ def test_float_batch_matmul_keeps_tvm_implementation():
     assert _selected("float32", "float32", "llvm -mcpu=cascadelake") == "batch_matmul.x86"
 
 
-@pytest.mark.parametrize("transpose_a, transpose_b", [(False, True), (False, False), (True, True)])
-@pytest.mark.parametrize("pair", [("uint8", "int8"), ("int8", "uint8"), ("uint8", "uint8"), ("int8", "int8")])
-@pytest.mark.parametrize("batches", [(2, 2), (1, 3)])
-@pytest.mark.parametrize("kernel", ["dot", "exact"])
-@pytest.mark.parametrize("k", [21, 24, 64])  # 24: x read where it is; 64: row sums on vpsadbw (AVX-512)
+_TRANSPOSES = [(False, True), (False, False), (True, True)]
+_PAIRS = [("uint8", "int8"), ("int8", "uint8"), ("uint8", "uint8"), ("int8", "int8")]
+_BATCHES = [(2, 2), (1, 3)]
+_KS = [21, 24, 64]  # 24: x read where it is; 64: row sums on vpsadbw (AVX-512)
+
+
+def _kernel_cases():
+    """Every (kernel, k, pair) once by default, with a (transposes, batches) that rotates so that every two
+    of the five parameters meet in every combination of their values (24 cases); the rest of the full
+    product (144 cases) under -m slow."""
+    cases = []
+    for ki, kernel in enumerate(["dot", "exact"]):
+        for kk, k in enumerate(_KS):
+            for pi, pair in enumerate(_PAIRS):
+                default = (pi + 2 * kk + 3 * ki) % 6
+                for c in range(6):
+                    transpose, batches = _TRANSPOSES[c % 3], _BATCHES[c // 3]
+                    cases.append(pytest.param(
+                        *transpose, pair, batches, kernel, k,
+                        id=f"{k}-{kernel}-batches{c // 3}-pair{pi}-{transpose[0]}-{transpose[1]}",
+                        marks=[] if c == default else [pytest.mark.slow]))
+    return cases
+
+
+@pytest.mark.parametrize("transpose_a, transpose_b, pair, batches, kernel, k", _kernel_cases())
 def test_batch_matmul_kernels_are_exact(transpose_a, transpose_b, pair, batches, kernel, k):
     target = tvm.target.Target(host_dot_target())
     m, n = 3, 19
