@@ -5,7 +5,10 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -32,17 +35,42 @@ def two_layer_net(seed: int = 0):
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(y))))
 
 
-def test_measures_once_then_reuses_the_cache(tmp_path):
-    log = tmp_path / "measure.log"
-    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=3, log_file=str(log), progress=False)
+class _Measured(NamedTuple):
+    cache: str       # the cache folder (read-only: a test that measures into it copies it first)
+    log: str         # the estimator's measurement log
+    stats: dict      # the estimator's counts after the search
+    settings: tuple  # its settings (the target first)
+    result: object   # the search's result
+
+
+@pytest.fixture(scope="module")
+def measured_two_layer(tmp_path_factory) -> _Measured:
+    """One measured search of ``two_layer_net(0)`` with TVM alone into an empty cache (a worker's start and
+    every candidate measured): the first search of the cache tests below, done once for them."""
+    folder = tmp_path_factory.mktemp("measured")
+    log = folder / "measure.log"
+    est = MeasuredCostEstimator(cache_dir=str(folder), repeat=3, log_file=str(log), progress=False)
     try:
         first = partition(two_layer_net(0), None, "tvm", est)
     finally:
         est.close()
-    assert est.stats["measured"] > 0 and est.stats["failed"] == 0
+    return _Measured(str(folder), str(log), dict(est.stats), tuple(est.settings), first)
+
+
+def _cache_copy(measured: _Measured, tmp_path) -> str:
+    folder = tmp_path / "cache"
+    shutil.copytree(measured.cache, folder, ignore=shutil.ignore_patterns("measure.log"))
+    return str(folder)
+
+
+def test_measures_once_then_reuses_the_cache(measured_two_layer, tmp_path):
+    tmp_path = Path(_cache_copy(measured_two_layer, tmp_path))
+    log = Path(measured_two_layer.log)
+    first, stats = measured_two_layer.result, measured_two_layer.stats
+    assert stats["measured"] > 0 and stats["failed"] == 0
     assert math.isfinite(first.estimated_ms) and first.estimated_ms > 0
     lines = log.read_text().splitlines()
-    assert len(lines) == est.stats["measured"] and any("nn.dense" in line for line in lines)
+    assert len(lines) == stats["measured"] and any("nn.dense" in line for line in lines)
     entries = [json.loads(line) for line in (tmp_path / "costs.jsonl").read_text().splitlines()]
     assert all(e["toolchain"] == "tvm" and e["ms"] > 0 for e in entries)
 
@@ -54,14 +82,11 @@ def test_measures_once_then_reuses_the_cache(tmp_path):
     assert second.estimated_ms == pytest.approx(first.estimated_ms)
 
 
-def test_costs_are_taken_for_the_host_cpu_and_cached_per_target(tmp_path):
+def test_costs_are_taken_for_the_host_cpu_and_cached_per_target(measured_two_layer, tmp_path):
     import tvm_tcutils
 
-    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False)
-    try:
-        partition(two_layer_net(0), None, "tvm", est)
-    finally:
-        est.close()
+    tmp_path = _cache_copy(measured_two_layer, tmp_path)
+    est = measured_two_layer  # the first search, into an empty cache
     # Plain "llvm" is baseline SSE2 code, several times slower than what ORT/BLAS get on this CPU.
     cpu = tvm.target.codegen.llvm_get_system_cpu()
     assert est.settings[0] == tvm_tcutils.host_target()
@@ -197,20 +222,19 @@ def _dense_tuning_log(mod, path, target):
     return str(path)
 
 
-def test_tuning_log_reaches_every_tvm_build_and_the_cache_key(tmp_path):
+def test_tuning_log_reaches_every_tvm_build_and_the_cache_key(measured_two_layer, tmp_path):
     import tvm_tcutils
     from tvm_tcutils.collage.driver import build_partitioned
 
     target = tvm_tcutils.host_target()
     mod = two_layer_net(0)
     log = _dense_tuning_log(mod, tmp_path / "tuned.log", target)
-    plain = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False)
-    tuned = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False, tuning_log=log)
+    # The cache holds the untuned costs of this model (the shared first search, with TVM alone).
+    plain = measured_two_layer
+    tuned = MeasuredCostEstimator(cache_dir=_cache_copy(plain, tmp_path), repeat=2, progress=False, tuning_log=log)
     try:
-        partition(mod, None, "tvm", plain)
         result = partition(mod, None, "tvm", tuned)
     finally:
-        plain.close()
         tuned.close()
     # Costs taken under a tuning log are not those of untuned TVM.
     assert tuned.stats["measured"] == plain.stats["measured"] > 0 and tuned.stats["cached"] == 0
