@@ -127,6 +127,10 @@ def test_integer_model_strips_softmax_and_quantizes_without_changing_the_input(m
     assert "int8" in qmod.astext()
 
 
+# Under -m slow: the same two emulated builds of this CNN as the ``profiles`` fixture (bit-exact, packets
+# compared: the two tests above), and compare_builds itself runs by default under the bench command
+# (test_cli.py::test_bench_emulate_profiles_hexagon_bit_exactly: bit-identical to x86 and to the plain build).
+@pytest.mark.slow
 def test_compare_builds_of_a_cnn_is_bit_exact_with_fewer_packets():
     _require_emulator()
     data = np.random.default_rng(4).integers(0, 256, (1, 16, 12, 12)).astype("uint8")
@@ -134,5 +138,9 @@ def test_compare_builds_of_a_cnn_is_bit_exact_with_fewer_packets():
     assert compared.bit_exact and compared.equals_x86 and compared.equals_plain
     assert compared.plain.total.packets > 3 * compared.package.total.packets
     assert "bit-identical to the x86" in compared.summary(width=1000)
+
+
+def test_compare_builds_checks_plain_before_building():
+    data = np.random.default_rng(4).integers(0, 256, (1, 16, 12, 12)).astype("uint8")
     with pytest.raises(TypeError, match="plain must be a bool"):
         hexagon_profile.compare_builds(_qnn_cnn(), inputs={"x": data}, plain="yes")
