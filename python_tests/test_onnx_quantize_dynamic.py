@@ -279,6 +279,8 @@ def test_dynamic_quantize_linear_equals_onnxruntime():
         "wide-768": rng.standard_normal((5, 768)).astype("float32"),
         "wide-3072-positive": rng.uniform(0.5, 3.0, (2, 3072)).astype("float32"),
         "not-halved-48": rng.standard_normal((3, 48)).astype("float32"),
+        # ... and rows halved down to 8 (128 tokens -> 8), the extremes anywhere.
+        "tokens": rng.standard_normal((1, 128, 256)).astype("float32") * np.float32(3.0),
     }
     for name, x in cases.items():
         node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "scale", "zp"])

@@ -339,18 +339,22 @@ _TREE_WIDTH = 32
 #: not vectorized (an [n, 24] output came out as scalar code, 3x slower than [n, 48]).
 _TREE_LANES = 16
 
+#: Rows at which :func:`_min_max` stops halving the rows of its trees.
+_TREE_ROWS = 8
+
 
 def _min_max(x: relay.Expr) -> Tuple[relay.Expr, relay.Expr]:
     """``(min, max)`` over all of ``x``: both from one vectorized pass, then one small reduction.
 
     TVM schedules a reduction as a serial loop per output, which LLVM does not vectorize for floats. So
     each row is halved elementwise (``minimum`` / ``maximum`` of its two halves) down to 32-48 columns, the
-    min and max trees side by side, stacked as ``[-min part, max part]`` into one injective kernel
-    (AVX-512 ``vminps``/``vmaxps``, each input read once), which ``stop_fusion`` keeps out of the reduction
-    that follows (fused into it, TVM copied the first slices out in kernels of their own and ran the rest in
-    scalar code); one ``max`` over that ``[2, rows, 32]`` tensor gives ``-min`` and ``max``, one output per
-    thread. Min and max are exact in any order: the same values as reducing ``x`` directly. [128, 1024], 1
-    thread, AVX-512: 51 us for the earlier two halving trees, 14 us.
+    min and max trees side by side, stacked as ``[-min part, max part]``, and the rows halved down to
+    8, all in one injective kernel (AVX-512 ``vminps``/``vmaxps``, each input read once), which
+    ``stop_fusion`` keeps out of the reduction that follows (fused into it, TVM copied the first slices out
+    in kernels of their own and ran the rest in scalar code); one ``max`` over that ``[2, 8, 32]`` tensor
+    gives ``-min`` and ``max``, one output per thread. Min and max are exact in any order: the same values
+    as reducing ``x`` directly. 1 thread, AVX-512: [128, 1024] 51 us for the earlier two halving trees, 10 us
+    now; [128, 256] 12 -> 3 us.
 
     Examples
     --------
@@ -379,7 +383,15 @@ def _min_max(x: relay.Expr) -> Tuple[relay.Expr, relay.Expr]:
         high = relay.maximum(relay.strided_slice(high, [0, 0], [rows, half]),
                              relay.strided_slice(high, [0, half], [rows, cols]))
         cols = half
-    both = relay.max(relay.annotation.stop_fusion(relay.stack([relay.negative(low), high], axis=0)), axis=[1, 2])
+    both = relay.stack([relay.negative(low), high], axis=0)
+    # Rows halved too, in the same kernel, down to 8: the serial reduction then reads 256 values per output,
+    # not rows x 32 ([128, 256]: 7.1 -> 3.0 us). Halved to 1 row, the kernel itself loses its parallel loop.
+    while rows > _TREE_ROWS and rows % 2 == 0:
+        half = rows // 2
+        both = relay.maximum(relay.strided_slice(both, [0, 0, 0], [2, half, cols]),
+                             relay.strided_slice(both, [0, half, 0], [2, rows, cols]))
+        rows = half
+    both = relay.max(relay.annotation.stop_fusion(both), axis=[1, 2])
     return relay.negative(relay.take(both, relay.const(0))), relay.take(both, relay.const(1))
 
 
