@@ -227,9 +227,11 @@ EVERY_PAIR = {"scalar_2d", "column_3d", "runtime_zp_3d", "batched_runtime", "pad
 # s8 x u8 (the least used pair; its legalization is u8 x s8's mirror) under -m slow, as TVM's own path;
 # s8 x s8 too (int8 activations: quantize_dynamic's DynamicQuantizeLinear makes uint8 ones): by default the
 # int8-data kernels are checked by dotprod/test_int8_op_sweep.py (every */i8xi8 case on VNNI, exact against
-# numpy) and the ONNX import of int8 activations by test_onnx_import.py (QLinearMatMul int8).
+# numpy) and the ONNX import of int8 activations by test_onnx_import.py (QLinearMatMul int8); u8 x u8
+# (quantize_dynamic's QUInt8 weights) too: by default test_quantize_dynamic_models_match_onnxruntime
+# [cnn-QUInt8-False] runs its ConvInteger and MatMulInteger against onnxruntime on this CPU.
 @pytest.mark.parametrize("a_dtype, b_dtype, target", [
-    pair + ("host",) if pair in (("uint8", "int8"), ("uint8", "uint8")) else
+    pair + ("host",) if pair == ("uint8", "int8") else
     pytest.param(*pair, "host", marks=pytest.mark.slow) for pair in PAIRS] + [
     # TVM's own int8 path, for quantize_dynamic's default (QInt8) weights (30 s: under -m slow)
     pytest.param("uint8", "int8", "llvm", marks=pytest.mark.slow),

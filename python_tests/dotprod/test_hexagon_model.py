@@ -121,6 +121,11 @@ def test_quantized_cnn_bit_exact_against_x86():
     np.testing.assert_array_equal(out[0].view("int32"), ref[0].view("int32"))
 
 
+# Under -m slow: by default test_hexagon_profile.py's ``profiles`` fixture runs this same u8 x i8 QNN CNN
+# in the emulator (profile_model: run_model counting instructions, with and without the package's
+# schedules) and checks both outputs bit-exact against this x86 build; run_model itself runs by default
+# in test_quantized_cnn_bit_exact_against_x86.
+@pytest.mark.slow
 def test_qnn_u8_i8_cnn_bit_exact_against_x86():
     _require_emulator()
     mod = _qnn_cnn()
