@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -12,11 +13,21 @@ from conftest import build_and_run, run_cli
 import tvm_tcutils
 
 
-def test_collage_cli_partitions_saves_and_draws(tmp_path):
+@pytest.fixture(scope="module")
+def partitioned(tmp_path_factory):
+    """``collage mlp --toolchains tvm`` into an empty cost cache, written and drawn: (folder, its run).
+
+    The cache it fills is the retry test's starting point too (read-only: that test copies it)."""
+    tmp_path = tmp_path_factory.mktemp("collage_cli")
+    proc = run_cli("collage", "mlp", "--toolchains", "tvm", "-o", str(tmp_path / "partitioned.json"),
+                   "--dot", str(tmp_path / "partitions.dot"), "--cache-dir", str(tmp_path / "cache"), "--repeat", "2")
+    return tmp_path, proc
+
+
+def test_collage_cli_partitions_saves_and_draws(partitioned):
+    tmp_path, proc = partitioned
     out = tmp_path / "partitioned.json"
     dot = tmp_path / "partitions.dot"
-    proc = run_cli("collage", "mlp", "--toolchains", "tvm", "-o", str(out), "--dot", str(dot),
-                   "--cache-dir", str(tmp_path / "cache"), "--repeat", "2")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert sum(1 for line in lines if line.split()[:2] == ["#", "toolchain"]) == 1  # one table
@@ -55,15 +66,11 @@ def test_collage_cli_missing_tuning_log(tmp_path):
     assert "--tuning-log" in proc.stderr and "none.log" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_collage_cli_retry_failed_measures_cached_failures_again(tmp_path):
+def test_collage_cli_retry_failed_measures_cached_failures_again(partitioned, tmp_path):
+    # The cache of the first run (every candidate of the MLP measured, test above), copied.
     cache, log = tmp_path / "cache", tmp_path / "measured.log"
+    shutil.copytree(partitioned[0] / "cache", cache)
     common = ["collage", "mlp", "--toolchains", "tvm", "--cache-dir", str(cache), "--repeat", "1", "--no-compare"]
-    first = run_cli(*common)
-    assert first.returncode == 0
-    # --no-compare times nothing whole, and says so.
-    assert "validate" not in first.stdout.splitlines()[0] and "compare" not in first.stdout.splitlines()[0]
-    assert "toolchains alone: not timed (--no-compare)" in first.stdout
-    assert "answer: Collage's mix (not compared with the toolchains alone: --no-compare)" in first.stdout
     # Every cached cost becomes a fresh failure, as a crashed or timed-out candidate leaves it.
     path = cache / "costs.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -74,3 +81,7 @@ def test_collage_cli_retry_failed_measures_cached_failures_again(tmp_path):
     proc = run_cli(*common, "--log", str(log), "--retry-failed")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(log.read_text().splitlines()) >= len(records) > 0
+    # --no-compare times nothing whole, and says so.
+    assert "validate" not in proc.stdout.splitlines()[0] and "compare" not in proc.stdout.splitlines()[0]
+    assert "toolchains alone: not timed (--no-compare)" in proc.stdout
+    assert "answer: Collage's mix (not compared with the toolchains alone: --no-compare)" in proc.stdout
