@@ -298,7 +298,7 @@ def test_dynamic_quantize_linear_equals_onnxruntime():
             np.testing.assert_array_equal(out, ref, err_msg=f"{name}: {what}")
 
 
-@pytest.mark.parametrize("cols", [256, 1024, 768])
+@pytest.mark.parametrize("cols", [256, 768])
 def test_dynamic_quantize_linear_takes_min_and_max_in_one_kernel(cols):
     # The min and max halving trees run side by side in one kernel, kept apart from the final reduction:
     # fused into it, TVM copied the first slices (and the reshape) out in kernels of their own.
