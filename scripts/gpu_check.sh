@@ -59,8 +59,10 @@ fi
 export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export TVM_TCUTILS_CUDA_PLUGIN="$PACK/libtvm_tcutils_cuda.so" TVM_TCUTILS_NATIVE="$PACK/libtvm_tcutils_native.so"
 export PYTHONUNBUFFERED=1 TORCH_PYTHON="${TORCH_PYTHON:-$PY}"
-# The machine's CUDA (its nvcc, NVRTC and headers) unless CUDA_PATH says otherwise.
-[ -z "${CUDA_PATH:-}" ] && [ -f /usr/local/cuda/include/cuda.h ] && export CUDA_PATH=/usr/local/cuda
+# The machine's CUDA (its nvcc, NVRTC and headers) unless CUDA_PATH says otherwise; only a whole one (a CPU
+# machine here had a /usr/local/cuda with headers but without NVRTC's builtins, where every compile failed).
+[ -z "${CUDA_PATH:-}" ] && [ -f /usr/local/cuda/include/cuda.h ] \
+    && compgen -G "/usr/local/cuda/lib*/libnvrtc-builtins.so*" >/dev/null && export CUDA_PATH=/usr/local/cuda
 
 status=0
 "$PY" -c "import tvm_tcutils, json; from tvm_tcutils import cuda; print(json.dumps(cuda.status()))" \
