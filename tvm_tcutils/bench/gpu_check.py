@@ -147,17 +147,22 @@ def _integer_weights(params: Dict[str, "tvm.nd.NDArray"]) -> Dict[str, "tvm.nd.N
             if len(value.shape) in (2, 4) else value for name, value in params.items()}
 
 
-def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable[[], None] = lambda: None) -> None:
-    """ResNet-50 int8 on tensor cores: GPU outputs against the CPU reference, then package vs TVM end to end."""
+def _resnet50_logits(batch: int, dtype: str, target: str):
+    """ResNet-50 with small integer weights (:func:`_integer_weights`), returning its logits, prepared for
+    ``target`` in ``dtype``: ``(prepared, params, skipped, input)``. The logits, not the softmax: with the
+    model's random weights the softmax is nearly uniform (about 0.001 everywhere) and would hide differences."""
     import tvm_tcutils
 
     mod, params = tvm_tcutils.load_model("resnet-50", batch_size=batch)
-    params = _integer_weights(params)
-    # The logits, not the softmax: with the model's random weights the softmax is nearly uniform (about
-    # 0.001 everywhere) and would hide differences.
-    mod = _without_softmax(mod)
+    prepared, skipped = tvm_tcutils.prepare_for_tensorcore(_without_softmax(mod), dtype=dtype, target=target)
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
+    return prepared, _integer_weights(params), skipped, x
+
+
+def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable[[], None] = lambda: None) -> None:
+    """ResNet-50 int8 on tensor cores: GPU outputs against the CPU reference, then package vs TVM end to end."""
     target = f"cuda -arch={arch}"
-    prepared, skipped = tvm_tcutils.prepare_for_tensorcore(mod, dtype="int8", target=target)
+    prepared, params, skipped, x = _resnet50_logits(batch, "int8", target)
     row: Dict[str, object] = {"part": "resnet50", "batch": batch, "dtype": "int8", "target": target,
                               "skipped_layers": len(skipped)}
     start = time.time()
@@ -178,7 +183,6 @@ def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable
     start = time.time()
     cpu_lib = _build(prepared, params, "llvm")
     row["cpu_build_s"] = round(time.time() - start, 1)
-    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
     cpu = _graph(cpu_lib, tvm.cpu())
     cpu.set_input("data", x)
     cpu.run()
@@ -238,19 +242,14 @@ def exact(results, arch: str, batch: int = 8) -> None:
     ``resnet50`` part's ``tcutils_vs_tvm_max_abs_diff``: TVM's template on the same GPU, where every float
     step is the same code.
     """
-    import tvm_tcutils
-
-    mod, params = tvm_tcutils.load_model("resnet-50", batch_size=batch)
-    params = _integer_weights(params)
     target = f"cuda -arch={arch}"
-    prepared, skipped = tvm_tcutils.prepare_for_tensorcore(_without_softmax(mod), dtype="int8", target=target)
+    prepared, params, skipped, x = _resnet50_logits(batch, "int8", target)
     checked = _saturating_casts(prepared)
     row: Dict[str, object] = {"part": "exact", "case": "resnet-50", "dtype": "int8", "batch": batch,
                               "skipped_layers": len(skipped), "casts": "saturating"}
     print("exact: ResNet-50 int8, building for the GPU", flush=True)
     lib = _build(checked, params, target)
     print("exact: building and running the CPU reference", flush=True)
-    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
     cpu_lib = _build(checked, params, "llvm")
     want = _run_graph(cpu_lib, tvm.cpu(), {"data": x})
     row.update(max_abs_ref=float(np.max(np.abs(want))), elements=int(want.size))
@@ -640,6 +639,18 @@ def _int4_case(op: str, dtype: str, batch: int, cin: int, cout: int,
     return tvm.IRModule.from_expr(relay.Function([x], y)), value, weight
 
 
+def _rewrite_casts(mod: tvm.IRModule, dtypes, rewrite: Callable[[relay.Expr, str], relay.Expr]) -> tvm.IRModule:
+    """``mod`` with each ``cast(value, dtype)`` for ``dtype`` in ``dtypes`` replaced by ``rewrite(value, dtype)``."""
+
+    class _Rewrite(relay.ExprMutator):
+        def visit_call(self, call):
+            new = super().visit_call(call)
+            dtype = str(new.attrs.dtype) if getattr(new.op, "name", "") == "cast" else ""
+            return rewrite(new.args[0], dtype) if dtype in dtypes else new
+
+    return tvm.IRModule.from_expr(_Rewrite().visit(mod["main"]))
+
+
 def _int4_as_8bit(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each cast to int4/uint4 done in int32 and kept in int8/uint8: the CPU reference.
 
@@ -647,19 +658,14 @@ def _int4_as_8bit(mod: tvm.IRModule) -> tvm.IRModule:
     truncates to the low nibble (sign-extended for int4), which is what this computes.
     """
 
-    class _Rewrite(relay.ExprMutator):
-        def visit_call(self, call):
-            new = super().visit_call(call)
-            dtype = str(new.attrs.dtype) if getattr(new.op, "name", "") == "cast" else ""
-            if dtype not in ("int4", "uint4"):
-                return new
-            value = relay.cast(new.args[0], "int32")
-            if dtype == "int4":
-                value = relay.right_shift(relay.left_shift(value, relay.const(28)), relay.const(28))
-                return relay.cast(value, "int8")
-            return relay.cast(relay.bitwise_and(value, relay.const(15)), "uint8")
+    def as_8bit(value: relay.Expr, dtype: str) -> relay.Expr:
+        value = relay.cast(value, "int32")
+        if dtype == "int4":
+            value = relay.right_shift(relay.left_shift(value, relay.const(28)), relay.const(28))
+            return relay.cast(value, "int8")
+        return relay.cast(relay.bitwise_and(value, relay.const(15)), "uint8")
 
-    return tvm.IRModule.from_expr(_Rewrite().visit(mod["main"]))
+    return _rewrite_casts(mod, ("int4", "uint4"), as_8bit)
 
 
 #: The value range of each narrow integer type a prepared model casts to.
@@ -674,17 +680,8 @@ def _saturating_casts(mod: tvm.IRModule) -> tvm.IRModule:
     CPU code does not), so a GPU-vs-CPU comparison of the model as prepared compares two undefined results.
     Clipped, both devices compute the same function and must agree.
     """
-
-    class _Rewrite(relay.ExprMutator):
-        def visit_call(self, call):
-            new = super().visit_call(call)
-            dtype = str(new.attrs.dtype) if getattr(new.op, "name", "") == "cast" else ""
-            if dtype not in _INTEGER_RANGE:
-                return new
-            low, high = _INTEGER_RANGE[dtype]
-            return relay.cast(relay.clip(new.args[0], low, high), dtype)
-
-    return tvm.IRModule.from_expr(_Rewrite().visit(mod["main"]))
+    return _rewrite_casts(mod, _INTEGER_RANGE, lambda value, dtype: relay.cast(
+        relay.clip(value, *_INTEGER_RANGE[dtype]), dtype))
 
 
 def _run_graph(lib, dev, inputs: Dict[str, np.ndarray]) -> np.ndarray:
@@ -696,7 +693,6 @@ def _run_graph(lib, dev, inputs: Dict[str, np.ndarray]) -> np.ndarray:
 
 def int4(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
     """int4 on the GPU: relay layers with and without the package's 4-bit access rewrite, ResNet-50, int4 vs int8."""
-    import tvm_tcutils
     from ..registry import overriding_func, replaced_func
     from ..tensorcore import strategy as tc
 
@@ -726,16 +722,13 @@ def int4(results, arch: str, batch: int = 8, rounds: int = 5) -> None:
             print(f"int4 {case}: mismatches of {row['elements']} with the rewrite {row['fixed_mismatches']}, "
                   f"without {row.get('unfixed_mismatches')}; {row['mma']}", flush=True)
 
-        mod, params = tvm_tcutils.load_model("resnet-50", batch_size=batch)
-        params = _integer_weights(params)
-        prepared, skipped = tvm_tcutils.prepare_for_tensorcore(_without_softmax(mod), dtype="int4", target=target)
+        prepared, params, skipped, x = _resnet50_logits(batch, "int4", target)
         prepared = _saturating_casts(prepared)
         row = {"part": "int4", "case": "resnet-50", "batch": batch, "skipped_layers": len(skipped),
                "casts": "saturating"}
         # Each step says when it starts: one run died here with SIGSEGV, and the log is what came back.
         print("int4 ResNet-50: building for the GPU", flush=True)
         lib = _build(prepared, params, target)
-        x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype("float32")
         print("int4 ResNet-50: building and running the CPU reference", flush=True)
         want = _run_graph(_build(_int4_as_8bit(prepared), params, "llvm"), tvm.cpu(), {"data": x})
         row["max_abs_ref"] = float(np.max(np.abs(want)))
