@@ -127,24 +127,42 @@ def _layer_norm(x: relay.Expr, eps: float = 1e-5) -> relay.Expr:
     return relay.divide(relay.subtract(x, mean), relay.sqrt(relay.add(variance, relay.const(eps))))
 
 
-@pytest.mark.parametrize("width", [64, 256])
-def test_quantized_models_layer_norm_sums_in_parts_and_computes_the_same(width):
+@pytest.mark.parametrize("width,offset", [(64, 0.5), (256, 0.5), (768, 40.0)])
+def test_quantized_models_layer_norm_takes_one_pass_and_computes_the_same(width, offset):
+    # offset 40: a mean ten times the deviation, where the mean of squares less the squared mean cancels.
     q = relay.var("q", shape=(8, width), dtype="int8")
     x = relay.qnn.op.dequantize(q, relay.const(0.05), relay.const(3))
-    func = relay.Function([q], _layer_norm(relay.add(x, relay.const(0.5))))
+    func = relay.Function([q], _layer_norm(relay.add(x, relay.const(offset))))
     data = np.random.default_rng(5).integers(-128, 128, (8, width)).astype("int8")
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(tvm.IRModule.from_expr(func), target="llvm")
-    # The reductions are sums over 16-wide parts: no mean or variance kernel is left.
-    kernels = {node["attrs"]["func_name"] for node in json.loads(lib.get_graph_json())["nodes"]
-               if node["op"] == "tvm_op"}
+    # No mean or variance kernel is left, and the mean and the variance share one sum of the row moments.
+    kernels = [node["attrs"]["func_name"] for node in json.loads(lib.get_graph_json())["nodes"]
+               if node["op"] == "tvm_op"]
     assert not [k for k in kernels if "mean" in k or "variance" in k], kernels
+    assert len([k for k in kernels if "_sum" in k]) == 1, kernels
     runner = tvm.contrib.graph_executor.GraphModule(lib["default"](tvm.cpu()))
     runner.set_input("q", data)
     runner.run()
-    v = (data.astype("float64") - 3) * 0.05 + 0.5
+    v = (data.astype("float64") - 3) * 0.05 + offset
     want = (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(runner.get_output(0).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_legalized_variance_is_about_the_given_mean():
+    # variance(x, with_mean=m) is mean((x - m)^2) for any m, not only x's own mean.
+    q = relay.var("q", shape=(4, 64), dtype="int8")
+    x = relay.qnn.op.dequantize(q, relay.const(0.1), relay.const(0))
+    given = relay.add(relay.mean(x, axis=-1, keepdims=True), relay.const(1.5))
+    call = relay.variance(x, axis=-1, keepdims=False, with_mean=given)
+    types = [relay.transform.InferTypeLocal(x), relay.transform.InferTypeLocal(given)]
+    out = legalize_variance(call.attrs, [x, given], types)
+    assert out is not None
+    data = np.random.default_rng(6).integers(-128, 128, (4, 64)).astype("int8")
+    got = relay.create_executor("graph", mod=tvm.IRModule.from_expr(relay.Function([q], out)),
+                                target="llvm").evaluate()(data).numpy()
+    v = data.astype("float64") * 0.1
+    np.testing.assert_allclose(got, ((v - (v.mean(-1, keepdims=True) + 1.5)) ** 2).mean(-1), rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["float_model", "width", "axis", "unbiased"])

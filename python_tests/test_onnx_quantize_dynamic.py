@@ -310,10 +310,10 @@ def test_dynamic_quantize_linear_takes_min_and_max_in_one_kernel(cols):
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], out.astuple())), target=host_target())
     names = [n for n in lib.function_metadata.keys() if n.startswith("tvmgen_")]
-    trees = [n for n in names if "minimum" in n and "strided_slice" in n]
+    trees = [n for n in names if "maximum" in n and "strided_slice" in n]
     assert len(trees) == 1, names
     assert not any(n.endswith(("_fused_strided_slice", "_fused_reshape")) or "_fused_strided_slice_" in n
-                   and "minimum" not in n for n in names), names
+                   and "maximum" not in n for n in names), names
 
 
 # --------------------------------------------------------------------------

@@ -48,7 +48,7 @@ import numpy as np
 import tvm
 from tvm import relay
 
-from .fast_forms import fast_chain, rounded_int32
+from .fast_forms import TREE_LANES, fast_chain, halving_tree, rounded_int32
 
 #: The element types ``MatMulInteger`` and ``ConvInteger`` take for each input and its zero point.
 INTEGER_DTYPES = ("uint8", "int8")
@@ -335,10 +335,6 @@ def conv_integer(inputs: List[Optional[relay.Expr]], attrs: dict, params: dict) 
 #: Row width at which :func:`_min_max` stops halving: 32 floats, two AVX-512 registers.
 _TREE_WIDTH = 32
 
-#: Lanes of TVM's x86 vectorized inner loop: a halved row stays a multiple of it, or the tree's kernel is
-#: not vectorized (an [n, 24] output came out as scalar code, 3x slower than [n, 48]).
-_TREE_LANES = 16
-
 #: Rows at which :func:`_min_max` stops halving the rows of its trees.
 _TREE_ROWS = 8
 
@@ -347,8 +343,9 @@ def _min_max(x: relay.Expr) -> Tuple[relay.Expr, relay.Expr]:
     """``(min, max)`` over all of ``x``: both from one vectorized pass, then one small reduction.
 
     TVM schedules a reduction as a serial loop per output, which LLVM does not vectorize for floats. So
-    each row is halved elementwise (``minimum`` / ``maximum`` of its two halves) down to 32-48 columns, the
-    min and max trees side by side, stacked as ``[-min part, max part]``, and the rows halved down to
+    each row of ``-x`` and of ``x`` is halved elementwise (the ``maximum`` of its two halves,
+    :func:`~tvm_tcutils.fast_forms.halving_tree`) down to 32-48 columns, the two trees side by side,
+    stacked as ``[-min part, max part]``, and the rows halved down to
     8, all in one injective kernel (AVX-512 ``vminps``/``vmaxps``, each input read once), which
     ``stop_fusion`` keeps out of the reduction that follows (fused into it, TVM copied the first slices out
     in kernels of their own and ran the rest in scalar code); one ``max`` over that ``[2, 8, 32]`` tensor
@@ -368,7 +365,7 @@ def _min_max(x: relay.Expr) -> Tuple[relay.Expr, relay.Expr]:
     except ValueError:  # a dimension known only at run time
         shape = ()
     cols = shape[-1] if shape else 0
-    if not shape or cols <= _TREE_WIDTH or cols % (2 * _TREE_LANES):
+    if not shape or cols <= _TREE_WIDTH or cols % (2 * TREE_LANES):
         # Rows first, then the rest: parallel over rows where one reduction to a scalar is one serial loop
         # (a [128, 1024] tensor's min: 0.072 -> 0.031 ms).
         if len(_type(x).shape) >= 2:
@@ -376,14 +373,9 @@ def _min_max(x: relay.Expr) -> Tuple[relay.Expr, relay.Expr]:
         return relay.min(x), relay.max(x)
     rows = int(np.prod(shape[:-1]))
     low = high = relay.reshape(x, (rows, cols))
-    while cols > _TREE_WIDTH and (cols // 2) % _TREE_LANES == 0:
-        half = cols // 2
-        low = relay.minimum(relay.strided_slice(low, [0, 0], [rows, half]),
-                            relay.strided_slice(low, [0, half], [rows, cols]))
-        high = relay.maximum(relay.strided_slice(high, [0, 0], [rows, half]),
-                             relay.strided_slice(high, [0, half], [rows, cols]))
-        cols = half
-    both = relay.stack([relay.negative(low), high], axis=0)
+    # Both trees as maxima, the min one over -x: one combine, both side by side in one kernel.
+    (low, high), cols = halving_tree([relay.negative(low), high], relay.maximum, rows, cols, _TREE_WIDTH)
+    both = relay.stack([low, high], axis=0)
     # Rows halved too, in the same kernel, down to 8: the serial reduction then reads 256 values per output,
     # not rows x 32 ([128, 256]: 7.1 -> 3.0 us). Halved to 1 row, the kernel itself loses its parallel loop.
     while rows > _TREE_ROWS and rows % 2 == 0:
