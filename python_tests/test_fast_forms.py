@@ -8,8 +8,8 @@ import pytest
 import tvm
 from tvm import relay
 
-from tvm_tcutils.fast_forms import (DENSE_BATCHES_MAX, dense_per_batch, fast_chain, legalize_mean, legalize_variance,
-                                    split_softmax)
+from tvm_tcutils.fast_forms import (DENSE_BATCHES_MAX, dense_pack_block, dense_per_batch, fast_chain, legalize_mean,
+                                    legalize_variance, split_softmax)
 
 from conftest import build_and_run, op_names
 
@@ -28,8 +28,8 @@ def test_chain_reaches_the_softmax_behind_attention_product():
     params, context = _attention()
     fast = fast_chain(context)
     assert "nn.fast_softmax" in op_names(fast) and "nn.softmax" not in op_names(fast)
-    # Both products (scores and context) as one dense per head.
-    assert "nn.batch_matmul" not in op_names(fast) and "nn.dense" in op_names(fast)
+    # Both products (scores and context) stay: the build's legalization (knowing the target) splits them.
+    assert op_names(fast).count("nn.batch_matmul") == 2
     assert "nn.softmax" in op_names(context)  # the input expression is not changed
     rng = np.random.default_rng(0)
     inputs = {p.name_hint: rng.standard_normal([int(d) for d in p.type_annotation.shape]).astype("float32")
@@ -55,20 +55,85 @@ def _product_inputs(shape_x, shape_y, dtype="float32"):
 
 @pytest.mark.parametrize("transpose_a, transpose_b", [(False, True), (False, False), (True, True), (True, False)])
 @pytest.mark.parametrize("batches", [(3, 3), (1, 3), (3, 1), (1, 1)])
-def test_dense_per_batch_computes_the_batch_matmul(transpose_a, transpose_b, batches):
-    m, n, k = 5, 7, 6
+@pytest.mark.parametrize("packed", [False, True])
+def test_dense_per_batch_computes_the_batch_matmul(transpose_a, transpose_b, batches, packed):
+    from tvm_tcutils._tvm import host_target
+
+    m, n, k = 5, 16, 6
     shape_x = (batches[0],) + ((k, m) if transpose_a else (m, k))
     shape_y = (batches[1],) + ((n, k) if transpose_b else (k, n))
     x, y = relay.var("x", shape=shape_x), relay.var("y", shape=shape_y)
     call = relay.nn.batch_matmul(x, y, transpose_a=transpose_a, transpose_b=transpose_b)
-    dense = dense_per_batch(call)
-    assert dense is not None and "nn.batch_matmul" not in op_names(dense)
-    assert op_names(dense).count("nn.dense") == max(batches)
+    target = host_target()
+    with tvm.target.Target(target):
+        block = dense_pack_block(m, n, k) if packed else None
+    assert (block is not None) == packed
+    dense = dense_per_batch(call, block)
+    names = op_names(dense)
+    assert dense is not None and "nn.batch_matmul" not in names
+    assert names.count("nn.contrib_dense_pack" if packed else "nn.dense") == max(batches)
     inputs = _product_inputs(shape_x, shape_y)
     xs = inputs["x"].transpose(0, 2, 1) if transpose_a else inputs["x"]
     ys = inputs["y"].transpose(0, 2, 1) if transpose_b else inputs["y"]
-    got, = build_and_run(tvm.IRModule.from_expr(relay.Function([x, y], dense)), inputs=inputs)
+    got, = build_and_run(tvm.IRModule.from_expr(relay.Function([x, y], dense)), inputs=inputs, target=target)
     np.testing.assert_allclose(got, np.matmul(xs, ys), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_per_batch_refuses_a_block_that_does_not_divide_the_columns():
+    x, y = relay.var("x", shape=(2, 4, 8)), relay.var("y", shape=(2, 12, 8))
+    with pytest.raises(ValueError, match="block must divide the 12 columns"):
+        dense_per_batch(relay.nn.batch_matmul(x, y), block=8)
+
+
+def test_quantized_models_attention_products_are_packed_denses_without_copy_kernels():
+    # A quantized model's float products of activations (quantize_dynamic leaves attention's in float):
+    # plain relay.build gives one packed dense per head, each operand a field of one kernel's split.
+    from tvm_tcutils._tvm import host_target
+
+    heads, seq, dim = 4, 32, 16
+    qs = [relay.var(name, shape=(heads, seq, dim), dtype="int8") for name in "qkv"]
+    # As quantize_dynamic's: integer products, rescaled in float (a static QDQ region's dequantized operands
+    # are left to its quantize's integer rewrite).
+    q, k, v = [relay.add(relay.qnn.op.dequantize(x, relay.const(0.05), relay.const(0)), relay.const(0.5))
+               for x in qs]
+    scores = relay.nn.softmax(relay.nn.batch_matmul(q, k), axis=-1)
+    context = relay.nn.batch_matmul(scores, v, transpose_b=False)
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function(qs, context)), target=host_target())
+    kernels = [node["attrs"]["func_name"] for node in json.loads(lib.get_graph_json())["nodes"]
+               if node["op"] == "tvm_op"]
+    assert not [name for name in kernels if "batch_matmul" in name], kernels
+    assert len([name for name in kernels if "dense_pack" in name]) == 2 * heads, kernels
+    # No kernel per head that only copies (squeeze, reshape or layout_transform of one field).
+    assert not [name for name in kernels if name.endswith(("_squeeze", "_reshape", "_layout_transform"))
+                or "_squeeze_" in name or "_fused_layout_transform" in name], kernels
+    rng = np.random.default_rng(3)
+    data = {name: rng.integers(-100, 100, (heads, seq, dim)).astype("int8") for name in "qkv"}
+    runner = tvm.contrib.graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    runner.set_input(**data)
+    runner.run()
+    fq, fk, fv = [data[name].astype("float64") * 0.05 + 0.5 for name in "qkv"]
+    s = fq @ fk.transpose(0, 2, 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(runner.get_output(0).numpy(), p @ fv, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["float_model", "qdq_region", "int8"])
+def test_batch_matmul_legalization_leaves_what_it_does_not_handle(case):
+    from tvm_tcutils.fast_forms import legalize_batch_matmul
+
+    dtype = "int8" if case == "int8" else "float32"
+    x, y = relay.var("x", shape=(2, 8, 16), dtype=dtype), relay.var("y", shape=(2, 32, 16), dtype=dtype)
+    if case == "qdq_region":  # dequantized operands: the region's quantize makes the product integer
+        x = relay.transpose(relay.qnn.op.dequantize(relay.var("q", shape=(2, 16, 8), dtype="int8"),
+                                                    relay.const(0.1), relay.const(0)), (0, 2, 1))
+    elif case == "int8":  # after a qnn op, but 8-bit
+        x = relay.qnn.op.quantize(relay.var("f", shape=(2, 8, 16)), relay.const(0.1), relay.const(0))
+    call = relay.nn.batch_matmul(x, y, out_dtype="int32" if case == "int8" else "")
+    types = [relay.transform.InferTypeLocal(x), relay.transform.InferTypeLocal(y)]
+    with tvm.target.Target("llvm -mcpu=skylake-avx512"):
+        assert legalize_batch_matmul(call.attrs, [x, y], types) is None
 
 
 @pytest.mark.parametrize("case", ["int8", "out_dtype", "too_many_batches", "dynamic"])
@@ -116,7 +181,7 @@ def test_split_softmax_keeps_what_it_does_not_handle(case):
 def test_chain_splits_a_wide_softmax():
     params, context = _attention(seq=64)
     fast = fast_chain(context)
-    assert not {"nn.softmax", "nn.fast_softmax", "nn.batch_matmul"} & set(op_names(fast))
+    assert not {"nn.softmax", "nn.fast_softmax"} & set(op_names(fast))
     assert "fast_exp" in op_names(fast)
 
 

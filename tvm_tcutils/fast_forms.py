@@ -11,8 +11,9 @@ about to be quantized: a static QDQ region's ``qnn.quantize``
 either: their ops keep TVM's exact forms.
 
 Also here: decompositions of float ops that TVM 0.19's x86 schedules run slowly, for
-the same quantized models only -- a batch of float products as one ``dense`` per batch
-(:func:`dense_per_batch`, on a chain), softmax and layer-norm reductions over 16-wide
+the same quantized models only -- a batch of float products as one packed ``dense`` per
+batch (:func:`dense_per_batch`; :func:`legalize_batch_matmul`, an ``FTVMQnnLegalize``
+handler that acts only after a ``qnn`` op), softmax and layer-norm reductions over 16-wide
 partial results (:func:`split_softmax`), and layer norms' mean and variance from one
 vectorized pass over each row (:func:`legalize_mean` and :func:`legalize_variance`,
 ``FTVMQnnLegalize`` handlers that act only after a ``qnn`` op). The same float32
@@ -77,11 +78,6 @@ class _FastForms(relay.ExprMutator):
         if name in FAST_FORMS:
             self.changed += 1
             return relay.Call(tvm.ir.Op.get(FAST_FORMS[name]), new.args, new.attrs, new.type_args, new.span)
-        if self.chain and name == "nn.batch_matmul":
-            dense = dense_per_batch(new)
-            if dense is not None:
-                self.changed += 1
-                return dense
         return new
 
 
@@ -298,29 +294,70 @@ _INJECTIVE = 2
 #: 0.87 of 7.0 ms).
 _LINEAR_PASSES = ("nn.batch_matmul",)
 
-#: Most batches a float ``nn.batch_matmul`` of a chain is split into (one ``nn.dense`` kernel each).
+#: Most batches a float ``nn.batch_matmul`` of a quantized model is split into (one dense kernel each).
 DENSE_BATCHES_MAX = 128
 
 
-def dense_per_batch(call: relay.Call) -> Optional[relay.Expr]:
-    """A float32 ``nn.batch_matmul`` as one ``nn.dense`` per batch, stacked; None where it does not apply.
+def dense_pack_block(m: int, n: int, k: int) -> Optional[int]:
+    """The weight block of the packed layout (``NC{block}n``) that ``nn.dense``'s alter-layout hook gives a
+    float32 ``[m, k] x [n, k]`` product on the current target, or None where it packs nothing (no target,
+    another schedule chosen).
+
+    Asked of the hook itself (TVM's x86 one: its AutoTVM config, tuned or the fallback's tile), which also
+    records the packed workload's config, so a weight packed with this block compiles with the same tile:
+    a packed weight whose block differs from the schedule's tile failed LLVM's verifier.
+
+    Examples
+    --------
+    >>> with tvm.target.Target("llvm -mcpu=skylake-avx512"):
+    ...     dense_pack_block(128, 64, 128)
+    32
+    >>> dense_pack_block(128, 64, 128) is None  # no target
+    True
+    """
+    if tvm.target.Target.current(allow_none=True) is None:
+        return None
+    alter = tvm.ir.Op.get("nn.dense").get_attr("FTVMAlterOpLayout")
+    if alter is None:
+        return None
+    data, weight = relay.var("data", shape=(m, k)), relay.var("weight", shape=(n, k))
+    tensors = [tvm.te.placeholder((m, k), "float32"), tvm.te.placeholder((n, k), "float32")]
+    try:
+        packed = alter(relay.nn.dense(data, weight).attrs, [data, weight], tensors, relay.TensorType((m, n)))
+    except (tvm.TVMError, ValueError, TypeError, AttributeError):  # the hook declines: keep nn.dense
+        return None
+    if not _op(packed, "nn.contrib_dense_pack"):
+        return None
+    layout = str(packed.attrs.weight_layout)
+    block = layout[2:-1] if layout.startswith("NC") and layout.endswith("n") else ""
+    return int(block) if block.isdigit() and n % int(block) == 0 else None
+
+
+def dense_per_batch(call: relay.Call, block: Optional[int] = None) -> Optional[relay.Expr]:
+    """A float32 ``nn.batch_matmul`` as one dense per batch, stacked; None where it does not apply.
 
     The same products, each summed in float32 (only the order of the additions may differ). TVM 0.19's
     x86 ``batch_matmul`` schedule reduces each output with a 16-wide ``rfactor`` and a horizontal sum:
     21-36 GFLOPS on BERT's attention shapes, where its ``dense`` schedules (a packed, register-tiled
     product) run the same heads at 83-87 GFLOPS, with numpy's OpenBLAS (AMD EPYC Zen 4, 1 thread:
-    ``(4, 128, 128, 64)`` 394 -> 98 us). Only a chain takes it (a quantized model's products of
-    activations): float models keep TVM's ``batch_matmul``. Applies to static shapes of at most
-    :data:`DENSE_BATCHES_MAX` batches, either operand broadcast over the batch when its batch is 1.
+    ``(4, 128, 128, 64)`` 394 -> 98 us). Each batch's operand is a field of one ``split`` of the whole
+    operand reshaped to rows (no copy kernel per batch); with ``block`` (:func:`dense_pack_block`) the
+    weights are packed for ``nn.contrib_dense_pack`` all at once, in the kernel that splits them, instead
+    of one layout transform per batch (bert-tiny's attention, 1 thread: 253 -> 204 us). Applies to
+    static shapes of at most :data:`DENSE_BATCHES_MAX` batches, either operand broadcast over the batch
+    when its batch is 1.
 
     Examples
     --------
-    >>> x, y = relay.var("x", shape=(2, 3, 4)), relay.var("y", shape=(2, 5, 4))
+    >>> x, y = relay.var("x", shape=(2, 3, 4)), relay.var("y", shape=(2, 8, 4))
     >>> out = dense_per_batch(relay.nn.batch_matmul(x, y))
     >>> sorted({c.op.name for c in _calls(out)} & {"nn.dense", "nn.batch_matmul"})
     ['nn.dense']
     >>> [int(d) for d in relay.transform.InferTypeLocal(out).shape]
-    [2, 3, 5]
+    [2, 3, 8]
+    >>> packed = dense_per_batch(relay.nn.batch_matmul(x, y), block=4)
+    >>> [c.attrs.weight_layout for c in _calls(packed) if c.op.name == "nn.contrib_dense_pack"]
+    ['NC4n', 'NC4n']
     """
     x, y = call.args
     typed = [_typed(x), _typed(y)]
@@ -335,17 +372,86 @@ def dense_per_batch(call: relay.Call) -> Optional[relay.Expr]:
     batches = max(shapes[0][0], shapes[1][0])
     if batches > DENSE_BATCHES_MAX or any(s[0] not in (1, batches) for s in shapes):
         return None
+    transpose_a, transpose_b = bool(attrs.transpose_a), bool(attrs.transpose_b)
+    n = shape_y[1] if transpose_b else shape_y[2]
+    if block is not None and (block < 1 or n % block):
+        raise ValueError(f"block must divide the {n} columns of the product, got {block}")
+
+    def split(value: relay.Expr, count: int, shape) -> list:
+        # All batches stacked along the first axis, split: each field is one batch's operand of ``shape``
+        # as it is (a reshape of a field would be a copy kernel of its own; of the whole, none).
+        value = relay.reshape(value, (count * shape[0], *shape[1:]))
+        return [value] if count == 1 else list(relay.split(value, count, axis=0))
 
     def rows(value: relay.Expr, shape, transposed: bool) -> list:
         # dense(data, weight) multiplies data [M, K] by weight [N, K]: rows of both along K.
-        parts = [value] if shape[0] == 1 else list(relay.split(value, shape[0], axis=0))
-        parts = [relay.squeeze(part, [0]) for part in parts]
-        return [relay.transpose(part, (1, 0)) if transposed else part for part in parts]
+        parts = split(value, shape[0], shape[1:])
+        return [relay.transpose(part, (1, 0)) for part in parts] if transposed else parts
 
-    data = rows(x, shapes[0], bool(attrs.transpose_a))
-    weight = rows(y, shapes[1], not bool(attrs.transpose_b))
-    products = [relay.nn.dense(data[i % len(data)], weight[i % len(weight)]) for i in range(batches)]
+    def packed(value: relay.Expr, shape) -> list:
+        # Weight [N, K] (or [K, N] without transpose_b) as [N / block, K, block] per batch.
+        count = shape[0]
+        if transpose_b:
+            k = shape[2]
+            value = relay.transpose(relay.reshape(value, (count, n // block, block, k)), (0, 1, 3, 2))
+        else:
+            k = shape[1]
+            value = relay.transpose(relay.reshape(value, (count, k, n // block, block)), (0, 2, 1, 3))
+        return split(value, count, (n // block, k, block))
+
+    data = rows(x, shape_x, transpose_a)
+    if block is None:
+        weight = rows(y, shape_y, not transpose_b)
+        products = [relay.nn.dense(data[i % len(data)], weight[i % len(weight)]) for i in range(batches)]
+    else:
+        weight = packed(y, shape_y)
+        products = [relay.nn.contrib_dense_pack(data[i % len(data)], weight[i % len(weight)], f"NC{block}n",
+                                                None, "float32") for i in range(batches)]
     return relay.stack(products, axis=0)
+
+
+def _dequantized(value: relay.Expr) -> bool:
+    """Whether ``value`` is a ``qnn.dequantize``'s output, moved only by shape ops (reshape, transpose):
+    a static QDQ region's input, which its ``qnn.quantize``'s legalization makes integer."""
+    while isinstance(value, relay.Call) and isinstance(value.op, tvm.ir.Op):
+        if value.op.name == "qnn.dequantize":
+            return True
+        pattern = value.op.get_attr("TOpPattern")
+        if pattern is None or int(pattern) != _INJECTIVE or not value.args:
+            return False
+        value = value.args[0]
+    return False
+
+
+def legalize_batch_matmul(attrs, inputs, types) -> Optional[relay.Expr]:
+    """``FTVMQnnLegalize`` of ``nn.batch_matmul``: a quantized model's float32 product of two activations
+    (attention's, which onnxruntime's ``quantize_dynamic`` leaves in float) as :func:`dense_per_batch`, its
+    weights packed for the target's dense schedule (:func:`dense_pack_block`); None for the rest: float
+    models' (:func:`after_quantized_op`), every 8-bit product, and a static QDQ region's, whose operands
+    are dequantized values (its ``qnn.quantize``'s legalization makes it an integer product).
+
+    Examples
+    --------
+    >>> q = relay.var("q", shape=(2, 128, 64), dtype="int8")
+    >>> x = relay.add(relay.qnn.op.dequantize(q, relay.const(0.1), relay.const(0)), relay.const(1.0))
+    >>> call = relay.nn.batch_matmul(x, x)
+    >>> types = [relay.transform.InferTypeLocal(x)] * 2
+    >>> with tvm.target.Target("llvm -mcpu=skylake-avx512"):
+    ...     out = legalize_batch_matmul(call.attrs, [x, x], types)
+    >>> sorted({c.op.name for c in _calls(out)} & {"nn.batch_matmul", "nn.contrib_dense_pack"})
+    ['nn.contrib_dense_pack']
+    """
+    if any(_dequantized(value) for value in inputs) or not any(after_quantized_op(value) for value in inputs):
+        return None
+    call = relay.nn.batch_matmul(*inputs, out_dtype=attrs.out_dtype, transpose_a=attrs.transpose_a,
+                                 transpose_b=attrs.transpose_b)
+    shapes = [_static_shape(t) for t in types[:2]]
+    if any(s is None or len(s) != 3 for s in shapes):
+        return None
+    m = shapes[0][2] if attrs.transpose_a else shapes[0][1]
+    n, k = (shapes[1][1], shapes[1][2]) if attrs.transpose_b else (shapes[1][2], shapes[1][1])
+    block = dense_pack_block(m, n, k) if all(str(t.dtype) == "float32" for t in types[:2]) else None
+    return dense_per_batch(call, block)
 
 
 def _calls(expr: relay.Expr) -> list:
@@ -378,8 +484,8 @@ def fast_region(quantize: relay.Call) -> Optional[relay.Call]:
 def fast_chain(value: relay.Expr) -> relay.Expr:
     """``value``, about to be quantized to 8 bits at run time, with :data:`FAST_FORMS` in the elementwise
     and injective ops (softmax, and attention's ``batch_matmul`` behind which a softmax sits) that compute
-    it from the last other ops, and those float ``batch_matmul`` as :func:`dense_per_batch`; ``value``
-    itself when there are none.
+    it from the last other ops (the float ``batch_matmul`` among them become :func:`dense_per_batch` when
+    the model is built: :func:`legalize_batch_matmul`); ``value`` itself when there are none.
 
     For onnxruntime's ``DynamicQuantizeLinear`` (:mod:`tvm_tcutils.onnx_quantize_dynamic`): a dynamically
     quantized encoder's GELU and softmax feed one, as a static one's feed a ``qnn.quantize``. Other users of

@@ -42,13 +42,17 @@ def hooks() -> List[registry.Hook]:
             op, "FTVMQnnLegalize", qdq.legalize_uniform_zero_point, targets=strategy.TARGET_KEYS,
             description="a constant per-channel kernel zero point of equal values as a scalar (dotprod.qdq)")
           for op in ("qnn.conv2d", "qnn.dense")],
-        # A quantized model's layer norms (mean, variance) over partial sums: TVM sums a row serially.
+        # A quantized model's layer norms (mean, variance) in one pass: TVM sums a row serially.
         registry.op_attr(
             "mean", "FTVMQnnLegalize", fast_forms.legalize_mean, targets=strategy.TARGET_KEYS,
-            description="a quantized model's row mean over 16-wide partial sums (fast_forms)"),
+            description="a quantized model's row mean from one vectorized pass of row moments (fast_forms)"),
         registry.op_attr(
             "variance", "FTVMQnnLegalize", fast_forms.legalize_variance, targets=strategy.TARGET_KEYS,
-            description="a quantized model's row variance over 16-wide partial sums (fast_forms)"),
+            description="a quantized model's row variance from the same row moments (fast_forms)"),
+        # A quantized model's float products of two activations: TVM's x86 batch_matmul runs them slowly.
+        registry.op_attr(
+            "nn.batch_matmul", "FTVMQnnLegalize", fast_forms.legalize_batch_matmul, targets=strategy.TARGET_KEYS,
+            description="a quantized model's float32 batch_matmul as one packed float dense per batch (fast_forms)"),
         # QOperator files' requantizations with the same (onnxruntime's) arithmetic.
         registry.op_attr(
             "qnn.requantize", "FTVMQnnLegalize", qdq.legalize_requantize, targets=strategy.TARGET_KEYS,
