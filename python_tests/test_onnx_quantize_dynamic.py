@@ -316,6 +316,30 @@ def test_dynamic_quantize_linear_takes_min_and_max_in_one_kernel(cols):
                    and "maximum" not in n for n in names), names
 
 
+def test_matmul_integer_of_rows_leaves_its_epilogue_to_the_dense_kernel():
+    # quantize_dynamic's MatMulInteger of a 2-D A, then Cast and Mul by the scales: TVM fuses those into
+    # the dense's kernel only when no reshape (even to the same shape) comes between.
+    from conftest import host_dot_target
+    from tvm_tcutils.onnx_quantize_dynamic import matmul_integer
+
+    rng = np.random.default_rng(9)
+    weight = rng.integers(-128, 128, (64, 32)).astype("int8")
+    a, za = relay.var("a", shape=(16, 64), dtype="uint8"), relay.var("za", shape=(), dtype="uint8")
+    y = matmul_integer([a, relay.const(weight), za], {}, {})
+    out = relay.multiply(relay.cast(y, "float32"), relay.const(0.5, "float32"))
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function([a, za], out)), target=host_dot_target())
+    names = [n for n in lib.function_metadata.keys() if n.startswith("tvmgen_")]
+    dense = [n for n in names if "dense" in n]
+    assert len(dense) == 1 and "cast" in dense[0] and "multiply" in dense[0], names
+    data, zero = rng.integers(0, 256, (16, 64)).astype("uint8"), np.array(7, "uint8")
+    runner = tvm.contrib.graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    runner.set_input(a=data, za=zero)
+    runner.run()
+    want = (data.astype("int64") - 7) @ weight.astype("int64") * 0.5
+    np.testing.assert_array_equal(runner.get_output(0).numpy(), want.astype("float32"))
+
+
 # --------------------------------------------------------------------------
 # Whole models through quantize_dynamic
 # --------------------------------------------------------------------------

@@ -213,10 +213,13 @@ def matmul_integer(inputs: List[Optional[relay.Expr]], attrs: dict, params: dict
     zb = _zero_point(where, "b_zero_point", inputs[3], "B", b_dtype, params, {n: (1, n)}, (1, n))
 
     if len(b_shape) == 2:
-        rows = relay.reshape(a, (-1, k))
+        rows = relay.reshape(a, (-1, k)) if len(a_shape) != 2 else a
         y = relay.qnn.op.dense(rows, relay.transpose(b, (1, 0)), _i32(za.qnn), _i32(zb.qnn), _scale(), _scale(),
                                units=n, out_dtype="int32")
-        y = relay.reshape(y, a_shape[:-1] + (n,))
+        # Not for a 2-D A: a reshape, even to the same shape, ends the ops TVM fuses into the dense's kernel
+        # (the zero-point correction, the scales, the bias, a GELU), which then read its output again.
+        if len(a_shape) != 2:
+            y = relay.reshape(y, a_shape[:-1] + (n,))
     else:
         try:
             batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
