@@ -96,8 +96,10 @@ class LocalCluster:
                 ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
                 os.path.join(self.log_dir, "tracker.log"), None)
             self._wait(lambda: self._reachable(), "the tracker to answer")
+            # Started together, then one wait: each server spends its first seconds importing TVM.
             for _ in range(servers):
-                self.add_server()
+                self._start_server()
+            self._wait_registered(f"{servers} servers to register")
         except BaseException:
             self.close()
             raise
@@ -127,6 +129,11 @@ class LocalCluster:
 
     def add_server(self) -> int:
         """Start one more server and wait until the tracker lists it; returns its index."""
+        index = self._start_server()
+        self._wait_registered(f"server {index} to register")
+        return index
+
+    def _start_server(self) -> int:
         index = len(self.servers)
         cores = os.cpu_count() or 1
         core = index % cores if self.pin and cores > index else None
@@ -136,9 +143,12 @@ class LocalCluster:
             [self.server_module, "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 100),
              "--tracker", str(self.tracker), "--key", self.key], log, core))
         self.logs.append(log)
-        alive = sum(process.poll() is None for process in self.servers)
-        self._wait(lambda: self.total() >= alive, f"server {index} to register")
         return index
+
+    def _wait_registered(self, what: str) -> None:
+        """Wait until the tracker lists every server of this cluster that is still running."""
+        alive = sum(process.poll() is None for process in self.servers)
+        self._wait(lambda: self.total() >= alive, what)
 
     def total(self) -> int:
         """Servers of the key the tracker lists."""
