@@ -32,6 +32,9 @@ For targets with a 4-way dot-product ISA (see :mod:`tvm_tcutils.dotprod.isa`) an
   the ISA multiplies, directly or with one operand's sign bit flipped (u8 x u8
   attention products on VNNI), exact plain int32 arithmetic for any other. TVM's
   legalization (i8 data to u8, padding) still runs before it.
+* A u8 x i8 depthwise conv (``contrib_depthwise_conv2d_NCHWc``, as TVM's alter-layout hook makes it) on
+  AVX-512 VNNI gets :mod:`.topi.depthwise`: each kernel row's taps gathered into one ``vpdpbusd``
+  (TVM's schedule multiplies tap by tap in int32); every other depthwise conv keeps TVM's.
 * A u8 x u8 dense on VNNI keeps its plain layout: TVM's alteration would pack
   it for ``vpdpbusd``, which cannot multiply it, and no implementation takes
   the packed op.
@@ -53,7 +56,7 @@ from tvm.topi.utils import get_const_tuple
 
 from .. import registry
 from .isa import DotProductISA, for_layer, for_target, range_isa
-from .topi import batch_matmul, conv2d_nchwc, dense_pack
+from .topi import batch_matmul, conv2d_nchwc, dense_pack, depthwise
 from .topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
 from .topi.packing import channel_block, conv_kernel_marked, dense_weight_marked, kernel_layout, round_up
 
@@ -404,6 +407,18 @@ def _applies_batch_matmul_exact(attrs, inputs, out_type, target) -> bool:
     return isa is not None and batch_matmul.stored_pair(isa, inputs[0].dtype, inputs[1].dtype) is None
 
 
+def _applies_depthwise(attrs, inputs, out_type, target) -> bool:
+    if target.kind.name != "llvm":  # the tile is an LLVM byte shuffle
+        return False
+    d_shape, k_shape = _static(inputs[0].shape), _static(inputs[1].shape)
+    if d_shape is None or k_shape is None or len(d_shape) != 5:
+        return False
+    return (int(attrs.groups) == d_shape[1] * d_shape[4] and attrs.data_layout == f"NCHW{d_shape[4]}c"
+            and attrs.kernel_layout == f"OIHW1i{d_shape[4]}o" and depthwise.applicable(
+                for_target(target), d_shape, k_shape, attrs.dilation, inputs[0].dtype, inputs[1].dtype,
+                out_type.dtype))
+
+
 def _applies_layout_transform(attrs, inputs, out_type, target) -> bool:
     # Measured on x86 only (AVX2): Hexagon and other CPUs keep TVM's schedule.
     return (
@@ -462,6 +477,12 @@ STRATEGY_ROWS = (
         _strategy.wrap_compute_batch_matmul(batch_matmul.batch_matmul_exact, need_out_dtype=True),
         _strategy.wrap_topi_schedule(batch_matmul.schedule_batch_matmul_exact),
         _applies_batch_matmul_exact, plevel=30, exclusive=True)),
+    # u8 x i8 depthwise convs on AVX-512 VNNI: a kernel row's taps in one vpdpbusd (TVM's: one multiply each).
+    ("nn.contrib_depthwise_conv2d_NCHWc", registry.StrategyImpl(
+        "depthwise_nchwc_dot.tcutils",
+        _strategy.wrap_compute_conv2d(depthwise.depthwise_nchwc_dot, need_data_layout=True, need_out_layout=True),
+        _strategy.wrap_topi_schedule(depthwise.schedule_depthwise_nchwc_dot),
+        _applies_depthwise, plevel=30, exclusive=True)),
     # Not exclusive: TVM's generic transform stays in the strategy, below it.
     ("layout_transform", registry.StrategyImpl(
         "layout_transform_bytes.tcutils", _strategy.wrap_compute_layout_transform(topi.layout_transform),
