@@ -82,8 +82,10 @@ _SERVER: list = []  # the fork server (python_tests/_fork_server.py), started on
 def _fork_server() -> subprocess.Popen:
     if not _SERVER or _SERVER[0].poll() is not None:
         server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fork_server.py")
+        # Unbuffered (bytes): a buffered reader could take the "status" line along with the "pid" line,
+        # and select() on the pipe would then wait the whole timeout for a line already read.
         _SERVER[:] = [subprocess.Popen([sys.executable, server], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       text=True, env=_child_env())]
+                                       bufsize=0, env=_child_env())]
     return _SERVER[0]
 
 
@@ -97,9 +99,10 @@ def _run_forked(kind: str, payload, env: dict, cwd: str | None, timeout: float, 
     with tempfile.TemporaryDirectory(prefix="forked-") as folder:
         out_path, err_path = os.path.join(folder, "out"), os.path.join(folder, "err")
         request = dict(kind=kind, payload=payload, env=env, cwd=cwd, out=out_path, err=err_path)
-        server.stdin.write(json.dumps(request) + "\n")
-        server.stdin.flush()
-        pid = int(server.stdout.readline().split()[1])
+        line = (json.dumps(request) + "\n").encode()
+        while line:
+            line = line[server.stdin.write(line):]
+        pid = int(server.stdout.readline().split()[1])  # byte by byte: the next line stays in the pipe
         ready, _, _ = select.select([server.stdout], [], [], timeout)
         if not ready:
             os.kill(pid, signal.SIGKILL)
