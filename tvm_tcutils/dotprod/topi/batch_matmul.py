@@ -30,7 +30,7 @@ from tvm import te, tir
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
-from .common import current_isa, divisors_up_to, find_op, inline_between
+from .common import current_isa, divisors_up_to, find_op, inline_between, tagged_outputs
 from .intrinsics import BYTE_SUM_WIDTH, byte_sum_intrin, dot_product_intrin
 from .packing import round_up
 
@@ -219,10 +219,7 @@ def schedule_batch_matmul_dot(cfg, outs):
     >>> "vpdpbusd" in str(tvm.lower(s, [x, y, out]))  # tensorized with VNNI
     True
     """
-    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
-    product = find_op(outs, TAG)
-    if product is None:
-        raise ValueError(f"no {TAG} op among the outputs")
+    outs, product = tagged_outputs(outs, TAG)
     final = outs[-1]
     # N fills whole lane blocks: each product tile is consumed (correction, fused elementwise ops) while
     # it is in L1, in the same parallel loop, instead of by a second pass over the whole product.
@@ -344,11 +341,8 @@ def schedule_batch_matmul_exact(outs):
     >>> out = batch_matmul_exact(x, y)
     >>> f = tvm.build(schedule_batch_matmul_exact([out]), [x, y, out], "llvm")
     """
-    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    outs, product = tagged_outputs(outs, EXACT_TAG)
     s = te.create_schedule([t.op for t in outs])
-    product = find_op(outs, EXACT_TAG)
-    if product is None:
-        raise ValueError(f"no {EXACT_TAG} op among the outputs")
     _schedule_elementwise_tail(s, outs, product)
     b, i, j = s[product].op.axis
     (r_k,) = s[product].op.reduce_axis

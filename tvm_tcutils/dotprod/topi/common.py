@@ -1,7 +1,7 @@
 """Pieces shared by the dot-product conv2d and dense schedules."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..._tvm import tvm
 from tvm import te
@@ -68,6 +68,21 @@ def find_op(outs, tag: str) -> Optional[te.Tensor]:
             return op.output(0)
         stack.extend(t.op for t in op.input_tensors)
     return None
+
+
+def tagged_outputs(outs, tag: str) -> Tuple[List[te.Tensor], te.Tensor]:
+    """``(outs as a list, the output of the op tagged tag)``: the start of every schedule here.
+
+    Raises
+    ------
+    ValueError
+        When no op reachable from ``outs`` has the tag.
+    """
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    found = find_op(outs, tag)
+    if found is None:
+        raise ValueError(f"no {tag} op among the outputs")
+    return outs, found
 
 
 def inline_between(s: te.Schedule, outs, stop: te.Tensor) -> None:

@@ -28,7 +28,7 @@ from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
-from .common import current_isa, divisors_up_to, find_op, inline_between, vectorize_inner
+from .common import current_isa, divisors_up_to, inline_between, tagged_outputs, vectorize_inner
 from .intrinsics import dot_product_intrin
 from .packing import channel_block, conv_kernel_marked, round_up
 
@@ -257,11 +257,8 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     >>> "vpdpbusd" in str(tvm.lower(s, [d, k, out]))  # tensorized with VNNI
     True
     """
-    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    outs, conv = tagged_outputs(outs, TAG)
     s = te.create_schedule([t.op for t in outs])
-    conv = find_op(outs, TAG)
-    if conv is None:
-        raise ValueError(f"no {TAG} op among the outputs")
     data, kernel = conv.op.input_tensors
     wide, pad, source = _data_stages(data)
     isa = current_isa(source.dtype, kernel.dtype, reduce_range=conv_kernel_marked(get_const_tuple(kernel.shape)))
@@ -386,10 +383,7 @@ def schedule_conv2d_nchw_dot(cfg, outs, mode: str = "llvm"):
     >>> "vpdpbusd" in str(tvm.lower(s, [d, k, out]))  # tensorized with VNNI
     True
     """
-    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
-    conv = find_op(outs, TAG)
-    if conv is None:
-        raise ValueError(f"no {TAG} op among the outputs")
+    outs, conv = tagged_outputs(outs, TAG)
     # The conv is scheduled on its own (its output shape differs from the unpacked one).
     s = schedule_conv2d_nchwc_dot(cfg, [conv] + outs, mode)
     packs = [t for t in (_data_stages(conv.op.input_tensors[0])[2], conv.op.input_tensors[1]) if t.op.tag == "dot_pack"]

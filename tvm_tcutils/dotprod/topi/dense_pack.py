@@ -15,7 +15,7 @@ from tvm import te
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
-from .common import current_isa, divisors_up_to, find_op, inline_between
+from .common import current_isa, divisors_up_to, inline_between, tagged_outputs
 from .intrinsics import dot_product_intrin
 from .packing import dense_weight_marked, round_up
 
@@ -107,11 +107,8 @@ def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
     >>> "vpdpbusd" in str(tvm.lower(s, [d, w, out]))  # tensorized with VNNI
     True
     """
-    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    outs, dense = tagged_outputs(outs, TAG)
     s = te.create_schedule([t.op for t in outs])
-    dense = find_op(outs, TAG)
-    if dense is None:
-        raise ValueError(f"no {TAG} op among the outputs")
     data, weight = dense.op.input_tensors
     marked = dense_weight_marked(get_const_tuple(weight.shape), int(data.shape[1]))
     isa = current_isa(data.dtype, weight.dtype, reduce_range=marked)
@@ -205,10 +202,7 @@ def schedule_dense_dot(cfg, outs, mode: str = "llvm"):
     >>> "vpdpbusd" in str(tvm.lower(s, [d, w, out]))  # tensorized with VNNI
     True
     """
-    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
-    dense = find_op(outs, TAG)
-    if dense is None:
-        raise ValueError(f"no {TAG} op among the outputs")
+    outs, dense = tagged_outputs(outs, TAG)
     s = schedule_dense_pack_dot(cfg, [dense] + outs, mode)
     for pack in dense.op.input_tensors:
         if pack.op.tag == "dot_pack":

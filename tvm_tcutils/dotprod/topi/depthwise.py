@@ -24,7 +24,7 @@ from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
 from ..isa import DotProductISA
-from .common import current_isa, find_op, inline_between, vectorize_inner
+from .common import current_isa, inline_between, tagged_outputs, vectorize_inner
 
 #: Tag of the depthwise op, used by the schedule to find it among fused ops.
 TAG = "depthwise_nchwc_dot"
@@ -186,11 +186,8 @@ def schedule_depthwise_nchwc_dot(outs) -> te.Schedule:
     >>> "vpdpbusd" in str(tvm.lower(s, [d, k, out]))
     True
     """
-    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    outs, conv = tagged_outputs(outs, TAG)
     s = te.create_schedule([t.op for t in outs])
-    conv = find_op(outs, TAG)
-    if conv is None:
-        raise ValueError(f"no {TAG} op among the outputs")
     data = conv.op.input_tensors[0]
     isa = current_isa("uint8", "int8")
     taps = int(conv.op.reduce_axis[1].dom.extent)
