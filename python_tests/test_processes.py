@@ -197,9 +197,30 @@ def test_tuning_pool_workers_die_with_the_tuning_process_and_keep_their_time_lim
     # so the sleep below still has to be cut by the limit the replacement pool kept.
     builder = autotvm.LocalBuilder(timeout=1)
     tuning._workers_die_with_us(builder, builder.timeout)
-    assert builder.executor.submit(processes.parent_death_signal).result() == signal.SIGKILL
+    # Started by a process whose thread TVM pinned to one core, the workers still get every CPU the tree
+    # was given (the pool starts its worker on the first call).
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mask)})
+    try:
+        assert builder.executor.submit(processes.parent_death_signal).result() == signal.SIGKILL
+    finally:
+        os.sched_setaffinity(0, mask)
+    assert builder.executor.submit(os.sched_getaffinity, 0).result() == processes.given_cpus()
     with pytest.raises(TimeoutError):
         builder.executor.submit(time.sleep, 60).result()
+
+
+@pytest.mark.parametrize("given", ["all", "first"])
+def test_unpin_gives_back_the_cpus_the_tree_was_given_and_no_more(given):
+    cpus = sorted(processes.all_cpus() & os.sched_getaffinity(0))
+    allowed = cpus if given == "all" else cpus[:1]
+    code = ("import os; os.sched_setaffinity(0, {%d}); from tvm_tcutils import processes; "
+            "print(processes.unpin(), sorted(os.sched_getaffinity(0)))" % cpus[0])
+    env = dict(os.environ, **{processes.CPUS_ENV: ",".join(map(str, allowed))},
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"True {allowed}"
 
 
 def _cmdline(pid: int) -> str:

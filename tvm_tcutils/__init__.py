@@ -7,6 +7,7 @@ and installs the package's hooks into TVM's registries once (see
 from __future__ import annotations
 
 from ._tvm import TESTED_TVM_VERSIONS, host_target  # noqa: F401  (checks TVM first)
+from . import processes  # noqa: F401  (records the CPUs this process was given: processes.CPUS_ENV)
 from . import _compat, _moved
 from .installation import capabilities  # noqa: F401
 from .models import ModelError, load_model, save_model  # noqa: F401

@@ -93,6 +93,70 @@ def _prctl(option: int, value: int = 0) -> int:
     return result
 
 
+def all_cpus() -> set:
+    """Every online CPU, as far as this process may use them.
+
+    A process inherits its parent's CPU mask, and TVM's thread pool pins the thread that launches it
+    to one core: a worker started by a parent that ran TVM code would otherwise be confined to it.
+    """
+    try:
+        with open("/sys/devices/system/cpu/online") as online:
+            cpus = set()
+            for part in online.read().strip().split(","):
+                low, _, high = part.partition("-")
+                cpus.update(range(int(low), int(high or low) + 1))
+            return cpus
+    except (OSError, ValueError):
+        return set(range(os.cpu_count() or 1))
+
+
+#: Environment variable holding the CPUs the first process of this tree that imported the package was
+#: given (read at import, before TVM's thread pool could pin a thread); its children inherit it.
+CPUS_ENV = "TCUTILS_CPUS"
+
+if CPUS_ENV not in os.environ and hasattr(os, "sched_getaffinity"):
+    os.environ[CPUS_ENV] = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+
+
+def given_cpus() -> set:
+    """The CPUs this process tree was given (:data:`CPUS_ENV`), as far as they are online.
+
+    Examples
+    --------
+    >>> given_cpus() <= all_cpus()
+    True
+    """
+    online = all_cpus()
+    try:
+        given = {int(cpu) for cpu in os.environ.get(CPUS_ENV, "").split(",") if cpu.strip()}
+    except ValueError:
+        given = set()
+    return (given & online) or online
+
+
+def unpin() -> bool:
+    """Let this process run on every CPU its tree was given again (:func:`given_cpus`); whether that was
+    allowed.
+
+    TVM pins the thread that configures a one-thread pool to one core (its default on a 2-CPU x86
+    machine: half the CPUs), and a process started after that inherits the mask: measuring and
+    compiling workers of a tuning session or a Collage search would all share that core. Called first
+    in those workers. A tree started on some CPUs only (``taskset``) stays on those.
+
+    Examples
+    --------
+    >>> unpin() in (True, False)
+    True
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        os.sched_setaffinity(0, given_cpus())
+    except OSError:  # a cpuset narrower than the online CPUs: keep what was inherited
+        return False
+    return True
+
+
 def die_with_parent(parent: Optional[int] = None, sig: int = signal.SIGKILL) -> bool:
     """Ask the kernel to send this process ``sig`` when its parent dies (Linux; a no-op elsewhere).
 

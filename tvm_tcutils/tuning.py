@@ -173,9 +173,11 @@ def _recorded(log: str) -> Dict[Tuple, List]:
 
 
 def _measure_worker_init(scope: AutotvmGlobalScope, parent: int) -> None:
-    """Set-up of an AutoTVM measuring worker: TVM's own, then die with the tuning process."""
+    """Set-up of an AutoTVM measuring worker: TVM's own, then die with the tuning process, and run on every
+    CPU (not only on the core TVM pinned the tuning process's thread to: :func:`.processes.unpin`)."""
     reset_global_scope(scope)
     processes.die_with_parent(parent)
+    processes.unpin()
 
 
 def _workers_die_with_us(part, timeout: float) -> None:

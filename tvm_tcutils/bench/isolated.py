@@ -202,31 +202,11 @@ def _send(reply: dict) -> None:
     sys.stdout.flush()
 
 
-def all_cpus() -> set:
-    """Every online CPU, as far as this process may use them.
-
-    A process inherits its parent's CPU mask, and TVM's thread pool pins the thread that launches it
-    to one core: a worker started by a parent that ran TVM code would otherwise be confined to it.
-    """
-    try:
-        with open("/sys/devices/system/cpu/online") as online:
-            cpus = set()
-            for part in online.read().strip().split(","):
-                low, _, high = part.partition("-")
-                cpus.update(range(int(low), int(high or low) + 1))
-            return cpus
-    except (OSError, ValueError):
-        return set(range(os.cpu_count() or 1))
-
-
 def _worker(spec: dict) -> None:
-    from ..processes import die_with_parent
+    from ..processes import die_with_parent, unpin
 
     die_with_parent(spec["parent"])
-    try:
-        os.sched_setaffinity(0, all_cpus())
-    except OSError:  # a cpuset narrower than the online CPUs: keep what was inherited
-        pass
+    unpin()
     try:
         timer = _timer(spec)
     except Exception as err:  # noqa: BLE001 -- any load failure goes back to the parent as its message

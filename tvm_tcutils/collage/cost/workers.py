@@ -52,7 +52,7 @@ from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Se
 
 from ..._tvm import tvm
 from ...measure import WHOLE_MODEL_MIN_REPEAT_MS
-from ...processes import WORKER_POPEN_OPTIONS, die_with_parent, kill_group
+from ...processes import WORKER_POPEN_OPTIONS, die_with_parent, kill_group, unpin
 from ..toolchains import packed_call
 from ..toolchains.packed_call import forget_sessions
 from .shared import PREFIX, SharedConstants, load_modules
@@ -338,6 +338,7 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str], parent: Op
     import importlib
 
     die_with_parent(parent)  # before the slow imports: a parent killed meanwhile takes the worker along
+    unpin()  # the parent's TVM may have pinned it to one core: measure on the CPUs the search was given
     import tvm_tcutils  # noqa: F401  (registers the package's toolchains)
 
     inbox = Connection(read_fd, writable=False)
