@@ -73,13 +73,27 @@ def qdq_net():
     y = dq(q(relay.nn.relu(y), 0.05, 0), 0.05, 0)
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y))), {}
 
+def attention_net():
+    # A float encoder's ops the package's FTVMQnnLegalize hooks see in quantized models only: the products of
+    # two activations (batch_matmul), softmax, and a layer norm as TVM's importer writes it (mean, variance).
+    rng = np.random.default_rng(2)
+    x = relay.var("data", shape=(2, 32, 16))
+    w = relay.const(rng.standard_normal((2, 16, 16)).astype("float32") * 0.2)
+    h = relay.nn.batch_matmul(x, w)
+    scores = relay.nn.softmax(relay.nn.batch_matmul(h, x), axis=-1)
+    y = relay.add(relay.nn.batch_matmul(scores, x, transpose_b=False), x)
+    mean = relay.mean(y, axis=-1, keepdims=True)
+    var = relay.variance(y, axis=-1, keepdims=True, with_mean=mean)
+    y = relay.divide(relay.subtract(y, mean), relay.sqrt(relay.add(var, relay.const(1e-5))))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y))), {}
+
 state = getattr(tvm, "_tvm_tcutils_state", {})
 result = {"hooks": len(state.get("installed", {})),
           "quantize_hook": tvm.ir.Op.get("qnn.quantize").get_attr("FTVMQnnLegalize") is not None}
 mlp = load_model("mlp")
 for name, (mod, params), target in [
     ("net/llvm", small_net(), "llvm"), ("net/host", small_net(), host), ("mlp/host", mlp, host),
-    ("qdq/llvm", qdq_net(), "llvm"),
+    ("qdq/llvm", qdq_net(), "llvm"), ("attention/host", attention_net(), host),
 ]:
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target, params=params)
@@ -100,7 +114,7 @@ for layout in ("NHWC", "HWNC", "NCHW"):
 print(json.dumps(result))
 """
 
-CASES = ["net/llvm", "net/host", "mlp/host", "qdq/llvm", "net/cuda", "resnet18/NHWC", "resnet18/HWNC", "resnet18/NCHW"]
+CASES = ["net/llvm", "net/host", "mlp/host", "qdq/llvm", "attention/host", "net/cuda", "resnet18/NHWC", "resnet18/HWNC", "resnet18/NCHW"]
 
 
 def _run(mode: str) -> dict:
