@@ -311,13 +311,14 @@ def test_tvm_candidates_are_timed_without_their_boundary_transforms():
     target = tvm_tcutils.host_target()
     # A 1x1 conv with few channels does little work next to the two transforms around it (about 60 %
     # of its time here at 32 channels; at 16 the conv alone came within the 10 % floor under a loaded
-    # CI run); alternate the two timings so drift hits both.
+    # CI run); alternate the two timings so drift hits both, and compare the fastest of each: the other
+    # test worker's processes, on either CPU, slow some turns down (inner medians above whole ones seen).
     text = tvm.ir.save_json(_conv_module(channels=32))
     whole, inner = [], []
     for _ in range(3):
         whole.append(time_candidate(text, target, 5, 1, 5, None, True)["ms"])
         inner.append(time_candidate(text, target, 5, 1, 5, None, False)["ms"])
-    assert 0.1 * np.median(whole) <= np.median(inner) < 0.8 * np.median(whole), (whole, inner)
+    assert 0.1 * min(whole) <= min(inner) < 0.8 * min(whole), (whole, inner)
 
 
 def test_modules_with_their_own_layout_transforms_are_timed_whole(monkeypatch):
