@@ -70,6 +70,20 @@ def find_op(outs, tag: str) -> Optional[te.Tensor]:
     return None
 
 
+def pair(value) -> Tuple[int, int]:
+    """A conv's stride or dilation as ``(height, width)``: an int, or one or two values.
+
+    Examples
+    --------
+    >>> pair(2), pair([1]), pair((1, 3))
+    ((2, 2), (1, 1), (1, 3))
+    """
+    if isinstance(value, int):
+        return (value, value)
+    value = tuple(int(v) for v in value)
+    return value if len(value) == 2 else (value[0], value[0])
+
+
 def tagged_outputs(outs, tag: str) -> Tuple[List[te.Tensor], te.Tensor]:
     """``(outs as a list, the output of the op tagged tag)``: the start of every schedule here.
 

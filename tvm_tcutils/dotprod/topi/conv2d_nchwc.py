@@ -28,7 +28,7 @@ from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
-from .common import current_isa, divisors_up_to, inline_between, tagged_outputs, vectorize_inner
+from .common import current_isa, divisors_up_to, inline_between, pair, tagged_outputs, vectorize_inner
 from .intrinsics import dot_product_intrin
 from .packing import channel_block, conv_kernel_marked, round_up
 
@@ -36,13 +36,6 @@ from .packing import channel_block, conv_kernel_marked, round_up
 TAG = "conv2d_nchwc_dot"
 #: Tag of the stage that widens the (padded) data once for ISAs with ``wide_data``.
 WIDE_TAG = "dot_widen"
-
-
-def _pair(value) -> Tuple[int, int]:
-    if isinstance(value, int):
-        return (value, value)
-    value = tuple(int(v) for v in value)
-    return value if len(value) == 2 else (value[0], value[0])
 
 
 def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], group: int = 4) -> Tuple[int, ...]:
@@ -190,7 +183,7 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
         raise ValueError(f"output-channel block {oc_bn} is not a multiple of {isa.name}'s {isa.lanes} lanes")
     batch, ic_chunks, in_h, in_w, _ = data_shape
     oc_chunks, _, k_h, k_w, _, _, _ = kernel_shape
-    (s_h, s_w), (d_h, d_w) = _pair(strides), _pair(dilation)
+    (s_h, s_w), (d_h, d_w) = pair(strides), pair(dilation)
     pad_t, pad_l, pad_b, pad_r = get_pad_tuple(padding, ((k_h - 1) * d_h + 1, (k_w - 1) * d_w + 1))
     out_h = (in_h + pad_t + pad_b - (k_h - 1) * d_h - 1) // s_h + 1
     out_w = (in_w + pad_l + pad_r - (k_w - 1) * d_w - 1) // s_w + 1

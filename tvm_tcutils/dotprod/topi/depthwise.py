@@ -24,7 +24,7 @@ from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
 from ..isa import DotProductISA
-from .common import current_isa, inline_between, tagged_outputs, vectorize_inner
+from .common import current_isa, inline_between, pair, tagged_outputs, vectorize_inner
 
 #: Tag of the depthwise op, used by the schedule to find it among fused ops.
 TAG = "depthwise_nchwc_dot"
@@ -34,11 +34,6 @@ QUAD = 4
 
 #: Output pixels whose accumulators a tile keeps in registers.
 TILE_OW = 8
-
-
-def _pair(value) -> tuple:
-    value = (value,) if isinstance(value, int) else tuple(int(v) for v in value)
-    return value if len(value) == 2 else (value[0], value[0])
 
 
 def applicable(isa: Optional[DotProductISA], data_shape: Sequence[int], kernel_shape: Sequence[int],
@@ -66,7 +61,7 @@ def applicable(isa: Optional[DotProductISA], data_shape: Sequence[int], kernel_s
     lanes = data_shape[4]
     blocks, one, _, kw, one_i, lanes_k = kernel_shape
     return (lanes == lanes_k == isa.lanes and blocks == data_shape[1] and one == one_i == 1 and kw <= QUAD
-            and _pair(dilation) == (1, 1))
+            and pair(dilation) == (1, 1))
 
 
 def depthwise_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides, padding, dilation, layout: str = "",
@@ -97,7 +92,7 @@ def depthwise_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides, padding, di
                          f"{k_shape} {kernel.dtype}, dilation {dilation}, out {out_dtype}")
     n, blocks, height, width, lanes = d_shape
     _, _, kh, kw, _, _ = k_shape
-    sh, sw = _pair(strides)
+    sh, sw = pair(strides)
     top, left, bottom, right = get_pad_tuple(padding, (kh, kw))
     if top or left or bottom or right:
         data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="depthwise_pad")
