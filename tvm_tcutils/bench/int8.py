@@ -28,6 +28,7 @@ from ..dotprod.topi import packing
 from ..files import atomic_path
 from ..measure import graph_module, time_function
 from ..models import load_model
+from ..processes import unpin
 from .competitors import (
     SampleTimer, compare, onnx_session, openvino_file, ort_session, relay_module, te_function, timed_once,
 )
@@ -49,20 +50,18 @@ def gops(timers: Mapping[str, Optional[SampleTimer]], gop: float, rounds: int) -
     return {name: gop / (t.median_ms / 1e3) if t.samples_ms else float("nan") for name, t in timed.items()}
 
 
-_ALL_CPUS = os.sched_getaffinity(0)
-
-
 def set_threads(n: int) -> None:
     """TVM's pool to ``n`` threads, its workers pinned as TVM pins them, the main thread free.
 
     ``runtime.config_threadpool`` cannot grow the pool beyond ``TVM_NUM_THREADS`` (which
     :func:`main` sets) and may pin the calling thread to one core; threads created later (
     onnxruntime's intra-op pool) inherit that mask, and ran their 2 threads on one core. So the
-    main thread gets every CPU back; TVM's workers stay pinned: unpinned, the scheduler at times
-    left a worker on the main thread's core for seconds, halving TVM's 2-thread speed.
+    main thread gets every CPU it was given back (:func:`~tvm_tcutils.processes.unpin`); TVM's workers stay
+    pinned: unpinned, the scheduler at times left a worker on the main thread's core for seconds, halving
+    TVM's 2-thread speed.
     """
     tvm.get_global_func("runtime.config_threadpool")(1, n)
-    os.sched_setaffinity(0, _ALL_CPUS)
+    unpin()
 
 
 def timeit(func, *args, min_ms: int = 200, repeat: int = 5) -> float:
