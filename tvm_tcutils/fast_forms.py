@@ -525,6 +525,38 @@ def rounded_int32(value: relay.Expr, offset: int = 0) -> relay.Expr:
     return relay.add(relay.reinterpret(shifted, "int32"), relay.const(offset - _ROUNDING_SHIFT_BITS, "int32"))
 
 
+def saturated_parts(expr: relay.Expr) -> Optional[Tuple[relay.Expr, int]]:
+    """``(clamped, offset)`` of an 8-bit ``cast(rounded_int32(clamped, offset))``, else None.
+
+    ``round_half_even(clamped)`` is then the 8-bit value less ``offset`` (the zero point), as float32,
+    without the round trip through 8 bits.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(4,))
+    >>> q = relay.cast(rounded_int32(relay.clip(x, -3.0, 252.0), 3), "uint8")
+    >>> clamped, offset = saturated_parts(q)
+    >>> clamped.op.name, offset
+    ('clip', 3)
+    >>> saturated_parts(relay.cast(x, "uint8")) is None
+    True
+    """
+    def call(node, name):
+        return isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name == name
+
+    if not call(expr, "cast") or str(expr.attrs.dtype) not in ("uint8", "int8") or not call(expr.args[0], "add"):
+        return None
+    shifted_bits, offset = expr.args[0].args
+    if not call(shifted_bits, "reinterpret") or not isinstance(offset, relay.Constant):
+        return None
+    shifted = shifted_bits.args[0]
+    if not call(shifted, "add") or not isinstance(shifted.args[1], relay.Constant):
+        return None
+    if float(shifted.args[1].data.numpy()) != _ROUNDING_SHIFT or not call(shifted.args[0], "clip"):
+        return None
+    return shifted.args[0], int(offset.data.numpy()) + _ROUNDING_SHIFT_BITS
+
+
 def round_half_even(value: relay.Expr) -> relay.Expr:
     """Float32 rounding to the nearest integer, ties to even (ONNX ``QuantizeLinear``), for |value| < 2**22.
 

@@ -68,7 +68,7 @@ from .._tvm import constant_expression, tvm
 from tvm import relay
 
 # FAST_FORMS and round_half_even stay importable from here: part of this module's API.
-from ..fast_forms import FAST_FORMS, fast_region, round_half_even, rounded_int32  # noqa: F401
+from ..fast_forms import FAST_FORMS, fast_region, round_half_even, rounded_int32, saturated_parts  # noqa: F401
 from .isa import for_target
 
 #: Requantization modes: ``"onnx"`` (float32 multiplier, round half to even, as onnxruntime) and
@@ -411,10 +411,43 @@ class _Rewriter:
         if self.requantize == "qnn":
             return relay.qnn.op.add(qa, qb, relay.const(sa), relay.const(za, "int32"), relay.const(sb),
                                     relay.const(zb, "int32"), relay.const(sc), relay.const(zc, "int32"))
-        # ONNX: each input dequantized in float32, summed, then quantized.
-        real = relay.add(relay.multiply(self._centered(qa, za), relay.const(sa)),
-                         relay.multiply(self._centered(qb, zb), relay.const(sb)))
-        return _saturate(relay.divide(real, relay.const(sc)), out)
+        # onnxruntime's QLinearAdd (what it runs for a QDQ Add): each centered input times its scale over
+        # the output's, in float32, summed, then rounded (ONNX's dequantize-add-quantize up to the
+        # rounding of a near tie; one multiply less per element).
+        centered_a, centered_b = self._add_operands((qa, za), (qb, zb))
+        real = relay.add(relay.multiply(centered_a, relay.const(np.float32(sa) / np.float32(sc))),
+                         relay.multiply(centered_b, relay.const(np.float32(sb) / np.float32(sc))))
+        return _saturate(real, out)
+
+    def _add_operands(self, *operands: Tuple[relay.Expr, int]) -> List[relay.Expr]:
+        """``float32(q - zero)`` of each of an add's 8-bit operands, one of them read before its 8-bit cast.
+
+        The add of a residual block follows a conv (or dense) whose result was just requantized to 8 bits:
+        fused into one kernel, each output went float -> rounded -> 8 bits -> int32 -> float (five vector
+        instructions on top of the rounding, for a value the kernel had). Read at the rounding instead
+        (:func:`~tvm_tcutils.fast_forms.saturated_parts`), the same value costs one (the add's result can
+        differ only where the kernel then fuses the other product into an FMA: a near tie, rounded once).
+        Only for an operand that is a product's requantized result and not also an input of the other
+        operand (it has another reader then, which needs the 8 bits); the other operand, when it is such a
+        result too (a downsampling branch), ends its own kernel in 8 bits (``stop_fusion``) rather than in
+        the float of its dequantize, a quarter of the bytes to write and read again.
+        """
+        sources = [self.memo.bound.get(q, q) if self.one_region else q for q, _ in operands]
+        # A QOperator file's conv ends in qnn.requantize, which plain relay.build legalizes
+        # (legalize_requantize) before it reaches this add: read it as that form here too.
+        parts = [saturated_parts(_as_onnx_requantize(source)) for source in sources]
+        fused = [k for k, (part, (_, zero)) in enumerate(zip(parts, operands))
+                 if part is not None and part[1] == zero and _reads_product(part[0])]
+        fused = [k for k in fused if not any(_reaches(sources[j], sources[k]) for j in range(len(operands)) if j != k)]
+        out = [self._centered(q, zero) for q, zero in operands]
+        if fused:
+            k = fused[0]
+            clamped = parts[k][0]
+            out[k] = round_half_even(self.memo[clamped] if self.one_region else clamped)
+            for j, (q, zero) in enumerate(operands):
+                if j != k and parts[j] is not None and _reads_product(parts[j][0]):
+                    out[j] = self._centered(relay.annotation.stop_fusion(q), zero)
+        return out
 
     def _concatenate(self, call: relay.Call, out: QParams) -> Optional[relay.Expr]:
         fields = call.args[0].fields if isinstance(call.args[0], relay.Tuple) else None
@@ -714,6 +747,11 @@ def legalize_requantize(attrs, inputs, types) -> Optional[relay.Expr]:
     """
     if not rewrites_for(tvm.target.Target.current(allow_none=True)):
         return None
+    return _onnx_requantize(attrs, inputs, types)
+
+
+def _onnx_requantize(attrs, inputs, types) -> Optional[relay.Expr]:
+    """:func:`legalize_requantize`'s expression for any target, or None where it leaves the call to TVM."""
     data, in_scale, in_zero, out_scale, out_zero = inputs
     consts = [_const(x) for x in (in_scale, in_zero, out_scale, out_zero)]
     if any(c is None for c in consts) or types[0].dtype != "int32":
@@ -730,6 +768,38 @@ def legalize_requantize(attrs, inputs, types) -> Optional[relay.Expr]:
         data, relay.const(int(in_zero_np.reshape(-1)[0]), "int32"))
     scaled = relay.multiply(relay.cast(acc, "float32"), _channel_const(multiplier, rank, axis, "float32"))
     return _saturate(scaled, out)
+
+
+#: Ops whose int32 result, requantized, is worth reading in float by the add that follows (its kernel's epilogue).
+_PRODUCTS = ("qnn.conv2d", "qnn.dense", "qnn.batch_matmul", "nn.conv2d", "nn.dense", "nn.batch_matmul")
+
+
+def _reads_product(value: relay.Expr, depth: int = 8) -> bool:
+    """Whether ``value`` is a product (:data:`_PRODUCTS`) through at most ``depth`` first arguments (the
+    requantize's clip, scale, cast, bias add)."""
+    for _ in range(depth):
+        if not isinstance(value, relay.Call) or not isinstance(value.op, tvm.ir.Op) or not value.args:
+            return False
+        if value.op.name in _PRODUCTS:
+            return True
+        value = value.args[0]
+    return False
+
+
+def _as_onnx_requantize(expr: relay.Expr) -> relay.Expr:
+    """A ``qnn.requantize`` call as :func:`legalize_requantize` makes it, other expressions as they are."""
+    if not _op(expr, "qnn.requantize"):
+        return expr
+    types = [_type(arg) for arg in expr.args] + [_type(expr)]
+    legal = _onnx_requantize(expr.attrs, list(expr.args), types)
+    return expr if legal is None else legal
+
+
+def _reaches(expr: relay.Expr, target: relay.Expr) -> bool:
+    """Whether ``target`` is one of the nodes that compute ``expr``."""
+    found = []
+    relay.analysis.post_order_visit(expr, lambda node: found.append(True) if node.same_as(target) else None)
+    return bool(found)
 
 
 def _reads_dequantized(expr) -> bool:
