@@ -349,3 +349,12 @@ def test_plain_build_of_a_residual_block_equals_to_integer():
     conv_out = [dtypes[graph["node_row_ptr"][i]] for i, n in enumerate(graph["nodes"])
                 if n["op"] == "tvm_op" and "conv2d" in n["attrs"]["func_name"]]
     assert conv_out == ["uint8", "uint8"], conv_out
+
+
+def test_model_input_is_quantized_in_a_kernel_of_its_own(outputs):
+    # Quantizing the float input is vectorized over rows when it is not fused with the first conv's
+    # padding and packing (which move single pixels).
+    _host_isa()
+    _, kernels, _ = outputs("qdq_channel", "package")
+    assert kernels[0].endswith("fused_divide_clip_add_reinterpret_add_cast"), kernels
+    assert "pad" in kernels[1] and "layout_transform" in kernels[1], kernels
