@@ -515,14 +515,20 @@ _ROUNDING_SHIFT_BITS = int(np.array(_ROUNDING_SHIFT, "float32").view("int32"))
 
 
 def rounded_int32(value: relay.Expr, offset: int = 0) -> relay.Expr:
-    """``round_half_even(value) + offset`` as int32, for float32 ``value`` with |value| < 2**22.
+    """``round_half_even(value) + offset`` as int32, for float32 ``value`` with |value| < 2**22 - 128.
 
     Three vector instructions (add, a free bit reinterpretation, an integer add) that TVM fuses into
     the producing kernel; none of them can be folded away (``(v + c) - c`` in float would be, by TVM's
     simplifier).
     """
-    shifted = relay.add(value, relay.const(_ROUNDING_SHIFT, "float32"))
-    return relay.add(relay.reinterpret(shifted, "int32"), relay.const(offset - _ROUNDING_SHIFT_BITS, "int32"))
+    # Shifted 128 further where the final add would otherwise be a multiple of 256: LLVM then drops
+    # that add when the int32 is cast to 8 bits and folds the cast into the store (a vpmovdb to
+    # memory, slower than vpmovdb to a register + vpaddb + a store on Zen 4). Both shifts are even
+    # integers in [2**23, 2**24), so the addition still rounds half to even.
+    shift = _ROUNDING_SHIFT + (128.0 if offset % 256 == 0 else 0.0)
+    bits = int(np.array(shift, "float32").view("int32"))
+    shifted = relay.add(value, relay.const(shift, "float32"))
+    return relay.add(relay.reinterpret(shifted, "int32"), relay.const(offset - bits, "int32"))
 
 
 def saturated_parts(expr: relay.Expr) -> Optional[Tuple[relay.Expr, int]]:
@@ -552,13 +558,14 @@ def saturated_parts(expr: relay.Expr) -> Optional[Tuple[relay.Expr, int]]:
     shifted = shifted_bits.args[0]
     if not call(shifted, "add") or not isinstance(shifted.args[1], relay.Constant):
         return None
-    if float(shifted.args[1].data.numpy()) != _ROUNDING_SHIFT or not call(shifted.args[0], "clip"):
+    shift = float(shifted.args[1].data.numpy())
+    if shift not in (_ROUNDING_SHIFT, _ROUNDING_SHIFT + 128.0) or not call(shifted.args[0], "clip"):
         return None
-    return shifted.args[0], int(offset.data.numpy()) + _ROUNDING_SHIFT_BITS
+    return shifted.args[0], int(offset.data.numpy()) + int(np.array(shift, "float32").view("int32"))
 
 
 def round_half_even(value: relay.Expr) -> relay.Expr:
-    """Float32 rounding to the nearest integer, ties to even (ONNX ``QuantizeLinear``), for |value| < 2**22.
+    """Float32 rounding to the nearest integer, ties to even (ONNX ``QuantizeLinear``), for |value| < 2**22 - 128.
 
     IEEE float32 addition of 1.5 * 2**23 rounds to an integer, ties to even, on every
     target (TVM's ``round`` follows the backend: half away from zero on LLVM).

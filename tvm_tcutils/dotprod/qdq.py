@@ -52,7 +52,7 @@ Examples
 >>> ops(mod)
 ['nn.conv2d', 'qnn.dequantize', 'qnn.quantize']
 >>> ops(to_integer(mod))   # integer conv; ONNX rounding (half to even)
-['add', 'cast', 'clip', 'divide', 'multiply', 'qnn.conv2d', 'reinterpret']
+['add', 'annotation.stop_fusion', 'cast', 'clip', 'divide', 'multiply', 'qnn.conv2d', 'reinterpret']
 >>> ops(to_integer(mod, requantize="qnn"))
 ['qnn.conv2d', 'qnn.quantize', 'qnn.requantize']
 """
