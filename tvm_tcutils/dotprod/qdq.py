@@ -442,7 +442,7 @@ class _Rewriter:
         parts = [saturated_parts(_as_onnx_requantize(source)) for source in sources]
         fused = [k for k, (part, (_, zero)) in enumerate(zip(parts, operands))
                  if part is not None and part[1] == zero and _reads_product(part[0])]
-        fused = [k for k in fused if not any(_reaches(sources[j], sources[k]) for j in range(len(operands)) if j != k)]
+        fused = [k for k in fused if not any(_computes(sources[j], sources[k]) for j in range(len(operands)) if j != k)]
         out = [self._centered(q, zero) for q, zero in operands]
         if fused:
             k = fused[0]
@@ -799,8 +799,39 @@ def _as_onnx_requantize(expr: relay.Expr) -> relay.Expr:
     return expr if legal is None else legal
 
 
-def _reaches(expr: relay.Expr, target: relay.Expr) -> bool:
-    """Whether ``target`` is one of the nodes that compute ``expr``."""
+def _reaches(expr: relay.Expr, target: relay.Expr, limit: Optional[int] = None) -> Optional[bool]:
+    """Whether ``target`` is one of the nodes that compute ``expr``: depth first, stopping when found;
+    None when ``limit`` nodes were seen first."""
+    seen, pending = set(), [expr]
+    while pending:
+        node = pending.pop()
+        if node.same_as(target):
+            return True
+        if node in seen:
+            continue
+        if limit is not None and len(seen) >= limit:
+            return None
+        seen.add(node)
+        if isinstance(node, relay.Call):
+            pending.extend(reversed(node.args))
+        elif isinstance(node, relay.Tuple):
+            pending.extend(node.fields)
+        elif isinstance(node, relay.TupleGetItem):
+            pending.append(node.tuple_value)
+    return False
+
+
+#: Nodes :func:`_computes` walks from the candidate before it walks the other operand's whole input graph.
+_NEAR = 512
+
+
+def _computes(expr: relay.Expr, target: relay.Expr) -> bool:
+    """Whether ``target`` is one of the nodes that compute ``expr``, asked the cheap way round first: where
+    ``expr`` is an input of ``target`` (a residual block's input and its last conv), a walk from ``target``
+    finds it a few layers down, and in a graph without cycles ``target`` then cannot compute ``expr``.
+    Otherwise ``expr``'s whole input graph is walked (TVM's own traversal)."""
+    if _reaches(target, expr, _NEAR):
+        return False
     found = []
     relay.analysis.post_order_visit(expr, lambda node: found.append(True) if node.same_as(target) else None)
     return bool(found)
