@@ -511,7 +511,6 @@ def fast_chain(value: relay.Expr) -> relay.Expr:
 #: so the addition itself rounds to the nearest integer, ties to even (IEEE's default rounding), and
 #: the sum's bits read as an int32, less this constant's bits, are that integer.
 _ROUNDING_SHIFT = 12582912.0
-_ROUNDING_SHIFT_BITS = int(np.array(_ROUNDING_SHIFT, "float32").view("int32"))
 
 
 def rounded_int32(value: relay.Expr, offset: int = 0) -> relay.Expr:
@@ -526,9 +525,13 @@ def rounded_int32(value: relay.Expr, offset: int = 0) -> relay.Expr:
     # memory, slower than vpmovdb to a register + vpaddb + a store on Zen 4). Both shifts are even
     # integers in [2**23, 2**24), so the addition still rounds half to even.
     shift = _ROUNDING_SHIFT + (128.0 if offset % 256 == 0 else 0.0)
-    bits = int(np.array(shift, "float32").view("int32"))
     shifted = relay.add(value, relay.const(shift, "float32"))
-    return relay.add(relay.reinterpret(shifted, "int32"), relay.const(offset - bits, "int32"))
+    return relay.add(relay.reinterpret(shifted, "int32"), relay.const(offset - _bits(shift), "int32"))
+
+
+def _bits(value: float) -> int:
+    """A float32's bits read as an int32."""
+    return int(np.array(value, "float32").view("int32"))
 
 
 def saturated_parts(expr: relay.Expr) -> Optional[Tuple[relay.Expr, int]]:
@@ -547,21 +550,18 @@ def saturated_parts(expr: relay.Expr) -> Optional[Tuple[relay.Expr, int]]:
     >>> saturated_parts(relay.cast(x, "uint8")) is None
     True
     """
-    def call(node, name):
-        return isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op) and node.op.name == name
-
-    if not call(expr, "cast") or str(expr.attrs.dtype) not in ("uint8", "int8") or not call(expr.args[0], "add"):
+    if not _op(expr, "cast") or str(expr.attrs.dtype) not in ("uint8", "int8") or not _op(expr.args[0], "add"):
         return None
     shifted_bits, offset = expr.args[0].args
-    if not call(shifted_bits, "reinterpret") or not isinstance(offset, relay.Constant):
+    if not _op(shifted_bits, "reinterpret") or not isinstance(offset, relay.Constant):
         return None
     shifted = shifted_bits.args[0]
-    if not call(shifted, "add") or not isinstance(shifted.args[1], relay.Constant):
+    if not _op(shifted, "add") or not isinstance(shifted.args[1], relay.Constant):
         return None
     shift = float(shifted.args[1].data.numpy())
-    if shift not in (_ROUNDING_SHIFT, _ROUNDING_SHIFT + 128.0) or not call(shifted.args[0], "clip"):
+    if shift not in (_ROUNDING_SHIFT, _ROUNDING_SHIFT + 128.0) or not _op(shifted.args[0], "clip"):
         return None
-    return shifted.args[0], int(offset.data.numpy()) + int(np.array(shift, "float32").view("int32"))
+    return shifted.args[0], int(offset.data.numpy()) + _bits(shift)
 
 
 def round_half_even(value: relay.Expr) -> relay.Expr:

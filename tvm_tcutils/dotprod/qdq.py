@@ -440,16 +440,17 @@ class _Rewriter:
         # A QOperator file's conv ends in qnn.requantize, which plain relay.build legalizes
         # (legalize_requantize) before it reaches this add: read it as that form here too.
         parts = [saturated_parts(_as_onnx_requantize(source)) for source in sources]
-        fused = [k for k, (part, (_, zero)) in enumerate(zip(parts, operands))
-                 if part is not None and part[1] == zero and _reads_product(part[0])]
-        fused = [k for k in fused if not any(_computes(sources[j], sources[k]) for j in range(len(operands)) if j != k)]
+        products = [part is not None and _reads_product(part[0]) for part in parts]
+        fused = [k for k, (product, (_, zero)) in enumerate(zip(products, operands)) if product
+                 and parts[k][1] == zero
+                 and not any(_computes(sources[j], sources[k]) for j in range(len(operands)) if j != k)]
         out = [self._centered(q, zero) for q, zero in operands]
         if fused:
             k = fused[0]
             clamped = parts[k][0]
             out[k] = round_half_even(self.memo[clamped] if self.one_region else clamped)
             for j, (q, zero) in enumerate(operands):
-                if j != k and parts[j] is not None and _reads_product(parts[j][0]):
+                if j != k and products[j]:
                     out[j] = self._centered(relay.annotation.stop_fusion(q), zero)
         return out
 
@@ -801,7 +802,9 @@ def _as_onnx_requantize(expr: relay.Expr) -> relay.Expr:
 
 def _reaches(expr: relay.Expr, target: relay.Expr, limit: Optional[int] = None) -> Optional[bool]:
     """Whether ``target`` is one of the nodes that compute ``expr``: depth first, stopping when found;
-    None when ``limit`` nodes were seen first."""
+    None when ``limit`` nodes were seen first. (Depth first and without repeats, unlike
+    :func:`~tvm_tcutils._tvm.upstream_nodes`' breadth-first look: a residual block's input lies a few layers
+    down one path, past attention's three branches.)"""
     seen, pending = set(), [expr]
     while pending:
         node = pending.pop()
