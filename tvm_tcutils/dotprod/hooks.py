@@ -10,15 +10,20 @@ checks every int8 / QNN op on VNNI, AVX-512BW, AVX2 and SSE targets). Also the p
 :func:`tvm_tcutils.tuning.extract_tasks` turn QDQ models into integer ops (:mod:`.qdq`) for targets with
 a dot-product ISA, and the ``FTVMQnnLegalize`` handlers of ``qnn.quantize`` (:func:`.qdq.legalize_quantize`)
 through which plain ``relay.build`` does the same, and of ``qnn.requantize`` (:func:`.qdq.legalize_requantize`),
-which gives QOperator files the same arithmetic.
+which gives QOperator files the same arithmetic. And ``target.build.llvm``, wrapped: the dot-product
+kernels' tile loops software-pipelined (:mod:`.pipeline`), then TVM's LLVM code generator.
 """
 from __future__ import annotations
 
 from typing import List
 
+from .._tvm import tvm
 from .. import fast_forms, registry
 from ..prebuild import PREBUILD_FUNC  # (mod, target) -> mod, applied before builds and task extraction
-from . import qdq, strategy
+from . import pipeline, qdq, strategy
+
+#: TVM's code generator for CPU targets, which :func:`_build_llvm` delegates to.
+BUILD_LLVM = "target.build.llvm"
 
 
 def hooks() -> List[registry.Hook]:
@@ -29,7 +34,13 @@ def hooks() -> List[registry.Hook]:
     >>> sorted({h.kind for h in hooks()})
     ['autotvm_template', 'op_attr', 'packed_func', 'strategy']
     """
-    return strategy.hooks() + [
+    declared = []
+    if tvm.get_global_func(BUILD_LLVM, allow_missing=True) is not None:
+        declared.append(registry.packed_func(
+            BUILD_LLVM, _build_llvm,
+            description="dot-product tile loops with the previous tile's epilogue among the products "
+                        "(dotprod.pipeline), then TVM's LLVM code generator"))
+    return declared + strategy.hooks() + [
         registry.packed_func(
             PREBUILD_FUNC, lambda mod, target: qdq.prepare_for_target(mod, str(target)),
             description="QDQ regions as integer qnn ops for targets with a dot-product ISA (dotprod.qdq)"),
@@ -58,3 +69,11 @@ def hooks() -> List[registry.Hook]:
             "qnn.requantize", "FTVMQnnLegalize", qdq.legalize_requantize, targets=strategy.TARGET_KEYS,
             description="an int32 accumulator requantized as onnxruntime does it (float32, half to even)"),
     ]
+
+
+def _build_llvm(mod, target):
+    """TVM's ``target.build.llvm`` convention: (host IRModule, target) -> runtime module."""
+    build = registry.replaced_func(BUILD_LLVM)
+    if build is None:
+        raise RuntimeError(f"{BUILD_LLVM}: the code generator the package wrapped is gone")
+    return build(pipeline.pipeline_module(mod), target)

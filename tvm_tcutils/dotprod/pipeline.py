@@ -1,0 +1,240 @@
+"""Software pipelining of the dot-product kernels' tile loops: the epilogue of one tile among the next tile's products.
+
+The conv2d and dense schedules (:mod:`.topi`) compute a tile of accumulators (a few vector
+registers) with the dot-product instruction, then the tile's epilogue: the elementwise ops fused
+after the product (bias, requantize, the residual add of a QDQ model, the 8-bit cast and store).
+Written one after the other, the epilogue's vector instructions (19 per register for a requantized
+residual add) wait for the tile's last products and then run on their own: the out-of-order window
+(a few dozen vector instructions) is too small to overlap a whole epilogue with the next tile's
+products, and LLVM's scheduler keeps the two blocks apart. A 1x1 conv with 64 input channels (16
+dot-product steps per register) then took 1.6x its products' time on Zen 4 with the residual add, 1.2x
+without it; with the previous tile's epilogue spread among the products, 1.33x and 1.08x (the
+instruction mix measured alone: ``scripts/probe_epilogue_overlap.py``).
+
+:func:`pipeline_module` rewrites each loop of the form::
+
+    for t in range(n):            # the tile loop the schedule computes the accumulators at
+        acc[...] = 0               # the accumulators' initialization
+        <reduction nest>           # stores to acc only, with a dot-product intrinsic
+        <epilogue nest>            # reads acc, writes buffers the reduction does not read
+
+into a prologue (tile 0's products), a loop over tiles 1..n-1 whose unrolled body interleaves tile
+``t``'s product steps with the epilogue statements of tile ``t - 1`` (read from a second
+accumulator block, ``acc_prev``), and the last tile's epilogue. Every statement computes what it
+did before and no store moves past a load of the same buffer, so the results are bit-identical
+(``python_tests/dotprod/test_pipeline.py``). It runs inside ``target.build.llvm``
+(:mod:`.hooks`), on the final TIR of each function, and leaves every loop it does not recognise as
+it was: float kernels never contain the dot-product intrinsics it looks for.
+"""
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Tuple
+
+from .._tvm import tvm
+from tvm import tir
+from tvm.tir import stmt_functor
+
+from .isa import ISAS, RANGE_ISAS
+
+logger = logging.getLogger("tvm_tcutils.dotprod.pipeline")
+
+#: LLVM intrinsics of the dot-product instructions: a reduction nest must use one of them.
+DOT_INTRINSICS = frozenset(v.intrinsic for isa in ISAS + RANGE_ISAS for v in isa.variants if v.intrinsic)
+
+#: Unrolled product steps (statements of the reduction nest) a pipelined loop may have: the 1x1 convs
+#: and denses with up to 256 input channels. Past it the epilogue is a small share of the tile's time
+#: (a 3x3 conv with 64 channels has 144 steps) and the unrolled body only grows the code.
+MAX_STEPS = 64
+
+#: Accumulator bytes a pipelined tile may have: two blocks of them (this tile's, the previous one's)
+#: stay in the 32 vector registers of AVX-512 with the operands and the epilogue's constants.
+MAX_ACCUMULATOR_BYTES = 16 * 64
+
+#: Statement kinds an unrolled step or epilogue statement may contain (no allocations, calls with
+#: effects, or nested parallel loops).
+_PLAIN = (tir.BufferStore, tir.LetStmt, tir.SeqStmt, tir.IfThenElse, tir.For)
+
+
+def _flatten(stmt: tir.Stmt) -> List[tir.Stmt]:
+    if isinstance(stmt, tir.SeqStmt):
+        return [part for s in stmt.seq for part in _flatten(s)]
+    return [stmt]
+
+
+def _zero_init(stmt: tir.Stmt) -> bool:
+    value = stmt.value if isinstance(stmt, tir.BufferStore) else None
+    return isinstance(value, tir.Broadcast) and isinstance(value.value, tir.IntImm) and value.value.value == 0
+
+
+def _visit(stmt: tir.Stmt, kind) -> list:
+    found: list = []
+    stmt_functor.post_order_visit(stmt, lambda node: found.append(node) if isinstance(node, kind) else None)
+    return found
+
+
+def _intrinsic_name(call: tir.Call) -> str:
+    name = call.args[0] if call.args else None
+    if isinstance(name, tir.StringImm):
+        return name.value
+    if isinstance(name, tir.IntImm):
+        for candidate in DOT_INTRINSICS:
+            if tvm.target.codegen.llvm_lookup_intrinsic_id(candidate) == name.value:
+                return candidate
+    return ""
+
+
+def _uses_dot_intrinsic(stmt: tir.Stmt) -> bool:
+    pure = tvm.ir.Op.get("tir.call_llvm_pure_intrin")
+    return any(call.op.same_as(pure) and _intrinsic_name(call) in DOT_INTRINSICS for call in _visit(stmt, tir.Call))
+
+
+def _plain(stmt: tir.Stmt) -> bool:
+    bad: list = []
+
+    def visit(node):
+        if isinstance(node, tir.Stmt) and not isinstance(node, _PLAIN):
+            bad.append(node)
+        elif isinstance(node, tir.For) and node.kind not in (tir.ForKind.SERIAL, tir.ForKind.UNROLLED,
+                                                            tir.ForKind.VECTORIZED):
+            bad.append(node)
+    stmt_functor.post_order_visit(stmt, visit)
+    return not bad
+
+
+def _unrolled(stmt: tir.Stmt, limit: int) -> Optional[List[tir.Stmt]]:
+    """The statements of a constant serial loop nest with its loop variables substituted, outermost
+    first; ``None`` past ``limit`` statements or for another loop kind."""
+    if not isinstance(stmt, tir.For):
+        return [stmt]
+    if stmt.kind not in (tir.ForKind.SERIAL, tir.ForKind.UNROLLED) or not isinstance(stmt.extent, tir.IntImm) \
+            or not isinstance(stmt.min, tir.IntImm):
+        return None
+    inner = _unrolled(stmt.body, limit)
+    if inner is None or len(inner) * stmt.extent.value > limit:
+        return None
+    return [stmt_functor.substitute(s, {stmt.loop_var: tir.IntImm(stmt.loop_var.dtype, value)})
+            for value in range(stmt.min.value, stmt.min.value + stmt.extent.value) for s in inner]
+
+
+def _reading(stmt: tir.Stmt, old: tir.Var, buffer: tir.Buffer) -> tir.Stmt:
+    """``stmt`` with its loads of buffer variable ``old`` reading ``buffer`` instead."""
+    def post(node):
+        if node.buffer.data.same_as(old):
+            return tir.BufferLoad(buffer, node.indices)
+        return None
+    return stmt_functor.ir_transform(stmt, None, post, ["tir.BufferLoad"])
+
+
+def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
+    """The pipelined form of ``loop`` (see the module docstring), or ``None`` when it is not a tile loop."""
+    if loop.kind != tir.ForKind.SERIAL or not isinstance(loop.extent, tir.IntImm) or loop.extent.value < 2:
+        return None
+    body = _flatten(loop.body)
+    count = next((k for k, s in enumerate(body) if not _zero_init(s)), len(body))
+    inits, rest = body[:count], body[count:]
+    if not inits or len(rest) < 2:
+        return None
+    acc = inits[0].buffer
+    if any(not s.buffer.data.same_as(acc.data) for s in inits) or len(acc.shape) != 1 \
+            or not isinstance(acc.shape[0], tir.IntImm):
+        return None
+    registers = acc.shape[0].value
+    if registers * tvm.DataType(acc.dtype).bits * tvm.DataType(acc.dtype).lanes // 8 > MAX_ACCUMULATOR_BYTES:
+        return None
+    reduction, epilogue = rest[0], tir.SeqStmt(rest[1:]) if len(rest) > 2 else rest[1]
+    stored = {id(s.buffer.data): s.buffer.data for s in _visit(reduction, tir.BufferStore)}
+    if not _uses_dot_intrinsic(reduction) or any(not var.same_as(acc.data) for var in stored.values()):
+        return None
+    written = [s.buffer.data for s in _visit(epilogue, tir.BufferStore)]
+    read = [node.buffer.data for node in _visit(reduction, tir.BufferLoad)]
+    if any(var.same_as(acc.data) for var in written) or any(w.same_as(r) for w in written for r in read):
+        return None
+    if not _plain(reduction) or not _plain(epilogue):
+        return None
+    steps, epilogues = _unrolled(reduction, max_steps), _unrolled(epilogue, 4 * max_steps)
+    if steps is None or epilogues is None:
+        return None
+
+    tile, first = loop.loop_var, loop.min
+    prev_var = tir.Var(acc.data.name + "_prev", acc.data.type_annotation)
+    prev = tir.decl_buffer(acc.shape, acc.dtype, name=acc.name + "_prev", data=prev_var)
+    keep = [tir.BufferStore(prev, tir.BufferLoad(acc, [tir.IntImm("int32", k)]), [tir.IntImm("int32", k)])
+            for k in range(registers)]
+    previous = [_reading(s, acc.data, prev) for s in epilogues]
+    # Epilogue statement e goes after product step floor(e * steps / epilogues): spread evenly.
+    interleaved: List[tir.Stmt] = list(inits)
+    placed = 0
+    for k, step in enumerate(steps):
+        interleaved.append(step)
+        while placed < len(previous) and placed * len(steps) <= k * len(previous):
+            interleaved.append(stmt_functor.substitute(previous[placed], {tile: tile - 1}))
+            placed += 1
+    interleaved += [stmt_functor.substitute(s, {tile: tile - 1}) for s in previous[placed:]] + keep
+    # The steady loop runs over tiles first + 1 .. first + n - 1 with a zero-based variable (TVM's
+    # code generator wants loops to start at 0).
+    steady_var = tir.Var(tile.name + "_steady", tile.dtype)
+    steady = tir.For(steady_var, tir.IntImm(tile.dtype, 0), tir.IntImm(tile.dtype, loop.extent.value - 1),
+                     tir.ForKind.SERIAL,
+                     stmt_functor.substitute(tir.SeqStmt(interleaved), {tile: steady_var + first + 1}))
+    prologue = [stmt_functor.substitute(s, {tile: first}) for s in inits + steps] + keep
+    last = [stmt_functor.substitute(s, {tile: first + loop.extent.value - 1}) for s in previous]
+    return tir.Allocate(prev_var, acc.dtype, [tir.IntImm("int32", registers)], tir.const(True, "bool"),
+                        tir.SeqStmt(prologue + [steady] + last))
+
+
+def pipeline_epilogues(func: tir.PrimFunc, max_steps: int = MAX_STEPS) -> Tuple[tir.PrimFunc, int]:
+    """``func`` with its dot-product tile loops pipelined, and how many loops changed.
+
+    Only functions whose arguments do not alias (``tir.noalias``, as TVM's lowering marks them) are
+    changed: the rewrite moves an epilogue's stores past the next tile's loads of other buffers.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te
+    >>> x = te.placeholder((4,), name="x"); y = te.compute((4,), lambda i: x[i] + 1.0, name="y")
+    >>> func = tvm.lower(te.create_schedule(y.op), [x, y])["main"]
+    >>> pipeline_epilogues(func)[1]  # a float kernel: nothing to pipeline
+    0
+    """
+    if not bool(func.attrs and func.attrs.get("tir.noalias", False)):
+        return func, 0
+    changed = [0]
+
+    def post(node):
+        new = _pipelined(node, max_steps)
+        if new is not None:
+            changed[0] += 1
+        return new
+
+    body = stmt_functor.ir_transform(func.body, None, post, ["tir.For"])
+    if not changed[0]:
+        return func, 0
+    # The unrolled copies repeat the reduction's let-bound variables: give each its own.
+    module = tvm.tir.transform.ConvertSSA()(tvm.IRModule({"main": func.with_body(body)}))
+    return module["main"], changed[0]
+
+
+def pipeline_module(mod: tvm.IRModule, max_steps: int = MAX_STEPS) -> tvm.IRModule:
+    """:func:`pipeline_epilogues` on each function of ``mod`` (the module itself when nothing changes).
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te
+    >>> x = te.placeholder((4,), name="x"); y = te.compute((4,), lambda i: x[i] * 2.0, name="y")
+    >>> mod = tvm.lower(te.create_schedule(y.op), [x, y])
+    >>> pipeline_module(mod).same_as(mod)
+    True
+    """
+    functions, total = {}, 0
+    for var, func in mod.functions.items():
+        if isinstance(func, tir.PrimFunc):
+            func, count = pipeline_epilogues(func, max_steps)
+            total += count
+        functions[var] = func
+    if not total:
+        return mod
+    logger.debug("pipelined %d dot-product tile loops", total)
+    return tvm.IRModule(functions, attrs=mod.attrs)
