@@ -62,9 +62,23 @@ def _unpipelined_build():
     return registry.overriding_func(hooks.BUILD_LLVM, registry.replaced_func(hooks.BUILD_LLVM))
 
 
-def test_build_hook_wraps_tvms_code_generator():
+def test_build_hook_wraps_tvms_code_generator_and_unregister_restores_it():
+    """After ``unregister()`` the same kernel compiles as TVM compiles it: no pipelined loop."""
     assert registry.replaced_func(hooks.BUILD_LLVM) is not None
-    assert tvm.get_global_func(hooks.BUILD_LLVM) is not registry.replaced_func(hooks.BUILD_LLVM)
+    with tvm.target.Target(ZNVER4):
+        cfg, out, args = _requantized_conv("1x1_k64", True)
+        schedule = schedule_conv2d_nchwc_dot(cfg, [out])
+
+    def share() -> float:
+        asm = tvm.build(schedule, args, ZNVER4).get_source("asm")
+        return min(_products_before_first_store(body) for body in _loop_bodies(asm)
+                   if any(line.startswith("vpdpbusd") for line in body))
+    assert share() < 0.5
+    tvm_tcutils.unregister()
+    try:
+        assert share() > 0.75
+    finally:
+        tvm_tcutils.register()
 
 
 @pytest.mark.parametrize("residual", [False, True])
