@@ -17,6 +17,7 @@ from tvm_tcutils.dotprod import hooks, pipeline
 from tvm_tcutils.dotprod.topi.conv2d_nchwc import conv2d_nchwc_dot, schedule_conv2d_nchwc_dot
 
 RNG = np.random.default_rng(11)
+SHIFT = 1.5 * 2**23  # adding it rounds a float32 below 2**22 to an integer, ties to even
 ZNVER4 = "llvm -mcpu=znver4"
 
 #: (data shape NCHW16c, kernel shape, padding): 1x1 convs with 16..64 steps per tile, a 3x3 with 36,
@@ -44,7 +45,9 @@ def _requantized_conv(name: str, residual: bool):
         if residual:
             value = value + (other[n, c, y, x, b].astype("float32") - tir.const(129.0, "float32")) * 0.5
         clipped = te.max(te.min(value, tir.const(127.0, "float32")), tir.const(-128.0, "float32"))
-        return tir.nearbyint(clipped).astype("int32").astype("int8")
+        # Rounded half to even as fast_forms.rounded_int32 does (TVM vectorizes it; nearbyint it scalarizes).
+        shifted = tir.reinterpret("int32", clipped + tir.const(SHIFT, "float32"))
+        return (shifted - tir.const(int(np.float32(SHIFT).view("int32")), "int32")).astype("int8")
 
     out = te.compute(conv.shape, epilogue, name="requantized", tag="elemwise")
     args = [data, kernel, bias] + ([other] if residual else []) + [out]
@@ -130,6 +133,7 @@ def test_pipelined_kernel_bit_identical(name, residual):
     with tvm.target.Target(target):
         cfg, out, args = _requantized_conv(name, residual)
         schedule = schedule_conv2d_nchwc_dot(cfg, [out])
+        assert pipeline.pipeline_epilogues(tvm.lower(schedule, args)["main"])[1] == 1  # the rewrite applies
     inputs = [RNG.integers(0, 256, [int(d) for d in args[0].shape]).astype("uint8"),
               RNG.integers(-128, 128, [int(d) for d in args[1].shape]).astype("int8"),
               RNG.integers(-3000, 3000, [int(d) for d in args[2].shape]).astype("int32")]
@@ -198,6 +202,22 @@ def test_loops_outside_the_guards_untouched():
     assert pipeline.pipeline_epilogues(func, max_steps=8) == (func, 0)  # 16 product steps
     aliased = func.with_attr("tir.noalias", False)
     assert pipeline.pipeline_epilogues(aliased)[1] == 0
+
+
+@pytest.mark.parametrize("target,shape", [
+    ("llvm -mcpu=core-avx2", ((1, 8, 8, 16, 8), (8, 8, 1, 1, 2, 8, 4), 0)),  # AVX2: 16 registers
+    (ZNVER4, ((1, 4, 7, 14, 16), (4, 4, 1, 1, 4, 16, 4), 0)),  # a 2 x 7-pixel tile: 14 registers
+])
+def test_tiles_too_large_to_double_untouched(target, shape, monkeypatch):
+    """Two blocks of accumulators must fit half the ISA's registers (pipelined, AVX2's 8-register
+    tiles spilled and ran up to 1.9x slower)."""
+    monkeypatch.setitem(SHAPES, "case", shape)
+    with tvm.target.Target(target):
+        cfg, out, args = _requantized_conv("case", False)
+        func = tvm.lower(schedule_conv2d_nchwc_dot(cfg, [out]), args)["main"]
+    assert "llvm.x86" in func.script()  # a dot-product kernel, with its intrinsic
+    assert pipeline.pipeline_epilogues(func)[1] == 0
+    assert pipeline.pipeline_epilogues(func.with_attr("tir.noalias", True))[1] == 0
 
 
 def test_epilogue_writing_what_the_products_read_is_not_moved():

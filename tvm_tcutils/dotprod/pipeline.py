@@ -39,17 +39,19 @@ from .isa import ISAS, RANGE_ISAS
 
 logger = logging.getLogger("tvm_tcutils.dotprod.pipeline")
 
-#: LLVM intrinsics of the dot-product instructions: a reduction nest must use one of them.
-DOT_INTRINSICS = frozenset(v.intrinsic for isa in ISAS + RANGE_ISAS for v in isa.variants if v.intrinsic)
+#: The ISA of each dot-product instruction's LLVM intrinsic: a reduction nest must use one of them.
+DOT_INTRINSICS = {v.intrinsic: isa for isa in ISAS + RANGE_ISAS for v in isa.variants if v.intrinsic}
 
 #: Unrolled product steps (statements of the reduction nest) a pipelined loop may have: the 1x1 convs
 #: and denses with up to 256 input channels. Past it the epilogue is a small share of the tile's time
 #: (a 3x3 conv with 64 channels has 144 steps) and the unrolled body only grows the code.
 MAX_STEPS = 64
 
-#: Accumulator bytes a pipelined tile may have: two blocks of them (this tile's, the previous one's)
-#: stay in the 32 vector registers of AVX-512 with the operands and the epilogue's constants.
-MAX_ACCUMULATOR_BYTES = 16 * 64
+#: Share of the ISA's vector registers the two accumulator blocks (this tile's, the previous one's) may
+#: take: the rest holds operands and the epilogue's constants. AVX-512's 8-register tiles qualify (16 of
+#: 32); AVX2's 7-8 register tiles do not (16 ymm registers: pipelined, they spilled and ran up to 1.9x
+#: slower).
+REGISTER_SHARE = 0.5
 
 #: Statement kinds an unrolled step or epilogue statement may contain (no allocations, calls with
 #: effects, or nested parallel loops).
@@ -84,9 +86,11 @@ def _intrinsic_name(call: tir.Call) -> str:
     return ""
 
 
-def _uses_dot_intrinsic(stmt: tir.Stmt) -> bool:
+def _dot_isa(stmt: tir.Stmt):
+    """The ISA of the dot-product intrinsic ``stmt`` calls, or ``None``."""
     pure = tvm.ir.Op.get("tir.call_llvm_pure_intrin")
-    return any(call.op.same_as(pure) and _intrinsic_name(call) in DOT_INTRINSICS for call in _visit(stmt, tir.Call))
+    names = {_intrinsic_name(call) for call in _visit(stmt, tir.Call) if call.op.same_as(pure)}
+    return next((DOT_INTRINSICS[name] for name in sorted(names) if name in DOT_INTRINSICS), None)
 
 
 def _plain(stmt: tir.Stmt) -> bool:
@@ -100,6 +104,12 @@ def _plain(stmt: tir.Stmt) -> bool:
             bad.append(node)
     stmt_functor.post_order_visit(stmt, visit)
     return not bad
+
+
+def _vector_stores(stmt: tir.Stmt) -> bool:
+    """Whether every store of ``stmt`` writes a vector: an epilogue TVM could not vectorize (a loop of
+    scalar statements per register) measured slower pipelined than as it was."""
+    return all(tvm.DataType(s.value.dtype).lanes > 1 for s in _visit(stmt, tir.BufferStore))
 
 
 def _unrolled(stmt: tir.Stmt, limit: int) -> Optional[List[tir.Stmt]]:
@@ -139,12 +149,13 @@ def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
     if any(not s.buffer.data.same_as(acc.data) for s in inits) or len(acc.shape) != 1 \
             or not isinstance(acc.shape[0], tir.IntImm):
         return None
-    registers = acc.shape[0].value
-    if registers * tvm.DataType(acc.dtype).bits * tvm.DataType(acc.dtype).lanes // 8 > MAX_ACCUMULATOR_BYTES:
-        return None
+    elements = acc.shape[0].value
     reduction, epilogue = rest[0], tir.SeqStmt(rest[1:]) if len(rest) > 2 else rest[1]
-    stored = {id(s.buffer.data): s.buffer.data for s in _visit(reduction, tir.BufferStore)}
-    if not _uses_dot_intrinsic(reduction) or any(not var.same_as(acc.data) for var in stored.values()):
+    isa = _dot_isa(reduction)
+    if isa is None or any(not s.buffer.data.same_as(acc.data) for s in _visit(reduction, tir.BufferStore)):
+        return None
+    accumulator_bits = elements * tvm.DataType(acc.dtype).bits * tvm.DataType(acc.dtype).lanes
+    if 2 * accumulator_bits > REGISTER_SHARE * isa.registers * isa.lanes * 32:
         return None
     written = [s.buffer.data for s in _visit(epilogue, tir.BufferStore)]
     read = [node.buffer.data for node in _visit(reduction, tir.BufferLoad)]
@@ -152,15 +163,15 @@ def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
         return None
     if not _plain(reduction) or not _plain(epilogue):
         return None
-    steps, epilogues = _unrolled(reduction, max_steps), _unrolled(epilogue, 4 * max_steps)
-    if steps is None or epilogues is None:
+    steps, epilogues = _unrolled(reduction, max_steps), _unrolled(epilogue, elements)
+    if steps is None or epilogues is None or not _vector_stores(epilogue):
         return None
 
     tile, first = loop.loop_var, loop.min
     prev_var = tir.Var(acc.data.name + "_prev", acc.data.type_annotation)
     prev = tir.decl_buffer(acc.shape, acc.dtype, name=acc.name + "_prev", data=prev_var)
     keep = [tir.BufferStore(prev, tir.BufferLoad(acc, [tir.IntImm("int32", k)]), [tir.IntImm("int32", k)])
-            for k in range(registers)]
+            for k in range(elements)]
     previous = [_reading(s, acc.data, prev) for s in epilogues]
     # Epilogue statement e goes after product step floor(e * steps / epilogues): spread evenly.
     interleaved: List[tir.Stmt] = list(inits)
@@ -179,7 +190,7 @@ def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
                      stmt_functor.substitute(tir.SeqStmt(interleaved), {tile: steady_var + first + 1}))
     prologue = [stmt_functor.substitute(s, {tile: first}) for s in inits + steps] + keep
     last = [stmt_functor.substitute(s, {tile: first + loop.extent.value - 1}) for s in previous]
-    return tir.Allocate(prev_var, acc.dtype, [tir.IntImm("int32", registers)], tir.const(True, "bool"),
+    return tir.Allocate(prev_var, acc.dtype, [tir.IntImm("int32", elements)], tir.const(True, "bool"),
                         tir.SeqStmt(prologue + [steady] + last))
 
 
