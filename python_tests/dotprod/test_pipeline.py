@@ -11,7 +11,7 @@ import tvm
 from tvm import autotvm, relay, te, tir
 
 import tvm_tcutils
-from conftest import dot_target, host_dot_target
+from conftest import build_and_run, dot_target, host_dot_target
 from tvm_tcutils import registry
 from tvm_tcutils.dotprod import hooks, pipeline
 from tvm_tcutils.dotprod.topi.conv2d_nchwc import conv2d_nchwc_dot, schedule_conv2d_nchwc_dot
@@ -275,12 +275,7 @@ def test_plain_relay_build_of_a_residual_block_same_output(monkeypatch):
     outputs = []
     for scope in (_unpipelined_build, contextlib.nullcontext):
         with scope():
-            with tvm.transform.PassContext(opt_level=3):
-                lib = relay.build(mod, target=target)
-        runner = tvm.contrib.graph_executor.GraphModule(lib["default"](tvm.cpu()))
-        runner.set_input("x", data)
-        runner.run()
-        outputs.append(runner.get_output(0).numpy())
+            outputs.append(build_and_run(mod, inputs={"x": data}, target=target)[0])
     np.testing.assert_array_equal(outputs[0], outputs[1])
     if target.startswith("llvm") and "vnni" in tvm_tcutils.dotprod.isa.for_target(target).name:
         assert sum(counted) >= 1
