@@ -11,7 +11,7 @@ import tvm
 from tvm import autotvm, relay, te, tir
 
 import tvm_tcutils
-from conftest import build_and_run, dot_target, host_dot_target
+from conftest import build_and_run, dot_target, host_dot_target, small_conv_net
 from tvm_tcutils import registry
 from tvm_tcutils.dotprod import hooks, pipeline
 from tvm_tcutils.dotprod.topi.conv2d_nchwc import conv2d_nchwc_dot, schedule_conv2d_nchwc_dot
@@ -195,6 +195,17 @@ def test_float_kernel_untouched():
     s[y].compute_at(s[z], jo)
     mod = tvm.lower(s, [x, w, z])
     assert pipeline.pipeline_module(mod).same_as(mod)
+
+
+def test_float_model_machine_code_unchanged():
+    """A float model's compiled code is the same with the build hook as with TVM's own generator."""
+    mod = small_conv_net()
+    code = []
+    for scope in (contextlib.nullcontext, _unpipelined_build):
+        with scope():
+            with tvm.transform.PassContext(opt_level=3):
+                code.append(relay.build(mod, target=ZNVER4).get_lib().get_source("asm"))
+    assert "vfmadd" in code[0] and code[0] == code[1]
 
 
 def test_loops_outside_the_guards_untouched():
