@@ -183,7 +183,8 @@ def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
     tile, first = loop.loop_var, loop.min
     prev_var = tir.Var(acc.data.name + "_prev", acc.data.type_annotation)
     prev = tir.decl_buffer(acc.shape, acc.dtype, name=acc.name + "_prev", data=prev_var)
-    keep = [tir.BufferStore(prev, tir.BufferLoad(acc, [tir.IntImm("int32", k)]), [tir.IntImm("int32", k)])
+    index = acc.shape[0].dtype  # the buffer's own index type (int32 or int64)
+    keep = [tir.BufferStore(prev, tir.BufferLoad(acc, [tir.IntImm(index, k)]), [tir.IntImm(index, k)])
             for k in range(elements)]
     previous = [_reading(s, acc.data, prev) for s in epilogues]
     # Epilogue statement e goes after product step floor(e * steps / epilogues): spread evenly.
@@ -203,7 +204,7 @@ def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
                      stmt_functor.substitute(tir.SeqStmt(interleaved), {tile: steady_var + first + 1}))
     prologue = [stmt_functor.substitute(s, {tile: first}) for s in inits + steps] + keep
     last = [stmt_functor.substitute(s, {tile: first + loop.extent.value - 1}) for s in previous]
-    return tir.Allocate(prev_var, acc.dtype, [tir.IntImm("int32", elements)], tir.const(True, "bool"),
+    return tir.Allocate(prev_var, acc.dtype, [tir.IntImm(index, elements)], tir.const(True, "bool"),
                         tir.SeqStmt(prologue + [steady] + last))
 
 
