@@ -29,8 +29,9 @@ it was: float kernels never contain the dot-product intrinsics it looks for.
 """
 from __future__ import annotations
 
+import functools
 import logging
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .._tvm import tvm
 from tvm import tir
@@ -77,14 +78,18 @@ def _visit(stmt: tir.Stmt, kind) -> list:
     return found
 
 
+@functools.lru_cache(maxsize=None)
+def _intrinsic_ids() -> Dict[int, str]:
+    """LLVM's id of each of :data:`DOT_INTRINSICS` (what lowered TIR calls hold), looked up once."""
+    return {tvm.target.codegen.llvm_lookup_intrinsic_id(name): name for name in DOT_INTRINSICS}
+
+
 def _intrinsic_name(call: tir.Call) -> str:
     name = call.args[0] if call.args else None
     if isinstance(name, tir.StringImm):
         return name.value
     if isinstance(name, tir.IntImm):
-        for candidate in DOT_INTRINSICS:
-            if tvm.target.codegen.llvm_lookup_intrinsic_id(candidate) == name.value:
-                return candidate
+        return _intrinsic_ids().get(name.value, "")
     return ""
 
 
@@ -108,21 +113,21 @@ def _plain(stmt: tir.Stmt) -> bool:
     return not bad
 
 
-def _vector_stores(stmt: tir.Stmt) -> bool:
-    """Whether every store of ``stmt`` writes a vector: an epilogue TVM could not vectorize (a loop of
-    scalar statements per register) measured slower pipelined than as it was."""
-    return all(tvm.DataType(s.value.dtype).lanes > 1 for s in _visit(stmt, tir.BufferStore))
+def _vector_stores(stores: List[tir.BufferStore]) -> bool:
+    """Whether every one of an epilogue's ``stores`` writes a vector: an epilogue TVM could not vectorize
+    (a loop of scalar statements per register) measured slower pipelined than as it was."""
+    return all(tvm.DataType(s.value.dtype).lanes > 1 for s in stores)
 
 
-def _copies(stmt: tir.Stmt, acc: tir.Var) -> bool:
-    """Whether every store of ``stmt`` writes an accumulator as it is (an int32 output): nothing to
-    overlap, and unrolling the products only raised register pressure (MobileNet-v2's int32 convs ran
-    2x slower pipelined)."""
+def _copies(stores: List[tir.BufferStore], acc: tir.Var) -> bool:
+    """Whether every one of an epilogue's ``stores`` writes an accumulator as it is (an int32 output):
+    nothing to overlap, and unrolling the products only raised register pressure (MobileNet-v2's int32
+    convs ran 2x slower pipelined)."""
     def plain(value) -> bool:
         while isinstance(value, tir.Cast):
             value = value.value
         return isinstance(value, tir.BufferLoad) and value.buffer.data.same_as(acc)
-    return all(plain(s.value) for s in _visit(stmt, tir.BufferStore))
+    return all(plain(s.value) for s in stores)
 
 
 def _unrolled(stmt: tir.Stmt, limit: int) -> Optional[List[tir.Stmt]]:
@@ -170,14 +175,16 @@ def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
     accumulator_bits = elements * tvm.DataType(acc.dtype).bits * tvm.DataType(acc.dtype).lanes
     if 2 * accumulator_bits > REGISTER_SHARE * isa.registers * isa.lanes * 32:
         return None
-    written = [s.buffer.data for s in _visit(epilogue, tir.BufferStore)]
+    epilogue_stores = _visit(epilogue, tir.BufferStore)
+    written = [s.buffer.data for s in epilogue_stores]
     read = [node.buffer.data for node in _visit(reduction, tir.BufferLoad)]
     if any(var.same_as(acc.data) for var in written) or any(w.same_as(r) for w in written for r in read):
         return None
     if not _plain(reduction) or not _plain(epilogue):
         return None
     steps, epilogues = _unrolled(reduction, max_steps), _unrolled(epilogue, elements)
-    if steps is None or epilogues is None or not _vector_stores(epilogue) or _copies(epilogue, acc.data):
+    if steps is None or epilogues is None or not _vector_stores(epilogue_stores) \
+            or _copies(epilogue_stores, acc.data):
         return None
 
     tile, first = loop.loop_var, loop.min
