@@ -253,6 +253,42 @@ def dot_target(name: str) -> str:
     return target
 
 
+#: Adding it rounds a float32 below 2**22 to an integer, ties to even.
+ROUNDING_SHIFT = 1.5 * 2**23
+
+
+def requantized_conv(data_shape, kernel_shape, padding: int, residual: bool):
+    """The package's NCHW16c dot-product conv (fallback config, current target) with the epilogue the QDQ
+    rewrite fuses after it: bias, scale, clip, round, 8 bits, and optionally a residual add read from a
+    second 8-bit tensor. Returns ``(cfg, out, args)``."""
+    from tvm import autotvm, te, tir
+    from tvm_tcutils.dotprod.topi.conv2d_nchwc import conv2d_nchwc_dot
+
+    data, kernel = te.placeholder(data_shape, "uint8", "data"), te.placeholder(kernel_shape, "int8", "kernel")
+    cfg = autotvm.get_config()
+    conv = conv2d_nchwc_dot(cfg, data, kernel, 1, padding, 1, "NCHW16c", "NCHW16c")
+    bias = te.placeholder((conv.shape[1], conv.shape[4]), "int32", "bias")
+    other = te.placeholder(conv.shape, "uint8", "other")
+
+    def epilogue(n, c, y, x, b):
+        value = (conv[n, c, y, x, b] + bias[c, b]).astype("float32") * tir.const(0.00037, "float32")
+        if residual:
+            value = value + (other[n, c, y, x, b].astype("float32") - tir.const(129.0, "float32")) * 0.5
+        clipped = te.max(te.min(value, tir.const(127.0, "float32")), tir.const(-128.0, "float32"))
+        # Rounded half to even as fast_forms.rounded_int32 does (TVM vectorizes it; nearbyint it scalarizes).
+        shifted = tir.reinterpret("int32", clipped + tir.const(ROUNDING_SHIFT, "float32"))
+        return (shifted - tir.const(int(np.float32(ROUNDING_SHIFT).view("int32")), "int32")).astype("int8")
+
+    out = te.compute(conv.shape, epilogue, name="requantized", tag="elemwise")
+    return cfg, out, [data, kernel, bias] + ([other] if residual else []) + [out]
+
+
+def requantized_conv_inputs(args, rng) -> list:
+    """Random inputs for :func:`requantized_conv`'s ``args`` (all but the output)."""
+    ranges = {"uint8": (0, 256), "int8": (-128, 128), "int32": (-3000, 3000)}
+    return [rng.integers(*ranges[a.dtype], [int(d) for d in a.shape]).astype(a.dtype) for a in args[:-1]]
+
+
 def host_dot_target() -> str:
     """This CPU's own target (:func:`tvm_tcutils.host_target`) when it has an x86 dot-product ISA; else skips.
 

@@ -11,13 +11,14 @@ import tvm
 from tvm import autotvm, relay, te, tir
 
 import tvm_tcutils
-from conftest import build_and_run, dot_target, host_dot_target, small_conv_net
+from conftest import (
+    build_and_run, dot_target, host_dot_target, requantized_conv, requantized_conv_inputs, small_conv_net,
+)
 from tvm_tcutils import registry
 from tvm_tcutils.dotprod import hooks, pipeline
 from tvm_tcutils.dotprod.topi.conv2d_nchwc import conv2d_nchwc_dot, schedule_conv2d_nchwc_dot
 
 RNG = np.random.default_rng(11)
-SHIFT = 1.5 * 2**23  # adding it rounds a float32 below 2**22 to an integer, ties to even
 ZNVER4 = "llvm -mcpu=znver4"
 
 #: (data shape NCHW16c, kernel shape, padding): 1x1 convs with 16..64 steps per tile, a 3x3 with 36,
@@ -31,27 +32,7 @@ SHAPES = {
 
 
 def _requantized_conv(name: str, residual: bool):
-    """A conv with the epilogue the QDQ rewrite fuses after it: bias, scale, clip, round, 8 bits, and
-    optionally a residual add read from a second 8-bit tensor."""
-    d_shape, k_shape, pad = SHAPES[name]
-    data, kernel = te.placeholder(d_shape, "uint8", "data"), te.placeholder(k_shape, "int8", "kernel")
-    cfg = autotvm.get_config()
-    conv = conv2d_nchwc_dot(cfg, data, kernel, 1, pad, 1, "NCHW16c", "NCHW16c")
-    bias = te.placeholder((conv.shape[1], conv.shape[4]), "int32", "bias")
-    other = te.placeholder(conv.shape, "uint8", "other")
-
-    def epilogue(n, c, y, x, b):
-        value = (conv[n, c, y, x, b] + bias[c, b]).astype("float32") * tir.const(0.00037, "float32")
-        if residual:
-            value = value + (other[n, c, y, x, b].astype("float32") - tir.const(129.0, "float32")) * 0.5
-        clipped = te.max(te.min(value, tir.const(127.0, "float32")), tir.const(-128.0, "float32"))
-        # Rounded half to even as fast_forms.rounded_int32 does (TVM vectorizes it; nearbyint it scalarizes).
-        shifted = tir.reinterpret("int32", clipped + tir.const(SHIFT, "float32"))
-        return (shifted - tir.const(int(np.float32(SHIFT).view("int32")), "int32")).astype("int8")
-
-    out = te.compute(conv.shape, epilogue, name="requantized", tag="elemwise")
-    args = [data, kernel, bias] + ([other] if residual else []) + [out]
-    return cfg, out, args
+    return requantized_conv(*SHAPES[name], residual)
 
 
 def _lowered(name: str, residual: bool) -> tir.PrimFunc:
@@ -134,11 +115,7 @@ def test_pipelined_kernel_bit_identical(name, residual):
         cfg, out, args = _requantized_conv(name, residual)
         schedule = schedule_conv2d_nchwc_dot(cfg, [out])
         assert pipeline.pipeline_epilogues(tvm.lower(schedule, args)["main"])[1] == 1  # the rewrite applies
-    inputs = [RNG.integers(0, 256, [int(d) for d in args[0].shape]).astype("uint8"),
-              RNG.integers(-128, 128, [int(d) for d in args[1].shape]).astype("int8"),
-              RNG.integers(-3000, 3000, [int(d) for d in args[2].shape]).astype("int32")]
-    if residual:
-        inputs.append(RNG.integers(0, 256, [int(d) for d in args[3].shape]).astype("uint8"))
+    inputs = requantized_conv_inputs(args, RNG)
     results = []
     for scope in (_unpipelined_build, contextlib.nullcontext):
         with scope():

@@ -11,7 +11,8 @@ checks every int8 / QNN op on VNNI, AVX-512BW, AVX2 and SSE targets). Also the p
 a dot-product ISA, and the ``FTVMQnnLegalize`` handlers of ``qnn.quantize`` (:func:`.qdq.legalize_quantize`)
 through which plain ``relay.build`` does the same, and of ``qnn.requantize`` (:func:`.qdq.legalize_requantize`),
 which gives QOperator files the same arithmetic. And ``target.build.llvm``, wrapped: the dot-product
-kernels' tile loops software-pipelined (:mod:`.pipeline`), then TVM's LLVM code generator.
+kernels' tile loops software-pipelined (:mod:`.pipeline`) and their next weight blocks prefetched
+(:mod:`.prefetch`), then TVM's LLVM code generator.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import List
 from .._tvm import tvm
 from .. import fast_forms, registry
 from ..prebuild import PREBUILD_FUNC  # (mod, target) -> mod, applied before builds and task extraction
-from . import pipeline, qdq, strategy
+from . import pipeline, prefetch, qdq, strategy
 
 #: TVM's code generator for CPU targets, which :func:`_build_llvm` delegates to.
 BUILD_LLVM = "target.build.llvm"
@@ -39,7 +40,8 @@ def hooks() -> List[registry.Hook]:
         declared.append(registry.packed_func(
             BUILD_LLVM, _build_llvm,
             description="dot-product tile loops with the previous tile's epilogue among the products "
-                        "(dotprod.pipeline), then TVM's LLVM code generator"))
+                        "(dotprod.pipeline), the next weight block prefetched (dotprod.prefetch), then "
+                        "TVM's LLVM code generator"))
     return declared + strategy.hooks() + [
         registry.packed_func(
             PREBUILD_FUNC, lambda mod, target: qdq.prepare_for_target(mod, str(target)),
@@ -76,4 +78,6 @@ def _build_llvm(mod, target):
     build = registry.replaced_func(BUILD_LLVM)
     if build is None:
         raise RuntimeError(f"{BUILD_LLVM}: the code generator the package wrapped is gone")
-    return build(pipeline.pipeline_module(mod), target)
+    # Prefetches first: the pipelined kernels' unrolled bodies are slow to analyse; the pipelining carries
+    # the hints along with the product steps.
+    return build(pipeline.pipeline_module(prefetch.prefetch_module(mod)), target)

@@ -30,6 +30,7 @@ it was: float kernels never contain the dot-product intrinsics it looks for.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from typing import Dict, List, Optional, Tuple
 
@@ -84,7 +85,8 @@ def _intrinsic_ids() -> Dict[int, str]:
     return {tvm.target.codegen.llvm_lookup_intrinsic_id(name): name for name in DOT_INTRINSICS}
 
 
-def _intrinsic_name(call: tir.Call) -> str:
+def intrinsic_name(call: tir.Call) -> str:
+    """The LLVM intrinsic ``call`` (a ``tir.call_llvm_pure_intrin``) calls, by name or by lowered id."""
     name = call.args[0] if call.args else None
     if isinstance(name, tir.StringImm):
         return name.value
@@ -93,17 +95,47 @@ def _intrinsic_name(call: tir.Call) -> str:
     return ""
 
 
+def dot_calls(stmt: tir.Stmt) -> List[tir.Call]:
+    """The calls of a dot-product intrinsic (:data:`DOT_INTRINSICS`) under ``stmt``, in visiting order."""
+    pure = tvm.ir.Op.get("tir.call_llvm_pure_intrin")
+    found: List[tir.Call] = []
+
+    def post(call):
+        if call.op.same_as(pure) and intrinsic_name(call) in DOT_INTRINSICS:
+            found.append(call)
+    # ir_transform calls back for Call nodes only (post_order_visit would for every node: slow on the
+    # unrolled bodies of pipelined kernels).
+    stmt_functor.ir_transform(stmt, None, post, ["tir.Call"])
+    return found
+
+
 def _dot_isa(stmt: tir.Stmt):
     """The ISA of the dot-product intrinsic ``stmt`` calls, or ``None``."""
-    pure = tvm.ir.Op.get("tir.call_llvm_pure_intrin")
-    names = {_intrinsic_name(call) for call in _visit(stmt, tir.Call) if call.op.same_as(pure)}
-    return next((DOT_INTRINSICS[name] for name in sorted(names) if name in DOT_INTRINSICS), None)
+    names = {intrinsic_name(call) for call in dot_calls(stmt)}
+    return next((DOT_INTRINSICS[name] for name in sorted(names)), None)
+
+
+def is_hint(stmt: tir.Stmt) -> bool:
+    """Whether ``stmt`` only evaluates an ``llvm.prefetch`` call (:mod:`.prefetch` puts them in the
+    reduction nests): no effect on any value, so it may move with the product steps."""
+    if not isinstance(stmt, tir.Evaluate) or not isinstance(stmt.value, tir.Call) \
+            or not stmt.value.op.same_as(tvm.ir.Op.get("tir.call_llvm_intrin")):
+        return False
+    return stmt.value.args[0].value == _prefetch_id() if isinstance(stmt.value.args[0], tir.IntImm) \
+        else getattr(stmt.value.args[0], "value", None) == "llvm.prefetch"
+
+
+@functools.lru_cache(maxsize=None)
+def _prefetch_id() -> int:
+    return tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.prefetch")
 
 
 def _plain(stmt: tir.Stmt) -> bool:
     bad: list = []
 
     def visit(node):
+        if isinstance(node, tir.Evaluate) and is_hint(node):
+            return
         if isinstance(node, tir.Stmt) and not isinstance(node, _PLAIN):
             bad.append(node)
         elif isinstance(node, tir.For) and node.kind not in (tir.ForKind.SERIAL, tir.ForKind.UNROLLED,
@@ -132,14 +164,18 @@ def _copies(stores: List[tir.BufferStore], acc: tir.Var) -> bool:
 
 def _unrolled(stmt: tir.Stmt, limit: int) -> Optional[List[tir.Stmt]]:
     """The statements of a constant serial loop nest with its loop variables substituted, outermost
-    first; ``None`` past ``limit`` statements or for another loop kind."""
+    first; ``None`` past ``limit`` statements (prefetch hints not counted) or for another loop kind.
+    A loop body that starts with prefetch hints unrolls into the hints and then its last statement's."""
+    if isinstance(stmt, tir.SeqStmt) and len(stmt.seq) > 1 and all(is_hint(s) for s in list(stmt.seq)[:-1]):
+        inner = _unrolled(stmt.seq[len(stmt.seq) - 1], limit)
+        return None if inner is None else list(stmt.seq)[:-1] + inner
     if not isinstance(stmt, tir.For):
         return [stmt]
     if stmt.kind not in (tir.ForKind.SERIAL, tir.ForKind.UNROLLED) or not isinstance(stmt.extent, tir.IntImm) \
             or not isinstance(stmt.min, tir.IntImm):
         return None
     inner = _unrolled(stmt.body, limit)
-    if inner is None or len(inner) * stmt.extent.value > limit:
+    if inner is None or sum(not is_hint(s) for s in inner) * stmt.extent.value > limit:
         return None
     return [stmt_functor.substitute(s, {stmt.loop_var: tir.IntImm(stmt.loop_var.dtype, value)})
             for value in range(stmt.min.value, stmt.min.value + stmt.extent.value) for s in inner]
@@ -159,6 +195,8 @@ def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
     if loop.kind != tir.ForKind.SERIAL or not isinstance(loop.extent, tir.IntImm) or loop.extent.value < 2:
         return None
     body = _flatten(loop.body)
+    hints = list(itertools.takewhile(is_hint, body))  # prefetches at the tile's start stay there
+    body = body[len(hints):]
     count = next((k for k, s in enumerate(body) if not _zero_init(s)), len(body))
     inits, rest = body[:count], body[count:]
     if not inits or len(rest) < 2:
@@ -195,7 +233,7 @@ def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
             for k in range(elements)]
     previous = [_reading(s, acc.data, prev) for s in epilogues]
     # Epilogue statement e goes after product step floor(e * steps / epilogues): spread evenly.
-    interleaved: List[tir.Stmt] = list(inits)
+    interleaved: List[tir.Stmt] = hints + inits
     placed = 0
     for k, step in enumerate(steps):
         interleaved.append(step)
@@ -209,7 +247,7 @@ def _pipelined(loop: tir.For, max_steps: int) -> Optional[tir.Stmt]:
     steady = tir.For(steady_var, tir.IntImm(tile.dtype, 0), tir.IntImm(tile.dtype, loop.extent.value - 1),
                      tir.ForKind.SERIAL,
                      stmt_functor.substitute(tir.SeqStmt(interleaved), {tile: steady_var + first + 1}))
-    prologue = [stmt_functor.substitute(s, {tile: first}) for s in inits + steps] + keep
+    prologue = [stmt_functor.substitute(s, {tile: first}) for s in hints + inits + steps] + keep
     last = [stmt_functor.substitute(s, {tile: first + loop.extent.value - 1}) for s in previous]
     return tir.Allocate(prev_var, acc.dtype, [tir.IntImm(index, elements)], tir.const(True, "bool"),
                         tir.SeqStmt(prologue + [steady] + last))
