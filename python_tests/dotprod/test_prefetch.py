@@ -94,8 +94,8 @@ def _executed(func: tir.PrimFunc, weights: str):
     return parallel[0], reads, hinted, next(iter(sizes.values()))
 
 
-@pytest.mark.parametrize("pipelined", [False, True])
-@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("name,pipelined", [(name, False) for name in sorted(SHAPES)]
+                         + [("1x1_tiles", True), ("1x1_tile_head", True)])
 def test_each_block_prefetches_the_next_blocks_lines(name, pipelined):
     func, count = prefetch.prefetch_weights(_lowered(name), min_bytes=0)
     assert count == 1

@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""What the package's ``target.build.llvm`` rewrites are worth on a model, side by side in one process.
+
+The model (a zoo name, default ``resnet-50-onnx``; its onnxruntime-quantized file for ``--route``) is built
+with plain ``relay.build`` three times:
+
+* ``hooks``: as the package builds it (``dotprod.prefetch``, then ``dotprod.pipeline``, then TVM's LLVM
+  code generator);
+* ``no prefetch``: the same with ``dotprod.prefetch`` left out;
+* ``TVM codegen``: TVM's own ``target.build.llvm`` (neither rewrite).
+
+The three run at one thread (``TVM_NUM_THREADS=1``, set here: one process is fair only at one thread)
+and take turns over ``--rounds`` rounds: end to end (:func:`tvm_tcutils.bench.competitors.relay_module`),
+and each kernel timed inside a run of the whole network by TVM's profiler (every other kernel has gone
+through the caches in between, as in a real run), summed by output plane (``56x56``, ``7x7``, ...).
+Outputs are checked equal first. Speedups: the other build's median over ``hooks``'s, with its 95 %
+bootstrap interval (:func:`tvm_tcutils.bench.competitors.ratios`).
+
+    PYTHONPATH=. python scripts/bench_build_hooks.py --rounds 15
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+os.environ.setdefault("TVM_NUM_THREADS", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import tvm_tcutils  # noqa: E402
+from tvm_tcutils._tvm import tvm  # noqa: E402
+from tvm import relay  # noqa: E402
+from tvm.contrib.debugger import debug_executor  # noqa: E402
+from tvm_tcutils import registry  # noqa: E402
+from tvm_tcutils.bench.competitors import compare, ratios, relay_module  # noqa: E402
+from tvm_tcutils.bench.int8_models import ROUTES, feed_of, model_files  # noqa: E402
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.dotprod import hooks, prefetch  # noqa: E402
+from tvm_tcutils.measure import Timing  # noqa: E402
+
+
+@contextlib.contextmanager
+def _variant(name: str):
+    if name == "TVM codegen":
+        with registry.overriding_func(hooks.BUILD_LLVM, registry.replaced_func(hooks.BUILD_LLVM)):
+            yield
+    elif name == "no prefetch":
+        saved, prefetch.MIN_BYTES = prefetch.MIN_BYTES, float("inf")
+        try:
+            yield
+        finally:
+            prefetch.MIN_BYTES = saved
+    else:
+        yield
+
+
+def _planes(graph_json: str) -> list:
+    """The output plane (``HxW``) of each kernel call, in the order the profiler reports them."""
+    graph = json.loads(graph_json)
+    shapes, ptr = graph["attrs"]["shape"][1], graph["node_row_ptr"]
+    planes = []
+    for index, node in enumerate(graph["nodes"]):
+        if node["op"] == "tvm_op":
+            shape = shapes[ptr[index]]
+            planes.append(f"{shape[2]}x{shape[3]}" if len(shape) >= 4 else "other")
+    return planes
+
+
+def _profiled(lib, feed: dict):
+    """A timer of one network run under TVM's profiler: returns {plane: summed kernel ms}."""
+    module = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(),
+                                   dump_root=os.path.join(os.environ.get("TMPDIR", "/tmp"), "tcutils_profile"))
+    module.load_params(tvm.runtime.save_param_dict(lib.get_params()))
+    for name, value in feed.items():
+        module.set_input(name, value)
+    planes = _planes(lib.get_graph_json())
+
+    def run() -> dict:
+        calls = module.profile().calls
+        if len(calls) != len(planes):
+            raise RuntimeError(f"the profiler reported {len(calls)} calls for {len(planes)} kernels")
+        sums: dict = {}
+        for plane, call in zip(planes, calls):
+            sums[plane] = sums.get(plane, 0.0) + call["Duration (us)"].microseconds / 1e3
+        sums["all kernels"] = sum(call["Duration (us)"].microseconds for call in calls) / 1e3
+        return sums
+    return run
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet-50-onnx", help="a zoo model with an ONNX file (default %(default)s)")
+    parser.add_argument("--route", default="qdq", choices=[r for r in ROUTES if r != "fp32"])
+    parser.add_argument("--rounds", type=int, default=15)
+    add_json_argument(parser, __file__)
+    args = parser.parse_args(argv)
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (the intervals come from the per-round ratios)")
+    if os.environ["TVM_NUM_THREADS"] != "1":
+        parser.error("TVM_NUM_THREADS must be 1: the builds share this process, which is fair at one thread only")
+    path = model_files(args.model, [args.route])[args.route]
+    feed = feed_of(path)
+    mod, params = tvm_tcutils.load_model(path)
+    target = tvm_tcutils.host_target()
+    variants = ("hooks", "no prefetch", "TVM codegen")
+    libs = {}
+    for name in variants:
+        with _variant(name), tvm.transform.PassContext(opt_level=3):
+            libs[name] = relay.build(mod, target=target, params=params)
+    outputs = {}
+    for name, lib in libs.items():
+        runner = tvm.contrib.graph_executor.GraphModule(lib["default"](tvm.cpu()))
+        runner.set_input(**feed)
+        runner.run()
+        outputs[name] = runner.get_output(0).numpy()
+    if not all(np.array_equal(outputs["hooks"], out) for out in outputs.values()):
+        raise SystemExit("the builds' outputs differ: the rewrites must not change results")
+    end_to_end = compare({name: relay_module(mod, lib=libs[name], inputs=feed, repeat=3) for name in variants},
+                         args.rounds)
+    profilers = {name: _profiled(libs[name], feed) for name in variants}
+    samples: dict = {name: {} for name in variants}
+    for round_index in range(args.rounds):
+        order = variants if round_index % 2 == 0 else variants[::-1]
+        for name in order:
+            for plane, ms in profilers[name]().items():
+                samples[name].setdefault(plane, []).append(ms)
+    results = Results(__file__, argv, model=args.model, route=args.route, rounds=args.rounds, target=target,
+                      tvm_num_threads=1)
+    print(f"{args.model} ({args.route}), {target}, 1 thread, {args.rounds} rounds in turns")
+    print(f"{'part':14s} " + " ".join(f"{name + ' ms':>16s}" for name in variants)
+          + " " + " ".join(f"{'x vs ' + name:>22s}" for name in variants[1:]))
+    parts = [("end to end", {name: end_to_end[name] for name in variants})]
+    for plane in sorted(samples["hooks"], key=lambda p: (p == "all kernels", p == "other", -_area(p))):
+        parts.append((plane, {name: Timing(tuple(samples[name][plane])) for name in variants}))
+    for part, timings in parts:
+        speedups = ratios(timings, "hooks")
+        print(f"{part:14s} " + " ".join(f"{timings[name].median_ms:16.3f}" for name in variants) + " "
+              + " ".join(f"{speedups[name].value:9.3f} [{speedups[name].low:.3f}, {speedups[name].high:.3f}]"
+                         for name in variants[1:]))
+        results.add(part=part, **{name: timings[name] for name in variants},
+                    **{f"speedup_vs_{name.replace(' ', '_')}": speedups[name] for name in variants[1:]})
+    results.write(args.json)
+    return 0
+
+
+def _area(plane: str) -> int:
+    try:
+        height, width = plane.split("x")
+        return int(height) * int(width)
+    except ValueError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
