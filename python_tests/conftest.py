@@ -283,6 +283,14 @@ def requantized_conv(data_shape, kernel_shape, padding: int, residual: bool):
     return cfg, out, [data, kernel, bias] + ([other] if residual else []) + [out]
 
 
+def tvm_codegen():
+    """A scope in which ``target.build.llvm`` is TVM's own, without the package's kernel rewrites."""
+    from tvm_tcutils import registry
+    from tvm_tcutils.dotprod import hooks
+
+    return registry.overriding_func(hooks.BUILD_LLVM, registry.replaced_func(hooks.BUILD_LLVM))
+
+
 def requantized_conv_inputs(args, rng) -> list:
     """Random inputs for :func:`requantized_conv`'s ``args`` (all but the output)."""
     ranges = {"uint8": (0, 256), "int8": (-128, 128), "int32": (-3000, 3000)}

@@ -13,6 +13,7 @@ from tvm import autotvm, relay, te, tir
 import tvm_tcutils
 from conftest import (
     build_and_run, dot_target, host_dot_target, requantized_conv, requantized_conv_inputs, small_conv_net,
+    tvm_codegen,
 )
 from tvm_tcutils import registry
 from tvm_tcutils.dotprod import hooks, pipeline
@@ -39,11 +40,6 @@ def _lowered(name: str, residual: bool) -> tir.PrimFunc:
     with tvm.target.Target(ZNVER4):
         cfg, out, args = _requantized_conv(name, residual)
         return tvm.lower(schedule_conv2d_nchwc_dot(cfg, [out]), args)["main"]
-
-
-def _unpipelined_build():
-    """TVM's own ``target.build.llvm`` for a scope: the reference the pipelined kernels must equal."""
-    return registry.overriding_func(hooks.BUILD_LLVM, registry.replaced_func(hooks.BUILD_LLVM))
 
 
 def test_build_hook_wraps_tvms_code_generator_and_unregister_restores_it():
@@ -117,7 +113,7 @@ def test_pipelined_kernel_bit_identical(name, residual):
         assert pipeline.pipeline_epilogues(tvm.lower(schedule, args)["main"])[1] == 1  # the rewrite applies
     inputs = requantized_conv_inputs(args, RNG)
     results = []
-    for scope in (_unpipelined_build, contextlib.nullcontext):
+    for scope in (tvm_codegen, contextlib.nullcontext):
         with scope():
             func = tvm.build(schedule, args, target)
         arrays = [tvm.nd.array(x) for x in inputs] + [tvm.nd.empty([int(d) for d in out.shape], "int8")]
@@ -134,7 +130,7 @@ def test_pipelined_asm_interleaves_epilogue_with_products():
         cfg, out, args = _requantized_conv("1x1_k64", True)
         schedule = schedule_conv2d_nchwc_dot(cfg, [out])
     share = {}
-    for label, scope in (("plain", _unpipelined_build), ("pipelined", contextlib.nullcontext)):
+    for label, scope in (("plain", tvm_codegen), ("pipelined", contextlib.nullcontext)):
         with scope():
             asm = tvm.build(schedule, args, ZNVER4).get_source("asm")
         share[label] = min(_products_before_first_store(body) for body in _loop_bodies(asm)
@@ -178,7 +174,7 @@ def test_float_model_machine_code_unchanged():
     """A float model's compiled code is the same with the build hook as with TVM's own generator."""
     mod = small_conv_net()
     code = []
-    for scope in (contextlib.nullcontext, _unpipelined_build):
+    for scope in (contextlib.nullcontext, tvm_codegen):
         with scope():
             with tvm.transform.PassContext(opt_level=3):
                 code.append(relay.build(mod, target=ZNVER4).get_lib().get_source("asm"))
@@ -261,7 +257,7 @@ def test_plain_relay_build_of_a_residual_block_same_output(monkeypatch):
         return new, count
     monkeypatch.setattr(pipeline, "pipeline_epilogues", counting)
     outputs = []
-    for scope in (_unpipelined_build, contextlib.nullcontext):
+    for scope in (tvm_codegen, contextlib.nullcontext):
         with scope():
             outputs.append(build_and_run(mod, inputs={"x": data}, target=target)[0])
     np.testing.assert_array_equal(outputs[0], outputs[1])

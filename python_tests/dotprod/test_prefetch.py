@@ -10,9 +10,8 @@ import pytest
 import tvm
 from tvm import tir
 
-from conftest import dot_target, requantized_conv, requantized_conv_inputs
-from tvm_tcutils import registry
-from tvm_tcutils.dotprod import hooks, pipeline, prefetch
+from conftest import dot_target, requantized_conv, requantized_conv_inputs, tvm_codegen
+from tvm_tcutils.dotprod import pipeline, prefetch
 from tvm_tcutils.dotprod.topi.conv2d_nchwc import schedule_conv2d_nchwc_dot
 
 RNG = np.random.default_rng(5)
@@ -162,8 +161,7 @@ def test_prefetching_kernel_bit_identical(name, monkeypatch):
         schedule = schedule_conv2d_nchwc_dot(cfg, [out])
     inputs = requantized_conv_inputs(args, RNG)
     results, asm = [], []
-    plain = lambda: registry.overriding_func(hooks.BUILD_LLVM, registry.replaced_func(hooks.BUILD_LLVM))  # noqa: E731
-    for scope in (plain, contextlib.nullcontext):
+    for scope in (tvm_codegen, contextlib.nullcontext):
         with scope():
             func = tvm.build(schedule, args, target)
         asm.append(func.get_source("asm"))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .._tvm import tvm
 from tvm import tir
@@ -298,13 +298,21 @@ def pipeline_module(mod: tvm.IRModule, max_steps: int = MAX_STEPS) -> tvm.IRModu
     >>> pipeline_module(mod).same_as(mod)
     True
     """
+    return rewrite_functions(mod, lambda func: pipeline_epilogues(func, max_steps), logger,
+                             "pipelined %d dot-product tile loops")
+
+
+def rewrite_functions(mod: tvm.IRModule, rewrite: Callable[[tir.PrimFunc], Tuple[tir.PrimFunc, int]],
+                      log: logging.Logger, message: str) -> tvm.IRModule:
+    """``rewrite`` (a function -> (function, loops changed)) on each TIR function of ``mod``; ``mod`` itself
+    when no loop changed, else a new module, with ``message % loops`` logged at debug level."""
     functions, total = {}, 0
     for var, func in mod.functions.items():
         if isinstance(func, tir.PrimFunc):
-            func, count = pipeline_epilogues(func, max_steps)
+            func, count = rewrite(func)
             total += count
         functions[var] = func
     if not total:
         return mod
-    logger.debug("pipelined %d dot-product tile loops", total)
+    log.debug(message, total)
     return tvm.IRModule(functions, attrs=mod.attrs)

@@ -264,13 +264,5 @@ def prefetch_module(mod: tvm.IRModule, min_bytes: Optional[int] = None) -> tvm.I
     >>> prefetch_module(mod).same_as(mod)
     True
     """
-    functions, total = {}, 0
-    for var, func in mod.functions.items():
-        if isinstance(func, tir.PrimFunc):
-            func, count = prefetch_weights(func, min_bytes)
-            total += count
-        functions[var] = func
-    if not total:
-        return mod
-    logger.debug("prefetching the next weight block in %d dot-product loops", total)
-    return tvm.IRModule(functions, attrs=mod.attrs)
+    return pipeline.rewrite_functions(mod, lambda func: prefetch_weights(func, min_bytes), logger,
+                                      "prefetching the next weight block in %d dot-product loops")
