@@ -33,7 +33,7 @@ def test_small_bert_imports_into_relay_with_the_same_numerics(small_bert_onnx):
     np.testing.assert_allclose(got, _ort_run(model, data), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name, convs", [("resnet-50-onnx", 53), ("mobilenet-v2-onnx", 52)])
+@pytest.mark.parametrize("name, convs", [("resnet-50-onnx", 53), ("resnet-18-onnx", 20), ("mobilenet-v2-onnx", 52)])
 def test_cnn_graphs_have_realistic_activations(name, convs):
     model = models.onnx_model(name)
     assert sum(node.op_type == "Conv" for node in model.graph.node) == convs

@@ -634,6 +634,34 @@ def resnet50_onnx(batch: int = 1, seed: int = 0):
     return g.finish("resnet50", (batch, 3, 224, 224), logits, (batch, 1000))
 
 
+def resnet18_onnx(batch: int = 1, seed: int = 0):
+    """ResNet-18 v1 as an ONNX graph: basic blocks of two 3x3 convolutions (batch norm folded).
+
+    The second convolution of each block is scaled down as in :func:`resnet50_onnx`.
+
+    Examples
+    --------
+    >>> model = resnet18_onnx()
+    >>> sum(n.op_type == "Conv" for n in model.graph.node)
+    20
+    """
+    g = _OnnxGraph(seed)
+    x = g.node("MaxPool", [g.node("Relu", [g.conv("input", 3, 64, 7, stride=2)])],
+               kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for stage, width in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            stride = 2 if block == 0 and stage > 0 else 1
+            y = g.node("Relu", [g.conv(x, cin, width, 3, stride=stride)])
+            y = g.conv(y, width, width, 3, scale=0.2)
+            shortcut = g.conv(x, cin, width, 1, stride=stride) if stride != 1 or cin != width else x
+            x = g.node("Relu", [g.node("Add", [y, shortcut])])
+            cin = width
+    x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
+    logits = g.node("Gemm", [x, g.weight((1000, cin), cin, gain=1.0), g.bias(1000)], transB=1)
+    return g.finish("resnet18", (batch, 3, 224, 224), logits, (batch, 1000))
+
+
 def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
     """MobileNet-v2 (width 1.0) as an ONNX graph: inverted residuals with ReLU6 (Clip).
 
@@ -683,6 +711,7 @@ ONNX_BUILDERS: Dict[str, Callable] = {
     "bert-tiny-onnx": bert_onnx,
     "bert-base-onnx": bert_base_onnx,
     "resnet-50-onnx": resnet50_onnx,
+    "resnet-18-onnx": resnet18_onnx,
     "mobilenet-v2-onnx": mobilenet_v2_onnx,
 }
 
@@ -719,6 +748,8 @@ ZOO.update({
                                "BERT-base-sized encoder (12 layers, hidden 768, 12 heads, seq 128) built as ONNX"),
     "resnet-50-onnx": ZooModel("resnet-50-onnx", _onnx_zoo_builder("resnet-50-onnx"), _IMAGE,
                                "ResNet-50 v1 built as ONNX (batch norm folded)"),
+    "resnet-18-onnx": ZooModel("resnet-18-onnx", _onnx_zoo_builder("resnet-18-onnx"), _IMAGE,
+                               "ResNet-18 v1 built as ONNX (batch norm folded)"),
     "mobilenet-v2-onnx": ZooModel("mobilenet-v2-onnx", _onnx_zoo_builder("mobilenet-v2-onnx"), _IMAGE,
                                   "MobileNet-v2 built as ONNX"),
 })
