@@ -542,6 +542,17 @@ class _OnnxGraph(OnnxGraph):
         return self.model(max_ir_version=8)
 
     # -- layers ---------------------------------------------------------------
+    def resnet_stem(self) -> str:
+        """ResNet's 7x7 stride-2 conv (64 channels) with ReLU, then a 3x3 stride-2 max pool."""
+        return self.node("MaxPool", [self.node("Relu", [self.conv("input", 3, 64, 7, stride=2)])],
+                         kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+
+    def classifier(self, x: str, channels: int, classes: int = 1000) -> str:
+        """Global average pool, flatten, and a fully connected layer to ``classes`` logits."""
+        x = self.node("Flatten", [self.node("GlobalAveragePool", [x])], axis=1)
+        return self.node("Gemm", [x, self.weight((classes, channels), channels, gain=1.0), self.bias(classes)],
+                         transB=1)
+
     def conv(self, x: str, cin: int, cout: int, kernel: int, stride: int = 1, group: int = 1,
              scale: float = 1.0) -> str:
         fan_in = cin // group * kernel * kernel
@@ -617,8 +628,7 @@ def resnet50_onnx(batch: int = 1, seed: int = 0):
     53
     """
     g = _OnnxGraph(seed)
-    x = g.node("MaxPool", [g.node("Relu", [g.conv("input", 3, 64, 7, stride=2)])],
-               kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = g.resnet_stem()
     cin = 64
     for stage, (width, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
         for block in range(blocks):
@@ -629,8 +639,7 @@ def resnet50_onnx(batch: int = 1, seed: int = 0):
             shortcut = g.conv(x, cin, width * 4, 1, stride=stride) if block == 0 else x
             x = g.node("Relu", [g.node("Add", [y, shortcut])])
             cin = width * 4
-    x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
-    logits = g.node("Gemm", [x, g.weight((1000, cin), cin, gain=1.0), g.bias(1000)], transB=1)
+    logits = g.classifier(x, cin)
     return g.finish("resnet50", (batch, 3, 224, 224), logits, (batch, 1000))
 
 
@@ -646,8 +655,7 @@ def resnet18_onnx(batch: int = 1, seed: int = 0):
     20
     """
     g = _OnnxGraph(seed)
-    x = g.node("MaxPool", [g.node("Relu", [g.conv("input", 3, 64, 7, stride=2)])],
-               kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = g.resnet_stem()
     cin = 64
     for stage, width in enumerate((64, 128, 256, 512)):
         for block in range(2):
@@ -657,8 +665,7 @@ def resnet18_onnx(batch: int = 1, seed: int = 0):
             shortcut = g.conv(x, cin, width, 1, stride=stride) if stride != 1 or cin != width else x
             x = g.node("Relu", [g.node("Add", [y, shortcut])])
             cin = width
-    x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
-    logits = g.node("Gemm", [x, g.weight((1000, cin), cin, gain=1.0), g.bias(1000)], transB=1)
+    logits = g.classifier(x, cin)
     return g.finish("resnet18", (batch, 3, 224, 224), logits, (batch, 1000))
 
 
@@ -690,8 +697,7 @@ def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
             x = g.node("Add", [x, y]) if stride == 1 and cin == cout else y
             cin = cout
     x = relu6(g.conv(x, cin, 1280, 1))
-    x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
-    logits = g.node("Gemm", [x, g.weight((1000, 1280), 1280, gain=1.0), g.bias(1000)], transB=1)
+    logits = g.classifier(x, 1280)
     return g.finish("mobilenet_v2", (batch, 3, 224, 224), logits, (batch, 1000))
 
 

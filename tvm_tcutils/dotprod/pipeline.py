@@ -121,12 +121,13 @@ def is_hint(stmt: tir.Stmt) -> bool:
     if not isinstance(stmt, tir.Evaluate) or not isinstance(stmt.value, tir.Call) \
             or not stmt.value.op.same_as(tvm.ir.Op.get("tir.call_llvm_intrin")):
         return False
-    return stmt.value.args[0].value == _prefetch_id() if isinstance(stmt.value.args[0], tir.IntImm) \
+    return stmt.value.args[0].value == prefetch_intrinsic_id() if isinstance(stmt.value.args[0], tir.IntImm) \
         else getattr(stmt.value.args[0], "value", None) == "llvm.prefetch"
 
 
 @functools.lru_cache(maxsize=None)
-def _prefetch_id() -> int:
+def prefetch_intrinsic_id() -> int:
+    """LLVM's id of ``llvm.prefetch`` (what lowered TIR calls hold), looked up once."""
     return tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.prefetch")
 
 

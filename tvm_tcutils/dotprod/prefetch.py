@@ -11,8 +11,8 @@ its 14x14 stage 3-9 %.
 :func:`prefetch_module` gives such a loop ``llvm.prefetch`` calls, spread over the iterations that share
 a block, for the lines of the next block: each row prefetches ``1 / rows`` of it, a few lines per
 iteration of the reduction. Nothing is stored or reordered, so results are unchanged; the addresses are
-clamped to the weight buffer. It runs inside ``target.build.llvm`` after :mod:`.pipeline`
-(:mod:`.hooks`), and changes a parallel loop only when
+clamped to the weight buffer. It runs inside ``target.build.llvm`` before :mod:`.pipeline`, which carries
+the hints along with the product steps it unrolls (:mod:`.hooks`), and changes a parallel loop only when
 
 * the loop's body calls a dot-product intrinsic of an ISA in :data:`MEASURED_ISAS`, every call reading
   one weight buffer of at least :data:`MIN_BYTES`,
@@ -92,7 +92,7 @@ def _let_values(stmt: tir.Stmt) -> dict:
 
     def visit(node):
         lets[node.var] = node.value
-    stmt_functor.ir_transform(stmt, lambda node: visit(node), None, ["tir.LetStmt"])
+    stmt_functor.ir_transform(stmt, visit, None, ["tir.LetStmt"])
     variables = list(lets)
     values = [lets[var] for var in variables]
     for _ in range(len(variables)):  # a let's value may use lets defined before it: a chain at most that deep
@@ -210,7 +210,7 @@ def _prefetched(loop: tir.For, min_bytes: int) -> Optional[tir.For]:
         slot = slot * inner.extent.value + (inner.loop_var - inner.min)
     flat = tir.decl_buffer(weights.shape, weights.dtype, name=weights.name + "_prefetched", data=weights.data)
     last = tir.IntImm(dtype, weights.shape[0].value - 1)
-    intrinsic = tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.prefetch")
+    intrinsic = pipeline.prefetch_intrinsic_id()
     steps = LINE // element
     prefetches = []
     for k in range(per_slot):
