@@ -257,10 +257,11 @@ def dot_target(name: str) -> str:
 ROUNDING_SHIFT = 1.5 * 2**23
 
 
-def requantized_conv(data_shape, kernel_shape, padding: int, residual: bool):
+def requantized_conv(data_shape, kernel_shape, padding: int, residual: bool, rounded_first: bool = False):
     """The package's NCHW16c dot-product conv (fallback config, current target) with the epilogue the QDQ
     rewrite fuses after it: bias, scale, clip, round, 8 bits, and optionally a residual add read from a
-    second 8-bit tensor. Returns ``(cfg, out, args)``."""
+    second 8-bit tensor (``rounded_first``: added to the conv's own clamped and rounded value, back in
+    float32, as a QDQ residual add reads it). Returns ``(cfg, out, args)``."""
     from tvm import autotvm, te, tir
     from tvm_tcutils.dotprod.topi.conv2d_nchwc import conv2d_nchwc_dot
 
@@ -270,14 +271,19 @@ def requantized_conv(data_shape, kernel_shape, padding: int, residual: bool):
     bias = te.placeholder((conv.shape[1], conv.shape[4]), "int32", "bias")
     other = te.placeholder(conv.shape, "uint8", "other")
 
-    def epilogue(n, c, y, x, b):
-        value = (conv[n, c, y, x, b] + bias[c, b]).astype("float32") * tir.const(0.00037, "float32")
-        if residual:
-            value = value + (other[n, c, y, x, b].astype("float32") - tir.const(129.0, "float32")) * 0.5
+    def rounded(value, dtype):
         clipped = te.max(te.min(value, tir.const(127.0, "float32")), tir.const(-128.0, "float32"))
         # Rounded half to even as fast_forms.rounded_int32 does (TVM vectorizes it; nearbyint it scalarizes).
         shifted = tir.reinterpret("int32", clipped + tir.const(ROUNDING_SHIFT, "float32"))
-        return (shifted - tir.const(int(np.float32(ROUNDING_SHIFT).view("int32")), "int32")).astype("int8")
+        return (shifted - tir.const(int(np.float32(ROUNDING_SHIFT).view("int32")), "int32")).astype(dtype)
+
+    def epilogue(n, c, y, x, b):
+        value = (conv[n, c, y, x, b] + bias[c, b]).astype("float32") * tir.const(0.00037, "float32")
+        if residual:
+            if rounded_first:
+                value = rounded(value, "float32") * tir.const(0.75, "float32")
+            value = value + (other[n, c, y, x, b].astype("float32") - tir.const(129.0, "float32")) * 0.5
+        return rounded(value, "int8")
 
     out = te.compute(conv.shape, epilogue, name="requantized", tag="elemwise")
     return cfg, out, [data, kernel, bias] + ([other] if residual else []) + [out]

@@ -7,12 +7,14 @@ with plain ``relay.build`` three times:
 * ``hooks``: as the package builds it (``dotprod.prefetch``, then ``dotprod.pipeline``, then TVM's LLVM
   code generator);
 * ``no prefetch``: the same with ``dotprod.prefetch`` left out;
+* ``no rounding``: the same with ``dotprod.rounding`` left out;
 * ``TVM codegen``: TVM's own ``target.build.llvm`` (neither rewrite).
 
 The three run at one thread (``TVM_NUM_THREADS=1``, set here: one process is fair only at one thread)
 and take turns over ``--rounds`` rounds: end to end (:func:`tvm_tcutils.bench.competitors.relay_module`),
 and each kernel timed inside a run of the whole network by TVM's profiler (every other kernel has gone
-through the caches in between, as in a real run), summed by output plane (``56x56``, ``7x7``, ...).
+through the caches in between, as in a real run; with ``--hot`` each kernel run 10 times on its own
+instead), summed by output plane (``56x56``, ``7x7``, ...).
 Outputs are checked equal first. Speedups: the other build's median over ``hooks``'s, with its 95 %
 bootstrap interval (:func:`tvm_tcutils.bench.competitors.ratios`).
 
@@ -39,8 +41,16 @@ from tvm_tcutils import registry  # noqa: E402
 from tvm_tcutils.bench.competitors import compare, ratios, relay_module  # noqa: E402
 from tvm_tcutils.bench.int8_models import ROUTES, feed_of, model_files  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
-from tvm_tcutils.dotprod import hooks, prefetch  # noqa: E402
+from tvm_tcutils.dotprod import hooks, prefetch, rounding  # noqa: E402
 from tvm_tcutils.measure import Timing  # noqa: E402
+
+
+#: Builds with one of the package's rewrites left out: module, setting, the value that turns it off.
+LEFT_OUT = {
+    "no prefetch": (prefetch, "MIN_BYTES", float("inf")),
+    "no rounding": (rounding, "MEASURED_ISAS", frozenset()),
+}
+VARIANTS = ("hooks", *LEFT_OUT, "TVM codegen")
 
 
 @contextlib.contextmanager
@@ -48,12 +58,14 @@ def _variant(name: str):
     if name == "TVM codegen":
         with registry.overriding_func(hooks.BUILD_LLVM, registry.replaced_func(hooks.BUILD_LLVM)):
             yield
-    elif name == "no prefetch":
-        saved, prefetch.MIN_BYTES = prefetch.MIN_BYTES, float("inf")
+    elif name in LEFT_OUT:
+        module, setting, off = LEFT_OUT[name]
+        saved = getattr(module, setting)
+        setattr(module, setting, off)
         try:
             yield
         finally:
-            prefetch.MIN_BYTES = saved
+            setattr(module, setting, saved)
     else:
         yield
 
@@ -70,25 +82,37 @@ def _planes(graph_json: str) -> list:
     return planes
 
 
-def _profiled(lib, feed: dict):
-    """A timer of one network run under TVM's profiler: returns {plane: summed kernel ms}."""
+def _profiled(lib, feed: dict, hot: bool = False):
+    """A timer of one network run under TVM's profiler: returns {plane: summed kernel ms}. ``hot``: each
+    kernel run ``HOT_NUMBER`` times in a row instead (``run_individual``: its data and weights in cache)."""
     module = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(),
                                    dump_root=os.path.join(os.environ.get("TMPDIR", "/tmp"), "tcutils_profile"))
     module.load_params(tvm.runtime.save_param_dict(lib.get_params()))
     for name, value in feed.items():
         module.set_input(name, value)
     planes = _planes(lib.get_graph_json())
+    kernels = [i for i, node in enumerate(json.loads(lib.get_graph_json())["nodes"]) if node["op"] == "tvm_op"]
+
+    def durations() -> list:
+        if hot:
+            per_node = module.run_individual(number=HOT_NUMBER, repeat=1)
+            return [per_node[i][0] * 1e3 for i in kernels]
+        return [call["Duration (us)"].microseconds / 1e3 for call in module.profile().calls]
 
     def run() -> dict:
-        calls = module.profile().calls
-        if len(calls) != len(planes):
-            raise RuntimeError(f"the profiler reported {len(calls)} calls for {len(planes)} kernels")
+        ms = durations()
+        if len(ms) != len(planes):
+            raise RuntimeError(f"the profiler reported {len(ms)} calls for {len(planes)} kernels")
         sums: dict = {}
-        for plane, call in zip(planes, calls):
-            sums[plane] = sums.get(plane, 0.0) + call["Duration (us)"].microseconds / 1e3
-        sums["all kernels"] = sum(call["Duration (us)"].microseconds for call in calls) / 1e3
+        for plane, value in zip(planes, ms):
+            sums[plane] = sums.get(plane, 0.0) + value
+        sums["all kernels"] = sum(ms)
         return sums
     return run
+
+
+#: Runs of each kernel per sample with ``--hot``.
+HOT_NUMBER = 10
 
 
 def main(argv=None) -> int:
@@ -96,6 +120,11 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="resnet-50-onnx", help="a zoo model with an ONNX file (default %(default)s)")
     parser.add_argument("--route", default="qdq", choices=[r for r in ROUTES if r != "fp32"])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS[1:], default=list(VARIANTS[1:]),
+                        help="the builds to compare with hooks (default: all)")
+    parser.add_argument("--hot", action="store_true",
+                        help="time each kernel run repeatedly on its own (hot caches) instead of inside a run of the "
+                             "whole network")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     if args.rounds < 2:
@@ -106,7 +135,7 @@ def main(argv=None) -> int:
     feed = feed_of(path)
     mod, params = tvm_tcutils.load_model(path)
     target = tvm_tcutils.host_target()
-    variants = ("hooks", "no prefetch", "TVM codegen")
+    variants = ("hooks", *args.variants)
     libs = {}
     for name in variants:
         with _variant(name), tvm.transform.PassContext(opt_level=3):
@@ -121,7 +150,7 @@ def main(argv=None) -> int:
         raise SystemExit("the builds' outputs differ: the rewrites must not change results")
     end_to_end = compare({name: relay_module(mod, lib=libs[name], inputs=feed, repeat=3) for name in variants},
                          args.rounds)
-    profilers = {name: _profiled(libs[name], feed) for name in variants}
+    profilers = {name: _profiled(libs[name], feed, args.hot) for name in variants}
     samples: dict = {name: {} for name in variants}
     for round_index in range(args.rounds):
         order = variants if round_index % 2 == 0 else variants[::-1]
@@ -129,7 +158,7 @@ def main(argv=None) -> int:
             for plane, ms in profilers[name]().items():
                 samples[name].setdefault(plane, []).append(ms)
     results = Results(__file__, argv, model=args.model, route=args.route, rounds=args.rounds, target=target,
-                      tvm_num_threads=1)
+                      tvm_num_threads=1, kernels="hot" if args.hot else "in the network's run")
     print(f"{args.model} ({args.route}), {target}, 1 thread, {args.rounds} rounds in turns")
     print(f"{'part':14s} " + " ".join(f"{name + ' ms':>16s}" for name in variants)
           + " " + " ".join(f"{'x vs ' + name:>22s}" for name in variants[1:]))

@@ -4,7 +4,8 @@
 The evidence behind ``tvm_tcutils.dotprod.pipeline``. One loop iteration is a tile of 8 accumulator
 registers x 16 ``vpdpbusd`` steps (a 1x1 conv with 64 input channels), plus the epilogue of 8
 registers: ``none`` (bias, scale, clip, round, 8-bit store: what a requantized conv ends in) or
-``residual`` (the same plus the QDQ residual add: the package's 19 instructions per register). The
+``residual`` (the same plus the QDQ residual add: the package's 19 instructions per register; 17 in
+``residual_nearbyint``, the conv's rounding as one instruction, as ``dotprod.rounding`` writes it). The
 epilogue is placed either after the products (``clumped``: what the schedule's loop nest gives;
 each register's epilogue needs its last product) or spread among the next tile's products
 (``interleaved``: the pipelined loop). The script writes the loops in assembly, compiles them with
@@ -41,6 +42,10 @@ EPILOGUES = {
                  "vmaxps %zmm27, %zmm{a}, %zmm{a}", "vaddps %zmm26, %zmm{a}, %zmm{a}", "vpmovdb %zmm{a}, %xmm{a}",
                  "vpxorq %xmm31, %xmm{a}, %xmm{a}", "vmovdqa64 %xmm{a}, {off}(%rdi)"],
 }
+#: The residual epilogue with the conv's rounding back to float as one ``vrndscaleps`` (dotprod.rounding)
+#: in place of the float add, integer add and conversion of the bit form: 17 instructions.
+EPILOGUES["residual_nearbyint"] = (EPILOGUES["residual"][:5] + ["vrndscaleps $12, %zmm{a}, %zmm{a}"]
+                                   + EPILOGUES["residual"][8:])
 REGISTERS, STEPS = 8, 16
 
 
@@ -121,10 +126,10 @@ def main(argv=None) -> int:
     seconds = {tuple(line.split()[:2]): float(line.split()[2]) for line in lines if line.strip()}
     base = seconds[("products", "clumped")]
     results = Results(__file__, argv, iterations=args.iterations, ghz=args.ghz, registers=REGISTERS, steps=STEPS)
-    print(f"{'epilogue':10s} {'placement':12s} cycles/128 products  vs products alone")
+    print(f"{'epilogue':18s} {'placement':12s} cycles/128 products  vs products alone")
     for (epilogue, placement), value in seconds.items():
         cycles = value * args.ghz * 1e9
-        print(f"{epilogue:10s} {placement:12s} {cycles:19.1f}  x{value / base:.3f}")
+        print(f"{epilogue:18s} {placement:12s} {cycles:19.1f}  x{value / base:.3f}")
         results.add(epilogue=epilogue, placement=placement, seconds_per_iteration=value, ratio=value / base,
                     instructions_per_register=len(EPILOGUES.get(epilogue, [])))
     results.write(args.json)

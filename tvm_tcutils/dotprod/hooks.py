@@ -21,7 +21,7 @@ from typing import List
 from .._tvm import tvm
 from .. import fast_forms, registry
 from ..prebuild import PREBUILD_FUNC  # (mod, target) -> mod, applied before builds and task extraction
-from . import pipeline, prefetch, qdq, strategy
+from . import pipeline, prefetch, qdq, rounding, strategy
 
 #: TVM's code generator for CPU targets, which :func:`_build_llvm` delegates to.
 BUILD_LLVM = "target.build.llvm"
@@ -40,8 +40,8 @@ def hooks() -> List[registry.Hook]:
         declared.append(registry.packed_func(
             BUILD_LLVM, _build_llvm,
             description="dot-product tile loops with the previous tile's epilogue among the products "
-                        "(dotprod.pipeline), the next weight block prefetched (dotprod.prefetch), then "
-                        "TVM's LLVM code generator"))
+                        "(dotprod.pipeline), the next weight block prefetched (dotprod.prefetch), roundings "
+                        "back to float as nearbyint (dotprod.rounding), then TVM's LLVM code generator"))
     return declared + strategy.hooks() + [
         registry.packed_func(
             PREBUILD_FUNC, lambda mod, target: qdq.prepare_for_target(mod, str(target)),
@@ -78,6 +78,6 @@ def _build_llvm(mod, target):
     build = registry.replaced_func(BUILD_LLVM)
     if build is None:
         raise RuntimeError(f"{BUILD_LLVM}: the code generator the package wrapped is gone")
-    # Prefetches first: the pipelined kernels' unrolled bodies are slow to analyse; the pipelining carries
-    # the hints along with the product steps.
-    return build(pipeline.pipeline_module(prefetch.prefetch_module(mod)), target)
+    # Prefetches and rounding first: the pipelined kernels' unrolled bodies are slow to analyse; the
+    # pipelining carries the hints along with the product steps.
+    return build(pipeline.pipeline_module(rounding.rounding_module(prefetch.prefetch_module(mod))), target)
