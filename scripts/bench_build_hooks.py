@@ -14,7 +14,7 @@ The three run at one thread (``TVM_NUM_THREADS=1``, set here: one process is fai
 and take turns over ``--rounds`` rounds: end to end (:func:`tvm_tcutils.bench.competitors.relay_module`),
 and each kernel timed inside a run of the whole network by TVM's profiler (every other kernel has gone
 through the caches in between, as in a real run; with ``--hot`` each kernel run 10 times on its own
-instead), summed by output plane (``56x56``, ``7x7``, ...).
+instead), summed by output plane (``56x56``, ``7x7``, ...) or, with ``--group kernel``, by kernel function.
 Outputs are checked equal first. Speedups: the other build's median over ``hooks``'s, with its 95 %
 bootstrap interval (:func:`tvm_tcutils.bench.competitors.ratios`).
 
@@ -70,32 +70,53 @@ def _variant(name: str):
         yield
 
 
-def _planes(graph_json: str) -> list:
-    """The output plane (``HxW``) of each kernel call, in the order the profiler reports them."""
+def _groups(graph_json: str, by: str) -> list:
+    """The group of each kernel call, in the order the profiler reports them: its output plane (``HxW``)
+    for ``by="plane"``, its function's name (less TVM's ``tvmgen_default_fused_`` prefix) for ``"kernel"``."""
     graph = json.loads(graph_json)
     shapes, ptr = graph["attrs"]["shape"][1], graph["node_row_ptr"]
-    planes = []
+    groups = []
     for index, node in enumerate(graph["nodes"]):
-        if node["op"] == "tvm_op":
+        if node["op"] != "tvm_op":
+            continue
+        if by == "kernel":
+            groups.append(node["attrs"]["func_name"].replace("tvmgen_default_fused_", ""))
+        else:
             shape = shapes[ptr[index]]
-            planes.append(f"{shape[2]}x{shape[3]}" if len(shape) >= 4 else "other")
-    return planes
+            groups.append(f"{shape[2]}x{shape[3]}" if len(shape) >= 4 else "other")
+    return groups
 
 
-def _profiled(lib, feed: dict, hot: bool = False):
-    """A timer of one network run under TVM's profiler: returns {plane: summed kernel ms}. ``hot``: each
-    kernel run ``HOT_NUMBER`` times in a row instead (``run_individual``: its data and weights in cache)."""
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null: TVM's debug executor logs every kernel of ``run_individual`` there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _profiled(lib, feed: dict, hot: bool = False, by: str = "plane"):
+    """A timer of one network run under TVM's profiler: returns {group: summed kernel ms} (groups:
+    :func:`_groups`). ``hot``: each kernel run ``HOT_NUMBER`` times in a row instead (``run_individual``:
+    its data and weights in cache)."""
     module = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(),
                                    dump_root=os.path.join(os.environ.get("TMPDIR", "/tmp"), "tcutils_profile"))
     module.load_params(tvm.runtime.save_param_dict(lib.get_params()))
     for name, value in feed.items():
         module.set_input(name, value)
-    planes = _planes(lib.get_graph_json())
+    planes = _groups(lib.get_graph_json(), by)
     kernels = [i for i, node in enumerate(json.loads(lib.get_graph_json())["nodes"]) if node["op"] == "tvm_op"]
 
     def durations() -> list:
         if hot:
-            per_node = module.run_individual(number=HOT_NUMBER, repeat=1)
+            with _quiet_stderr():
+                per_node = module.run_individual(number=HOT_NUMBER, repeat=1)
             return [per_node[i][0] * 1e3 for i in kernels]
         return [call["Duration (us)"].microseconds / 1e3 for call in module.profile().calls]
 
@@ -125,6 +146,8 @@ def main(argv=None) -> int:
     parser.add_argument("--hot", action="store_true",
                         help="time each kernel run repeatedly on its own (hot caches) instead of inside a run of the "
                              "whole network")
+    parser.add_argument("--group", choices=("plane", "kernel"), default="plane",
+                        help="sum the kernels by output plane (default) or list each kernel function")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     if args.rounds < 2:
@@ -150,7 +173,7 @@ def main(argv=None) -> int:
         raise SystemExit("the builds' outputs differ: the rewrites must not change results")
     end_to_end = compare({name: relay_module(mod, lib=libs[name], inputs=feed, repeat=3) for name in variants},
                          args.rounds)
-    profilers = {name: _profiled(libs[name], feed, args.hot) for name in variants}
+    profilers = {name: _profiled(libs[name], feed, args.hot, args.group) for name in variants}
     samples: dict = {name: {} for name in variants}
     for round_index in range(args.rounds):
         order = variants if round_index % 2 == 0 else variants[::-1]
@@ -158,16 +181,19 @@ def main(argv=None) -> int:
             for plane, ms in profilers[name]().items():
                 samples[name].setdefault(plane, []).append(ms)
     results = Results(__file__, argv, model=args.model, route=args.route, rounds=args.rounds, target=target,
-                      tvm_num_threads=1, kernels="hot" if args.hot else "in the network's run")
+                      tvm_num_threads=1, kernels="hot" if args.hot else "in the network's run", group=args.group)
     print(f"{args.model} ({args.route}), {target}, 1 thread, {args.rounds} rounds in turns")
-    print(f"{'part':14s} " + " ".join(f"{name + ' ms':>16s}" for name in variants)
+    width = 14 if args.group == "plane" else 60
+    print(f"{'part':{width}s} " + " ".join(f"{name + ' ms':>16s}" for name in variants)
           + " " + " ".join(f"{'x vs ' + name:>22s}" for name in variants[1:]))
     parts = [("end to end", {name: end_to_end[name] for name in variants})]
-    for plane in sorted(samples["hooks"], key=lambda p: (p == "all kernels", p == "other", -_area(p))):
+    order = (lambda p: (p == "all kernels", p == "other", -_area(p))) if args.group == "plane" else \
+        (lambda p: (p == "all kernels", -float(np.median(samples["hooks"][p]))))
+    for plane in sorted(samples["hooks"], key=order):
         parts.append((plane, {name: Timing(tuple(samples[name][plane])) for name in variants}))
     for part, timings in parts:
         speedups = ratios(timings, "hooks")
-        print(f"{part:14s} " + " ".join(f"{timings[name].median_ms:16.3f}" for name in variants) + " "
+        print(f"{part[-width:]:{width}s} " + " ".join(f"{timings[name].median_ms:16.3f}" for name in variants) + " "
               + " ".join(f"{speedups[name].value:9.3f} [{speedups[name].low:.3f}, {speedups[name].high:.3f}]"
                          for name in variants[1:]))
         results.add(part=part, **{name: timings[name] for name in variants},
