@@ -297,6 +297,26 @@ def tvm_codegen():
     return registry.overriding_func(hooks.BUILD_LLVM, registry.replaced_func(hooks.BUILD_LLVM))
 
 
+def codegen_and_hook_builds(schedule, args, target: str, rng) -> tuple:
+    """``(outputs, asm)``: a :func:`requantized_conv` schedule built by TVM's own ``target.build.llvm``
+    (:func:`tvm_codegen`) and by the package's hook, each run on the same random inputs (first TVM's,
+    then the hook's). The outputs must be equal and varied: asserted here."""
+    import contextlib
+
+    inputs = requantized_conv_inputs(args, rng)
+    outputs, asm = [], []
+    for scope in (tvm_codegen, contextlib.nullcontext):
+        with scope():
+            func = tvm.build(schedule, args, target)
+        asm.append(func.get_source("asm"))
+        arrays = [tvm.nd.array(x) for x in inputs] + [tvm.nd.empty([int(d) for d in args[-1].shape], "int8")]
+        func(*arrays)
+        outputs.append(arrays[-1].numpy())
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    assert np.unique(outputs[1]).size > 16
+    return outputs, asm
+
+
 def requantized_conv_inputs(args, rng) -> list:
     """Random inputs for :func:`requantized_conv`'s ``args`` (all but the output)."""
     ranges = {"uint8": (0, 256), "int8": (-128, 128), "int32": (-3000, 3000)}

@@ -1,7 +1,6 @@
 """The next weight block prefetched by the dot-product kernels' parallel loops (dotprod.prefetch)."""
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 import tvm
 from tvm import tir
 
-from conftest import dot_target, requantized_conv, requantized_conv_inputs, tvm_codegen
+from conftest import codegen_and_hook_builds, dot_target, requantized_conv
 from tvm_tcutils.dotprod import pipeline, prefetch
 from tvm_tcutils.dotprod.topi.conv2d_nchwc import schedule_conv2d_nchwc_dot
 
@@ -159,15 +158,5 @@ def test_prefetching_kernel_bit_identical(name, monkeypatch):
     with tvm.target.Target(target):
         cfg, out, args = requantized_conv(*SHAPES[name], residual=True)
         schedule = schedule_conv2d_nchwc_dot(cfg, [out])
-    inputs = requantized_conv_inputs(args, RNG)
-    results, asm = [], []
-    for scope in (tvm_codegen, contextlib.nullcontext):
-        with scope():
-            func = tvm.build(schedule, args, target)
-        asm.append(func.get_source("asm"))
-        arrays = [tvm.nd.array(x) for x in inputs] + [tvm.nd.empty([int(d) for d in out.shape], "int8")]
-        func(*arrays)
-        results.append(arrays[-1].numpy())
-    np.testing.assert_array_equal(results[0], results[1])
-    assert np.unique(results[1]).size > 16
+    _, asm = codegen_and_hook_builds(schedule, args, target, RNG)
     assert "prefetcht0" not in asm[0] and "prefetcht0" in asm[1]
