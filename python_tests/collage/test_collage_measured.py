@@ -318,7 +318,9 @@ def test_tvm_candidates_are_timed_without_their_boundary_transforms():
     for _ in range(3):
         whole.append(time_candidate(text, target, 5, 1, 5, None, True)["ms"])
         inner.append(time_candidate(text, target, 5, 1, 5, None, False)["ms"])
-    assert 0.1 * min(whole) <= min(inner) < 0.8 * min(whole), (whole, inner)
+    # The floor only says the conv was timed at all: a CI run (the other worker idle in that turn only) had
+    # the fastest inner turn at 0.093x the fastest whole one (17 against 184 us).
+    assert 0.03 * min(whole) <= min(inner) < 0.8 * min(whole), (whole, inner)
 
 
 def test_modules_with_their_own_layout_transforms_are_timed_whole(monkeypatch):
