@@ -53,6 +53,8 @@ def _run(sched, x, y, data):
     (8, 30, 38, 8),    # 1,140 pixels, too many to move whole: 4-pixel tiles of two rows
     (64, 56, 56, 8),   # a ResNet-50 stage-1 plane: two rows (112 pixels) per call
     (32, 4, 40, 32),   # a 32-channel block (HVX-sized)
+    (16, 37, 37, 8),   # 1,369 pixels, no 4-pixel block of rows: one row per call, 16-pixel tiles and the rest
+    (4, 230, 230, 4),  # an RGB image padded for a 7x7 stem: 14 16-pixel tiles, a 4- and a 2-pixel one per row
 ])
 def test_matches_numpy(direction, dtype, channels, height, width, block):
     x = _source(direction, channels, height, width, block, dtype)
@@ -84,7 +86,6 @@ def test_lowers_to_tile_shuffles(direction):
     ("NCHW", "NCHW8c", (1, 16, 8, 8), "float32"),   # not 8-bit
     ("NCHW", "NCHW8c", (1, 16, 8, 8), "int32"),
     ("NCHW", "NCHW8c", (1, 12, 8, 8), "uint8"),     # channels not a multiple of the block
-    ("NCHW", "NCHW8c", (1, 16, 37, 37), "uint8"),   # 1,369 pixels: too many to move whole, no 4-pixel block
     ("NCHW", "NHWC", (1, 16, 8, 8), "uint8"),       # not a channel-block layout
     ("NCHW8c", "NCHW16c", (1, 2, 8, 8, 8), "uint8"),
     ("NCHW8c", "NCHW", (1, 2, 8, 8, 4), "uint8"),   # block disagrees with the shape
@@ -103,18 +104,19 @@ def test_packed_block():
 
 @pytest.mark.parametrize("case", ["fused_producer", "no_plan"])
 def test_other_groups_get_the_injective_schedule(case):
-    # A producer fused into the transform (or a shape without a plan) falls back to TVM's
-    # x86 injective schedule: still built, still right.
+    # A producer fused into the transform (or a transform without a plan: between two channel blocks)
+    # falls back to TVM's x86 injective schedule: still built, still right.
     if case == "fused_producer":
         x = te.placeholder((1, 16, 8, 8), "int32", name="x")
-        source = topi.cast(x, "uint8")
+        y = topi.layout_transform(topi.cast(x, "uint8"), "NCHW", "NCHW8c")
+        sched = schedule_byte_layout_transform(y, "NCHW", "NCHW8c")
         data = RNG.integers(0, 256, (1, 16, 8, 8)).astype("int32")
+        expected = _numpy_transform(data.astype("uint8"), "pack", 8)
     else:
-        x = te.placeholder((1, 16, 37, 37), "uint8", name="x")
-        source = x
-        data = RNG.integers(0, 256, (1, 16, 37, 37)).astype("uint8")
-    y = topi.layout_transform(source, "NCHW", "NCHW8c")
-    sched = schedule_byte_layout_transform(y, "NCHW", "NCHW8c")
+        x = te.placeholder((1, 2, 8, 8, 8), "uint8", name="x")
+        y = topi.layout_transform(x, "NCHW8c", "NCHW16c")
+        sched = schedule_byte_layout_transform(y, "NCHW8c", "NCHW16c")
+        data = RNG.integers(0, 256, (1, 2, 8, 8, 8)).astype("uint8")
+        expected = _numpy_transform(_numpy_transform(data, "unpack", 8), "pack", 16)
     assert "T.Shuffle" not in tvm.lower(sched, [x, y]).script()
-    out = _run(sched, x, y, data)
-    np.testing.assert_array_equal(out, _numpy_transform(data.astype("uint8"), "pack", 8))
+    np.testing.assert_array_equal(_run(sched, x, y, data), expected)

@@ -63,7 +63,8 @@ def byte_tile_plan(src_layout: str, dst_layout: str, src_shape: Sequence[int],
     channels a multiple of ``b`` (no padding inside the transform). A block of
     whole rows that is a multiple of 16 pixels comes first; a plane of at most
     ``64 x 16`` pixels that has none (14x14, 7x7) is moved whole, in 16-pixel
-    tiles and a narrower last one; other planes take 8- or 4-pixel tiles.
+    tiles and a narrower last one; other planes take 8- or 4-pixel tiles, or
+    else the fewest whole rows in 16-pixel tiles and narrower last ones.
 
     Examples
     --------
@@ -71,6 +72,8 @@ def byte_tile_plan(src_layout: str, dst_layout: str, src_shape: Sequence[int],
     ('pack', 8, 2, 16)
     >>> byte_tile_plan("NCHW16c", "NCHW", (1, 64, 14, 14, 16), "uint8")
     ('unpack', 16, 14, 16)
+    >>> byte_tile_plan("NCHW", "NCHW4c", (1, 4, 230, 230), "uint8")  # 230 = 14 x 16 + 4 + 2
+    ('pack', 4, 1, 16)
     >>> byte_tile_plan("NCHW", "NCHW8c", (1, 64, 56, 56), "float32") is None
     True
     """
@@ -98,6 +101,11 @@ def byte_tile_plan(src_layout: str, dst_layout: str, src_shape: Sequence[int],
         rows = _exact_rows(height, width, tile)
         if rows is not None:
             return direction, block, rows, tile
+    # No block of rows is a whole number of tiles (a padded 230x230 image): the fewest rows, in 16-pixel
+    # tiles and narrower last ones (TVM's schedule moved such a plane a byte per lane, 8x slower).
+    for rows in range(1, height + 1):
+        if height % rows == 0 and -(-rows * width // widest) <= _MAX_TILES:
+            return direction, block, rows, widest
     return None
 
 
