@@ -716,8 +716,9 @@ def _check_against_generic(int8_lib, qmod, inputs) -> None:
 # Layout transforms
 # --------------------------------------------------------------------------
 def transform_shapes(isa):
-    """Distinct u8 ``layout_transform`` cases around ResNet-50's convs: (C, H, W, b), data and outputs."""
-    cases = []
+    """Distinct u8 ``layout_transform`` cases around ResNet-50's convs: (C, H, W, b), data and outputs; first
+    an RGB image padded for its 7x7 stem (3 channels and a fourth, 230x230: no row block of whole tiles)."""
+    cases = [(4, 230, 230, 4)]
     for c, h, w, o, k, stride, pad in resnet50_layers():
         out_h = (h + 2 * pad - k) // stride + 1
         for case in ((c, h, w, packing.channel_block(c, isa.lanes)),

@@ -102,7 +102,7 @@ def byte_tile_plan(src_layout: str, dst_layout: str, src_shape: Sequence[int],
         if rows is not None:
             return direction, block, rows, tile
     # No block of rows is a whole number of tiles (a padded 230x230 image): the fewest rows, in 16-pixel
-    # tiles and narrower last ones (TVM's schedule moved such a plane a byte per lane, 8x slower).
+    # tiles and narrower last ones (TVM's schedule moves such a plane a byte per lane, 6-8x slower).
     for rows in range(1, height + 1):
         if height % rows == 0 and -(-rows * width // widest) <= _MAX_TILES:
             return direction, block, rows, widest
