@@ -311,7 +311,8 @@ def _transform_impl(target: str, shape, dtype: str, src: str = "NCHW", dst: str 
     ("llvm -mcpu=znver4", (1, 4, 8, 8, 16), "int8", "NCHW16c", "NCHW", "layout_transform_bytes.tcutils"),
     ("llvm -mcpu=core-avx2", (1, 64, 8, 8), "float32", "NCHW", "NCHW8c", "layout_transform.generic"),
     ("llvm -mcpu=core-avx2", (1, 64, 7, 7), "uint8", "NCHW", "NCHW8c", "layout_transform_bytes.tcutils"),
-    ("llvm -mcpu=core-avx2", (1, 64, 37, 37), "uint8", "NCHW", "NCHW8c", "layout_transform.generic"),
+    ("llvm -mcpu=core-avx2", (1, 64, 37, 37), "uint8", "NCHW", "NCHW8c", "layout_transform_bytes.tcutils"),
+    ("llvm -mcpu=core-avx2", (1, 8, 8, 8, 8), "uint8", "NCHW8c", "NCHW16c", "layout_transform.generic"),
     ("llvm", (1, 64, 8, 8), "uint8", "NCHW", "NCHW8c", "layout_transform.generic"),
     (HEXAGON, (1, 64, 8, 8), "uint8", "NCHW", "NCHW32c", "layout_transform.generic"),
 ])
