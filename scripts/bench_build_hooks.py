@@ -41,7 +41,7 @@ from tvm_tcutils import registry  # noqa: E402
 from tvm_tcutils.bench.competitors import compare, ratios, relay_module  # noqa: E402
 from tvm_tcutils.bench.int8_models import ROUTES, feed_of, model_files  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
-from tvm_tcutils.dotprod import hooks, prefetch, rounding  # noqa: E402
+from tvm_tcutils.dotprod import hooks, pipeline, prefetch, rounding  # noqa: E402
 from tvm_tcutils.measure import Timing  # noqa: E402
 
 
@@ -148,6 +148,12 @@ def main(argv=None) -> int:
                              "whole network")
     parser.add_argument("--group", choices=("plane", "kernel"), default="plane",
                         help="sum the kernels by output plane (default) or list each kernel function")
+    parser.add_argument("--target", default=None, help="the LLVM target to build for (default: this CPU's); "
+                        "it must run here")
+    parser.add_argument("--isas", nargs="+", default=None, metavar="ISA",
+                        help="the dot-product ISAs whose kernels get the measured-only rewrites (prefetch, "
+                             "rounding) in the builds that have them, to measure them on another ISA "
+                             "(default: each rewrite's MEASURED_ISAS)")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     if args.rounds < 2:
@@ -157,7 +163,13 @@ def main(argv=None) -> int:
     path = model_files(args.model, [args.route])[args.route]
     feed = feed_of(path)
     mod, params = tvm_tcutils.load_model(path)
-    target = tvm_tcutils.host_target()
+    target = args.target or tvm_tcutils.host_target()
+    if args.isas is not None:
+        known = {isa.name for isa in pipeline.DOT_INTRINSICS.values()}
+        unknown = sorted(set(args.isas) - known)
+        if unknown:
+            parser.error(f"--isas: unknown {unknown}; choose from {sorted(known)}")
+        prefetch.MEASURED_ISAS = rounding.MEASURED_ISAS = frozenset(args.isas)
     variants = ("hooks", *args.variants)
     libs = {}
     for name in variants:
@@ -181,7 +193,8 @@ def main(argv=None) -> int:
             for plane, ms in profilers[name]().items():
                 samples[name].setdefault(plane, []).append(ms)
     results = Results(__file__, argv, model=args.model, route=args.route, rounds=args.rounds, target=target,
-                      tvm_num_threads=1, kernels="hot" if args.hot else "in the network's run", group=args.group)
+                      tvm_num_threads=1, kernels="hot" if args.hot else "in the network's run", group=args.group,
+                      rewritten_isas=sorted(prefetch.MEASURED_ISAS | rounding.MEASURED_ISAS))
     print(f"{args.model} ({args.route}), {target}, 1 thread, {args.rounds} rounds in turns")
     width = 14 if args.group == "plane" else 60
     print(f"{'part':{width}s} " + " ".join(f"{name + ' ms':>16s}" for name in variants)
