@@ -158,18 +158,18 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the intervals come from the per-round ratios)")
-    if os.environ["TVM_NUM_THREADS"] != "1":
-        parser.error("TVM_NUM_THREADS must be 1: the builds share this process, which is fair at one thread only")
-    path = model_files(args.model, [args.route])[args.route]
-    feed = feed_of(path)
-    mod, params = tvm_tcutils.load_model(path)
-    target = args.target or tvm_tcutils.host_target()
     if args.isas is not None:
         known = {isa.name for isa in pipeline.DOT_INTRINSICS.values()}
         unknown = sorted(set(args.isas) - known)
         if unknown:
             parser.error(f"--isas: unknown {unknown}; choose from {sorted(known)}")
         prefetch.MEASURED_ISAS = rounding.MEASURED_ISAS = frozenset(args.isas)
+    if os.environ["TVM_NUM_THREADS"] != "1":
+        parser.error("TVM_NUM_THREADS must be 1: the builds share this process, which is fair at one thread only")
+    path = model_files(args.model, [args.route])[args.route]
+    feed = feed_of(path)
+    mod, params = tvm_tcutils.load_model(path)
+    target = args.target or tvm_tcutils.host_target()
     variants = ("hooks", *args.variants)
     libs = {}
     for name in variants:
