@@ -164,6 +164,12 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"--isas: unknown {unknown}; choose from {sorted(known)}")
         prefetch.MEASURED_ISAS = rounding.MEASURED_ISAS = frozenset(args.isas)
+    if args.target is not None:
+        try:
+            if tvm.target.Target(args.target).kind.name != "llvm":
+                parser.error(f"--target: an llvm target that runs on this CPU, got {args.target!r}")
+        except (ValueError, tvm.TVMError) as err:
+            parser.error(f"--target: not a TVM target ({str(err).splitlines()[-1]})")
     if os.environ["TVM_NUM_THREADS"] != "1":
         parser.error("TVM_NUM_THREADS must be 1: the builds share this process, which is fair at one thread only")
     path = model_files(args.model, [args.route])[args.route]
