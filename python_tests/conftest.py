@@ -1,6 +1,7 @@
 """Shared fixtures: offline settings, small models, the subprocess runner."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -301,8 +302,6 @@ def codegen_and_hook_builds(schedule, args, target: str, rng) -> tuple:
     """``(outputs, asm)``: a :func:`requantized_conv` schedule built by TVM's own ``target.build.llvm``
     (:func:`tvm_codegen`) and by the package's hook, each run on the same random inputs (first TVM's,
     then the hook's). The outputs must be equal and varied: asserted here."""
-    import contextlib
-
     inputs = requantized_conv_inputs(args, rng)
     outputs, asm = [], []
     for scope in (tvm_codegen, contextlib.nullcontext):

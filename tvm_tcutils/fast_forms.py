@@ -512,6 +512,9 @@ def fast_chain(value: relay.Expr) -> relay.Expr:
 #: the sum's bits read as an int32, less this constant's bits, are that integer.
 _ROUNDING_SHIFT = 12582912.0
 
+#: The shifts :func:`rounded_int32` adds (the second where its offset is a multiple of 256, see there).
+ROUNDING_SHIFTS = (_ROUNDING_SHIFT, _ROUNDING_SHIFT + 128.0)
+
 
 def rounded_int32(value: relay.Expr, offset: int = 0) -> relay.Expr:
     """``round_half_even(value) + offset`` as int32, for float32 ``value`` with |value| < 2**22 - 128.
@@ -524,13 +527,19 @@ def rounded_int32(value: relay.Expr, offset: int = 0) -> relay.Expr:
     # that add when the int32 is cast to 8 bits and folds the cast into the store (a vpmovdb to
     # memory, slower than vpmovdb to a register + vpaddb + a store on Zen 4). Both shifts are even
     # integers in [2**23, 2**24), so the addition still rounds half to even.
-    shift = _ROUNDING_SHIFT + (128.0 if offset % 256 == 0 else 0.0)
+    shift = ROUNDING_SHIFTS[1 if offset % 256 == 0 else 0]
     shifted = relay.add(value, relay.const(shift, "float32"))
-    return relay.add(relay.reinterpret(shifted, "int32"), relay.const(offset - _bits(shift), "int32"))
+    return relay.add(relay.reinterpret(shifted, "int32"), relay.const(offset - float_bits(shift), "int32"))
 
 
-def _bits(value: float) -> int:
-    """A float32's bits read as an int32."""
+def float_bits(value: float) -> int:
+    """A float32's bits read as an int32.
+
+    Examples
+    --------
+    >>> float_bits(ROUNDING_SHIFTS[0]) == 0x4B400000
+    True
+    """
     return int(np.array(value, "float32").view("int32"))
 
 
@@ -559,9 +568,9 @@ def saturated_parts(expr: relay.Expr) -> Optional[Tuple[relay.Expr, int]]:
     if not _op(shifted, "add") or not isinstance(shifted.args[1], relay.Constant):
         return None
     shift = float(shifted.args[1].data.numpy())
-    if shift not in (_ROUNDING_SHIFT, _ROUNDING_SHIFT + 128.0) or not _op(shifted.args[0], "clip"):
+    if shift not in ROUNDING_SHIFTS or not _op(shifted.args[0], "clip"):
         return None
-    return shifted.args[0], int(offset.data.numpy()) + _bits(shift)
+    return shifted.args[0], int(offset.data.numpy()) + float_bits(shift)
 
 
 def round_half_even(value: relay.Expr) -> relay.Expr:

@@ -109,6 +109,11 @@ def dot_calls(stmt: tir.Stmt) -> List[tir.Call]:
     return found
 
 
+def call_isa(call: tir.Call):
+    """The ISA whose dot-product intrinsic ``call`` (one of :func:`dot_calls`) calls."""
+    return DOT_INTRINSICS[intrinsic_name(call)]
+
+
 def _dot_isa(stmt: tir.Stmt):
     """The ISA of the dot-product intrinsic ``stmt`` calls, or ``None``."""
     names = {intrinsic_name(call) for call in dot_calls(stmt)}

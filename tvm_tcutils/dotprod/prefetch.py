@@ -172,7 +172,7 @@ def _prefetched(loop: tir.For, min_bytes: int) -> Optional[tir.For]:
             or not isinstance(loop.min, tir.IntImm) or loop.min.value != 0:
         return None
     calls = pipeline.dot_calls(loop.body)
-    if not calls or pipeline.DOT_INTRINSICS[pipeline.intrinsic_name(calls[0])].name not in MEASURED_ISAS:
+    if not calls or pipeline.call_isa(calls[0]).name not in MEASURED_ISAS:
         return None
     first_load = _weight_load(calls[0])
     weights = first_load.buffer if first_load is not None else None
@@ -257,11 +257,14 @@ def prefetch_module(mod: tvm.IRModule, min_bytes: Optional[int] = None) -> tvm.I
 
     Examples
     --------
+    Without a dot-product loop nothing qualifies, whatever the size threshold:
+
     >>> import tvm
     >>> from tvm import te
-    >>> x = te.placeholder((4,), name="x"); y = te.compute((4,), lambda i: x[i] * 2.0, name="y")
-    >>> mod = tvm.lower(te.create_schedule(y.op), [x, y])
-    >>> prefetch_module(mod).same_as(mod)
+    >>> w = te.placeholder((1 << 20,), "int8", name="w")
+    >>> y = te.compute((1 << 20,), lambda i: w[i].astype("int32") * 3, name="y")
+    >>> mod = tvm.lower(te.create_schedule(y.op), [w, y])
+    >>> prefetch_module(mod, min_bytes=0).same_as(mod)
     True
     """
     return pipeline.rewrite_functions(mod, lambda func: prefetch_weights(func, min_bytes), logger,

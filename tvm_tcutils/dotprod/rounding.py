@@ -21,26 +21,21 @@ from __future__ import annotations
 import logging
 from typing import Optional, Tuple
 
-import numpy as np
-
 from .._tvm import tvm
 from tvm import tir
 from tvm.tir import stmt_functor
 
+from ..fast_forms import ROUNDING_SHIFTS, float_bits
 from . import pipeline
 
 logger = logging.getLogger("tvm_tcutils.dotprod.rounding")
 
 #: The rounding shifts of :func:`tvm_tcutils.fast_forms.rounded_int32`.
-SHIFTS = (1.5 * 2**23, 1.5 * 2**23 + 128.0)
+SHIFTS = ROUNDING_SHIFTS
 
 #: ISAs whose kernels were measured faster with ``nearbyint`` (AVX-512 VNNI, ``vrndscaleps``, on Zen 4).
 #: AVX2 and SSE kernels (``vroundps`` / ``roundps``) and HVX (no single instruction) keep the bit form.
 MEASURED_ISAS = frozenset({"x86_vnni"})
-
-
-def _bits(value: float) -> int:
-    return int(np.array(value, "float32").view("int32"))
 
 
 def _constant(expr: tir.PrimExpr) -> Optional[float]:
@@ -54,8 +49,9 @@ def _bit_rounding(expr: tir.PrimExpr) -> Optional[Tuple[tir.PrimExpr, int]]:
     """``(x, k)`` of ``reinterpret_int32(x + S) + c`` (or ``- c``) with ``k = c + bits(S)``, i.e. the value
     ``round_half_even(x) + k``; else None."""
     if isinstance(expr, (tir.Add, tir.Sub)):
-        offset = _constant(expr.b)
-        bits = expr.a
+        offset, bits = _constant(expr.b), expr.a
+        if offset is not None and isinstance(expr, tir.Sub):
+            offset = -offset
     else:
         offset, bits = 0, expr
     if offset is None or not isinstance(bits, tir.Call) or not bits.op.same_as(tvm.ir.Op.get("tir.reinterpret")):
@@ -67,8 +63,7 @@ def _bit_rounding(expr: tir.PrimExpr) -> Optional[Tuple[tir.PrimExpr, int]]:
     shift = _constant(shifted.b)
     if shift not in SHIFTS:
         return None
-    offset = int(offset) if isinstance(expr, tir.Add) or offset == 0 else -int(offset)
-    return shifted.a, offset + _bits(shift)
+    return shifted.a, int(offset) + float_bits(shift)
 
 
 def round_to_float(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
@@ -80,7 +75,7 @@ def round_to_float(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
     >>> from tvm import te
     >>> x = te.placeholder((16,), name="x")
     >>> y = te.compute((16,), lambda i: (tvm.tir.reinterpret("int32", x[i] + tvm.tir.const(SHIFTS[1], "float32"))
-    ...                                  + (3 - _bits(SHIFTS[1]))).astype("float32"), name="y")
+    ...                                  + (3 - float_bits(SHIFTS[1]))).astype("float32"), name="y")
     >>> func, count = round_to_float(tvm.lower(te.create_schedule(y.op), [x, y])["main"])
     >>> count, "reinterpret" in func.script()  # nearbyint(x) + 3.0
     (1, False)
@@ -105,8 +100,7 @@ def round_to_float(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
 
 def _measured(func: tir.PrimFunc) -> bool:
     calls = pipeline.dot_calls(func.body)
-    return bool(calls) and all(pipeline.DOT_INTRINSICS[pipeline.intrinsic_name(c)].name in MEASURED_ISAS
-                               for c in calls)
+    return bool(calls) and all(pipeline.call_isa(call).name in MEASURED_ISAS for call in calls)
 
 
 def rounding_module(mod: tvm.IRModule) -> tvm.IRModule:
@@ -121,7 +115,7 @@ def rounding_module(mod: tvm.IRModule) -> tvm.IRModule:
     >>> from tvm import te
     >>> x = te.placeholder((16,), name="x")
     >>> bits = lambda i: tvm.tir.reinterpret("int32", x[i] + tvm.tir.const(SHIFTS[0], "float32"))
-    >>> y = te.compute((16,), lambda i: (bits(i) - _bits(SHIFTS[0])).astype("float32"), name="y")
+    >>> y = te.compute((16,), lambda i: (bits(i) - float_bits(SHIFTS[0])).astype("float32"), name="y")
     >>> mod = tvm.lower(te.create_schedule(y.op), [x, y])
     >>> rounding_module(mod).same_as(mod), round_to_float(mod["main"])[1]
     (True, 1)
