@@ -102,6 +102,18 @@ def _qnn_whole_op():
     return mod, {"x": _rand((1, 32, 8, 8), "uint8")}
 
 
+def _rgb_stem_net(k: int = 7, size: int = 29, stride: int = 2):
+    """A u8 RGB image through a ``k x k`` stem (3 -> 32) and a 3x3 conv (32 -> 16)."""
+    x = relay.var("x", shape=(1, 3, size, size), dtype="uint8")
+    y = relay.nn.conv2d(x, relay.const(_rand((32, 3, k, k), "int8")), strides=stride, padding=(k // 2, k // 2),
+                        channels=32, kernel_size=(k, k), out_dtype="int32")
+    y = relay.cast(relay.clip(relay.right_shift(y, relay.const(10)), 0, 255), "uint8")
+    y = relay.nn.conv2d(y, relay.const(_rand((16, 32, 3, 3), "int8")), padding=(1, 1), channels=16,
+                        kernel_size=(3, 3), out_dtype="int32")
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+    return mod, {"x": _rand((1, 3, size, size), "uint8")}
+
+
 MODELS = {
     "qnn": _qnn_net,
     "qnn_whole_op": _qnn_whole_op,
@@ -109,6 +121,8 @@ MODELS = {
     "odd_uint8": lambda: _odd_net("uint8"),
     "odd_int8_weights_as_inputs": lambda: _odd_net("int8", const_weights=False),
     "quantized": _quantized_net,
+    "rgb_stem": _rgb_stem_net,  # the last output's second quad reads a column past the padded image
+    "rgb_stem_s4": lambda: _rgb_stem_net(size=32, stride=4),  # the last two padded columns are never read
 }
 
 _REFERENCE = """
@@ -209,6 +223,39 @@ def test_vnni_graph_is_packed_with_folded_layouts():
     assert [d.attrs.weight_layout for d in dense] == ["NC16n4c"] and isinstance(dense[0].args[1], relay.Constant)
     assert not any(c.op.name in ("nn.conv2d", "nn.dense") for c in calls)  # no second convolution
     assert all(c.args[0].checked_type.dtype == "uint8" for c in convs + dense)
+
+
+def _convs(mod, target, opt_level=3):
+    with tvm.transform.PassContext(opt_level=opt_level, disabled_pass=["FuseOps"]):
+        opt, _ = relay.optimize(mod, target=target)
+    return [c for c in _calls(opt) if c.op.name in ("nn.conv2d", "nn.contrib_conv2d_NCHWc")]
+
+
+def test_rgb_stem_reduces_kernel_rows_in_quads():
+    # 7x7 taps of 3 planes: 3 x 2 quads a kernel row instead of 7 taps of 4 channels (one a zero pad);
+    # the image keeps its 3 planes (no channel pad, no layout transform) and the kernel folds.
+    stem, conv = _convs(_rgb_stem_net()[0], "llvm -mcpu=znver4")
+    assert (stem.op.name, stem.attrs.kernel_layout, stem.attrs.out_layout) == ("nn.conv2d", "OIHW16o4w", "NCHW16c")
+    assert [int(d) for d in stem.args[0].checked_type.shape] == [1, 3, 35, 36]  # 29 + 3 + 3, one column more
+    assert isinstance(stem.args[0], relay.Call) and stem.args[0].op.name == "nn.pad"
+    assert [int(d) for d in stem.checked_type.shape] == [1, 2, 15, 15, 16]
+    cut = _convs(_rgb_stem_net(size=32, stride=4)[0], "llvm -mcpu=znver4")[0]
+    assert [int(d) for d in cut.args[0].checked_type.shape] == [1, 3, 38, 36]  # cut to the columns read
+    assert [int(d) for d in cut.checked_type.shape] == [1, 2, 8, 8, 16]
+    assert isinstance(stem.args[1], relay.Constant) and stem.args[1].data.shape == (2, 3, 7, 2, 16, 4)
+    assert not stem.args[1].data.numpy()[:, :, :, 1, :, 3].any()  # the eighth tap of each row is zero
+    assert conv.op.name == "nn.contrib_conv2d_NCHWc"
+
+
+@pytest.mark.parametrize("target,opt_level,k", [
+    ("llvm -mcpu=znver4", 3, 3),     # 3 planes x 1 quad = 3 x 4 channels: no fewer products
+    ("llvm -mcpu=znver4", 2, 7),     # no AlterOpLayout to pack it: the plain template pads channels
+    ("llvm -mcpu=core-avx2", 3, 7),  # measured on VNNI only
+])
+def test_rgb_stem_keeps_channel_blocks_elsewhere(target, opt_level, k):
+    stem = _convs(_rgb_stem_net(k)[0], target, opt_level)[0]
+    assert int(stem.args[0].checked_type.shape[1]) == (1 if opt_level == 3 else 4)  # NCHW4c blocks / 4 channels
+    assert stem.attrs.kernel_layout != "OIHW16o4w"
 
 
 @pytest.mark.parametrize("const_weights", [True, False])

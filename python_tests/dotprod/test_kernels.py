@@ -11,7 +11,9 @@ from tvm.topi.testing import conv2d_nchw_python, dilate_python
 from conftest import dot_target
 from tvm_tcutils.dotprod.isa import for_target
 from tvm_tcutils.dotprod.topi import packing
-from tvm_tcutils.dotprod.topi.conv2d_nchwc import conv2d_nchwc_dot, schedule_conv2d_nchwc_dot
+from tvm_tcutils.dotprod.topi.conv2d_nchwc import (
+    ROW_QUAD, conv2d_nchwc_dot, conv2d_rows_dot, schedule_conv2d_nchwc_dot,
+)
 from tvm_tcutils.dotprod.topi.dense_pack import dense_pack_dot, schedule_dense_pack_dot
 
 RNG = np.random.default_rng(7)
@@ -254,6 +256,40 @@ def test_dense_bit_exact(target_name, m, k, n):
     np.testing.assert_array_equal(res.numpy()[:, :n], ref)
 
 
+# (N, C, H, W, O, KH, KW, stride): convs of few channels in the row form (data already padded).
+ROWS_SHAPES = {
+    "stem_7x7_c3_s2": (1, 3, 36, 38, 64, 7, 7, 2),
+    "gray_3x3": (2, 1, 11, 13, 16, 3, 3, 1),
+    "c2_5x3_s_2x1": (1, 2, 12, 15, 32, 5, 3, (2, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROWS_SHAPES))
+def test_conv2d_rows_bit_exact(name):
+    n, c, h, w, o, k_h, k_w, stride = ROWS_SHAPES[name]
+    target = dot_target("vnni")
+    data, kernel = _full_range((n, c, h, w), "uint8"), _full_range((o, c, k_h, k_w), "int8")
+    quads = -(-k_w // ROW_QUAD)
+    # OIHW16o4w: the kernel row zero-padded to whole quads, 16 output channels then 4 taps innermost.
+    rows = np.zeros((o, c, k_h, quads * ROW_QUAD), "int8")
+    rows[..., :k_w] = kernel
+    packed = rows.reshape(o // 16, 16, c, k_h, quads, ROW_QUAD).transpose(0, 2, 3, 4, 1, 5)
+    d, kk = te.placeholder(data.shape, "uint8", name="d"), te.placeholder(packed.shape, "int8", name="k")
+    with tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        out = conv2d_rows_dot(cfg, d, kk, stride, 0, 1)
+        func = tvm.build(schedule_conv2d_nchwc_dot(cfg, [out]), [d, kk, out], target=target)
+    result = tvm.nd.empty([int(x) for x in out.shape], "int32")
+    func(tvm.nd.array(data), tvm.nd.array(np.ascontiguousarray(packed)), result)
+    s_h, s_w = (stride, stride) if isinstance(stride, int) else stride
+    # The quads past the kernel's last tap read columns the reference never reads: widen its input.
+    wide = np.pad(data, ((0, 0), (0, 0), (0, 0), (0, quads * ROW_QUAD - k_w)))
+    ref = conv_reference(wide, rows, 1, 0, 1)[:, :, ::s_h, ::s_w]
+    np.testing.assert_array_equal(packing.unpack_nchwc(result.numpy(), o), ref[:, :, :result.shape[2], :result.shape[3]])
+    assert result.shape[2:4] == ((h - k_h) // s_h + 1, (w - quads * ROW_QUAD) // s_w + 1)
+    assert "vpdpbusd" in func.get_source("asm")
+
+
 def test_bad_inputs_raise_clear_errors():
     with tvm.target.Target("llvm -mcpu=znver4"):
         cfg = autotvm.get_config()
@@ -269,6 +305,15 @@ def test_bad_inputs_raise_clear_errors():
         with pytest.raises(ValueError, match="native pairs"):  # VNNI takes no widened kernel
             conv2d_nchwc_dot(cfg, te.placeholder((1, 1, 4, 4, 4), "uint8"),
                              te.placeholder((1, 1, 1, 1, 2, 16, 2), "int16"), 1, 0, 1, "", "")
+        with pytest.raises(ValueError, match="padding must be 0"):  # the row form takes padded data
+            conv2d_rows_dot(cfg, te.placeholder((1, 3, 9, 9), "uint8"),
+                            te.placeholder((1, 3, 3, 1, 16, 4), "int8"), 1, 1, 1)
+        with pytest.raises(ValueError, match=r"\(O/L, C, KH, KW/4, L, 4\)"):
+            conv2d_rows_dot(cfg, te.placeholder((1, 3, 9, 9), "uint8"),
+                            te.placeholder((1, 1, 3, 1, 16, 4), "int8"), 1, 0, 1)
+        with pytest.raises(ValueError, match="OIHW16o4w"):
+            conv2d_rows_dot(cfg, te.placeholder((1, 3, 9, 9), "uint8"),
+                            te.placeholder((1, 3, 3, 2, 16, 2), "int8"), 1, 0, 1)
     with tvm.target.Target("llvm -mcpu=core-avx2"):
         with pytest.raises(ValueError, match=r"\(O/B, 1, KH, KW, 2, B, 2\)"):  # int16 kernels come in pairs
             conv2d_nchwc_dot(autotvm.get_config(), te.placeholder((1, 1, 4, 4, 4), "uint8"),

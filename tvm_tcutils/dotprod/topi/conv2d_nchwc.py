@@ -232,6 +232,99 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
     return conv
 
 
+#: Taps of a kernel row one dot product reduces in :func:`conv2d_rows_dot`.
+ROW_QUAD = 4
+
+
+def rows_kernel_layout(lanes: int) -> str:
+    """The kernel layout of :func:`conv2d_rows_dot`: ``OIHW{lanes}o4w`` (four taps of a row innermost).
+
+    Examples
+    --------
+    >>> rows_kernel_layout(16)
+    'OIHW16o4w'
+    """
+    return f"OIHW{lanes}o{ROW_QUAD}w"
+
+
+def conv2d_rows_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="int32"):
+    """int8 conv2d of a few-channel ``NCHW`` image, four taps of a kernel row per dot product.
+
+    The channel-blocked compute pads an image's channels to a multiple of 4 (an RGB input: a zero
+    fourth channel); this one keeps the image's planes as they are and reduces each kernel row's
+    taps four at a time (the row zero-padded to whole quads): ``C * ceil(KW/4)`` dot products a
+    kernel row against ``KW * ceil(C/4)`` (a 7x7 RGB stem: 6 for 7), and the input needs no layout
+    transform. The legalization hook rewrites such convs into this form.
+
+    Parameters
+    ----------
+    cfg : ConfigSpace or ConfigEntity
+        AutoTVM configuration (the knobs of :func:`conv2d_nchwc_dot`).
+    data : te.Tensor
+        ``(N, C, H, W)`` uint8/int8, already padded.
+    kernel : te.Tensor
+        ``(O/L, C, KH, KW/4, L, 4)`` (:func:`rows_kernel_layout`), ``L`` the ISA's lanes.
+    strides : int or tuple
+        As for ``nn.conv2d``.
+    padding, dilation
+        Must be 0 and 1 (pad the data first).
+    out_dtype : str
+        Must be ``"int32"``.
+
+    Returns
+    -------
+    te.Tensor
+        ``(N, O/L, OH, OW, L)`` int32, scheduled by :func:`schedule_conv2d_nchwc_dot`.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((1, 3, 9, 12), "uint8"); k = te.placeholder((1, 3, 3, 1, 16, 4), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     out = conv2d_rows_dot(autotvm.get_config(), d, k, 2, 0, 1)
+    >>> [int(x) for x in out.shape]
+    [1, 1, 4, 5, 16]
+    """
+    if out_dtype not in ("int32", None, ""):
+        raise ValueError(f"out_dtype must be 'int32' for dot-product conv2d, got {out_dtype!r}")
+    data_shape, kernel_shape = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
+    if len(data_shape) != 4 or len(kernel_shape) != 6 or kernel_shape[1] != data_shape[1]:
+        raise ValueError(f"data must be (N, C, H, W) and kernel (O/L, C, KH, KW/4, L, 4); got {data_shape} "
+                         f"and {kernel_shape}")
+    if any(get_pad_tuple(padding, (1, 1))) or pair(dilation) != (1, 1):
+        raise ValueError(f"padding must be 0 and dilation 1 (pad the data first), got {padding} and {dilation}")
+    isa = current_isa(data.dtype, kernel.dtype)
+    oc_chunks, chans, k_h, quads, oc_bn, inner = kernel_shape
+    if inner != ROW_QUAD or oc_bn % isa.lanes or isa.kernel_group(kernel.dtype) != ROW_QUAD:
+        raise ValueError(f"kernel {kernel_shape} is not {rows_kernel_layout(isa.lanes)} for {isa.name}")
+    batch, _, in_h, in_w = data_shape
+    s_h, s_w = pair(strides)
+    out_h, out_w = (in_h - k_h) // s_h + 1, (in_w - quads * ROW_QUAD) // s_w + 1
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"empty conv2d output ({out_h}x{out_w}) for input {in_h}x{in_w}")
+    _define_knobs(cfg, isa, oc_chunks, out_h, out_w, oc_bn, 1)
+    # The channel-blocked compute's five reduction axes (the kernel-column one of extent 1), so that
+    # schedule_conv2d_nchwc_dot tiles and tensorizes this one unchanged.
+    r_c = te.reduce_axis((0, chans), name="ic_outer")
+    r_kh = te.reduce_axis((0, k_h), name="kh")
+    r_kw = te.reduce_axis((0, 1), name="kw")
+    r_q = te.reduce_axis((0, quads), name="ic_f")
+    r_t = te.reduce_axis((0, ROW_QUAD), name="ic_s")
+    conv = te.compute(
+        (batch, oc_chunks, out_h, out_w, oc_bn),
+        lambda n, oc, y, x, oci: te.sum(
+            data[n, r_c, y * s_h + r_kh, x * s_w + r_kw + r_q * ROW_QUAD + r_t].astype("int32")
+            * kernel[oc, r_c, r_kh, r_q, oci, r_t].astype("int32"),
+            axis=[r_c, r_kh, r_kw, r_q, r_t],
+        ),
+        name="conv2d_nchwc_dot",
+        tag=TAG,
+    )
+    cfg.add_flop(2 * batch * oc_chunks * oc_bn * out_h * out_w * chans * k_h * quads * ROW_QUAD)
+    return conv
+
+
 def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     """Schedule :func:`conv2d_nchwc_dot` and the elementwise ops fused after it.
 
