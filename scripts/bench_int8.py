@@ -47,7 +47,8 @@ template at bert-tiny's and BERT-base's projection shapes and the u8 x u8 ``batc
 their attention shapes, against onnxruntime's ``MatMulInteger`` (int32 out, as ours) and
 ``QLinearMatMul``, with the measured peak.
 
-``--transforms-only`` times the u8 ``layout_transform`` ops around those convs (``NCHW`` <->
+``--pads-only`` times u8 constant pads (an image's zero-point pad: TVM's schedule against the
+package's row schedule). ``--transforms-only`` times the u8 ``layout_transform`` ops around those convs (``NCHW`` <->
 ``NCHW{b}c``) with TVM's x86 injective schedule and with the package's byte-shuffle schedule.
 
 The contenders live in ``tvm_tcutils.bench.int8``; every timing goes through
@@ -57,6 +58,7 @@ Usage::
 
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --transforms-only
+    PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --pads-only --json docs/benchmarks/data/bench_int8_pads.json
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 --encoder-ops \
         --json docs/benchmarks/data/bench_int8_encoder_ops.json
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 --e2e-only --e2e-model resnet-50-onnx --rounds 5
@@ -74,7 +76,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils.bench import int8  # noqa: E402
 from tvm_tcutils.bench.int8 import (  # noqa: E402
-    avx2_peak_gops, bench_conv, bench_dense, bench_e2e, bench_encoder_ops, bench_reduce_range, bench_transforms,
+    avx2_peak_gops, bench_conv, bench_dense, bench_e2e, bench_encoder_ops, bench_pads, bench_reduce_range,
+    bench_transforms,
     peak_gops, report, resnet50_layers, set_threads,
 )
 from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
@@ -101,6 +104,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default=None, help="TVM target (default: this CPU's)")
     parser.add_argument("--transforms-only", action="store_true",
                         help="only the u8 layout transforms around ResNet-50's convs (TVM's schedule vs ours)")
+    parser.add_argument("--pads-only", action="store_true",
+                        help="only u8 constant pads (TVM's injective schedule vs the package's row schedule)")
     parser.add_argument("--encoder-ops", action="store_true",
                         help="only an encoder's int8 dense and batch_matmul at 128 tokens (bert-tiny, BERT-base "
                              "shapes) against onnxruntime's MatMulInteger / QLinearMatMul and the peak")
@@ -124,6 +129,11 @@ def main(argv=None) -> int:
                       rounds=args.rounds, tuning_log=args.tuning_log)
     if args.transforms_only:
         bench_transforms(isa, args.threads)
+        return 0
+    if args.pads_only:
+        for row in bench_pads(args.threads, rounds=max(args.rounds, 5)):
+            results.add(**row)
+        results.write(args.json)
         return 0
     if args.reduce_range:
         if range_isa(TARGET) is None:

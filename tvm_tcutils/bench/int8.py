@@ -755,6 +755,44 @@ def bench_transforms(isa, threads):
             print(f"{src:>8} -> {dst:<8} {c:5d}x{h}x{w}  " + "  ".join(cells), flush=True)
 
 
+#: 8-bit constant pads (shape, pad before/after the last two axes): the QDQ stem's zero-point pad of an
+#: RGB image, a 112x112 plane, then blocked (NCHW16c) pads the row schedule leaves to TVM.
+PAD_CASES = (((1, 3, 224, 224), 3), ((1, 64, 112, 112), 1), ((1, 4, 56, 56, 16), 1), ((1, 32, 7, 7, 16), 1))
+
+
+def bench_pads(threads, rounds: int = 5):
+    """TVM's x86 injective schedule vs :func:`~tvm_tcutils.dotprod.topi.pad.schedule_row_pad` on u8 pads,
+    timed in turns; rows ``{shape, threads, tvm_us, ours_us, ratio}`` (TVM's time over ours)."""
+    from tvm import topi
+
+    from ..dotprod.topi.pad import row_pad_applies, schedule_row_pad
+    from .competitors import ratios
+
+    rows = []
+    for shape, width in PAD_CASES:
+        blocked = len(shape) == 5
+        before = [0, 0, width, width] + [0] * blocked
+        x = te.placeholder(shape, "uint8", name="x")
+        y = topi.nn.pad(x, before, before, pad_value=tir.const(3, "uint8"))
+        data = tvm.nd.array(RNG.integers(0, 256, shape).astype("uint8"))
+        out = tvm.nd.empty([int(v) for v in y.shape], "uint8")
+        funcs = {"tvm": tvm.build(topi.x86.schedule_injective([y]), [x, y], TARGET),
+                 "ours": tvm.build(schedule_row_pad(y), [x, y], TARGET)}
+        applies = row_pad_applies(list(zip(before, before)), "uint8")
+        for n in threads:
+            set_threads(n)
+            timed = compare({name: te_function(f, [data, out], repeat=3, min_repeat_ms=50)
+                             for name, f in funcs.items()}, rounds)
+            ratio = ratios(timed, "ours")["tvm"]
+            rows.append({"layer": f"pad u8 {shape} by {width}", "threads": n, "tvm_us": timed["tvm"].median_ms * 1e3,
+                         "ours_us": timed["ours"].median_ms * 1e3, "tvm_over_ours": ratio.value,
+                         "interval": [ratio.low, ratio.high], "row_schedule_applies": applies})
+            print(f"pad u8 {str(shape):<20} by {width}  t={n}  TVM {rows[-1]['tvm_us']:7.2f} us  row schedule "
+                  f"{rows[-1]['ours_us']:7.2f} us  x{ratio.value:.2f} [{ratio.low:.2f}, {ratio.high:.2f}]"
+                  f"{'' if applies else '  (blocked: not taken, TVM keeps it)'}", flush=True)
+    return rows
+
+
 def report(name, rows, peaks):
     for n, row in rows:
         peak = peaks.get(n)

@@ -20,6 +20,8 @@ For targets with a 4-way dot-product ISA (see :mod:`tvm_tcutils.dotprod.isa`) an
   ``vpmaddubsw`` cannot saturate on u8 data) gets that ISA, packed with its mark
   (``OIHW1h{b/4}i8o4i`` int8; dense: one zero quad more); every other kernel keeps
   the target's exact ISA.
+* 8-bit constant pads of an image's rows (``NCHW``) on x86 get a row schedule
+  (:mod:`.topi.pad`): 8-10x faster than TVM's; same compute.
 * 8-bit ``layout_transform`` between ``NCHW`` and ``NCHW{b}c`` on x86 gets a
   byte-shuffle schedule (:mod:`..topi.dot_product.layout_transform`): the
   transforms at the edges of a run of packed convs move 2-4x faster. Same
@@ -60,6 +62,7 @@ from .isa import DotProductISA, for_layer, for_target, range_isa
 from .topi import batch_matmul, conv2d_nchwc, dense_pack, depthwise
 from .topi.conv2d_nchwc import ROW_QUAD, rows_kernel_layout
 from .topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
+from .topi.pad import row_pad_applies, schedule_row_pad
 from .topi.packing import channel_block, conv_kernel_marked, dense_weight_marked, kernel_layout, round_up
 
 #: Task names of the AutoTVM templates.
@@ -511,6 +514,22 @@ def _schedule_layout_transform(attrs, outs, target):
         return schedule_byte_layout_transform(outs, attrs.src_layout, attrs.dst_layout)
 
 
+def _applies_row_pad(attrs, inputs, out_type, target) -> bool:
+    # Where the package's int8 kernels run (x86 with a dot-product ISA); elsewhere TVM's schedule.
+    isa = for_target(target)
+    return (target.kind.name == "llvm" and isa is not None and isa.name.startswith("x86")
+            and row_pad_applies(attrs.pad_width, inputs[0].dtype, attrs.pad_mode))
+
+
+def _compute_pad(attrs, inputs, out_type):
+    return relay.op.get("nn.pad").get_attr("FTVMCompute")(attrs, inputs, out_type)
+
+
+def _schedule_row_pad(attrs, outs, target):
+    with target:
+        return schedule_row_pad(outs)
+
+
 def _lazy(task: str, wrap, **wrap_kwargs):
     """Relay compute / schedule calling the AutoTVM-wrapped template (registered after hooks())."""
 
@@ -569,6 +588,9 @@ STRATEGY_ROWS = (
     ("layout_transform", registry.StrategyImpl(
         "layout_transform_bytes.tcutils", _strategy.wrap_compute_layout_transform(topi.layout_transform),
         _schedule_layout_transform, _applies_layout_transform, plevel=20)),
+    # 8-bit image pads (the QDQ stem's zero-point pad): a row per iteration; not exclusive either.
+    ("nn.pad", registry.StrategyImpl("pad_rows.tcutils", _compute_pad, _schedule_row_pad, _applies_row_pad,
+                                     plevel=20)),
 )
 
 #: AutoTVM task name -> (compute, schedule).
