@@ -1,13 +1,15 @@
 #!/usr/bin/env python
-"""What the package's ``target.build.llvm`` rewrites are worth on a model, side by side in one process.
+"""What the package's ``target.build.llvm`` rewrites (and the stem's row form) are worth on a model, side by side.
 
 The model (a zoo name, default ``resnet-50-onnx``; its onnxruntime-quantized file for ``--route``) is built
-with plain ``relay.build`` three times:
+with plain ``relay.build`` once per variant:
 
 * ``hooks``: as the package builds it (``dotprod.prefetch``, then ``dotprod.pipeline``, then TVM's LLVM
   code generator);
 * ``no prefetch``: the same with ``dotprod.prefetch`` left out;
 * ``no rounding``: the same with ``dotprod.rounding`` left out;
+* ``no row form``: the same with every conv channel-blocked (``dotprod.strategy.ROWS_ISAS`` empty: an RGB
+  stem's channels padded to 4 instead of its kernel rows to whole quads);
 * ``TVM codegen``: TVM's own ``target.build.llvm`` (neither rewrite).
 
 The three run at one thread (``TVM_NUM_THREADS=1``, set here: one process is fair only at one thread)
@@ -41,7 +43,7 @@ from tvm_tcutils import registry  # noqa: E402
 from tvm_tcutils.bench.competitors import compare, ratios, relay_module  # noqa: E402
 from tvm_tcutils.bench.int8_models import ROUTES, feed_of, model_files  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
-from tvm_tcutils.dotprod import hooks, pipeline, prefetch, rounding  # noqa: E402
+from tvm_tcutils.dotprod import hooks, pipeline, prefetch, rounding, strategy  # noqa: E402
 from tvm_tcutils.measure import Timing  # noqa: E402
 
 
@@ -49,6 +51,7 @@ from tvm_tcutils.measure import Timing  # noqa: E402
 LEFT_OUT = {
     "no prefetch": (prefetch, "MIN_BYTES", float("inf")),
     "no rounding": (rounding, "MEASURED_ISAS", frozenset()),
+    "no row form": (strategy, "ROWS_ISAS", frozenset()),
 }
 VARIANTS = ("hooks", *LEFT_OUT, "TVM codegen")
 
