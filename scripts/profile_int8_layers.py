@@ -63,8 +63,8 @@ def _shape_key(shape) -> str:
     return "x".join(str(d) for d in dims[1:]) if len(dims) >= 2 else str(dims)
 
 
-def tvm_profile(path: str, feed) -> list:
-    """``[(kind, shape key, us)]`` of each fused kernel, hot."""
+def tvm_profile(path: str, feed):
+    """``([(kind, shape key)] of each fused kernel, a function returning their seconds, hot)``."""
     mod, params = tvm_tcutils.load_model(path)
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=tvm_tcutils.host_target(), params=params)
@@ -76,11 +76,13 @@ def tvm_profile(path: str, feed) -> list:
     offsets = graph["node_row_ptr"]
     ops = [(i, node) for i, node in enumerate(graph["nodes"]) if node["op"] == "tvm_op"]
 
-    def run():
+    def run():  # seconds of each fused kernel (run_individual answers for every graph node)
         with _quiet_stderr():
-            return module.run_individual(number=HOT_NUMBER, repeat=1)
-    return [(("conv" if "conv2d" in node["attrs"]["func_name"] else "other"), _shape_key(shapes[offsets[i]]),
-             float(np.median(times)) * 1e6) for (i, node), times in zip(ops, run())], run
+            per_node = module.run_individual(number=HOT_NUMBER, repeat=1)
+        return [float(np.median(per_node[i])) for i, _ in ops]
+
+    return [("conv" if "conv2d" in node["attrs"]["func_name"] else "other", _shape_key(shapes[offsets[i]]))
+            for i, node in ops], run
 
 
 def openvino_profile(path: str, feed, runs: int):
@@ -129,13 +131,13 @@ def main(argv=None) -> int:
         parser.error(f"--rounds and --runs must be >= 1, got {args.rounds} and {args.runs}")
     path = model_files(args.model, ["qdq"])["qdq"]
     feed = feed_of(path)
-    first, tvm_run = tvm_profile(path, feed)
+    kernels, tvm_run = tvm_profile(path, feed)
     ov_run = openvino_profile(path, feed, args.runs)
     samples = {"tcutils": [], "OpenVINO": []}
     for _ in range(args.rounds):  # alternating: both see the same machine state
         samples["OpenVINO"].append(grouped(ov_run()))
-        samples["tcutils"].append(grouped([(k, s, float(np.median(t)) * 1e6) for (k, s, _), t in
-                                           zip(first, tvm_run())]))
+        samples["tcutils"].append(grouped([(kind, shape, seconds * 1e6) for (kind, shape), seconds in
+                                           zip(kernels, tvm_run())]))
     table = {}
     for runtime, rounds in samples.items():
         for key in set().union(*rounds):
@@ -160,7 +162,7 @@ def main(argv=None) -> int:
         print(f"  total {kind:<5}: tcutils {totals[('tcutils', kind)]:8.1f} us, OpenVINO "
               f"{totals[('OpenVINO', kind)]:8.1f} us")
     results.settings["totals_us"] = {f"{runtime} {kind}": value for (runtime, kind), value in totals.items()}
-    print(f"results: {results.write(args.json)}")
+    results.write(args.json)
     return 0
 
 
