@@ -44,7 +44,7 @@ from tvm_tcutils.bench.competitors import compare, ratios, relay_module  # noqa:
 from tvm_tcutils.bench.int8_models import ROUTES, feed_of, model_files  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod import hooks, pipeline, prefetch, rounding, strategy  # noqa: E402
-from tvm_tcutils.measure import Timing  # noqa: E402
+from tvm_tcutils.measure import Timing, hot_kernel_seconds  # noqa: E402
 
 
 #: Builds with one of the package's rewrites left out: module, setting, the value that turns it off.
@@ -90,20 +90,6 @@ def _groups(graph_json: str, by: str) -> list:
     return groups
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """File descriptor 2 to /dev/null: TVM's debug executor logs every kernel of ``run_individual`` there."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def _profiled(lib, feed: dict, hot: bool = False, by: str = "plane"):
     """A timer of one network run under TVM's profiler: returns {group: summed kernel ms} (groups:
     :func:`_groups`). ``hot``: each kernel run ``HOT_NUMBER`` times in a row instead (``run_individual``:
@@ -114,13 +100,10 @@ def _profiled(lib, feed: dict, hot: bool = False, by: str = "plane"):
     for name, value in feed.items():
         module.set_input(name, value)
     planes = _groups(lib.get_graph_json(), by)
-    kernels = [i for i, node in enumerate(json.loads(lib.get_graph_json())["nodes"]) if node["op"] == "tvm_op"]
 
     def durations() -> list:
         if hot:
-            with _quiet_stderr():
-                per_node = module.run_individual(number=HOT_NUMBER, repeat=1)
-            return [per_node[i][0] * 1e3 for i in kernels]
+            return [s * 1e3 for s in hot_kernel_seconds(module, lib.get_graph_json(), HOT_NUMBER)]
         return [call["Duration (us)"].microseconds / 1e3 for call in module.profile().calls]
 
     def run() -> dict:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import os
 import sys
@@ -38,22 +37,10 @@ from tvm import relay  # noqa: E402
 from tvm.contrib.debugger import debug_executor  # noqa: E402
 from tvm_tcutils.bench.int8_models import feed_of, model_files  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.measure import hot_kernel_seconds  # noqa: E402
 
 #: Runs of each kernel in a row (TVM's ``run_individual``).
 HOT_NUMBER = 20
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """TVM's debug executor logs every kernel's repeats on file descriptor 2."""
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def _shape_key(shape) -> str:
@@ -76,13 +63,8 @@ def tvm_profile(path: str, feed):
     offsets = graph["node_row_ptr"]
     ops = [(i, node) for i, node in enumerate(graph["nodes"]) if node["op"] == "tvm_op"]
 
-    def run():  # seconds of each fused kernel (run_individual answers for every graph node)
-        with _quiet_stderr():
-            per_node = module.run_individual(number=HOT_NUMBER, repeat=1)
-        return [float(np.median(per_node[i])) for i, _ in ops]
-
     return [("conv" if "conv2d" in node["attrs"]["func_name"] else "other", _shape_key(shapes[offsets[i]]))
-            for i, node in ops], run
+            for i, node in ops], lambda: hot_kernel_seconds(module, lib.get_graph_json(), HOT_NUMBER)
 
 
 def openvino_profile(path: str, feed, runs: int):

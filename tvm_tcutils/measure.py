@@ -382,6 +382,41 @@ def outputs(runner: graph_executor.GraphModule) -> List[np.ndarray]:
 _LAYOUT_KERNEL = re.compile(r"_fused_layout_transform(_\d+)?$")
 
 
+@contextlib.contextmanager
+def quiet_stderr():
+    """File descriptor 2 to /dev/null: TVM's debug executor logs every kernel of ``run_individual`` there.
+
+    Examples
+    --------
+    >>> with quiet_stderr():
+    ...     os.write(2, b"not shown")
+    9
+    """
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def hot_kernel_seconds(debug_module, graph_json: str, number: int) -> List[float]:
+    """Seconds of each fused kernel of a debug-executor module (graph order), each run ``number`` times in a row.
+
+    TVM's ``run_individual`` answers for every graph node (inputs and weights too); this keeps the kernels,
+    its log kept off stderr.
+    """
+    kernels = [i for i, node in enumerate(json.loads(graph_json)["nodes"]) if node["op"] == "tvm_op"]
+    with quiet_stderr():
+        per_node = debug_module.run_individual(number=number, repeat=1)
+    return [float(per_node[i][0]) for i in kernels]
+
+
 def boundary_layout_nodes(graph_json: str, input_names: Sequence[str]) -> List[int]:
     """Graph-executor nodes that only change the layout of a graph input or of a graph output.
 

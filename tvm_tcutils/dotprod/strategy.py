@@ -279,8 +279,8 @@ def legalize_dense(attrs, inputs, types) -> Optional[relay.Expr]:
 # --------------------------------------------------------------------------
 # Alter op layout
 # --------------------------------------------------------------------------
-def _packable_conv(attrs, types, isa) -> Optional[Tuple[int, int]]:
-    """(ic_bn, oc_bn) when an (already legal) conv2d goes to the packed compute."""
+def _legal_conv_shapes(attrs, types, isa) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    """(data, kernel) static shapes of an (already legal) plain NCHW 8-bit conv2d the ISA multiplies."""
     data_t, kernel_t = types[0], types[1]
     if isa is None or not _int8_pair(data_t.dtype, kernel_t.dtype, types[2].dtype):
         return None
@@ -289,25 +289,25 @@ def _packable_conv(attrs, types, isa) -> Optional[Tuple[int, int]]:
     if isa.variant(data_t.dtype, kernel_t.dtype) is None or attrs.out_layout not in ("", "NCHW"):
         return None
     d_shape, k_shape = _static(data_t.shape), _static(kernel_t.shape)
-    if d_shape is None or k_shape is None or d_shape[1] % 4 or k_shape[0] % isa.lanes:
+    if d_shape is None or k_shape is None or k_shape[0] % isa.lanes:
         return None
-    return channel_block(d_shape[1], isa.lanes), isa.lanes
+    return d_shape, k_shape
+
+
+def _packable_conv(attrs, types, isa) -> Optional[Tuple[int, int]]:
+    """(ic_bn, oc_bn) when an (already legal) conv2d goes to the packed compute."""
+    shapes = _legal_conv_shapes(attrs, types, isa)
+    if shapes is None or shapes[0][1] % 4:
+        return None
+    return channel_block(shapes[0][1], isa.lanes), isa.lanes
 
 
 def _packable_rows(attrs, types, isa) -> bool:
     """Whether an (already legal) conv2d is one :func:`_rows_form` made (channels not a multiple of 4)."""
-    data_t, kernel_t = types[0], types[1]
-    if isa is None or isa.name not in ROWS_ISAS or not _int8_pair(data_t.dtype, kernel_t.dtype, types[2].dtype):
-        return False
-    if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
-        return False
-    if isa.variant(data_t.dtype, kernel_t.dtype) is None or attrs.out_layout not in ("", "NCHW"):
-        return False
-    d_shape, k_shape = _static(data_t.shape), _static(kernel_t.shape)
+    shapes = None if isa is None or isa.name not in ROWS_ISAS else _legal_conv_shapes(attrs, types, isa)
     return (
-        d_shape is not None and k_shape is not None and d_shape[1] % 4 != 0 and k_shape[3] % ROW_QUAD == 0
-        and k_shape[0] % isa.lanes == 0 and not any(get_const_tuple(attrs.padding))
-        and get_const_tuple(attrs.dilation) == (1, 1)
+        shapes is not None and shapes[0][1] % 4 != 0 and shapes[1][3] % ROW_QUAD == 0
+        and not any(get_const_tuple(attrs.padding)) and get_const_tuple(attrs.dilation) == (1, 1)
     )
 
 
