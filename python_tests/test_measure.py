@@ -5,7 +5,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+import tvm
+from tvm import relay
 
 _PROBE = """
 import os
@@ -38,3 +42,21 @@ def test_timing_sets_tvm_num_threads_to_the_pool_tvm_chose():
 ])
 def test_a_thread_count_the_user_set_is_kept(env, expected):
     assert _probe(**env) == expected
+
+
+def test_hot_kernel_seconds_answers_for_each_kernel_in_graph_order():
+    from tvm.contrib.debugger import debug_executor
+    from tvm_tcutils.measure import hot_kernel_seconds
+
+    x = relay.var("x", shape=(64, 256))
+    # A small kernel, then a large one, fusion stopped between them: two kernels, in this order.
+    y = relay.annotation.stop_fusion(relay.add(x, relay.const(1.0)))
+    y = relay.nn.dense(y, relay.const(np.ones((512, 256), "float32")))
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], y)), target="llvm")
+    module = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(), dump_root=None)
+    module.set_input(**lib.get_params())
+    module.set_input("x", np.ones((64, 256), "float32"))
+    seconds = hot_kernel_seconds(module, lib.get_graph_json(), 3)
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    assert seconds[1] > seconds[0]  # the dense (8 MFLOP) after the add
