@@ -258,15 +258,17 @@ def dot_target(name: str) -> str:
 ROUNDING_SHIFT = 1.5 * 2**23
 
 
-def requantized_conv(data_shape, kernel_shape, padding: int, residual: bool, rounded_first: bool = False):
+def requantized_conv(data_shape, kernel_shape, padding: int, residual: bool, rounded_first: bool = False,
+                     kernel_dtype: str = "int8"):
     """The package's NCHW16c dot-product conv (fallback config, current target) with the epilogue the QDQ
     rewrite fuses after it: bias, scale, clip, round, 8 bits, and optionally a residual add read from a
     second 8-bit tensor (``rounded_first``: added to the conv's own clamped and rounded value, back in
-    float32, as a QDQ residual add reads it). Returns ``(cfg, out, args)``."""
+    float32, as a QDQ residual add reads it; ``kernel_dtype`` int16: a kernel packed widened, as AVX2 takes
+    it). Returns ``(cfg, out, args)``."""
     from tvm import autotvm, te, tir
     from tvm_tcutils.dotprod.topi.conv2d_nchwc import conv2d_nchwc_dot
 
-    data, kernel = te.placeholder(data_shape, "uint8", "data"), te.placeholder(kernel_shape, "int8", "kernel")
+    data, kernel = te.placeholder(data_shape, "uint8", "data"), te.placeholder(kernel_shape, kernel_dtype, "kernel")
     cfg = autotvm.get_config()
     conv = conv2d_nchwc_dot(cfg, data, kernel, 1, padding, 1, "NCHW16c", "NCHW16c")
     bias = te.placeholder((conv.shape[1], conv.shape[4]), "int32", "bias")
@@ -318,7 +320,7 @@ def codegen_and_hook_builds(schedule, args, target: str, rng) -> tuple:
 
 def requantized_conv_inputs(args, rng) -> list:
     """Random inputs for :func:`requantized_conv`'s ``args`` (all but the output)."""
-    ranges = {"uint8": (0, 256), "int8": (-128, 128), "int32": (-3000, 3000)}
+    ranges = {"uint8": (0, 256), "int8": (-128, 128), "int16": (-128, 128), "int32": (-3000, 3000)}
     return [rng.integers(*ranges[a.dtype], [int(d) for d in a.shape]).astype(a.dtype) for a in args[:-1]]
 
 

@@ -27,9 +27,17 @@ SHAPES = {
 }
 
 
+#: AVX2's kernels as its alter-layout hook packs them: int16 pairs, 8 output channels a block.
+AVX2 = "llvm -mcpu=core-avx2"
+AVX2_TILES = ((1, 4, 4, 8, 16), (8, 4, 1, 1, 8, 8, 2), 0)
+
+
 def _lowered(name: str, target: str = ZNVER4) -> tir.PrimFunc:
     with tvm.target.Target(target):
-        cfg, out, args = requantized_conv(*SHAPES[name], residual=True)
+        if target == AVX2:
+            cfg, out, args = requantized_conv(*AVX2_TILES, residual=True, kernel_dtype="int16")
+        else:
+            cfg, out, args = requantized_conv(*SHAPES[name], residual=True)
         return tvm.lower(schedule_conv2d_nchwc_dot(cfg, [out]), args)["main"]
 
 
@@ -120,9 +128,11 @@ def test_each_block_prefetches_the_next_blocks_lines(name, pipelined):
 def test_small_weights_and_other_isas_untouched():
     func = _lowered("1x1_tiles")
     assert prefetch.prefetch_weights(func) == (func, 0)  # 4 KB of weights: under MIN_BYTES
-    avx2 = _lowered("1x1_tiles", "llvm -mcpu=core-avx2")
+    avx2 = _lowered("1x1_tiles", AVX2)
     assert "llvm.x86" in avx2.script()
-    assert prefetch.prefetch_weights(avx2, min_bytes=0)[1] == 0  # not measured there
+    assert prefetch.prefetch_weights(avx2, min_bytes=0)[1] == 1  # measured there too
+    sse = _lowered("1x1_tiles", "llvm -mcpu=nehalem")
+    assert prefetch.prefetch_weights(sse, min_bytes=0)[1] == 0  # not measured there
 
 
 def test_loop_without_block_reuse_untouched():
@@ -149,14 +159,17 @@ def _loops(func):
     return found
 
 
-@pytest.mark.parametrize("name", sorted(SHAPES))
-def test_prefetching_kernel_bit_identical(name, monkeypatch):
+@pytest.mark.parametrize("target_name,name", [("vnni", name) for name in sorted(SHAPES)] + [("avx2", "1x1_tiles")])
+def test_prefetching_kernel_bit_identical(target_name, name, monkeypatch):
     """Through the build hook (prefetches, then pipelining, then TVM's code generator): the same output
     as TVM's own generator, and the machine code prefetches."""
-    target = dot_target("vnni")
+    target = dot_target(target_name)
     monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
     with tvm.target.Target(target):
-        cfg, out, args = requantized_conv(*SHAPES[name], residual=True)
+        if target_name == "avx2":
+            cfg, out, args = requantized_conv(*AVX2_TILES, residual=True, kernel_dtype="int16")
+        else:
+            cfg, out, args = requantized_conv(*SHAPES[name], residual=True)
         schedule = schedule_conv2d_nchwc_dot(cfg, [out])
     _, asm = codegen_and_hook_builds(schedule, args, target, RNG)
     assert "prefetcht0" not in asm[0] and "prefetcht0" in asm[1]
