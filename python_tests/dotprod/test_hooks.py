@@ -102,16 +102,16 @@ def _qnn_whole_op():
     return mod, {"x": _rand((1, 32, 8, 8), "uint8")}
 
 
-def _rgb_stem_net(k: int = 7, size: int = 29, stride: int = 2):
-    """A u8 RGB image through a ``k x k`` stem (3 -> 32) and a 3x3 conv (32 -> 16)."""
-    x = relay.var("x", shape=(1, 3, size, size), dtype="uint8")
+def _rgb_stem_net(k: int = 7, size: int = 29, stride: int = 2, dtype: str = "uint8"):
+    """An 8-bit RGB image through a ``k x k`` stem (3 -> 32) and a 3x3 conv (32 -> 16)."""
+    x = relay.var("x", shape=(1, 3, size, size), dtype=dtype)
     y = relay.nn.conv2d(x, relay.const(_rand((32, 3, k, k), "int8")), strides=stride, padding=(k // 2, k // 2),
                         channels=32, kernel_size=(k, k), out_dtype="int32")
     y = relay.cast(relay.clip(relay.right_shift(y, relay.const(10)), 0, 255), "uint8")
     y = relay.nn.conv2d(y, relay.const(_rand((16, 32, 3, 3), "int8")), padding=(1, 1), channels=16,
                         kernel_size=(3, 3), out_dtype="int32")
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
-    return mod, {"x": _rand((1, 3, size, size), "uint8")}
+    return mod, {"x": _rand((1, 3, size, size), dtype)}
 
 
 MODELS = {
@@ -123,6 +123,7 @@ MODELS = {
     "quantized": _quantized_net,
     "rgb_stem": _rgb_stem_net,  # the last output's second quad reads a column past the padded image
     "rgb_stem_s4": lambda: _rgb_stem_net(size=32, stride=4),  # the last two padded columns are never read
+    "rgb_stem_int8": lambda: _rgb_stem_net(dtype="int8"),  # shifted to u8, compensated: same sums
 }
 
 _REFERENCE = """
@@ -242,6 +243,8 @@ def test_rgb_stem_reduces_kernel_rows_in_quads():
     cut = _convs(_rgb_stem_net(size=32, stride=4)[0], "llvm -mcpu=znver4")[0]
     assert [int(d) for d in cut.args[0].checked_type.shape] == [1, 3, 38, 36]  # cut to the columns read
     assert [int(d) for d in cut.checked_type.shape] == [1, 2, 8, 8, 16]
+    shifted = _convs(_rgb_stem_net(dtype="int8")[0], "llvm -mcpu=znver4")[0]  # int8 data, shifted to u8
+    assert shifted.attrs.kernel_layout == "OIHW16o4w" and shifted.args[0].checked_type.dtype == "uint8"
     assert isinstance(stem.args[1], relay.Constant) and stem.args[1].data.shape == (2, 3, 7, 2, 16, 4)
     assert not stem.args[1].data.numpy()[:, :, :, 1, :, 3].any()  # the eighth tap of each row is zero
     assert conv.op.name == "nn.contrib_conv2d_NCHWc"
