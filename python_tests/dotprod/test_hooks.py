@@ -173,7 +173,7 @@ def _build_run(mod, inputs, target, opt_level=3):
 #: Models every target runs by default (int8 data legalized to u8, and onnxruntime's QLinearConv between
 #: byte shuffles); VNNI runs them all. The other (model, AVX2/SSE) pairs run under -m slow: the same kernels
 #: as the default pairs of their target, on the models the VNNI row checks by default.
-EVERY_TARGET = ("odd_int8", "qnn_whole_op")
+EVERY_TARGET = ("odd_int8", "qnn_whole_op", "rgb_stem")
 
 
 def _model_targets():
@@ -245,6 +245,11 @@ def test_rgb_stem_reduces_kernel_rows_in_quads():
     assert [int(d) for d in cut.checked_type.shape] == [1, 2, 8, 8, 16]
     shifted = _convs(_rgb_stem_net(dtype="int8")[0], "llvm -mcpu=znver4")[0]  # int8 data, shifted to u8
     assert shifted.attrs.kernel_layout == "OIHW16o4w" and shifted.args[0].checked_type.dtype == "uint8"
+    # AVX2 takes its kernels widened, in pairs of taps: int16, 8 output channels, the cast folded too.
+    avx2 = _convs(_rgb_stem_net()[0], "llvm -mcpu=core-avx2")[0]
+    assert (avx2.attrs.kernel_layout, avx2.attrs.out_layout) == ("OIHW8o2w", "NCHW8c")
+    assert isinstance(avx2.args[1], relay.Constant) and avx2.args[1].data.shape == (4, 3, 7, 4, 8, 2)
+    assert avx2.args[1].data.dtype == "int16"
     assert isinstance(stem.args[1], relay.Constant) and stem.args[1].data.shape == (2, 3, 7, 2, 16, 4)
     assert not stem.args[1].data.numpy()[:, :, :, 1, :, 3].any()  # the eighth tap of each row is zero
     assert conv.op.name == "nn.contrib_conv2d_NCHWc"
@@ -253,7 +258,7 @@ def test_rgb_stem_reduces_kernel_rows_in_quads():
 @pytest.mark.parametrize("target,opt_level,k", [
     ("llvm -mcpu=znver4", 3, 3),     # 3 planes x 1 quad = 3 x 4 channels: no fewer products
     ("llvm -mcpu=znver4", 2, 7),     # no AlterOpLayout to pack it: the plain template pads channels
-    ("llvm -mcpu=core-avx2", 3, 7),  # measured on VNNI only
+    ("llvm -mcpu=nehalem", 3, 7),    # measured on VNNI and AVX2 only
 ])
 def test_rgb_stem_keeps_channel_blocks_elsewhere(target, opt_level, k):
     stem = _convs(_rgb_stem_net(k)[0], target, opt_level)[0]

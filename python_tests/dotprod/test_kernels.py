@@ -264,17 +264,23 @@ ROWS_SHAPES = {
 }
 
 
+@pytest.mark.parametrize("target_name,instruction", [("vnni", "vpdpbusd"), ("avx2", "vpmaddwd")])
 @pytest.mark.parametrize("name", sorted(ROWS_SHAPES))
-def test_conv2d_rows_bit_exact(name):
+def test_conv2d_rows_bit_exact(name, target_name, instruction):
     n, c, h, w, o, k_h, k_w, stride = ROWS_SHAPES[name]
-    target = dot_target("vnni")
+    target = dot_target(target_name)
+    isa = for_target(target)
+    k_dtype = isa.conv_kernel_dtype("int8")
+    lanes, group = isa.lanes, isa.kernel_group(k_dtype)
     data, kernel = _full_range((n, c, h, w), "uint8"), _full_range((o, c, k_h, k_w), "int8")
     quads = -(-k_w // ROW_QUAD)
-    # OIHW16o4w: the kernel row zero-padded to whole quads, 16 output channels then 4 taps innermost.
+    # OIHW{L}o{g}w: the kernel row zero-padded to whole quads, L output channels then g taps innermost
+    # (VNNI: 16 and 4; AVX2: 8 and pairs of int16).
     rows = np.zeros((o, c, k_h, quads * ROW_QUAD), "int8")
     rows[..., :k_w] = kernel
-    packed = rows.reshape(o // 16, 16, c, k_h, quads, ROW_QUAD).transpose(0, 2, 3, 4, 1, 5)
-    d, kk = te.placeholder(data.shape, "uint8", name="d"), te.placeholder(packed.shape, "int8", name="k")
+    packed = rows.reshape(o // lanes, lanes, c, k_h, quads * ROW_QUAD // group, group).transpose(0, 2, 3, 4, 1, 5)
+    packed = packed.astype(k_dtype)
+    d, kk = te.placeholder(data.shape, "uint8", name="d"), te.placeholder(packed.shape, k_dtype, name="k")
     with tvm.target.Target(target):
         cfg = autotvm.get_config()
         out = conv2d_rows_dot(cfg, d, kk, stride, 0, 1)
@@ -287,7 +293,7 @@ def test_conv2d_rows_bit_exact(name):
     ref = conv_reference(wide, rows, 1, 0, 1)[:, :, ::s_h, ::s_w]
     np.testing.assert_array_equal(packing.unpack_nchwc(result.numpy(), o), ref[:, :, :result.shape[2], :result.shape[3]])
     assert result.shape[2:4] == ((h - k_h) // s_h + 1, (w - quads * ROW_QUAD) // s_w + 1)
-    assert "vpdpbusd" in func.get_source("asm")
+    assert instruction in func.get_source("asm")
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -308,7 +314,7 @@ def test_bad_inputs_raise_clear_errors():
         with pytest.raises(ValueError, match="padding must be 0"):  # the row form takes padded data
             conv2d_rows_dot(cfg, te.placeholder((1, 3, 9, 9), "uint8"),
                             te.placeholder((1, 3, 3, 1, 16, 4), "int8"), 1, 1, 1)
-        with pytest.raises(ValueError, match=r"\(O/L, C, KH, KW/4, L, 4\)"):
+        with pytest.raises(ValueError, match=r"\(O/L, C, KH, KW/g, L, g\)"):
             conv2d_rows_dot(cfg, te.placeholder((1, 3, 9, 9), "uint8"),
                             te.placeholder((1, 1, 3, 1, 16, 4), "int8"), 1, 0, 1)
         with pytest.raises(ValueError, match="OIHW16o4w"):

@@ -78,9 +78,10 @@ TARGET_KEYS = ("cpu", "hexagon")
 
 _INT8 = ("int8", "uint8")
 
-#: ISAs whose convs of few input channels take the row form (:func:`conv2d_nchwc.conv2d_rows_dot`):
-#: measured on VNNI (ResNet-18's 7x7 RGB stem 709 -> 603 us, one core); the others pad channels to 4.
-ROWS_ISAS = frozenset({"x86_vnni"})
+#: ISAs whose convs of few input channels take the row form (:func:`conv2d_nchwc.conv2d_rows_dot`), as
+#: measured (ResNet-18's 7x7 RGB stem, one core: VNNI 709 -> 603 us, AVX2 x1.20); SSE and HVX pad
+#: channels to 4.
+ROWS_ISAS = frozenset({"x86_vnni", "x86_avx2"})
 
 
 def layer_isa(data_dtype: str, kernel: relay.Expr, shift: bool = True) -> Optional[DotProductISA]:
@@ -336,10 +337,13 @@ def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     the row form: ``conv2d`` with a :func:`~.topi.conv2d_nchwc.rows_kernel_layout` kernel)."""
     isa = layer_isa(types[0].dtype, inputs[1], shift=False)  # legalization is over: the pair must be native
     if _packable_rows(attrs, list(types) + [out_type], isa):
+        k_dtype = isa.conv_kernel_dtype(types[1].dtype)
         new_attrs = {key: attrs[key] for key in attrs.keys()}
-        new_attrs.update(kernel_layout=rows_kernel_layout(isa.lanes), out_layout=f"NCHW{isa.lanes}c",
-                         out_dtype="int32")
-        return relay.nn.conv2d(*inputs, **new_attrs)  # Relay inserts (and folds) the kernel's transform
+        new_attrs.update(kernel_layout=rows_kernel_layout(isa.lanes, isa.kernel_group(k_dtype)),
+                         out_layout=f"NCHW{isa.lanes}c", out_dtype="int32")
+        # Widened here (AVX2), the cast folds with the kernel's layout transform, which Relay inserts.
+        kernel = inputs[1] if k_dtype == str(types[1].dtype) else relay.cast(inputs[1], k_dtype)
+        return relay.nn.conv2d(inputs[0], kernel, **new_attrs)
     blocks = _packable_conv(attrs, list(types) + [out_type], isa)
     if blocks is None:
         return None
@@ -443,10 +447,11 @@ def _applies_conv2d(attrs, inputs, out_type, target) -> bool:
 
 
 def _applies_conv2d_rows(attrs, inputs, out_type, target) -> bool:
-    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype)
+    isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype, widened=True)
     return (
         isa is not None and isa.name in ROWS_ISAS and attrs.groups == 1 and attrs.data_layout == "NCHW"
-        and attrs.kernel_layout == rows_kernel_layout(isa.lanes) and attrs.out_layout == f"NCHW{isa.lanes}c"
+        and attrs.kernel_layout == rows_kernel_layout(isa.lanes, isa.kernel_group(inputs[1].dtype))
+        and attrs.out_layout == f"NCHW{isa.lanes}c"
         and len(inputs[0].shape) == 4 and len(inputs[1].shape) == 6
         and not any(get_const_tuple(attrs.padding)) and get_const_tuple(attrs.dilation) == (1, 1)
     )

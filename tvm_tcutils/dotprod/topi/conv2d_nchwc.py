@@ -236,15 +236,16 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
 ROW_QUAD = 4
 
 
-def rows_kernel_layout(lanes: int) -> str:
-    """The kernel layout of :func:`conv2d_rows_dot`: ``OIHW{lanes}o4w`` (four taps of a row innermost).
+def rows_kernel_layout(lanes: int, group: int = ROW_QUAD) -> str:
+    """The kernel layout of :func:`conv2d_rows_dot`: ``OIHW{lanes}o{group}w``, ``group`` taps of a row
+    innermost (4; 2 for a kernel the ISA takes widened, in pairs: AVX2's int16).
 
     Examples
     --------
-    >>> rows_kernel_layout(16)
-    'OIHW16o4w'
+    >>> rows_kernel_layout(16), rows_kernel_layout(8, 2)
+    ('OIHW16o4w', 'OIHW8o2w')
     """
-    return f"OIHW{lanes}o{ROW_QUAD}w"
+    return f"OIHW{lanes}o{group}w"
 
 
 def conv2d_rows_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="int32"):
@@ -263,7 +264,8 @@ def conv2d_rows_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
     data : te.Tensor
         ``(N, C, H, W)`` uint8/int8, already padded.
     kernel : te.Tensor
-        ``(O/L, C, KH, KW/4, L, 4)`` (:func:`rows_kernel_layout`), ``L`` the ISA's lanes.
+        ``(O/L, C, KH, KW/g, L, g)`` (:func:`rows_kernel_layout`), ``L`` the ISA's lanes, ``g`` its kernel
+        group (4; 2 for the ISA's ``wide_kernel`` dtype: AVX2's int16 pairs), ``KW`` a multiple of 4.
     strides : int or tuple
         As for ``nn.conv2d``.
     padding, dilation
@@ -290,15 +292,23 @@ def conv2d_rows_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
         raise ValueError(f"out_dtype must be 'int32' for dot-product conv2d, got {out_dtype!r}")
     data_shape, kernel_shape = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
     if len(data_shape) != 4 or len(kernel_shape) != 6 or kernel_shape[1] != data_shape[1]:
-        raise ValueError(f"data must be (N, C, H, W) and kernel (O/L, C, KH, KW/4, L, 4); got {data_shape} "
+        raise ValueError(f"data must be (N, C, H, W) and kernel (O/L, C, KH, KW/g, L, g); got {data_shape} "
                          f"and {kernel_shape}")
     if any(get_pad_tuple(padding, (1, 1))) or pair(dilation) != (1, 1):
         raise ValueError(f"padding must be 0 and dilation 1 (pad the data first), got {padding} and {dilation}")
     isa = current_isa(data.dtype, kernel.dtype)
-    oc_chunks, chans, k_h, quads, oc_bn, inner = kernel_shape
-    if inner != ROW_QUAD or oc_bn % isa.lanes or isa.kernel_group(kernel.dtype) != ROW_QUAD:
-        raise ValueError(f"kernel {kernel_shape} is not {rows_kernel_layout(isa.lanes)} for {isa.name}")
+    group = isa.kernel_group(kernel.dtype)
+    oc_chunks, chans, k_h, runs, oc_bn, inner = kernel_shape
+    quads = runs * group // ROW_QUAD
+    if inner != group or oc_bn % isa.lanes or (runs * group) % ROW_QUAD:
+        raise ValueError(f"kernel {kernel_shape} is not {rows_kernel_layout(isa.lanes, group)} for {isa.name}")
     batch, _, in_h, in_w = data_shape
+    if isa.wide_data:
+        # Each data value feeds every output-channel block and kernel row: widened once (the
+        # channel-blocked compute's stage, which its schedule finds by the tag).
+        narrow, wide = data, isa.wide_data
+        data = te.compute(data_shape, lambda n, c, y, x: narrow[n, c, y, x].astype(wide), name="data_wide",
+                          tag=WIDE_TAG)
     s_h, s_w = pair(strides)
     out_h, out_w = (in_h - k_h) // s_h + 1, (in_w - quads * ROW_QUAD) // s_w + 1
     if out_h < 1 or out_w < 1:
@@ -311,11 +321,12 @@ def conv2d_rows_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
     r_kw = te.reduce_axis((0, 1), name="kw")
     r_q = te.reduce_axis((0, quads), name="ic_f")
     r_t = te.reduce_axis((0, ROW_QUAD), name="ic_s")
+    per_quad = ROW_QUAD // group
     conv = te.compute(
         (batch, oc_chunks, out_h, out_w, oc_bn),
         lambda n, oc, y, x, oci: te.sum(
             data[n, r_c, y * s_h + r_kh, x * s_w + r_kw + r_q * ROW_QUAD + r_t].astype("int32")
-            * kernel[oc, r_c, r_kh, r_q, oci, r_t].astype("int32"),
+            * kernel[oc, r_c, r_kh, r_q * per_quad + r_t // group, oci, r_t % group].astype("int32"),
             axis=[r_c, r_kh, r_kw, r_q, r_t],
         ),
         name="conv2d_nchwc_dot",
@@ -354,10 +365,10 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
         s[pad].compute_inline()
     copy = wide if wide is not None else pad
     if copy is not None:
-        n, c, h, w, cb = s[copy].op.axis
-        s[copy].parallel(s[copy].fuse(n, c, h))
+        axes = s[copy].op.axis  # (N, C/b, H, W, b); the row form's (N, C, H, W)
+        s[copy].parallel(s[copy].fuse(*axes[:3]))
         if mode == "llvm":
-            s[copy].vectorize(cb)
+            s[copy].vectorize(axes[-1])
 
     out = outs[0]
     inline_between(s, outs, conv)
