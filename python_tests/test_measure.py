@@ -44,7 +44,7 @@ def test_a_thread_count_the_user_set_is_kept(env, expected):
     assert _probe(**env) == expected
 
 
-def test_hot_kernel_seconds_answers_for_each_kernel_in_graph_order():
+def test_hot_kernel_seconds_answers_for_each_kernel_in_graph_order(tmp_path):
     from tvm.contrib.debugger import debug_executor
     from tvm_tcutils.measure import hot_kernel_seconds
 
@@ -54,7 +54,8 @@ def test_hot_kernel_seconds_answers_for_each_kernel_in_graph_order():
     y = relay.nn.dense(y, relay.const(np.ones((512, 256), "float32")))
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], y)), target="llvm")
-    module = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(), dump_root=None)
+    # A dump folder of its own: without one the debug executor leaves a temporary folder behind.
+    module = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(), dump_root=str(tmp_path))
     module.set_input(**lib.get_params())
     module.set_input("x", np.ones((64, 256), "float32"))
     seconds = hot_kernel_seconds(module, lib.get_graph_json(), 3)

@@ -25,6 +25,7 @@ import collections
 import json
 import os
 import sys
+import tempfile
 
 os.environ["TVM_NUM_THREADS"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,13 +51,15 @@ def _shape_key(shape) -> str:
     return "x".join(str(d) for d in dims[1:]) if len(dims) >= 2 else str(dims)
 
 
-def tvm_profile(path: str, feed):
-    """``([(kind, shape key)] of each fused kernel, a function returning their seconds, hot)``."""
+def tvm_profile(path: str, feed, dump_root: str):
+    """``([(kind, shape key)] of each fused kernel, a function returning their seconds, hot)``; the debug
+    executor writes under ``dump_root`` (left to itself it leaves a temporary folder behind)."""
     mod, params = tvm_tcutils.load_model(path)
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=tvm_tcutils.host_target(), params=params)
-    graph = json.loads(lib.get_graph_json())
-    module = debug_executor.create(lib.get_graph_json(), lib.get_lib(), tvm.cpu(), dump_root=None)
+    graph_json = lib.get_graph_json()
+    graph = json.loads(graph_json)
+    module = debug_executor.create(graph_json, lib.get_lib(), tvm.cpu(), dump_root=dump_root)
     module.set_input(**lib.get_params())
     module.set_input(**feed)
     shapes = graph["attrs"]["shape"][1]
@@ -64,7 +67,7 @@ def tvm_profile(path: str, feed):
     ops = [(i, node) for i, node in enumerate(graph["nodes"]) if node["op"] == "tvm_op"]
 
     return [("conv" if "conv2d" in node["attrs"]["func_name"] else "other", _shape_key(shapes[offsets[i]]))
-            for i, node in ops], lambda: hot_kernel_seconds(module, lib.get_graph_json(), HOT_NUMBER)
+            for i, node in ops], lambda: hot_kernel_seconds(module, graph_json, HOT_NUMBER)
 
 
 def openvino_profile(path: str, feed, runs: int):
@@ -113,13 +116,14 @@ def main(argv=None) -> int:
         parser.error(f"--rounds and --runs must be >= 1, got {args.rounds} and {args.runs}")
     path = model_files(args.model, ["qdq"])["qdq"]
     feed = feed_of(path)
-    kernels, tvm_run = tvm_profile(path, feed)
-    ov_run = openvino_profile(path, feed, args.runs)
     samples = {"tcutils": [], "OpenVINO": []}
-    for _ in range(args.rounds):  # alternating: both see the same machine state
-        samples["OpenVINO"].append(grouped(ov_run()))
-        samples["tcutils"].append(grouped([(kind, shape, seconds * 1e6) for (kind, shape), seconds in
-                                           zip(kernels, tvm_run())]))
+    with tempfile.TemporaryDirectory(prefix="tcutils_profile_") as dump_root:
+        kernels, tvm_run = tvm_profile(path, feed, dump_root)
+        ov_run = openvino_profile(path, feed, args.runs)
+        for _ in range(args.rounds):  # alternating: both see the same machine state
+            samples["OpenVINO"].append(grouped(ov_run()))
+            samples["tcutils"].append(grouped([(kind, shape, seconds * 1e6) for (kind, shape), seconds in
+                                               zip(kernels, tvm_run())]))
     table = {}
     for runtime, rounds in samples.items():
         for key in set().union(*rounds):

@@ -36,6 +36,7 @@ import os
 import platform
 import re
 import struct
+import sys
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -392,8 +393,6 @@ def quiet_stderr():
     ...     os.write(2, b"not shown")
     9
     """
-    import sys
-
     sys.stderr.flush()
     saved = os.dup(2)
     with open(os.devnull, "w") as null:
