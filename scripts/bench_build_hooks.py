@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What the package's ``target.build.llvm`` rewrites (and the stem's row form) are worth on a model, side by side.
+"""What the package's ``target.build.llvm`` rewrites, the stem's row form and the dense tile order are worth on a model.
 
 The model (a zoo name, default ``resnet-50-onnx``; its onnxruntime-quantized file for ``--route``) is built
 with plain ``relay.build`` once per variant:
@@ -10,6 +10,8 @@ with plain ``relay.build`` once per variant:
 * ``no rounding``: the same with ``dotprod.rounding`` left out;
 * ``no row form``: the same with every conv channel-blocked (``dotprod.strategy.ROWS_ISAS`` empty: an RGB
   stem's channels padded to 4 instead of its kernel rows to whole quads);
+* ``rows outer``: the same with the int8 dense tiles walked row tile by row tile
+  (``dotprod.topi.dense_pack.COLUMNS_OUTER`` off: a token matrix reads the whole weight once per row tile);
 * ``TVM codegen``: TVM's own ``target.build.llvm`` (neither rewrite).
 
 The three run at one thread (``TVM_NUM_THREADS=1``, set here: one process is fair only at one thread)
@@ -44,6 +46,7 @@ from tvm_tcutils.bench.competitors import compare, ratios, relay_module  # noqa:
 from tvm_tcutils.bench.int8_models import ROUTES, feed_of, model_files  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod import hooks, pipeline, prefetch, rounding, strategy  # noqa: E402
+from tvm_tcutils.dotprod.topi import dense_pack  # noqa: E402
 from tvm_tcutils.measure import Timing, hot_kernel_seconds  # noqa: E402
 
 
@@ -52,6 +55,7 @@ LEFT_OUT = {
     "no prefetch": (prefetch, "MIN_BYTES", float("inf")),
     "no rounding": (rounding, "MEASURED_ISAS", frozenset()),
     "no row form": (strategy, "ROWS_ISAS", frozenset()),
+    "rows outer": (dense_pack, "COLUMNS_OUTER", False),
 }
 VARIANTS = ("hooks", *LEFT_OUT, "TVM codegen")
 

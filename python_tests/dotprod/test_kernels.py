@@ -235,7 +235,7 @@ def test_widened_data_only_where_the_isa_takes_it():
 
 
 @pytest.mark.parametrize("target_name", ["vnni", "avx2", "sse"])
-@pytest.mark.parametrize("m,k,n", [(1, 2048, 1000), (3, 30, 17)])
+@pytest.mark.parametrize("m,k,n", [(1, 2048, 1000), (3, 30, 17), (24, 64, 100)])
 def test_dense_bit_exact(target_name, m, k, n):
     target = dot_target(target_name)
     lanes = for_target(target).lanes
@@ -254,6 +254,26 @@ def test_dense_bit_exact(target_name, m, k, n):
     func(tvm.nd.array(data_p), tvm.nd.array(weight_p), tvm.nd.array(bias_p), res)
     ref = data.astype("int64") @ weight.astype("int64").T + bias
     np.testing.assert_array_equal(res.numpy()[:, :n], ref)
+
+
+def test_dense_tiles_walk_column_blocks_outermost():
+    # A token matrix's row tiles take turns on each block of weights (read once, not once per row tile).
+    target = dot_target("vnni")
+    d, w = te.placeholder((128, 768), "uint8"), te.placeholder((192, 192, 16, 4), "int8")
+    with tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        out = dense_pack_dot(cfg, d, w)
+        lowered = tvm.lower(schedule_dense_pack_dot(cfg, [out]), [d, w, out])
+    loops = []
+    tvm.tir.stmt_functor.post_order_visit(
+        lowered["main"].body,
+        lambda node: loops.append(node) if isinstance(node, tvm.tir.For) and node.kind == tvm.tir.ForKind.PARALLEL
+        else None)
+    assert len(loops) == 1
+    row_tiles = 128 // cfg["tile_m"].val
+    assert loops[0].loop_var.name.replace(".", "_") == "j_outer_i_outer_fused"
+    assert int(loops[0].extent) == row_tiles * 192 // cfg["tile_nb"].val
+    assert f"j_outer_i_outer_fused // {row_tiles}" in str(lowered)  # the weight block: iteration // row tiles
 
 
 # (N, C, H, W, O, KH, KW, stride): convs of few channels in the row form (data already padded).
