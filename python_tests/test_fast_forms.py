@@ -250,31 +250,3 @@ def test_layer_norm_reductions_left_to_tvm(case):
     if case != "unbiased":
         assert legalize_mean(mean.attrs, [x], types[:1]) is None
     assert legalize_variance(variance.attrs, [x, mean], types) is None
-
-
-def test_chain_multiplies_by_a_constant_divisors_reciprocal():
-    # GELU as onnxruntime's quantize_dynamic leaves it: x * (erf(x / sqrt(2)) + 1) * 0.5 after a dense.
-    x = relay.var("x", shape=(4, 64))
-    h = relay.nn.dense(x, relay.var("w", shape=(64, 64)))
-    root2 = relay.const(np.array([np.sqrt(2)], "float32"))
-    gelu = relay.multiply(relay.multiply(h, relay.add(relay.erf(relay.divide(h, root2)), relay.const(1.0))),
-                          relay.const(0.5))
-    fast = fast_chain(gelu)
-    assert "divide" not in op_names(fast) and "divide" in op_names(gelu)
-    rng = np.random.default_rng(3)
-    inputs = {"x": rng.standard_normal((4, 64)).astype("float32"), "w": rng.standard_normal((64, 64)).astype("float32")}
-    params = relay.analysis.free_vars(gelu)
-    exact, = build_and_run(tvm.IRModule.from_expr(relay.Function(params, gelu)), inputs=inputs)
-    approx, = build_and_run(tvm.IRModule.from_expr(relay.Function(params, fast)), inputs=inputs)
-    assert np.abs(approx - exact).max() < 1e-5 * np.abs(exact).max()
-
-
-@pytest.mark.parametrize("divisor", [relay.var("c", shape=(1,)), relay.const(np.array([0.0, 2.0], "float32")),
-                                     relay.const(np.array([1e-39], "float32")), relay.const(2, "int32")],
-                         ids=["variable", "a zero", "reciprocal not normal", "int32"])
-def test_chain_keeps_divisions_it_cannot_invert(divisor):
-    dtype = "int32" if isinstance(divisor, relay.Constant) and divisor.data.dtype == "int32" else "float32"
-    x = relay.var("x", shape=(2,), dtype=dtype)
-    h = relay.nn.relu(relay.divide(x, divisor)) if dtype == "int32" else relay.erf(relay.divide(x, divisor))
-    fast = fast_chain(h)
-    assert "divide" in op_names(fast)

@@ -3,9 +3,8 @@
 TVM lowers ``erf`` and ``exp`` to one libm call per element, which LLVM does not
 vectorize; TVM's own ``fast_erf`` / ``fast_softmax`` (the forms its FastMath pass
 uses) are vectorized arithmetic accurate to a few float32 ulp -- far below the
-8-bit step their results are quantized to; likewise a division by a constant
-becomes a multiplication by its reciprocal (within one ulp; LLVM keeps such a
-division). Two places know that a float value is about to be quantized: a static QDQ region's ``qnn.quantize``
+8-bit step their results are quantized to. Two places know that a float value is
+about to be quantized: a static QDQ region's ``qnn.quantize``
 (:func:`fast_region`, used by :mod:`tvm_tcutils.dotprod.qdq`) and onnxruntime's
 ``DynamicQuantizeLinear`` (:func:`fast_chain`, used by
 :mod:`tvm_tcutils.onnx_quantize_dynamic`). Float models never pass through
@@ -43,10 +42,6 @@ def _op(expr, *names: str) -> bool:
 #: ``fast_exp`` (relative error about 1e-7), vectorized where ``exp`` is a call per element.
 FAST_FORMS = {"erf": "fast_erf", "nn.softmax": "nn.fast_softmax"}
 
-#: Whether a division by a constant in such a region becomes a multiplication by its reciprocal
-#: (:func:`_reciprocal`); off only to measure what it is worth (``scripts/bench_build_hooks.py``).
-RECIPROCAL_DIVISORS = True
-
 
 class _FastForms(relay.ExprMutator):
     """:data:`FAST_FORMS` in the float ops behind an 8-bit quantization: stops at ``qnn.dequantize`` (a
@@ -83,39 +78,7 @@ class _FastForms(relay.ExprMutator):
         if name in FAST_FORMS:
             self.changed += 1
             return relay.Call(tvm.ir.Op.get(FAST_FORMS[name]), new.args, new.attrs, new.type_args, new.span)
-        if name == "divide" and RECIPROCAL_DIVISORS:
-            reciprocal = _reciprocal(new.args[1])
-            if reciprocal is not None:
-                self.changed += 1
-                return relay.multiply(new.args[0], reciprocal)
         return new
-
-
-def _reciprocal(divisor: relay.Expr) -> Optional[relay.Constant]:
-    """``1 / divisor`` for a float32 constant whose reciprocals are normal numbers, else None.
-
-    A division by a constant (GELU's ``x / sqrt(2)``) stays a division in LLVM (its reciprocal is not
-    exact), and a vector division takes several times a multiplication's issue slots: GELU over a
-    [128, 3072] float32 tensor, 1 thread, Zen 4: 174 -> 148 us with the multiplication. ``x * (1 / c)``
-    is within one float32 ulp of ``x / c``, far below the 8-bit step the value is quantized to.
-
-    Examples
-    --------
-    >>> float(_reciprocal(relay.const(np.array([2.0], "float32"))).data.numpy()[0])
-    0.5
-    >>> _reciprocal(relay.const(0.0)) is None, _reciprocal(relay.var("c")) is None
-    (True, True)
-    """
-    if not isinstance(divisor, relay.Constant) or str(divisor.data.dtype) != "float32":
-        return None
-    value = divisor.data.numpy().astype("float64")
-    if value.size == 0 or not np.all(np.isfinite(value)) or np.any(value == 0):
-        return None
-    reciprocal = 1.0 / value
-    limits = np.finfo("float32")
-    if np.any(np.abs(reciprocal) < limits.tiny) or np.any(np.abs(reciprocal) > limits.max):
-        return None
-    return relay.const(reciprocal.astype("float32"), "float32")
 
 
 #: Width of the partial sums :func:`split_softmax` reduces a row to first.
