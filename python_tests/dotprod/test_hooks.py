@@ -268,6 +268,43 @@ def test_rgb_stem_keeps_channel_blocks_elsewhere(target, opt_level, k, disabled)
     assert stem.attrs.kernel_layout != "OIHW16o4w"
 
 
+@pytest.mark.parametrize("target_name,data_dtype", [("vnni", "uint8"), ("vnni", "int8"), ("avx2", "uint8")])
+def test_rgb_stem_row_form_takes_the_config_tuned_for_the_extracted_stem(target_name, data_dtype):
+    # AutoTVM extracts the stem with its channels padded to 4 (AlterOpLayout off): a record of that task
+    # reaches the row form the build compiles.
+    import time
+
+    from tvm_tcutils.dotprod.isa import for_target
+    from tvm_tcutils.dotprod.strategy import CONV2D_ROWS_TASK
+    from tvm_tcutils.tuning import extract_tasks
+
+    target = dot_target(target_name)
+    isa = for_target(target)
+    k_dtype = isa.conv_kernel_dtype("int8")
+    group = isa.kernel_group(k_dtype)
+    mod, _ = _rgb_stem_net(dtype=data_dtype)
+    stem = [t for t in extract_tasks(mod, {}, target) if t.args[0][1][1] == 4]
+    assert [t.name for t in stem] == ["tcutils.conv2d_nchw_dot"]
+    stem = stem[0]
+    fallback = stem.config_space.get(0)
+    tuned = next(stem.config_space.get(i) for i in range(len(stem.config_space))
+                 if stem.config_space.get(i)["tile_ow"].val != fallback["tile_ow"].val
+                 and stem.config_space.get(i)["tile_oh"].val > 1)
+    record = (autotvm.measure.MeasureInput(stem.target, stem, tuned),
+              autotvm.measure.MeasureResult((1e-4,), 0, 0.0, time.time()))
+    # rgb_stem: 29x29 padded by 3 on a side (35x35), one column more for the last output's second quad.
+    rows = autotvm.task.args_to_workload(
+        [tvm.te.placeholder((1, 3, 35, 36), "uint8"),
+         tvm.te.placeholder((32 // isa.lanes, 3, 7, 8 // group, isa.lanes, group), k_dtype),
+         (2, 2), (0, 0, 0, 0), (1, 1), "int32"], CONV2D_ROWS_TASK)
+    with autotvm.apply_history_best([record]) as context:
+        with tvm.transform.PassContext(opt_level=3):
+            relay.build(mod, target=target)
+        carried = context.query(tvm.target.Target(target), rows)
+    assert not carried.is_fallback
+    assert carried.to_json_dict()["entity"] == tuned.to_json_dict()["entity"]
+
+
 @pytest.mark.parametrize("const_weights", [True, False])
 def test_avx2_graph_packs_a_widened_folded_kernel(const_weights):
     # AVX2's conv2d takes its kernel as int16 pairs: the cast folds into the constant with the

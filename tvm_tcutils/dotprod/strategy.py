@@ -192,8 +192,11 @@ def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
     new_kernel = kernel
     new_attrs = {key: attrs[key] for key in attrs.keys()}
     if _takes_rows(attrs, isa, d_shape, k_shape):
-        new_data, new_kernel, rows_attrs = _rows_form(attrs, new_data, new_kernel, d_shape, k_shape, o_shape)
+        new_data, new_kernel, rows_attrs, rows_shape = _rows_form(attrs, new_data, new_kernel, d_shape, k_shape,
+                                                                  o_shape)
         new_attrs.update(rows_attrs)
+        _carry_rows_config(attrs, isa, "uint8" if shift else str(types[0].dtype), str(types[1].dtype),
+                           d_shape, k_shape, out_p, rows_shape)
     elif chans_p != chans:
         new_data = relay.nn.pad(new_data, ((0, 0), (0, chans_p - chans), (0, 0), (0, 0)))
         new_kernel = relay.nn.pad(new_kernel, ((0, 0), (0, chans_p - chans), (0, 0), (0, 0)))
@@ -232,8 +235,8 @@ def _takes_rows(attrs, isa: DotProductISA, d_shape, k_shape) -> bool:
 
 
 def _rows_form(attrs, data: relay.Expr, kernel: relay.Expr, d_shape, k_shape, o_shape):
-    """``(data, kernel, attrs)`` of the same conv2d with its padding made explicit and its kernel rows
-    zero-padded to whole quads (:func:`~.topi.conv2d_nchwc.conv2d_rows_dot`). Exact: same products."""
+    """``(data, kernel, attrs, data shape)`` of the same conv2d with its padding made explicit and its kernel
+    rows zero-padded to whole quads (:func:`~.topi.conv2d_nchwc.conv2d_rows_dot`). Exact: same products."""
     width, (_, _, k_h, k_w) = d_shape[3], k_shape
     s_w = get_const_tuple(attrs.strides)[1]
     top, left, bottom, right = get_pad_tuple(get_const_tuple(attrs.padding), (k_h, k_w))
@@ -246,7 +249,8 @@ def _rows_form(attrs, data: relay.Expr, kernel: relay.Expr, d_shape, k_shape, o_
     if have > need:  # columns no output reads would add an output column
         data = relay.strided_slice(data, begin=(0, 0, 0, 0), end=(*d_shape[:2], d_shape[2] + top + bottom, need))
     kernel = relay.nn.pad(kernel, ((0, 0), (0, 0), (0, 0), (0, taps - k_w)))
-    return data, kernel, {"padding": (0, 0, 0, 0), "kernel_size": (k_h, taps)}
+    shape = (*d_shape[:2], d_shape[2] + top + bottom, need)
+    return data, kernel, {"padding": (0, 0, 0, 0), "kernel_size": (k_h, taps)}, shape
 
 
 def legalize_dense(attrs, inputs, types) -> Optional[relay.Expr]:
@@ -326,6 +330,31 @@ def _carry_tuned_config(old_task: str, old_args, new_task: str, new_args) -> Non
     cfg = dispatch.query(target, autotvm.task.args_to_workload(old_args, old_task))
     if not cfg.is_fallback:
         dispatch.update(target, autotvm.task.args_to_workload(new_args, new_task), cfg)
+
+
+def _carry_rows_config(attrs, isa: DotProductISA, data_dtype: str, kernel_dtype: str, d_shape, k_shape,
+                       out_p: int, rows_data_shape) -> None:
+    """Make a tuned config of a stem's channel-padded conv apply to its row form.
+
+    AutoTVM extracts tasks with AlterOpLayout disabled, where a stem keeps its channels padded to 4
+    (:func:`_takes_rows` holds only where the alter hook will pack it): the tuned task is that conv's
+    ``conv2d_nchw_dot``. The row form has the same output and the same knobs, so the config found for
+    the padded conv is registered for the row form's workload (``data_dtype``: the legal data's, after
+    any shift to u8).
+    """
+    (n, chans, height, width), (_, _, k_h, k_w) = d_shape, k_shape
+    chans_p, taps = round_up(chans, 4), round_up(k_w, ROW_QUAD)
+    k_dtype = isa.conv_kernel_dtype(kernel_dtype)
+    group = isa.kernel_group(k_dtype)
+    strides, padding, dilation = (get_const_tuple(attrs[key]) for key in ("strides", "padding", "dilation"))
+    _carry_tuned_config(
+        CONV2D_NCHW_TASK, [te.placeholder((n, chans_p, height, width), data_dtype),
+                           te.placeholder((out_p, chans_p, k_h, k_w), kernel_dtype),
+                           strides, padding, dilation, "int32"],
+        CONV2D_ROWS_TASK, [te.placeholder(rows_data_shape, data_dtype),
+                           te.placeholder((out_p // isa.lanes, chans, k_h, taps // group, isa.lanes, group), k_dtype),
+                           strides, (0, 0, 0, 0), dilation, "int32"],
+    )
 
 
 def _placeholder(tensor_type, shape=None):
