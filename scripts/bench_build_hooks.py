@@ -11,7 +11,7 @@ with plain ``relay.build`` once per variant:
 * ``no row form``: the same with every conv channel-blocked (``dotprod.strategy.ROWS_ISAS`` empty: an RGB
   stem's channels padded to 4 instead of its kernel rows to whole quads);
 * ``rows outer``: the same with the int8 dense tiles walked row tile by row tile
-  (``dotprod.topi.dense_pack.COLUMNS_OUTER`` off: a token matrix reads the whole weight once per row tile);
+  (``dotprod.topi.dense_pack.COLUMNS_OUTER_ISAS`` empty: a token matrix reads the whole weight once per row tile);
 * ``TVM codegen``: TVM's own ``target.build.llvm`` (neither rewrite).
 
 The three run at one thread (``TVM_NUM_THREADS=1``, set here: one process is fair only at one thread)
@@ -55,7 +55,7 @@ LEFT_OUT = {
     "no prefetch": (prefetch, "MIN_BYTES", float("inf")),
     "no rounding": (rounding, "MEASURED_ISAS", frozenset()),
     "no row form": (strategy, "ROWS_ISAS", frozenset()),
-    "rows outer": (dense_pack, "COLUMNS_OUTER", False),
+    "rows outer": (dense_pack, "COLUMNS_OUTER_ISAS", frozenset()),
 }
 VARIANTS = ("hooks", *LEFT_OUT, "TVM codegen")
 

@@ -256,10 +256,13 @@ def test_dense_bit_exact(target_name, m, k, n):
     np.testing.assert_array_equal(res.numpy()[:, :n], ref)
 
 
-def test_dense_tiles_walk_column_blocks_outermost():
-    # A token matrix's row tiles take turns on each block of weights (read once, not once per row tile).
-    target = dot_target("vnni")
-    d, w = te.placeholder((128, 768), "uint8"), te.placeholder((192, 192, 16, 4), "int8")
+@pytest.mark.parametrize("target_name,outer", [("vnni", "j"), ("avx2", "i")])
+def test_dense_tiles_walk_column_blocks_outermost_on_vnni(target_name, outer):
+    # A token matrix's row tiles take turns on each block of weights (read once, not once per row tile);
+    # AVX2 (measured level to slower that way) keeps its row tiles outermost.
+    target = dot_target(target_name)
+    lanes = for_target(target).lanes
+    d, w = te.placeholder((128, 768), "uint8"), te.placeholder((3072 // lanes, 192, lanes, 4), "int8")
     with tvm.target.Target(target):
         cfg = autotvm.get_config()
         out = dense_pack_dot(cfg, d, w)
@@ -270,10 +273,12 @@ def test_dense_tiles_walk_column_blocks_outermost():
         lambda node: loops.append(node) if isinstance(node, tvm.tir.For) and node.kind == tvm.tir.ForKind.PARALLEL
         else None)
     assert len(loops) == 1
-    row_tiles = 128 // cfg["tile_m"].val
-    assert loops[0].loop_var.name.replace(".", "_") == "j_outer_i_outer_fused"
-    assert int(loops[0].extent) == row_tiles * 192 // cfg["tile_nb"].val
-    assert f"j_outer_i_outer_fused // {row_tiles}" in str(lowered)  # the weight block: iteration // row tiles
+    row_tiles, column_tiles = 128 // cfg["tile_m"].val, 3072 // lanes // cfg["tile_nb"].val
+    fused = "j_outer_i_outer_fused" if outer == "j" else "i_outer_j_outer_fused"
+    assert loops[0].loop_var.name.replace(".", "_") == fused
+    assert int(loops[0].extent) == row_tiles * column_tiles
+    # The weight block of an iteration: iteration // row tiles (columns outer), iteration % column tiles.
+    assert (f"{fused} // {row_tiles}" if outer == "j" else f"{fused} % {column_tiles}") in str(lowered)
 
 
 # (N, C, H, W, O, KH, KW, stride): convs of few channels in the row form (data already padded).

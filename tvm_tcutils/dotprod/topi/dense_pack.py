@@ -7,7 +7,7 @@ one zero quad more marks a weight whose values were checked,
 :func:`~.packing.dense_weight_marked`); output ``(M, N)`` int32. The schedule keeps a
 ``tile_m x tile_nb`` block of ``L``-lane accumulators in registers while it
 walks ``K`` four at a time, and fuses following elementwise ops per tile;
-the tiles run column block by column block (:data:`COLUMNS_OUTER`).
+on VNNI the tiles run column block by column block (:data:`COLUMNS_OUTER_ISAS`).
 """
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ from .packing import dense_weight_marked, round_up
 #: Tag of the dense op, used by the schedule to find it among fused ops.
 TAG = "dense_pack_dot"
 
-#: Whether the tiles' parallel loop walks the weight's column blocks outermost: each block of weights
-#: then serves every row tile while it is in cache, and the weight is read from memory once. Rows outermost,
-#: a token matrix (M = 128) reads the whole weight again for every row tile: BERT-base's weights (85 MB)
-#: do not stay in cache between runs (dynamic route, 1 thread, Zen 4: its dense kernels 3-7 % faster, the
-#: model x1.04 end to end). A one-row dense (a CNN's classifier) runs the same loop either way.
-COLUMNS_OUTER = True
+#: ISAs whose dense tiles walk the weight's column blocks outermost: each block of weights then serves every
+#: row tile while it is in cache, and the weight is read from memory once. Rows outermost, a token matrix
+#: (M = 128) reads the whole weight again for every row tile, and BERT-base's weights (85 MB) do not stay in
+#: cache between runs: on VNNI (Zen 4, dynamic route, 1 thread) its dense kernels ran 3-7 % faster, the
+#: model x1.04 end to end. AVX2's kernels (4x the compute per weight byte) measured level to 1-3 % slower
+#: that way (x0.98 [0.89, 1.01] end to end) and keep rows outermost, as SSE and HVX (not measured). A one-row
+#: dense (a CNN's classifier) runs the same loop either way.
+COLUMNS_OUTER_ISAS = frozenset({"x86_vnni"})
 
 
 def _define_knobs(cfg, isa, m: int, n_blocks: int, k_quads: int, block: int) -> None:
@@ -131,7 +133,7 @@ def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
     i, j = s[out].op.axis
     i_o, i_i = s[out].split(i, factor=tile_m)
     j_o, j_i = s[out].split(j, factor=tile_n)
-    if COLUMNS_OUTER:
+    if isa.name in COLUMNS_OUTER_ISAS:
         s[out].reorder(j_o, i_o, i_i, j_i)
         tile = s[out].fuse(j_o, i_o)
     else:
