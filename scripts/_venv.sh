@@ -11,10 +11,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 STAMP="$VENV/.tcutils-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ] || [ "$ROOT/scripts/_venv.sh" -nt "$STAMP" ]; then
-    # plot too: the suite then tests the charts (--plot) instead of skipping them. --no-compile: pip would
-    # byte-compile every module of every wheel (TVM's, OpenVINO's, ...; 46 -> 34 s here); Python compiles the
-    # few that are imported on first use.
-    "$VENV/bin/python" -m pip install --quiet --no-compile -e "$ROOT[all,plot]"
+    # plot too: the suite then tests the charts (--plot) instead of skipping them.
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[all,plot]"
     touch "$STAMP"
 fi
 # The optional native helpers and the CUDA plugin (cmake/), after the install above so that the CUDA
