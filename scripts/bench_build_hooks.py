@@ -221,14 +221,12 @@ UNSHARED = "kernels not in every build"
 def _merge_unshared(samples: dict) -> None:
     """Sum, per build and round, the groups that not every build has into :data:`UNSHARED` (in place)."""
     shared = set.intersection(*(set(groups) for groups in samples.values()))
+    if all(set(groups) == shared for groups in samples.values()):
+        return
     for groups in samples.values():
         apart = [groups.pop(group) for group in sorted(set(groups) - shared)]
-        if apart:
-            groups[UNSHARED] = [float(sum(values)) for values in zip(*apart)]
-    if any(UNSHARED in groups for groups in samples.values()):
-        rounds = len(next(iter(next(iter(samples.values())).values())))
-        for groups in samples.values():
-            groups.setdefault(UNSHARED, [0.0] * rounds)
+        rounds = len(groups["all kernels"])
+        groups[UNSHARED] = [float(sum(values)) for values in zip(*apart)] if apart else [0.0] * rounds
 
 
 def _area(plane: str) -> int:

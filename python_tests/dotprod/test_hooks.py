@@ -287,9 +287,8 @@ def test_rgb_stem_row_form_takes_the_config_tuned_for_the_extracted_stem(target_
     assert [t.name for t in stem] == ["tcutils.conv2d_nchw_dot"]
     stem = stem[0]
     fallback = stem.config_space.get(0)
-    tuned = next(stem.config_space.get(i) for i in range(len(stem.config_space))
-                 if stem.config_space.get(i)["tile_ow"].val != fallback["tile_ow"].val
-                 and stem.config_space.get(i)["tile_oh"].val > 1)
+    configs = (stem.config_space.get(i) for i in range(len(stem.config_space)))
+    tuned = next(c for c in configs if c["tile_ow"].val != fallback["tile_ow"].val and c["tile_oh"].val > 1)
     record = (autotvm.measure.MeasureInput(stem.target, stem, tuned),
               autotvm.measure.MeasureResult((1e-4,), 0, 0.0, time.time()))
     # rgb_stem: 29x29 padded by 3 on a side (35x35), one column more for the last output's second quad.

@@ -133,12 +133,9 @@ def schedule_dense_pack_dot(cfg, outs, mode: str = "llvm"):
     i, j = s[out].op.axis
     i_o, i_i = s[out].split(i, factor=tile_m)
     j_o, j_i = s[out].split(j, factor=tile_n)
-    if isa.name in COLUMNS_OUTER_ISAS:
-        s[out].reorder(j_o, i_o, i_i, j_i)
-        tile = s[out].fuse(j_o, i_o)
-    else:
-        s[out].reorder(i_o, j_o, i_i, j_i)
-        tile = s[out].fuse(i_o, j_o)
+    outer = (j_o, i_o) if isa.name in COLUMNS_OUTER_ISAS else (i_o, j_o)
+    s[out].reorder(*outer, i_i, j_i)
+    tile = s[out].fuse(*outer)
     s[out].parallel(tile)
     if out.op != dense.op:
         s[dense].compute_at(s[out], tile)
