@@ -100,6 +100,9 @@ class LocalCluster:
             for _ in range(servers):
                 self._start_server()
             self._wait_registered(f"{servers} servers to register")
+            # The tracker lists a server (its info) a moment before the server joins the free queue: a
+            # client that counts free servers right after start-up would see one missing.
+            self._wait(lambda: self.free() >= servers, f"{servers} servers to be free")
         except BaseException:
             self.close()
             raise
