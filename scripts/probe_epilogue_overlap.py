@@ -12,7 +12,12 @@ each register's epilogue needs its last product) or spread among the next tile's
 the C compiler (``cc``), runs each ``--iterations`` times and prints cycles per 128 products at
 ``--ghz`` (the ratio to the products alone does not depend on it). x86-64 with AVX-512 VNNI only.
 
-    PYTHONPATH=. python scripts/probe_epilogue_overlap.py --json docs/benchmarks/data/probe_epilogue_overlap.json
+With ``--ops``, each instruction kind of the epilogues is also timed alone: 16, 32 and 48 independent
+copies (no chain between them, none on the accumulators) spread among the 128 products. An instruction
+that takes no execution port the dot product needs costs nothing until the machine's other limits are
+reached; one that shares the dot product's ports adds its own cycles.
+
+    PYTHONPATH=. python scripts/probe_epilogue_overlap.py --ops --json docs/benchmarks/data/probe_epilogue_overlap.json
 """
 from __future__ import annotations
 
@@ -48,6 +53,20 @@ EPILOGUES["residual_nearbyint"] = (EPILOGUES["residual"][:5] + ["vrndscaleps $12
                                    + EPILOGUES["residual"][8:])
 REGISTERS, STEPS = 8, 16
 
+#: One instruction of each kind the epilogues use (and two they could use instead), for ``--ops``:
+#: ``{d}`` a destination among zmm26-31, sources zmm24-25 (never written), so no copy waits for another.
+SINGLE_OPS = {
+    "vpaddd": "vpaddd %zmm24, %zmm25, %zmm{d}", "vcvtdq2ps": "vcvtdq2ps %zmm24, %zmm{d}",
+    "vmulps": "vmulps %zmm24, %zmm25, %zmm{d}", "vfmadd231ps": "vfmadd231ps %zmm24, %zmm25, %zmm{d}",
+    "vaddps": "vaddps %zmm24, %zmm25, %zmm{d}", "vminps": "vminps %zmm24, %zmm25, %zmm{d}",
+    "vmaxps": "vmaxps %zmm24, %zmm25, %zmm{d}", "vrndscaleps": "vrndscaleps $12, %zmm24, %zmm{d}",
+    "vpmovzxbd": "vpmovzxbd 128(%rsi), %zmm{d}", "vpmovdb": "vpmovdb %zmm24, %xmm{d}",
+    "vpxorq": "vpxorq %zmm24, %zmm25, %zmm{d}", "vcvtps2dq": "vcvtps2dq %zmm24, %zmm{d}",
+    "vpmaxsd": "vpmaxsd %zmm24, %zmm25, %zmm{d}",
+}
+#: Copies of one instruction per 128 products, for ``--ops``.
+OP_COUNTS = (16, 32, 48)
+
 
 def _products() -> list:
     out = []
@@ -58,43 +77,58 @@ def _products() -> list:
     return out
 
 
-def loop_body(epilogue: str, placement: str) -> list:
-    """One iteration: zeroed accumulators, the products, and the epilogue (of this tile when clumped,
-    of the previous tile's registers zmm8-15 when interleaved)."""
-    zero = [f"vpxord %zmm{a}, %zmm{a}, %zmm{a}" for a in range(REGISTERS)]
-    ops = EPILOGUES.get(epilogue, [])
-    if placement == "clumped":
-        tail = [op.format(a=a, t=16 + a % 4, off=16 * a) for a in range(REGISTERS) for op in ops]
-        return zero + _products() + tail
-    tail = [op.format(a=8 + a, t=16 + a % 4, off=16 * a) for a in range(REGISTERS) for op in ops]
-    body, placed, head = [], 0, zero + _products()
+def _spread(head: list, tail: list) -> list:
+    """``tail``'s lines spread evenly among ``head``'s."""
+    body, placed = [], 0
     for k, line in enumerate(head):
         body.append(line)
         while placed < len(tail) and placed * len(head) <= k * len(tail):
             body.append(tail[placed])
             placed += 1
-    return body + tail[placed:] + [f"vmovdqa64 %zmm{a}, %zmm{8 + a}" for a in range(REGISTERS)]
+    return body + tail[placed:]
+
+
+def loop_body(epilogue: str, placement: str) -> list:
+    """One iteration: zeroed accumulators, the products, and the epilogue (of this tile when clumped,
+    of the previous tile's registers zmm8-15 when interleaved); for an ``--ops`` variant (``op:NAME``,
+    placement ``xCOUNT``), that many copies of one instruction among the products."""
+    zero = [f"vpxord %zmm{a}, %zmm{a}, %zmm{a}" for a in range(REGISTERS)]
+    if epilogue.startswith("op:"):
+        op, count = SINGLE_OPS[epilogue[3:]], int(placement[1:])
+        return _spread(zero + _products(), [op.format(d=26 + i % 6) for i in range(count)])
+    ops = EPILOGUES.get(epilogue, [])
+    if placement == "clumped":
+        tail = [op.format(a=a, t=16 + a % 4, off=16 * a) for a in range(REGISTERS) for op in ops]
+        return zero + _products() + tail
+    tail = [op.format(a=8 + a, t=16 + a % 4, off=16 * a) for a in range(REGISTERS) for op in ops]
+    return _spread(zero + _products(), tail) + [f"vmovdqa64 %zmm{a}, %zmm{8 + a}" for a in range(REGISTERS)]
 
 
 VARIANTS = [("products", "clumped")] + [(e, p) for e in EPILOGUES for p in ("clumped", "interleaved")]
+OP_VARIANTS = [(f"op:{name}", f"x{count}") for name in SINGLE_OPS for count in OP_COUNTS]
 
 
-def _program(iterations: int) -> tuple:
+def _symbol(epilogue: str, placement: str) -> str:
+    return f"{epilogue}_{placement}".replace("op:", "op_")
+
+
+def _program(iterations: int, variants=VARIANTS) -> tuple:
     asm = [".text"]
-    for epilogue, placement in VARIANTS:
-        name = f"{epilogue}_{placement}"
+    for epilogue, placement in variants:
+        name = _symbol(epilogue, placement)
         asm += [f".globl {name}", f"{name}:", "1:"] + ["\t" + line for line in loop_body(epilogue, placement)]
         asm += ["\tdec %r8", "\tjnz 1b", "\tret"]
     c = ["#include <stdio.h>", "#include <stdlib.h>", "#include <time.h>"]
-    c += [f"void {e}_{p}(void*, void*, void*, void*, long);" for e, p in VARIANTS]
+    c += [f"void {_symbol(e, p)}(void*, void*, void*, void*, long);" for e, p in variants]
     c += ["static double now(void){struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);"
           " return t.tv_sec + t.tv_nsec * 1e-9;}",
           "int main(void){ char *o = aligned_alloc(64, 65536), *r = aligned_alloc(64, 65536),"
           " *d = aligned_alloc(64, 65536), *w = aligned_alloc(64, 65536);",
           " for (int i = 0; i < 65536; i++) { o[i] = r[i] = d[i] = w[i] = (char)(i & 7); }"]
-    for epilogue, placement in VARIANTS:
+    for epilogue, placement in variants:
         c.append(f' {{ double best = 1e30; for (int k = 0; k < 5; k++) {{ double t = now();'
-                 f' {epilogue}_{placement}(o, r, d, w, {iterations}L); t = now() - t; if (t < best) best = t; }}'
+                 f' {_symbol(epilogue, placement)}(o, r, d, w, {iterations}L); t = now() - t;'
+                 f' if (t < best) best = t; }}'
                  f' printf("{epilogue} {placement} %.6e\\n", best / {iterations}.0); }}')
     c.append(" return 0; }")
     return "\n".join(asm) + "\n", "\n".join(c) + "\n"
@@ -104,6 +138,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2_000_000, help="loop iterations per timing")
     parser.add_argument("--ghz", type=float, default=3.67, help="core clock, to print cycles (ratios do not use it)")
+    parser.add_argument("--ops", action="store_true",
+                        help="also time each epilogue instruction alone among the products (16, 32, 48 copies)")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     if args.iterations < 1:
@@ -114,7 +150,7 @@ def main(argv=None) -> int:
     with open("/proc/cpuinfo") as info:
         if "avx512_vnni" not in info.read():
             raise SystemExit("this CPU has no AVX-512 VNNI: the probe's loops use vpdpbusd on zmm registers")
-    asm, c = _program(args.iterations)
+    asm, c = _program(args.iterations, VARIANTS + (OP_VARIANTS if args.ops else []))
     with tempfile.TemporaryDirectory() as work:
         for name, text in (("loops.S", asm), ("main.c", c)):
             with open(os.path.join(work, name), "w") as handle:
@@ -130,8 +166,11 @@ def main(argv=None) -> int:
     for (epilogue, placement), value in seconds.items():
         cycles = value * args.ghz * 1e9
         print(f"{epilogue:18s} {placement:12s} {cycles:19.1f}  x{value / base:.3f}")
-        results.add(epilogue=epilogue, placement=placement, seconds_per_iteration=value, ratio=value / base,
-                    instructions_per_register=len(EPILOGUES.get(epilogue, [])))
+        if epilogue.startswith("op:"):
+            results.add(op=epilogue[3:], copies=int(placement[1:]), seconds_per_iteration=value, ratio=value / base)
+        else:
+            results.add(epilogue=epilogue, placement=placement, seconds_per_iteration=value, ratio=value / base,
+                        instructions_per_register=len(EPILOGUES.get(epilogue, [])))
     results.write(args.json)
     return 0
 
