@@ -59,6 +59,8 @@ Usage::
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 [--trials 16] [--e2e]
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --transforms-only
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --pads-only --json docs/benchmarks/data/bench_int8_pads.json
+    PYTHONPATH=. python scripts/bench_int8.py --threads 1 2 --depthwise-only --rounds 9 \
+        --json docs/benchmarks/data/bench_int8_depthwise_s29.json
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 --encoder-ops \
         --json docs/benchmarks/data/bench_int8_encoder_ops.json
     PYTHONPATH=. python scripts/bench_int8.py --threads 1 --e2e-only --e2e-model resnet-50-onnx --rounds 5
@@ -76,8 +78,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils.bench import int8  # noqa: E402
 from tvm_tcutils.bench.int8 import (  # noqa: E402
-    avx2_peak_gops, bench_conv, bench_dense, bench_e2e, bench_encoder_ops, bench_pads, bench_reduce_range,
-    bench_transforms,
+    avx2_peak_gops, bench_conv, bench_dense, bench_depthwise, bench_e2e, bench_encoder_ops, bench_pads,
+    bench_reduce_range, bench_transforms,
     peak_gops, report, resnet50_layers, set_threads,
 )
 from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
@@ -106,6 +108,8 @@ def main(argv=None) -> int:
                         help="only the u8 layout transforms around ResNet-50's convs (TVM's schedule vs ours)")
     parser.add_argument("--pads-only", action="store_true",
                         help="only u8 constant pads (TVM's injective schedule vs the package's row schedule)")
+    parser.add_argument("--depthwise-only", action="store_true",
+                        help="only u8 x i8 depthwise convs, 3x3 to 7x7 (TVM's x86 kernel vs the package's)")
     parser.add_argument("--encoder-ops", action="store_true",
                         help="only an encoder's int8 dense and batch_matmul at 128 tokens (bert-tiny, BERT-base "
                              "shapes) against onnxruntime's MatMulInteger / QLinearMatMul and the peak")
@@ -132,6 +136,13 @@ def main(argv=None) -> int:
         return 0
     if args.pads_only:
         for row in bench_pads(args.threads, rounds=max(args.rounds, 5)):
+            results.add(**row)
+        results.write(args.json)
+        return 0
+    if args.depthwise_only:
+        if isa.name != "x86_vnni":
+            raise SystemExit(f"{TARGET}: the package's depthwise kernel is AVX-512 VNNI's (this target: {isa.name})")
+        for row in bench_depthwise(args.threads, rounds=max(args.rounds, 5)):
             results.add(**row)
         results.write(args.json)
         return 0

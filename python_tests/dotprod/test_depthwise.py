@@ -41,6 +41,12 @@ SHAPES = {
     "odd_width": (1, 8, 13, 3, 3, 1, (0, 0, 0, 0)),  # 11 outputs: a tile of 1
     "kw2": (1, 10, 10, 2, 2, 1, (0, 0, 0, 0)),
     "kw4_kh1": (2, 6, 12, 1, 4, 1, (0, 0, 0, 0)),
+    # Rows of two quads (the second zero-padded): EfficientNet's and MobileNet-v3's 5x5, a 7x7, 8 taps.
+    "k5_s1_same": (2, 14, 14, 5, 5, 1, (2, 2, 2, 2)),
+    "k5_s2_same": (2, 17, 15, 5, 5, 2, (2, 2, 2, 2)),
+    "k5_unpadded": (1, 9, 12, 5, 5, 1, (0, 0, 0, 0)),
+    "k7_s1": (1, 12, 12, 7, 7, 1, (3, 3, 3, 3)),
+    "kw8_kh2": (1, 6, 20, 2, 8, 1, (0, 1, 1, 2)),
 }
 
 
@@ -62,15 +68,19 @@ def test_depthwise_is_exact_at_the_extremes_of_its_dtypes(name):
     np.testing.assert_array_equal(result.numpy(), _reference(data, kernel, stride, pad))
 
 
-def test_depthwise_rows_are_one_dot_product_each():
-    # A kernel row of 3 taps x 16 channels: one vpdpbusd, its pixels gathered by a byte permute; no
-    # 32-bit multiply (TVM's schedule: one vpmulld per tap).
+@pytest.mark.parametrize("taps, products", [(3, 1), (5, 2)])
+def test_depthwise_rows_are_one_dot_product_a_quad(taps, products):
+    # A kernel row of 3 taps x 16 channels: one vpdpbusd, its pixels gathered by a byte permute; 5 taps:
+    # two. No 32-bit multiply (TVM's schedule: one vpmulld per tap).
     target = "llvm -mcpu=znver4"
-    d, k = te.placeholder((1, 2, 18, 18, 16), "uint8", name="d"), te.placeholder((2, 1, 3, 3, 1, 16), "int8")
+    d = te.placeholder((1, 2, 15 + taps, 15 + taps, 16), "uint8", name="d")  # 16 outputs a row: tiles of 8
+    k = te.placeholder((2, 1, taps, taps, 1, 16), "int8")
     with tvm.target.Target(target):
         out = depthwise_nchwc_dot(d, k, 1, 0, 1)
         asm = tvm.build(schedule_depthwise_nchwc_dot([out]), [d, k, out], target=target).get_source("asm")
-    assert asm.count("vpdpbusd") >= 3 * 8  # a tile: 8 pixels x 3 rows, unrolled
+    # A kernel row of a tile, unrolled over its 8 pixels: 8 x the row's products (LLVM may unroll the rows).
+    count = asm.count("vpdpbusd")
+    assert count >= 8 * products and count % (8 * products) == 0, count
     assert "vpermt2b" in asm or "vpermb" in asm
     assert "vpmulld" not in asm
 
@@ -78,7 +88,7 @@ def test_depthwise_rows_are_one_dot_product_each():
 @pytest.mark.parametrize("case, args", [
     ("avx2", ("x86_avx2", (1, 2, 8, 8, 16), (2, 1, 3, 3, 1, 16), 1, "uint8", "int8", "int32")),
     ("int8_data", ("x86_vnni", (1, 2, 8, 8, 16), (2, 1, 3, 3, 1, 16), 1, "int8", "int8", "int32")),
-    ("five_taps", ("x86_vnni", (1, 2, 8, 8, 16), (2, 1, 5, 5, 1, 16), 1, "uint8", "int8", "int32")),
+    ("nine_taps", ("x86_vnni", (1, 2, 12, 12, 16), (2, 1, 9, 9, 1, 16), 1, "uint8", "int8", "int32")),
     ("dilation", ("x86_vnni", (1, 2, 8, 8, 16), (2, 1, 3, 3, 1, 16), 2, "uint8", "int8", "int32")),
     ("block_8", ("x86_vnni", (1, 4, 8, 8, 8), (4, 1, 3, 3, 1, 8), 1, "uint8", "int8", "int32")),
     ("float", ("x86_vnni", (1, 2, 8, 8, 16), (2, 1, 3, 3, 1, 16), 1, "float32", "float32", "float32")),
@@ -93,24 +103,25 @@ def test_depthwise_applies_only_where_it_computes(case, args):
             depthwise_nchwc_dot(te.placeholder(args[1], "uint8"), te.placeholder(args[2], "int8"), 1, 0, 2)
 
 
-def _depthwise_model(channels=32, size=20):
+def _depthwise_model(channels=32, size=20, taps=3):
     """A QNN depthwise conv (u8 data, i8 kernel, zero points 3 and 0) and a bias, as a QDQ MobileNet's."""
     data = relay.var("data", shape=(1, channels, size, size), dtype="uint8")
-    kernel = relay.const(RNG.integers(-128, 128, (channels, 1, 3, 3)).astype("int8"))
+    kernel = relay.const(RNG.integers(-128, 128, (channels, 1, taps, taps)).astype("int8"))
     conv = relay.qnn.op.conv2d(data, kernel, relay.const(3), relay.const(0), relay.const(0.02), relay.const(0.01),
-                               kernel_size=(3, 3), channels=channels, groups=channels, padding=(1, 1),
-                               out_dtype="int32")
+                               kernel_size=(taps, taps), channels=channels, groups=channels,
+                               padding=(taps // 2, taps // 2), out_dtype="int32")
     # int32 out with an elementwise epilogue: TVM's and the package's requantize round differently (the
     # package rounds as onnxruntime does), the sums must not.
     out = relay.add(conv, relay.const(RNG.integers(-1000, 1000, (1, channels, 1, 1)).astype("int32")))
     return tvm.IRModule.from_expr(relay.Function([data], out))
 
 
-def test_plain_relay_build_takes_it_for_a_quantized_depthwise_conv():
+@pytest.mark.parametrize("taps", [3, 5])
+def test_plain_relay_build_takes_it_for_a_quantized_depthwise_conv(taps):
     import tvm_tcutils  # noqa: F401  (the hooks)
 
     target = dot_target("vnni")
-    mod = _depthwise_model()
+    mod = _depthwise_model(taps=taps)
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target)
     # The package's kernel is the one that ran: its asm has the row's dot product.

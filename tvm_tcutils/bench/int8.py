@@ -793,6 +793,52 @@ def bench_pads(threads, rounds: int = 5):
     return rows
 
 
+#: u8 x i8 depthwise convs (channels, height = width, kernel, stride, padding): MobileNet-v2's 3x3, then
+#: EfficientNet-B0's and MobileNet-v3's 5x5 (rows of two quads), and a 7x7.
+DEPTHWISE_CASES = ((144, 56, 3, 1, 1), (480, 14, 3, 1, 1), (144, 56, 5, 2, 2), (240, 28, 5, 1, 2),
+                   (672, 14, 5, 1, 2), (1152, 7, 5, 1, 2), (256, 14, 7, 1, 3))
+
+
+def bench_depthwise(threads, rounds: int = 5):
+    """TVM's x86 ``depthwise_conv2d_NCHWc`` vs :func:`~tvm_tcutils.dotprod.topi.depthwise.depthwise_nchwc_dot`
+    (the kernels alone: ``NCHW16c`` u8 data, ``OIHW1i16o`` i8 kernel, int32 out), outputs checked equal,
+    timed in turns; rows ``{layer, threads, tvm_us, ours_us, tvm_over_ours, interval}``."""
+    from tvm import topi
+
+    from ..dotprod.topi.depthwise import depthwise_nchwc_dot, schedule_depthwise_nchwc_dot
+    from .competitors import ratios
+
+    rows = []
+    for channels, size, taps, stride, pad in DEPTHWISE_CASES:
+        blocks = channels // 16
+        x = te.placeholder((1, blocks, size, size, 16), "uint8", name="x")
+        k = te.placeholder((blocks, 1, taps, taps, 1, 16), "int8", name="k")
+        with tvm.target.Target(TARGET):
+            theirs = topi.x86.depthwise_conv2d_NCHWc(x, k, stride, pad, 1, "NCHW16c", "NCHW16c", "int32")
+            ours = depthwise_nchwc_dot(x, k, stride, pad, 1)
+            funcs = {"tvm": tvm.build(topi.x86.schedule_depthwise_conv2d_NCHWc([theirs]), [x, k, theirs], TARGET),
+                     "ours": tvm.build(schedule_depthwise_nchwc_dot([ours]), [x, k, ours], TARGET)}
+        data = tvm.nd.array(RNG.integers(0, 256, [int(v) for v in x.shape]).astype("uint8"))
+        kernel = tvm.nd.array(RNG.integers(-128, 128, [int(v) for v in k.shape]).astype("int8"))
+        outs = {name: tvm.nd.empty([int(v) for v in ours.shape], "int32") for name in funcs}
+        for name, func in funcs.items():
+            func(data, kernel, outs[name])
+        if not np.array_equal(outs["tvm"].numpy(), outs["ours"].numpy()):
+            raise RuntimeError(f"depthwise {channels}x{size}x{size} {taps}x{taps}: the two kernels disagree")
+        layer = f"depthwise {taps}x{taps} {channels}x{size}x{size} s{stride}"
+        for n in threads:
+            set_threads(n)
+            timed = compare({name: te_function(f, [data, kernel, outs[name]], repeat=3, min_repeat_ms=50)
+                             for name, f in funcs.items()}, rounds)
+            ratio = ratios(timed, "ours")["tvm"]
+            rows.append({"layer": layer, "threads": n, "tvm_us": timed["tvm"].median_ms * 1e3,
+                         "ours_us": timed["ours"].median_ms * 1e3, "tvm_over_ours": ratio.value,
+                         "interval": [ratio.low, ratio.high]})
+            print(f"{layer:<34} t={n}  TVM {rows[-1]['tvm_us']:7.1f} us  ours {rows[-1]['ours_us']:7.1f} us  "
+                  f"x{ratio.value:.2f} [{ratio.low:.2f}, {ratio.high:.2f}]", flush=True)
+    return rows
+
+
 def report(name, rows, peaks):
     for n, row in rows:
         peak = peaks.get(n)

@@ -35,8 +35,9 @@ For targets with a 4-way dot-product ISA (see :mod:`tvm_tcutils.dotprod.isa`) an
   attention products on VNNI), exact plain int32 arithmetic for any other. TVM's
   legalization (i8 data to u8, padding) still runs before it.
 * A u8 x i8 depthwise conv (``contrib_depthwise_conv2d_NCHWc``, as TVM's alter-layout hook makes it) on
-  AVX-512 VNNI gets :mod:`.topi.depthwise`: each kernel row's taps gathered into one ``vpdpbusd``
-  (TVM's schedule multiplies tap by tap in int32); every other depthwise conv keeps TVM's.
+  AVX-512 VNNI gets :mod:`.topi.depthwise`: each kernel row's taps gathered into one ``vpdpbusd``, two
+  for rows of 5 to 8 taps (TVM's schedule multiplies tap by tap in int32); every other depthwise conv
+  keeps TVM's.
 * A u8 x u8 dense on VNNI keeps its plain layout: TVM's alteration would pack
   it for ``vpdpbusd``, which cannot multiply it, and no implementation takes
   the packed op.

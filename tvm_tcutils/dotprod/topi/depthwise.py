@@ -6,7 +6,9 @@ separately in int32 lanes: a widening load, a 32-bit multiply and an add per tap
 one register as channel-major quads (``[c0: t0 t1 t2 0, c1: ...]``, one byte shuffle
 of the row's pixels, each 16 contiguous bytes in ``NCHW16c``) and multiplied with the
 row's weights, stored the same way, by one ``vpdpbusd``: per output vector and kernel
-row one instruction instead of ``KW`` multiply-adds. The same integer sums, exact.
+row one instruction instead of ``KW`` multiply-adds. A row of 5 to 8 taps (5x5 and 7x7
+depthwise kernels) takes two quads, its kernel zero-padded to 8 taps and its data by as
+many pixels on the right. The same integer sums, exact.
 
 Layouts (``L`` = the ISA's 16 int32 lanes): data ``(N, C/L, H, W, L)`` uint8; kernel
 ``OIHW1i{L}o`` as TVM's alter-layout hook packs a depthwise kernel: ``(C/L, 1, KH, KW,
@@ -32,15 +34,23 @@ TAG = "depthwise_nchwc_dot"
 #: Taps one instruction multiplies per lane (the dot product's 4).
 QUAD = 4
 
+#: Most taps of a kernel row: two quads (the second zero-padded where the row has fewer than 8).
+MAX_TAPS = 2 * QUAD
+
 #: Output pixels whose accumulators a tile keeps in registers.
 TILE_OW = 8
+
+
+def _row_quads(kw: int) -> int:
+    """Quads of a kernel row of ``kw`` taps: one row of up to 4 taps is one quad (its own width)."""
+    return 1 if kw <= QUAD else -(-kw // QUAD)
 
 
 def applicable(isa: Optional[DotProductISA], data_shape: Sequence[int], kernel_shape: Sequence[int],
                dilation, data_dtype: str, kernel_dtype: str, out_dtype: str) -> bool:
     """Whether :func:`depthwise_nchwc_dot` computes this depthwise conv: a 16-lane ISA with the
     (``uint8``, ``int8``) product (AVX-512 VNNI), int32 out, ``NCHW16c`` data, an ``OIHW1i16o`` kernel of at
-    most 4 taps per row, dilation 1.
+    most 8 taps per row, dilation 1.
 
     Examples
     --------
@@ -49,7 +59,9 @@ def applicable(isa: Optional[DotProductISA], data_shape: Sequence[int], kernel_s
     True
     >>> applicable(X86_AVX2, (1, 2, 10, 10, 16), (2, 1, 3, 3, 1, 16), 1, "uint8", "int8", "int32")
     False
-    >>> applicable(X86_VNNI, (1, 2, 10, 10, 16), (2, 1, 5, 5, 1, 16), 1, "uint8", "int8", "int32")  # 5 taps
+    >>> applicable(X86_VNNI, (1, 2, 10, 10, 16), (2, 1, 5, 5, 1, 16), 1, "uint8", "int8", "int32")  # 2 quads
+    True
+    >>> applicable(X86_VNNI, (1, 2, 10, 10, 16), (2, 1, 9, 9, 1, 16), 1, "uint8", "int8", "int32")
     False
     """
     if isa is None or isa.lanes != 16 or isa.reduce != QUAD or isa.variant("uint8", "int8") is None:
@@ -60,7 +72,7 @@ def applicable(isa: Optional[DotProductISA], data_shape: Sequence[int], kernel_s
         return False
     lanes = data_shape[4]
     blocks, one, _, kw, one_i, lanes_k = kernel_shape
-    return (lanes == lanes_k == isa.lanes and blocks == data_shape[1] and one == one_i == 1 and kw <= QUAD
+    return (lanes == lanes_k == isa.lanes and blocks == data_shape[1] and one == one_i == 1 and kw <= MAX_TAPS
             and pair(dilation) == (1, 1))
 
 
@@ -87,24 +99,42 @@ def depthwise_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides, padding, di
     isa = current_isa(data.dtype, kernel.dtype)
     d_shape, k_shape = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
     if not applicable(isa, d_shape, k_shape, dilation, data.dtype, kernel.dtype, out_dtype or "int32"):
-        raise ValueError(f"depthwise_nchwc_dot takes uint8 (N, C/16, H, W, 16) data, an int8 (C/16, 1, KH, KW<=4, "
+        raise ValueError(f"depthwise_nchwc_dot takes uint8 (N, C/16, H, W, 16) data, an int8 (C/16, 1, KH, KW<=8, "
                          f"1, 16) kernel, dilation 1 and int32 out on AVX-512 VNNI; got {d_shape} {data.dtype}, "
                          f"{k_shape} {kernel.dtype}, dilation {dilation}, out {out_dtype}")
     n, blocks, height, width, lanes = d_shape
     _, _, kh, kw, _, _ = k_shape
     sh, sw = pair(strides)
     top, left, bottom, right = get_pad_tuple(padding, (kh, kw))
-    if top or left or bottom or right:
-        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="depthwise_pad")
     out_h = (height + top + bottom - kh) // sh + 1
     out_w = (width + left + right - kw) // sw + 1
+    quads = _row_quads(kw)
+    # Two quads a row: the second reads up to 8 - KW pixels past the row's last tap, zeros times zero weights.
+    extra = QUAD * quads - kw if quads > 1 else 0
+    if top or left or bottom or right or extra:
+        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right + extra, 0], name="depthwise_pad")
     r_y = te.reduce_axis((0, kh), name="r_y")
-    r_t = te.reduce_axis((0, kw), name="r_t")
+    if quads == 1:
+        r_t = te.reduce_axis((0, kw), name="r_t")
+        return te.compute(
+            (n, blocks, out_h, out_w, lanes),
+            lambda i, b, y, x, c: te.sum(
+                data[i, b, y * sh + r_y, x * sw + r_t, c].astype("int32")
+                * kernel[b, 0, r_y, r_t, 0, c].astype("int32"), axis=[r_y, r_t]),
+            name="depthwise_nchwc_dot", tag=TAG,
+        )
+    taps = QUAD * quads
+    zero = tir.const(0, kernel.dtype)
+    padded = te.compute((blocks, 1, kh, taps, 1, lanes),
+                        lambda b, o, y, t, i, c: tir.if_then_else(t < kw, kernel[b, o, y, t, i, c], zero),
+                        name="depthwise_kernel_quads")
+    r_q = te.reduce_axis((0, quads), name="r_q")
+    r_t = te.reduce_axis((0, QUAD), name="r_t")
     return te.compute(
         (n, blocks, out_h, out_w, lanes),
         lambda i, b, y, x, c: te.sum(
-            data[i, b, y * sh + r_y, x * sw + r_t, c].astype("int32") * kernel[b, 0, r_y, r_t, 0, c].astype("int32"),
-            axis=[r_y, r_t]),
+            data[i, b, y * sh + r_y, x * sw + r_q * QUAD + r_t, c].astype("int32")
+            * padded[b, 0, r_y, r_q * QUAD + r_t, 0, c].astype("int32"), axis=[r_y, r_q, r_t]),
         name="depthwise_nchwc_dot", tag=TAG,
     )
 
@@ -183,9 +213,12 @@ def schedule_depthwise_nchwc_dot(outs) -> te.Schedule:
     """
     outs, conv = tagged_outputs(outs, TAG)
     s = te.create_schedule([t.op for t in outs])
-    data = conv.op.input_tensors[0]
+    data, kernel = conv.op.input_tensors
     isa = current_isa("uint8", "int8")
-    taps = int(conv.op.reduce_axis[1].dom.extent)
+    taps = int(conv.op.reduce_axis[-1].dom.extent)
+    if isinstance(kernel.op, te.ComputeOp):  # the kernel's rows zero-padded to whole quads
+        axes = s[kernel].op.axis
+        s[kernel].vectorize(axes[-1])
     if isinstance(data.op, te.ComputeOp):  # the zero-padded copy
         _, b, y, _, c = s[data].op.axis
         s[data].parallel(s[data].fuse(b, y))
@@ -209,8 +242,8 @@ def schedule_depthwise_nchwc_dot(outs) -> te.Schedule:
     for tensor in outs[1:]:
         vectorize_inner(s, tensor)
     _, _, _, c_x, c_c = s[conv].op.axis
-    r_y, r_t = s[conv].op.reduce_axis
-    s[conv].reorder(r_y, c_x, c_c, r_t)
+    *rows, r_t = s[conv].op.reduce_axis  # (r_y, r_t), or (r_y, r_q, r_t) for rows of two quads
+    s[conv].reorder(*rows, c_x, c_c, r_t)
     s[conv].unroll(c_x)
     s[conv].tensorize(c_c, row_intrin(isa, taps))
     return s
