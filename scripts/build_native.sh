@@ -16,13 +16,27 @@ PY="${1:-}"
 if [ -z "$PY" ]; then
     if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
 fi
-TVM_DIR="$("$PY" -c 'import os, tvm; print(os.path.dirname(tvm.__file__))')"
-TVM_VERSION="$("$PY" -c 'import tvm; print(tvm.__version__)')"
+# One interpreter for the three facts (each start imports TVM: seconds).
+INFO="$(cd "$ROOT" && "$PY" -c '
+import os, tvm
+print(os.path.dirname(tvm.__file__)); print(tvm.__version__)
+try:
+    from tvm_tcutils.cuda import toolkit_root
+    print(toolkit_root() or "")
+except Exception:  # the package cannot say: no CUDA toolkit found
+    print("")
+')" || INFO=""
+TVM_DIR="$(sed -n 1p <<<"$INFO")"
+TVM_VERSION="$(sed -n 2p <<<"$INFO")"
+CUDA_ROOT="$(sed -n 3p <<<"$INFO")"
+if [ -z "$TVM_DIR" ] || [ -z "$TVM_VERSION" ]; then
+    echo "build_native.sh: $PY cannot import tvm" >&2
+    exit 1
+fi
 BUILD="${TCUTILS_NATIVE_BUILD:-$ROOT/cmake/build}"
 mkdir -p "$BUILD"
 
 cuda_args=()
-CUDA_ROOT="$(cd "$ROOT" && "$PY" -c 'from tvm_tcutils.cuda import toolkit_root; print(toolkit_root() or "")' 2>/dev/null || true)"
 SOURCE="${TVM_SOURCE_DIR:-}"
 if [ -z "$SOURCE" ]; then
     ARCHIVE="${TVM_SOURCE_ARCHIVE:-$ROOT/../shared/tvm-cuda/tvm-v$TVM_VERSION-src.tar.xz}"
@@ -46,9 +60,41 @@ else
     cuda_args=(-DTCUTILS_CUDA_ROOT="$CUDA_ROOT" -DTVM_SOURCE_DIR="$SOURCE")
 fi
 
-cmake -S "$ROOT/cmake" -B "$BUILD" -DTVM_PYTHON_DIR="$TVM_DIR" -DTCUTILS_CUDA_ROOT= -DTVM_SOURCE_DIR= \
-    "${cuda_args[@]}" >/dev/null
-cmake --build "$BUILD" -j 2 >/dev/null
+# The libraries depend on these inputs alone, so a clean checkout (CI) copies what an identical build
+# made before instead of compiling again (~15-25 s): the sources under cmake/, the TVM and CUDA toolkit
+# they build against, where the TVM headers come from, the compiler. TCUTILS_NATIVE_CACHE="" turns it off.
+CACHE_ROOT="${TCUTILS_NATIVE_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/tvm-tcutils/native}"
+CACHE=""
+if [ -n "$CACHE_ROOT" ]; then
+    HEADERS="${TVM_SOURCE_DIR:-}"
+    if [ -z "$HEADERS" ] && [ -n "${ARCHIVE:-}" ] && [ -f "$ARCHIVE" ]; then
+        HEADERS="$(sha256sum "$ARCHIVE" | cut -c1-64)"
+    fi
+    KEY="$({
+        (cd "$ROOT/cmake" && find . -type d -name 'build*' -prune -o -type f -print | LC_ALL=C sort | xargs cat)
+        echo "$TVM_DIR $TVM_VERSION cuda=${#cuda_args[@]} $CUDA_ROOT $HEADERS"
+        c++ --version 2>/dev/null || g++ --version 2>/dev/null || true
+        cmake --version | head -1
+    } | sha256sum | cut -c1-16)"
+    CACHE="$CACHE_ROOT/$KEY"
+fi
+LIBS=(libtvm_tcutils_native.so)
+if [ ${#cuda_args[@]} -gt 0 ]; then LIBS+=(libtvm_tcutils_cuda.so); fi
+if [ -n "$CACHE" ] && [ -f "$CACHE/.complete" ]; then
+    for lib in "${LIBS[@]}"; do cp -p "$CACHE/$lib" "$BUILD/$lib"; done
+else
+    cmake -S "$ROOT/cmake" -B "$BUILD" -DTVM_PYTHON_DIR="$TVM_DIR" -DTCUTILS_CUDA_ROOT= -DTVM_SOURCE_DIR= \
+        "${cuda_args[@]}" >/dev/null
+    cmake --build "$BUILD" -j 2 >/dev/null
+    if [ -n "$CACHE" ]; then
+        # Written aside, then renamed whole: a reader never sees a half-copied entry.
+        mkdir -p "$CACHE_ROOT"
+        TMP="$(mktemp -d "$CACHE_ROOT/.tmp.XXXXXX")"
+        for lib in "${LIBS[@]}"; do cp -p "$BUILD/$lib" "$TMP/$lib"; done
+        touch "$TMP/.complete"
+        mv -T "$TMP" "$CACHE" 2>/dev/null || rm -rf "$TMP"  # another build stored the same first
+    fi
+fi
 if [ ${#cuda_args[@]} -gt 0 ]; then
     echo "$BUILD/libtvm_tcutils_cuda.so"
 else
