@@ -74,6 +74,31 @@ def test_native_library_registers_packed_functions(native_lib):
     assert result.stdout.split() == ["True", "2"]
 
 
+def test_a_rebuild_never_writes_into_a_library_in_use(native_build, tmp_path):
+    # A process that has the library loaded maps the file it had: a second build (here a cache hit, or
+    # cmake's relink) must leave that file's bytes alone -- writing into it crashed the test process.
+    import hashlib
+
+    paths = native_build.stdout.strip().splitlines()
+    handles = [open(path, "rb") for path in paths]
+    try:
+        before = [hashlib.sha256(handle.read()).hexdigest() for handle in handles]
+        env = {key: value for key, value in os.environ.items() if key != "TCUTILS_NATIVE_BUILD"}
+        for cache in ("", str(tmp_path / "cache")):  # no cache (cmake), then an empty cache, then a hit
+            for _ in range(1 + bool(cache)):
+                again = subprocess.run(["bash", os.path.join(ROOT, "scripts", "build_native.sh"), sys.executable],
+                                       capture_output=True, text=True, timeout=600,
+                                       env={**env, "TCUTILS_NATIVE_CACHE": cache})
+                assert again.returncode == 0, again.stderr
+                assert again.stdout.strip().splitlines() == paths
+        for handle in handles:
+            handle.seek(0)
+        assert [hashlib.sha256(handle.read()).hexdigest() for handle in handles] == before
+    finally:
+        for handle in handles:
+            handle.close()
+
+
 def test_package_works_without_native_library():
     result = run_python(
         "import tvm_tcutils.native as n\nprint(n.load(), n.get('tvm_tcutils.native.abi_version'))",

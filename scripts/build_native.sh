@@ -81,7 +81,13 @@ fi
 LIBS=(libtvm_tcutils_native.so)
 if [ ${#cuda_args[@]} -gt 0 ]; then LIBS+=(libtvm_tcutils_cuda.so); fi
 if [ -n "$CACHE" ] && [ -f "$CACHE/.complete" ]; then
-    for lib in "${LIBS[@]}"; do cp -p "$CACHE/$lib" "$BUILD/$lib"; done
+    for lib in "${LIBS[@]}"; do
+        # A new file renamed over the old one, never written into it: processes that have the old one
+        # loaded keep their mapping (writing into a loaded library crashes them).
+        if ! cmp -s "$CACHE/$lib" "$BUILD/$lib"; then
+            cp -p "$CACHE/$lib" "$BUILD/.$lib.$$" && mv -f "$BUILD/.$lib.$$" "$BUILD/$lib"
+        fi
+    done
 else
     cmake -S "$ROOT/cmake" -B "$BUILD" -DTVM_PYTHON_DIR="$TVM_DIR" -DTCUTILS_CUDA_ROOT= -DTVM_SOURCE_DIR= \
         "${cuda_args[@]}" >/dev/null
