@@ -128,27 +128,26 @@ def depthwise_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides, padding, di
 
 
 def _quads(pixels: list, lanes: int) -> tir.PrimExpr:
-    """``taps`` vectors of ``lanes`` bytes (one per tap) as one vector of channel-major quads: byte ``4c + t``
-    is tap ``t`` of channel ``c``, zero after the last tap (LLVM: one ``vpermb`` / ``vpermt2b``)."""
-    dtype = pixels[0].dtype.split("x")[0]
-    pixels = list(pixels) + [tir.Broadcast(tir.const(0, dtype), lanes)] * (QUAD - len(pixels))
-    return tir.Shuffle(pixels, [tir.const(p * lanes + ch, "int32") for ch in range(lanes) for p in range(QUAD)])
+    """Four vectors of ``lanes`` bytes (one per tap) as one vector of channel-major quads: byte ``4c + t``
+    is tap ``t`` of channel ``c`` (LLVM: one ``vpermb`` / ``vpermt2b``)."""
+    return tir.Shuffle(list(pixels), [tir.const(p * lanes + ch, "int32") for ch in range(lanes) for p in range(QUAD)])
 
 
 @functools.lru_cache(maxsize=None)
-def row_intrin(isa: DotProductISA, taps: int):
-    """The tensor intrinsic of one kernel row: ``out[c] += sum_{t < taps} data[t, c] * kernel[t, 0, c]``.
+def row_intrin(isa: DotProductISA):
+    """The tensor intrinsic of one quad of a kernel row: ``out[c] += sum_{t < 4} data[t, c] * kernel[t, 0, c]``.
 
-    ``data`` is ``taps`` pixels of 16 bytes (any pixel stride), ``kernel`` the row's taps (16 bytes
-    each). Both are gathered into channel-major quads (:func:`_quads`; the taps after ``taps`` are zero,
-    and no byte after the row's last pixel is read) for one dot-product instruction.
+    ``data`` is 4 pixels of 16 bytes (any pixel stride), ``kernel`` the quad's taps (16 bytes each). Both
+    are gathered into channel-major quads (:func:`_quads`) for one dot-product instruction; rows of other
+    lengths are padded to whole quads by :func:`depthwise_nchwc_dot`.
 
     Examples
     --------
     >>> from tvm_tcutils.dotprod.isa import X86_VNNI
-    >>> [t.dtype for t in row_intrin(X86_VNNI, 3).inputs]
+    >>> [t.dtype for t in row_intrin(X86_VNNI).inputs]
     ['uint8', 'int8']
     """
+    taps = QUAD
     lanes = isa.lanes
     data = te.placeholder((taps, lanes), "uint8", name="row_data")
     # The kernel's row as it lies in OIHW1i16o: (taps, 1, lanes), the unit axis its input channel.
@@ -203,7 +202,6 @@ def schedule_depthwise_nchwc_dot(outs) -> te.Schedule:
     s = te.create_schedule([t.op for t in outs])
     data, kernel = conv.op.input_tensors
     isa = current_isa("uint8", "int8")
-    taps = int(conv.op.reduce_axis[-1].dom.extent)
     if isinstance(kernel.op, te.ComputeOp):  # the kernel's rows zero-padded to whole quads
         axes = s[kernel].op.axis
         s[kernel].vectorize(axes[-1])
@@ -233,5 +231,5 @@ def schedule_depthwise_nchwc_dot(outs) -> te.Schedule:
     r_y, r_q, r_t = s[conv].op.reduce_axis
     s[conv].reorder(r_y, r_q, c_x, c_c, r_t)
     s[conv].unroll(c_x)
-    s[conv].tensorize(c_c, row_intrin(isa, taps))
+    s[conv].tensorize(c_c, row_intrin(isa))
     return s
