@@ -766,7 +766,6 @@ def bench_pads(threads, rounds: int = 5):
     from tvm import topi
 
     from ..dotprod.topi.pad import row_pad_applies, schedule_row_pad
-    from .competitors import ratios
 
     rows = []
     for shape, width in PAD_CASES:
@@ -780,17 +779,25 @@ def bench_pads(threads, rounds: int = 5):
                  "ours": tvm.build(schedule_row_pad(y), [x, y], TARGET)}
         applies = row_pad_applies(list(zip(before, before)), "uint8")
         for n in threads:
-            set_threads(n)
-            timed = compare({name: te_function(f, [data, out], repeat=3, min_repeat_ms=50)
-                             for name, f in funcs.items()}, rounds)
-            ratio = ratios(timed, "ours")["tvm"]
-            rows.append({"layer": f"pad u8 {shape} by {width}", "threads": n, "tvm_us": timed["tvm"].median_ms * 1e3,
-                         "ours_us": timed["ours"].median_ms * 1e3, "tvm_over_ours": ratio.value,
-                         "interval": [ratio.low, ratio.high], "row_schedule_applies": applies})
-            print(f"pad u8 {str(shape):<20} by {width}  t={n}  TVM {rows[-1]['tvm_us']:7.2f} us  row schedule "
-                  f"{rows[-1]['ours_us']:7.2f} us  x{ratio.value:.2f} [{ratio.low:.2f}, {ratio.high:.2f}]"
-                  f"{'' if applies else '  (blocked: not taken, TVM keeps it)'}", flush=True)
+            row = _tvm_against_ours(funcs, {name: [data, out] for name in funcs}, n, rounds)
+            rows.append({"layer": f"pad u8 {shape} by {width}", "threads": n, **row, "row_schedule_applies": applies})
+            print(f"pad u8 {str(shape):<20} by {width}  t={n}  TVM {row['tvm_us']:7.2f} us  row schedule "
+                  f"{row['ours_us']:7.2f} us  x{row['tvm_over_ours']:.2f} [{row['interval'][0]:.2f}, "
+                  f"{row['interval'][1]:.2f}]{'' if applies else '  (blocked: not taken, TVM keeps it)'}", flush=True)
     return rows
+
+
+def _tvm_against_ours(funcs: Mapping, args: Mapping, threads: int, rounds: int) -> dict:
+    """TVM's build (``funcs["tvm"]``) and the package's (``"ours"``) of one op on ``args[name]``, timed in
+    turns at ``threads``: ``{tvm_us, ours_us, tvm_over_ours, interval}`` (TVM's time over ours, 95 %)."""
+    from .competitors import ratios
+
+    set_threads(threads)
+    timed = compare({name: te_function(f, args[name], repeat=3, min_repeat_ms=50) for name, f in funcs.items()},
+                    rounds)
+    ratio = ratios(timed, "ours")["tvm"]
+    return {"tvm_us": timed["tvm"].median_ms * 1e3, "ours_us": timed["ours"].median_ms * 1e3,
+            "tvm_over_ours": ratio.value, "interval": [ratio.low, ratio.high]}
 
 
 #: u8 x i8 depthwise convs (channels, height = width, kernel, stride, padding): MobileNet-v2's 3x3, then
@@ -806,7 +813,6 @@ def bench_depthwise(threads, rounds: int = 5):
     from tvm import topi
 
     from ..dotprod.topi.depthwise import depthwise_nchwc_dot, schedule_depthwise_nchwc_dot
-    from .competitors import ratios
 
     rows = []
     for channels, size, taps, stride, pad in DEPTHWISE_CASES:
@@ -827,15 +833,10 @@ def bench_depthwise(threads, rounds: int = 5):
             raise RuntimeError(f"depthwise {channels}x{size}x{size} {taps}x{taps}: the two kernels disagree")
         layer = f"depthwise {taps}x{taps} {channels}x{size}x{size} s{stride}"
         for n in threads:
-            set_threads(n)
-            timed = compare({name: te_function(f, [data, kernel, outs[name]], repeat=3, min_repeat_ms=50)
-                             for name, f in funcs.items()}, rounds)
-            ratio = ratios(timed, "ours")["tvm"]
-            rows.append({"layer": layer, "threads": n, "tvm_us": timed["tvm"].median_ms * 1e3,
-                         "ours_us": timed["ours"].median_ms * 1e3, "tvm_over_ours": ratio.value,
-                         "interval": [ratio.low, ratio.high]})
-            print(f"{layer:<34} t={n}  TVM {rows[-1]['tvm_us']:7.1f} us  ours {rows[-1]['ours_us']:7.1f} us  "
-                  f"x{ratio.value:.2f} [{ratio.low:.2f}, {ratio.high:.2f}]", flush=True)
+            row = _tvm_against_ours(funcs, {name: [data, kernel, outs[name]] for name in funcs}, n, rounds)
+            rows.append({"layer": layer, "threads": n, **row})
+            print(f"{layer:<34} t={n}  TVM {row['tvm_us']:7.1f} us  ours {row['ours_us']:7.1f} us  "
+                  f"x{row['tvm_over_ours']:.2f} [{row['interval'][0]:.2f}, {row['interval'][1]:.2f}]", flush=True)
     return rows
 
 

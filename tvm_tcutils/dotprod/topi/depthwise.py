@@ -203,8 +203,7 @@ def schedule_depthwise_nchwc_dot(outs) -> te.Schedule:
     data, kernel = conv.op.input_tensors
     isa = current_isa("uint8", "int8")
     if isinstance(kernel.op, te.ComputeOp):  # the kernel's rows zero-padded to whole quads
-        axes = s[kernel].op.axis
-        s[kernel].vectorize(axes[-1])
+        s[kernel].vectorize(s[kernel].op.axis[-1])
     if isinstance(data.op, te.ComputeOp):  # the zero-padded copy
         _, b, y, _, c = s[data].op.axis
         s[data].parallel(s[data].fuse(b, y))
