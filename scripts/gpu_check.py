@@ -3,8 +3,9 @@
 
 Parts: ``resnet50`` (int8 ResNet-50 on the GPU against the CPU reference, then end to end
 against TVM's own HWNC template), ``layers`` (per layer, against TVM's template),
-``dense`` (against cuBLASLt's int8 GEMM and the GPU's peak), ``int4_probe`` (one int4 WMMA
-tile outside TVM, through CuPy). Without a GPU it
+``dense`` (against cuBLASLt's int8 GEMM and the GPU's peak), ``tune`` and ``tune_dense``
+(AutoTVM tuning on this GPU of the ResNet-50's tensor-core layers and of a 4096^3 dense, tuned
+against untuned), ``int4_probe`` (one int4 WMMA tile outside TVM, through CuPy). Without a GPU it
 rehearses: everything up to the first kernel launch, for ``--arch``.
 
 Usage::
@@ -25,8 +26,8 @@ from tvm_tcutils import cuda  # noqa: E402
 from tvm_tcutils.bench import gpu_check  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 
-PARTS = ("resnet50", "exact", "layers", "dense", "int4_probe", "profile", "int4_cast", "int4", "stem", "int4_diag",
-         "int4_speed")
+PARTS = ("resnet50", "tune", "tune_dense", "exact", "layers", "dense", "int4_probe", "profile", "int4_cast", "int4",
+         "stem", "int4_diag", "int4_speed")
 
 
 def _parts(text: str) -> list:
@@ -45,6 +46,10 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", default="sm_90", help="architecture to build for when there is no GPU")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--tune-budget", type=float, default=240.0,
+                        help="seconds of AutoTVM tuning for ResNet-50's tensor-core layers (part tune)")
+    parser.add_argument("--tune-dense-budget", type=float, default=60.0,
+                        help="seconds of AutoTVM tuning for the 4096^3 dense (part tune_dense)")
     parser.add_argument("--wait-for", metavar="FILE", help="time only after FILE exists (another job's end)")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
@@ -66,6 +71,10 @@ def main(argv=None) -> int:
         try:
             if part == "resnet50":
                 gpu_check.resnet50(results, arch, args.batch, args.rounds, wait)
+            elif part in ("tune", "tune_dense"):  # the tuning log beside the JSON
+                gpu_check.tune(results, arch, "resnet50" if part == "tune" else "dense", args.batch, args.rounds,
+                               budget_s=args.tune_budget if part == "tune" else args.tune_dense_budget,
+                               log_dir=os.path.dirname(os.path.abspath(args.json)), wait=wait)
             else:
                 wait()
                 if part == "layers":

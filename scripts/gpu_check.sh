@@ -4,7 +4,8 @@
 #
 #   bash scripts/gpu_check.sh pack       # here: fill .gpu/ (ignored by git, carried by the device tool):
 #                                        # the TVM wheel's Python package and libLLVM.so (xz), the built
-#                                        # plugins (cmake/build), the decorator wheel TVM needs
+#                                        # plugins (cmake/build), the decorator wheel TVM needs and
+#                                        # xgboost-cpu unpacked (xz; the tune part's XGBTuner)
 #   bash scripts/gpu_check.sh            # there (or here, as a rehearsal without a GPU): unpack .gpu/ into
 #                                        # $TCUTILS_GPU_WORK, run the GPU tests and scripts/gpu_check.py once
 #                                        # per part (PARTS="resnet50 layers ..." picks them), write the log,
@@ -31,6 +32,15 @@ if [ "$MODE" = "pack" ]; then
         || tar -C "$SITE" -cf - llvm/__init__.py llvm/lib/libLLVM.so | xz -T2 -6 > "$PACK/llvm.tar.xz"
     cp "$ROOT/cmake/build/libtvm_tcutils_cuda.so" "$ROOT/cmake/build/libtvm_tcutils_native.so" "$PACK/"
     "$VENV/bin/python" -m pip download -q --no-deps --only-binary=:all: -d "$PACK/whl" "decorator>=5" 2>/dev/null
+    # XGBTuner's model (the GPU machine has no xgboost): the CPU-only wheel of this machine's version, for 3.12,
+    # unpacked and xz-compressed (3.6 MB instead of the wheel's 5.6: the carried tree's limit is 64 MiB).
+    XGB="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("xgboost"))')"
+    TMPX="$(mktemp -d)"
+    "$VENV/bin/python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 -d "$TMPX" "xgboost-cpu==$XGB"
+    mkdir "$TMPX/site" && "$VENV/bin/python" -m zipfile -e "$TMPX"/xgboost_cpu-*.whl "$TMPX/site"
+    tar -C "$TMPX/site" -cf - . | xz -T2 -9 > "$PACK/xgboost.tar.xz"
+    rm -rf "$TMPX"
     du -ch "$PACK"/* "$PACK"/whl/* | tail -1
     exit 0
 fi
@@ -47,7 +57,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 
 if [ ! -f "$WORK/site/tvm/libtvm.so" ]; then
     mkdir -p "$WORK/site"
-    for archive in "$PACK/tvm.tar.xz" "$PACK/llvm.tar.xz"; do
+    for archive in "$PACK/tvm.tar.xz" "$PACK/llvm.tar.xz" "$PACK/xgboost.tar.xz"; do
         [ -f "$archive" ] || { echo "error: $archive missing: run 'bash scripts/gpu_check.sh pack' first"; exit 2; }
         xz -dc -T0 "$archive" | tar -C "$WORK/site" -xf -
     done

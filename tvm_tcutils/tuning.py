@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._tvm import settle_thread_count, tvm
 from tvm import autotvm
@@ -180,6 +180,57 @@ def _measure_worker_init(scope: AutotvmGlobalScope, parent: int) -> None:
     processes.unpin()
 
 
+def _check_local_device(target: str) -> None:
+    """A ``ValueError`` when measuring for ``target`` needs a GPU that this machine cannot run kernels on."""
+    if tvm.target.Target(target).kind.name != "cuda":
+        return
+    from . import cuda
+
+    info = cuda.status()
+    if not info["device"]:
+        why = info["reason"] or info["driver"] or "no CUDA GPU"
+        raise ValueError(f"target {target!r}: this machine cannot run CUDA kernels to measure them ({why}); "
+                         "tune where the GPU is, or pass remote= (an RPC tracker key whose servers have one)")
+
+
+class PackageLocalRunner(autotvm.LocalRunner):
+    """AutoTVM's ``LocalRunner`` whose RPC server imports :mod:`tvm_tcutils` before it serves.
+
+    TVM's own starts a stock server process, which knows nothing of the package:
+    on a TVM built without CUDA (the PyPI wheels) it has no ``cuda`` device,
+    since the device API comes from the package's CUDA plugin, so every CUDA
+    measurement (and the device query before the first build) fails; kernels
+    calling the toolchains' packed functions fail the same way. The tracker
+    and the server listen on 127.0.0.1 only (TVM's bind every interface): they
+    run whatever is uploaded, and nothing but this process uploads. Same
+    arguments as ``LocalRunner``.
+
+    Examples
+    --------
+    >>> runner = PackageLocalRunner(number=5, repeat=1)
+    >>> runner.number, runner.host is None
+    (5, True)
+    """
+
+    def set_task(self, task):
+        from tvm.rpc.server import Server
+        from tvm.rpc.tracker import Tracker
+
+        from .rpc_server import _Init
+
+        self.task = task
+        tracker = Tracker(host=_LOOPBACK, port=9000, port_end=10000, silent=True)
+        key = f"$local$device${tracker.port}"
+        server = Server(host=_LOOPBACK, port=9000, port_end=10000, key=key, silent=True,
+                        tracker_addr=(_LOOPBACK, tracker.port), server_init_callback=_Init(os.getpid()))
+        self.key, self.host, self.port = key, _LOOPBACK, tracker.port
+        autotvm.RPCRunner.set_task(self, task)
+        return server, tracker
+
+
+_LOOPBACK = "127.0.0.1"
+
+
 def _workers_die_with_us(part, timeout: float) -> None:
     """Replace an AutoTVM builder's or runner's worker pool by one whose workers die with this process.
 
@@ -203,6 +254,7 @@ def tune(
     on_task: Optional[Callable[[int, int, autotvm.task.Task, int], None]] = None,
     remote=None,
     time_budget_s: Optional[float] = None,
+    templates: Optional[Sequence[str]] = None,
 ) -> List[Tuple[str, int]]:
     """Tune every task of ``mod`` with ``XGBTuner`` for ``trials`` measurements each, resumably.
 
@@ -220,6 +272,12 @@ def tune(
         Seconds for the whole tuning: when they end, the task being tuned stops
         after its current batch (already in the log) and later tasks are not
         tuned (0 new trials in the summary). Resuming later goes on from the log.
+    templates : sequence of str, optional
+        Tune only the tasks of these AutoTVM templates (say, the tensor-core
+        ``"tcutils.conv2d_hwnc_tensorcore.cuda"`` and not the float layers
+        around it); the others get 0 new trials and build with what the log
+        or their fallback gives them. A name no task of the model has is a
+        ``ValueError`` that lists the model's templates.
     on_task : callable, optional
         ``on_task(index, total, task, new_trials)`` before each task.
     remote : tvm_tcutils.rpc.RemoteBackend, optional
@@ -249,7 +307,18 @@ def tune(
         raise ValueError(f"time_budget_s must be a number of seconds >= 0 or None, got {time_budget_s!r}")
     report = Reporter(progress if callable(progress) and not isinstance(progress, bool) else False)
     deadline = None if time_budget_s is None else time.perf_counter() + time_budget_s
+    if remote is None:
+        _check_local_device(target)
+    if templates is not None and (isinstance(templates, str)
+                                  or not all(isinstance(name, str) for name in templates)):
+        raise TypeError(f"templates must be a list of AutoTVM template names, got {templates!r}")
     tasks = extract_tasks(mod, params, target)
+    if templates is not None:
+        present = sorted({task.name for task in tasks})
+        unknown = sorted(set(templates) - set(present))
+        if unknown:
+            raise ValueError(f"templates: no task of the model uses {', '.join(unknown)}; "
+                             f"its templates: {', '.join(present) or 'none'}")
     done = _recorded(log)
     _close_last_line(log)
     builder = autotvm.LocalBuilder()
@@ -258,7 +327,7 @@ def tune(
     else:
         # The runner's server process inherits the environment: it times kernels as measure does.
         settle_thread_count()
-        runner = autotvm.LocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
+        runner = PackageLocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
     # The limits TVM gives its own pools (a runner's call covers n_parallel runs and a set-up).
     _workers_die_with_us(builder, builder.timeout)
     _workers_die_with_us(runner, runner.timeout * (runner.n_parallel + 1))
@@ -270,6 +339,8 @@ def tune(
         for index, task in enumerate(tasks):
             history = done.get((str(task.target), task.workload), [])
             todo = min(trials, len(task.config_space)) - len(history)
+            if templates is not None and task.name not in templates:
+                todo = 0
             if on_task is not None:
                 on_task(index, len(tasks), task, max(todo, 0))
             if todo <= 0 or (deadline is not None and time.perf_counter() >= deadline):

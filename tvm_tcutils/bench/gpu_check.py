@@ -20,6 +20,9 @@ Three parts, each writing its rows to one :class:`~.results.Results`:
   its CPU build (integer weights). On sm_90 and newer, where the rules keep
   int4 off tensor cores, this part lifts that rule for itself.
 * ``int4_speed``: int4 against int8 per ResNet-50 layer (the package's template).
+* ``tune``: AutoTVM tuning on the GPU as a user runs it (:func:`tvm_tcutils.tuning.tune`)
+  of the int8 ResNet-50's tensor-core convolutions and of a 4096^3 int8 dense,
+  each then built untuned and tuned, outputs compared, timed in turns.
 * ``dense``: the package's int8 tensor-core dense against cuBLASLt's int8 GEMM
   (``torch._int_mm``, in a process of its own that waits between its turns),
   and both against the GPU's integer tensor-core peak.
@@ -43,6 +46,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -486,6 +490,12 @@ def _ratio(value: Optional[dict]) -> str:
     return f"x{value['value']:.2f} [{value['low']:.2f}, {value['high']:.2f}]" if value else "-"
 
 
+def _tune_model(row: dict) -> str:
+    if row["model"] == "resnet50":
+        return f"ResNet-50 int8, batch {row.get('batch', 8)}"
+    return "int8 dense {} x {} x {}".format(*TUNE_DENSE)
+
+
 def markdown(payload: dict) -> str:
     """The docs' tables (end to end, per layer, dense) from a :func:`~.results.Results` JSON of this check.
 
@@ -527,6 +537,15 @@ def markdown(payload: dict) -> str:
               f"{r['peak_tops']:.0f}" if r.get("peak_tops") else "-",
               f"{100 * r.get('tcutils_tops', 0) / r['peak_tops']:.1f}" if r.get("peak_tops") else "-"]
              for r in dense_rows]))
+    tune_rows = [r for r in rows if r.get("part") == "tune" and "tuned" in r]
+    if tune_rows:
+        parts.append(table(
+            ["model (template)", "tasks tuned", "trials (s)", "untuned ms", "tuned ms", "untuned / tuned",
+             "outputs max abs diff"],
+            [[f"{_tune_model(r)} (`{r['template']}`)", f"{r['tasks_tuned']} of {r['tasks']}",
+              f"{r['new_trials']} ({r['tune_s']:.0f})",
+              _ms(r.get("untuned")), _ms(r.get("tuned")), _ratio(r.get("untuned_over_tuned")),
+              f"{r['max_abs_diff']:.3g}"] for r in tune_rows]))
     speed_rows = [r for r in rows if r.get("part") == "int4_vs_int8" and "int4" in r]
     if speed_rows:
         parts.append(table(
@@ -970,3 +989,135 @@ def int4_cast(results, arch: str) -> None:
         results.add(**row)
         print(f"int4 round trip {shape} on the GPU: {row['mismatches']} of {row['elements']} elements differ",
               flush=True)
+
+
+#: The ``tune`` part's dense: the 4096^3 GEMM of the ``dense`` table, where the untuned package reached 10.8 %
+#: of an H200's peak.
+TUNE_DENSE = (4096, 4096, 4096)
+
+
+def _dense_module(m: int, n: int, k: int) -> tvm.IRModule:
+    """``nn.dense`` of two int8 inputs (int32 out), both graph inputs (no weight re-layout to time)."""
+    x = relay.var("x", shape=(m, k), dtype="int8")
+    w = relay.var("w", shape=(n, k), dtype="int8")
+    return tvm.IRModule.from_expr(relay.Function([x, w], relay.nn.dense(x, w, out_dtype="int32")))
+
+
+def _best_per_task(log: str, template: str) -> List[dict]:
+    """Each tuned task of ``template`` in ``log``: its shapes, trials, and the best measured time (ms)."""
+    from ..tuning import checked_records
+
+    tasks: Dict[str, dict] = {}
+    for inp, res in checked_records(log):
+        if inp.task.name != template:
+            continue
+        entry = tasks.setdefault(str(inp.task.args), {
+            "args": [list(a[1]) if isinstance(a, tuple) and a and a[0] == "TENSOR" else a for a in inp.task.args],
+            "trials": 0, "valid": 0, "best_ms": None})
+        entry["trials"] += 1
+        if res.error_no == 0:
+            entry["valid"] += 1
+            ms = float(np.mean(res.costs)) * 1e3
+            entry["best_ms"] = ms if entry["best_ms"] is None else min(entry["best_ms"], ms)
+    return list(tasks.values())
+
+
+def tune(results, arch: str, model: str = "resnet50", batch: int = 8, rounds: int = 5, budget_s: float = 240.0,
+         trials: Optional[int] = None, log_dir: Optional[str] = None, wait: Callable[[], None] = lambda: None) -> None:
+    """AutoTVM tuning on this GPU, as a user runs it: :func:`tvm_tcutils.tuning.tune` (XGBTuner, the
+    package's local runner) of ``model``'s tensor-core tasks for ``budget_s``: ``"resnet50"`` (the int8
+    ResNet-50's convolutions, ``trials`` per task, default 32; its float layers keep their fallback configs) or
+    ``"dense"`` (the int8 :data:`TUNE_DENSE` GEMM, default 64 trials). Then the model is built untuned and with
+    the log, run on one input (the tuned kernels compute the same integers: the outputs must be equal) and
+    timed in turns. The log (``tune_<model>.log``) stays in ``log_dir``. Without a GPU: the builds, the tasks,
+    and whether the local runner's server has the CUDA device API (the rehearsal)."""
+    from .. import tuning
+    from ..tensorcore.topi import conv2d_hwnc
+    from ..tensorcore.topi import dense as tc_dense
+
+    if model not in ("resnet50", "dense"):
+        raise ValueError(f"model must be 'resnet50' or 'dense', got {model!r}")
+    target = f"cuda -arch={arch}"
+    log_dir = log_dir or tempfile.mkdtemp(prefix="tcutils-tune-")
+    os.makedirs(log_dir, exist_ok=True)
+    present = gpu_present()
+    if model == "resnet50":
+        template, n_trials = conv2d_hwnc.TASK, trials or 32
+        mod, params, _, x = _resnet50_logits(batch, "int8", target)
+        inputs = {"data": x}
+    else:
+        template, n_trials = tc_dense.TASK, trials or 64
+        m, n, k = TUNE_DENSE
+        mod, params = _dense_module(m, n, k), {}
+        rng = np.random.default_rng(0)
+        inputs = {"x": rng.integers(-128, 128, (m, k)).astype("int8"),
+                  "w": rng.integers(-128, 128, (n, k)).astype("int8")}
+    log = os.path.join(log_dir, f"tune_{model}.log")
+    row: Dict[str, object] = {"part": "tune", "model": model, "template": template, "target": target,
+                              "trials_per_task": n_trials, "budget_s": budget_s, "log": os.path.basename(log)}
+    if model == "resnet50":
+        row["batch"] = batch
+    start = time.time()
+    untuned = _build(mod, params, target)
+    row["build_s"] = round(time.time() - start, 1)
+    if not present:
+        row["tasks"] = sum(task.name == template for task in tuning.extract_tasks(mod, params, target))
+        row["server_has_cuda"] = _runner_server_has_cuda()
+        row["rehearsal"] = True
+        results.add(**row)
+        print(f"rehearsal: tune {model}: {row['tasks']} tasks of {template}, built untuned; the local runner's "
+              f"server has the CUDA device API: {row['server_has_cuda']}; tuning needs a GPU", flush=True)
+        return
+    wait()
+    start = time.time()
+    summary = tuning.tune(mod, params, target, n_trials, log, progress=False, measure_number=20,
+                          time_budget_s=budget_s, templates=[template])
+    row["tune_s"] = round(time.time() - start, 1)
+    row["tasks"] = sum(task_name == template for task_name, _ in summary)
+    row["tasks_tuned"] = sum(1 for task_name, count in summary if task_name == template and count)
+    row["new_trials"] = sum(count for _, count in summary)
+    row["per_task"] = _best_per_task(log, template)
+    start = time.time()
+    with autotvm.apply_history_best(log):
+        tuned = _build(mod, params, target)
+    row["tuned_build_s"] = round(time.time() - start, 1)
+    dev = tvm.cuda(0)
+    modules = {"untuned": _graph(untuned, dev), "tuned": _graph(tuned, dev)}
+    outputs = {}
+    for key, module in modules.items():
+        for input_name, value in inputs.items():
+            module.set_input(input_name, value)
+        module.run()
+        outputs[key] = module.get_output(0).numpy().astype(np.float64)
+    row["max_abs_diff"] = float(np.max(np.abs(outputs["tuned"] - outputs["untuned"])))
+    timings = interleave({key: _sample(module, dev, 20) for key, module in modules.items()}, rounds)
+    row.update(timings)
+    row["untuned_over_tuned"] = ratio(timings["untuned"], timings["tuned"])
+    if model == "dense":
+        for key, timing in timings.items():
+            row[f"{key}_tops"] = 2 * m * n * k / (timing.median_ms * 1e-3) / 1e12
+    results.add(**row)
+    print(f"tune {model}: {row['new_trials']} trials over {row['tasks_tuned']} of {row['tasks']} tasks in "
+          f"{row['tune_s']} s; untuned {timings['untuned'].median_ms:.3f} ms, tuned "
+          f"{timings['tuned'].median_ms:.3f} ms (x{row['untuned_over_tuned'].value:.2f}); outputs differ by "
+          f"{row['max_abs_diff']:.3g}", flush=True)
+
+
+def _runner_server_has_cuda() -> bool:
+    """Whether the package's AutoTVM local runner serves from a process with the CUDA device API."""
+    from tvm.autotvm.measure.measure_methods import request_remote
+
+    from .._tvm import host_target
+    from ..dotprod.quantize import quantize_int8
+    from ..models import load_model
+    from ..tuning import PackageLocalRunner, extract_tasks
+
+    runner = PackageLocalRunner(number=1)
+    # Any task will do (a small CPU one: set_task checks that the server has the task's device).
+    task = extract_tasks(quantize_int8(*load_model("mlp")), {}, host_target())[0]
+    alive = runner.set_task(task)  # noqa: F841  (keeps the tracker and the server up)
+    remote = request_remote(runner.key, runner.host, runner.port)
+    try:
+        return remote.get_function("device_api.cuda") is not None
+    except AttributeError:
+        return False
