@@ -71,3 +71,19 @@ def test_templates_pick_the_tasks_tuned(tmp_path):
 def test_bad_templates(tmp_path, templates, error, match):
     with pytest.raises(error, match=match):
         tune(quantize_int8(*load_model("mlp")), {}, host_target(), 4, str(tmp_path / "x.log"), templates=templates)
+
+
+def test_tune_measures_with_the_package_runner(tmp_path, monkeypatch):
+    from tvm_tcutils import tuning
+
+    made = []
+
+    class Recording(PackageLocalRunner):
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "PackageLocalRunner", Recording)
+    tune(quantize_int8(*load_model("mlp")), {}, host_target(), 4, str(tmp_path / "r.log"), progress=False,
+         time_budget_s=0)
+    assert len(made) == 1

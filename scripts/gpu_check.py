@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--tune-budget", type=float, default=240.0,
                         help="seconds of AutoTVM tuning for ResNet-50's tensor-core layers (part tune)")
+    parser.add_argument("--tune-trials", type=int, help="trials per task (parts tune, tune_dense; default 32, 64)")
     parser.add_argument("--tune-dense-budget", type=float, default=60.0,
                         help="seconds of AutoTVM tuning for the 4096^3 dense (part tune_dense)")
     parser.add_argument("--wait-for", metavar="FILE", help="time only after FILE exists (another job's end)")
@@ -74,6 +75,7 @@ def main(argv=None) -> int:
             elif part in ("tune", "tune_dense"):  # the tuning log beside the JSON
                 gpu_check.tune(results, arch, "resnet50" if part == "tune" else "dense", args.batch, args.rounds,
                                budget_s=args.tune_budget if part == "tune" else args.tune_dense_budget,
+                               trials=args.tune_trials,
                                log_dir=os.path.dirname(os.path.abspath(args.json)), wait=wait)
             else:
                 wait()

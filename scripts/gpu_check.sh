@@ -4,8 +4,9 @@
 #
 #   bash scripts/gpu_check.sh pack       # here: fill .gpu/ (ignored by git, carried by the device tool):
 #                                        # the TVM wheel's Python package and libLLVM.so (xz), the built
-#                                        # plugins (cmake/build), the decorator wheel TVM needs and
-#                                        # xgboost-cpu unpacked (xz; the tune part's XGBTuner)
+#                                        # plugins (cmake/build), the wheels of decorator (TVM) and
+#                                        # tornado (RPC tracker), xgboost-cpu unpacked (xz): the tune
+#                                        # parts' XGBTuner and local runner
 #   bash scripts/gpu_check.sh            # there (or here, as a rehearsal without a GPU): unpack .gpu/ into
 #                                        # $TCUTILS_GPU_WORK, run the GPU tests and scripts/gpu_check.py once
 #                                        # per part (PARTS="resnet50 layers ..." picks them), write the log,
@@ -32,6 +33,10 @@ if [ "$MODE" = "pack" ]; then
         || tar -C "$SITE" -cf - llvm/__init__.py llvm/lib/libLLVM.so | xz -T2 -6 > "$PACK/llvm.tar.xz"
     cp "$ROOT/cmake/build/libtvm_tcutils_cuda.so" "$ROOT/cmake/build/libtvm_tcutils_native.so" "$PACK/"
     "$VENV/bin/python" -m pip download -q --no-deps --only-binary=:all: -d "$PACK/whl" "decorator>=5" 2>/dev/null
+    # TVM's RPC tracker, which AutoTVM's local runner starts (the GPU machine has no tornado).
+    TORNADO="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("tornado"))')"
+    "$VENV/bin/python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 -d "$PACK/whl" "tornado==$TORNADO"
     # XGBTuner's model (the GPU machine has no xgboost): the CPU-only wheel of this machine's version, for 3.12,
     # unpacked and xz-compressed (3.6 MB instead of the wheel's 5.6: the carried tree's limit is 64 MiB).
     XGB="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("xgboost"))')"
@@ -55,7 +60,11 @@ exec > >(tee -a "$LOG") 2>&1
 echo "== gpu_check $(date -u +%FT%TZ) on $(hostname): $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 
-if [ ! -f "$WORK/site/tvm/libtvm.so" ]; then
+# Unpacked again whenever the pack changed: a machine still warm from an earlier call keeps $WORK, and a
+# wheel added to .gpu/ since (tornado, once) was not unpacked when only libtvm.so's presence was checked.
+STAMP="$(cd "$PACK" && ls -lR --time-style=+%s . 2>/dev/null | sha256sum | cut -c1-16)"
+if [ ! -f "$WORK/site/tvm/libtvm.so" ] || [ "$(cat "$WORK/site/.pack-stamp" 2>/dev/null)" != "$STAMP" ]; then
+    rm -rf "$WORK/site"
     mkdir -p "$WORK/site"
     for archive in "$PACK/tvm.tar.xz" "$PACK/llvm.tar.xz" "$PACK/xgboost.tar.xz"; do
         [ -f "$archive" ] || { echo "error: $archive missing: run 'bash scripts/gpu_check.sh pack' first"; exit 2; }
@@ -65,6 +74,7 @@ if [ ! -f "$WORK/site/tvm/libtvm.so" ]; then
     # numpy and ml_dtypes initialize before libtvm.so is loaded (an earlier TVM build crashed in ml_dtypes'
     # module init when it came after libtvm.so; shared/notes/gpu-tvm-build.md).
     printf 'try:\n    import numpy, ml_dtypes  # noqa\nexcept ImportError:\n    pass\n' > "$WORK/site/sitecustomize.py"
+    echo "$STAMP" > "$WORK/site/.pack-stamp"
 fi
 export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export TVM_TCUTILS_CUDA_PLUGIN="$PACK/libtvm_tcutils_cuda.so" TVM_TCUTILS_NATIVE="$PACK/libtvm_tcutils_native.so"

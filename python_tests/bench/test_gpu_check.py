@@ -46,6 +46,18 @@ def test_int4_cast_rehearsal_builds_the_round_trip(results):
     assert all(row["rehearsal"] for row in results.rows)
 
 
+def test_tune_rehearsal_builds_finds_the_task_and_a_runner_that_has_cuda(results, tmp_path):
+    _no_gpu()
+    gpu_check.tune(results, "sm_90", "dense", log_dir=str(tmp_path))
+    (row,) = results.rows
+    assert row["rehearsal"] and row["tasks"] == 1 and row["template"] == "tcutils.dense_tensorcore.cuda"
+    # The local runner's RPC server must have the plugin's cuda device API, or no CUDA trial could run.
+    assert row["server_has_cuda"] is cuda.status()["plugin"]
+    assert not any(key in row for key in ("tuned", "untuned"))
+    with pytest.raises(ValueError, match="model must be"):
+        gpu_check.tune(results, "sm_90", "resnet")
+
+
 def test_without_softmax_returns_the_logits_and_leaves_the_input_alone():
     mod, _ = tvm_tcutils.load_model("resnet-18")
     before = tvm.ir.save_json(mod)
@@ -68,9 +80,13 @@ def test_markdown_tables_come_from_the_json(results, tmp_path):
     ratio = {"value": 0.5, "low": 0.4, "high": 0.6, "confidence": 0.95}
     results.add(part="dense", m=128, n=256, k=512, peak_tops=100.0, tcutils=timing, cublaslt=timing,
                 tcutils_tops=0.03, cublaslt_tops=0.03, cublaslt_over_tcutils=ratio)
+    results.add(part="tune", model="dense", template="t.cuda", tasks=1, tasks_tuned=1, new_trials=16, tune_s=50.0,
+                untuned=timing, tuned=timing, untuned_over_tuned=ratio, max_abs_diff=0.0)
     path = results.write(str(tmp_path / "g.json"))
     table = gpu_check.markdown(json.load(open(path)))
     assert "| 128 x 256 x 512 | 2.000 (0) | 2.000 (0) | x0.50 [0.40, 0.60] | 100 | 0.0 |" in table
+    assert "| int8 dense 4096 x 4096 x 4096 (`t.cuda`) | 1 of 1 | 16 (50) | 2.000 | 2.000 | x0.50 [0.40, 0.60] | 0 |" \
+        in table
 
 
 def test_summary_is_a_geometric_mean():

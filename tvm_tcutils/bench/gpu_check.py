@@ -1037,6 +1037,11 @@ def tune(results, arch: str, model: str = "resnet50", batch: int = 8, rounds: in
 
     if model not in ("resnet50", "dense"):
         raise ValueError(f"model must be 'resnet50' or 'dense', got {model!r}")
+    # What the tuning needs beyond TVM, before a minute of building: XGBTuner's model and the local runner's
+    # RPC tracker (the GPU machine had neither, and the first try failed only after the builds).
+    import tornado  # noqa: F401
+    import xgboost  # noqa: F401
+
     target = f"cuda -arch={arch}"
     log_dir = log_dir or tempfile.mkdtemp(prefix="tcutils-tune-")
     os.makedirs(log_dir, exist_ok=True)
