@@ -83,3 +83,6 @@ def test_tune_and_bench_commands(tmp_path):
     assert done and done.group(1) == done.group(2) and int(done.group(1)) < 50, proc.stdout
     bad = run_cli("tune", model, "--trials", "0", "--log", log)
     assert bad.returncode == 2 and "--trials must be at least 1" in bad.stderr
+    bad = run_cli("tune", model, "--log", log, "--templates", "tcutils.dense_dot")
+    assert bad.returncode == 2 and "templates: no task of the model uses tcutils.dense_dot; its templates: " \
+        "tcutils.conv2d_nchw_dot" in bad.stderr, bad.stderr[-600:]

@@ -567,3 +567,25 @@ def _main(argv) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["watch"]:
     _main(sys.argv[2:])
+
+
+class PackageServerInit:
+    """A TVM RPC server's start-up callback (``server_init_callback``): the server's process dies with
+    ``parent`` and has imported :mod:`tvm_tcutils` before it serves, which registers the package's runtime
+    functions -- the toolchains' packed functions, and on a TVM built without CUDA the CUDA plugin's device
+    API. A picklable object: TVM sends it to the server's process.
+
+    Examples
+    --------
+    >>> PackageServerInit(1).parent
+    1
+    """
+
+    def __init__(self, parent: int):
+        self.parent = parent
+
+    def __call__(self) -> None:
+        die_with_parent(self.parent)
+        # Nothing to import: unpickling this object in the server's process imported its module, and Python
+        # imports a module's package first -- tvm_tcutils/__init__.py, which registers everything.
+        assert "tvm_tcutils" in sys.modules

@@ -26,13 +26,7 @@ import os
 import sys
 from typing import List, Optional
 
-
-def _prepare_server(parent: int) -> None:
-    """Run in the server's process before it serves: die with the launcher, register the package's functions."""
-    from . import processes
-
-    processes.die_with_parent(parent)
-    import tvm_tcutils  # noqa: F401  (the import registers the toolchains' runtime functions)
+from .processes import PackageServerInit
 
 
 def parser() -> argparse.ArgumentParser:
@@ -85,19 +79,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     server = rpc.Server(args.host, args.port, args.port_end, is_proxy=args.through_proxy, key=args.key,
                         tracker_addr=tracker, load_library=args.load_library, custom_addr=args.custom_addr,
                         silent=args.silent, no_fork=not args.fork,
-                        server_init_callback=_Init(os.getpid()))
+                        server_init_callback=PackageServerInit(os.getpid()))
     server.proc.join()
     return 0
-
-
-class _Init:
-    """The server's start-up callback (a picklable object: it travels to the server's process)."""
-
-    def __init__(self, parent: int):
-        self.parent = parent
-
-    def __call__(self) -> None:
-        _prepare_server(self.parent)
 
 
 if __name__ == "__main__":  # pragma: no cover

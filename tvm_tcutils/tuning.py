@@ -216,13 +216,12 @@ class PackageLocalRunner(autotvm.LocalRunner):
         from tvm.rpc.server import Server
         from tvm.rpc.tracker import Tracker
 
-        from .rpc_server import _Init
-
         self.task = task
         tracker = Tracker(host=_LOOPBACK, port=9000, port_end=10000, silent=True)
         key = f"$local$device${tracker.port}"
         server = Server(host=_LOOPBACK, port=9000, port_end=10000, key=key, silent=True,
-                        tracker_addr=(_LOOPBACK, tracker.port), server_init_callback=_Init(os.getpid()))
+                        tracker_addr=(_LOOPBACK, tracker.port),
+                        server_init_callback=processes.PackageServerInit(os.getpid()))
         self.key, self.host, self.port = key, _LOOPBACK, tracker.port
         autotvm.RPCRunner.set_task(self, task)
         return server, tracker

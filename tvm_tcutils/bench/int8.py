@@ -29,6 +29,7 @@ from ..files import atomic_path
 from ..measure import graph_module, time_function
 from ..models import load_model
 from ..processes import unpin
+from ..tuning import PackageLocalRunner
 from .competitors import (
     SampleTimer, compare, onnx_session, openvino_file, ort_session, relay_module, te_function, timed_once,
 )
@@ -180,7 +181,7 @@ def _build(task, log=None):
 def _tune(task, trials: int, log_dir: str) -> str:
     log = os.path.join(log_dir, f"{task.name}_{abs(hash(task.workload))}.log")
     measure = autotvm.measure_option(builder=autotvm.LocalBuilder(),
-                                     runner=autotvm.LocalRunner(number=3, repeat=1, min_repeat_ms=50, timeout=20))
+                                     runner=PackageLocalRunner(number=3, repeat=1, min_repeat_ms=50, timeout=20))
     tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
     tuner.tune(n_trial=min(trials, len(task.config_space)), measure_option=measure,
                callbacks=[autotvm.callback.log_to_file(log)])

@@ -20,6 +20,7 @@ from .._tvm import tvm
 from tvm import autotvm
 
 from ..measure import Timing, time_function
+from ..tuning import PackageLocalRunner
 
 TVM_TASK = "conv2d_HWNCnc_tensorcore.cuda"
 
@@ -51,7 +52,8 @@ def best_config(task, trials: int):
         return autotvm.task.space.FallbackConfigEntity()
     log = tempfile.NamedTemporaryFile(suffix=".log", delete=False).name
     tuner = autotvm.tuner.XGBTuner(task, loss_type="rank")
-    option = autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=autotvm.LocalRunner(number=20))
+    # The package's runner: a stock TVM server has no cuda device on a TVM without CUDA (the plugin's).
+    option = autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=PackageLocalRunner(number=20))
     tuner.tune(n_trial=min(trials, len(task.config_space)), measure_option=option,
                callbacks=[autotvm.callback.log_to_file(log)])
     return autotvm.task.ApplyHistoryBest(log).query(tvm.target.Target(cuda_target()), task.workload)

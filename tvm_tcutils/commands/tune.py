@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log", required=True, help="AutoTVM log file: appended to, and resumed from")
     parser.add_argument("--dtype", choices=["int8", "float32"], default="int8",
                         help="tune the int8-quantized model (default) or the float one")
+    parser.add_argument("--templates", nargs="+", metavar="NAME",
+                        help="tune only these AutoTVM templates' tasks (say, tcutils.conv2d_hwnc_tensorcore.cuda)")
     parser.add_argument("--no-progress", action="store_true", help="no per-task progress bar")
     cli.add_rpc_arguments(parser)
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     quiet = getattr(args, "verbosity", None) == "quiet"
     summary = tune(mod, params, args.target or host_target(), args.trials, args.log,
                    progress=not (args.no_progress or quiet),
-                   on_task=announce, remote=remote)
+                   on_task=announce, remote=remote, templates=args.templates)
     where = f" on RPC key {remote}" if remote else ""
     print(f"tuned {len(summary)} tasks{where}, {sum(n for _, n in summary)} new trials; log: {args.log}")
     return 0
