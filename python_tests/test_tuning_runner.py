@@ -85,5 +85,6 @@ def test_tune_measures_with_the_package_runner(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tuning, "PackageLocalRunner", Recording)
     tune(quantize_int8(*load_model("mlp")), {}, host_target(), 4, str(tmp_path / "r.log"), progress=False,
-         time_budget_s=0)
-    assert len(made) == 1
+         time_budget_s=0, measure_number=6)
+    # On a CPU: one run a sample, its operands' caches flushed first, as a network's layer meets its weights.
+    assert made == [{"number": 1, "repeat": 6, "min_repeat_ms": 0, "timeout": 20, "enable_cpu_cache_flush": True}]

@@ -12,7 +12,8 @@ with plain ``relay.build`` once per variant:
   stem's channels padded to 4 instead of its kernel rows to whole quads);
 * ``rows outer``: the same with the int8 dense tiles walked row tile by row tile
   (``dotprod.topi.dense_pack.COLUMNS_OUTER_ISAS`` empty: a token matrix reads the whole weight once per row tile);
-* ``TVM codegen``: TVM's own ``target.build.llvm`` (neither rewrite).
+* ``TVM codegen``: TVM's own ``target.build.llvm`` (neither rewrite);
+* ``tuned``: as ``hooks``, under the best configurations of ``--tuning-log`` (``tvm-tcutils tune``'s log).
 
 The three run at one thread (``TVM_NUM_THREADS=1``, set here: one process is fair only at one thread)
 and take turns over ``--rounds`` rounds: end to end (:func:`tvm_tcutils.bench.competitors.relay_module`),
@@ -57,12 +58,19 @@ LEFT_OUT = {
     "no row form": (strategy, "ROWS_ISAS", frozenset()),
     "rows outer": (dense_pack, "COLUMNS_OUTER_ISAS", frozenset()),
 }
-VARIANTS = ("hooks", *LEFT_OUT, "TVM codegen")
+VARIANTS = ("hooks", *LEFT_OUT, "TVM codegen", "tuned")
 
 
 @contextlib.contextmanager
-def _variant(name: str):
-    if name == "TVM codegen":
+def _variant(name: str, tuning_log: str = None):
+    if name == "tuned":  # the package's build under an AutoTVM log's best configurations
+        from tvm import autotvm
+
+        from tvm_tcutils.tuning import checked_records
+
+        with autotvm.apply_history_best(checked_records(tuning_log)):
+            yield
+    elif name == "TVM codegen":
         with registry.overriding_func(hooks.BUILD_LLVM, registry.replaced_func(hooks.BUILD_LLVM)):
             yield
     elif name in LEFT_OUT:
@@ -131,8 +139,9 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="resnet-50-onnx", help="a zoo model with an ONNX file (default %(default)s)")
     parser.add_argument("--route", default="qdq", choices=[r for r in ROUTES if r != "fp32"])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS[1:], default=list(VARIANTS[1:]),
-                        help="the builds to compare with hooks (default: all)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS[1:], default=None,
+                        help="the builds to compare with hooks (default: all; tuned only with --tuning-log)")
+    parser.add_argument("--tuning-log", help="AutoTVM log of the variant tuned (tvm-tcutils tune's)")
     parser.add_argument("--hot", action="store_true",
                         help="time each kernel run repeatedly on its own (hot caches) instead of inside a run of the "
                              "whole network")
@@ -146,6 +155,12 @@ def main(argv=None) -> int:
                              "(default: each rewrite's MEASURED_ISAS)")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
+    if args.variants is None:
+        args.variants = [v for v in VARIANTS[1:] if v != "tuned" or args.tuning_log]
+    if "tuned" in args.variants and not args.tuning_log:
+        parser.error("--variants tuned needs --tuning-log LOG")
+    if args.tuning_log and not os.path.isfile(args.tuning_log):
+        parser.error(f"--tuning-log: no such file {args.tuning_log!r}")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the intervals come from the per-round ratios)")
     if args.isas is not None:
@@ -169,7 +184,7 @@ def main(argv=None) -> int:
     variants = ("hooks", *args.variants)
     libs = {}
     for name in variants:
-        with _variant(name), tvm.transform.PassContext(opt_level=3):
+        with _variant(name, args.tuning_log), tvm.transform.PassContext(opt_level=3):
             libs[name] = relay.build(mod, target=target, params=params)
     outputs = {}
     for name, lib in libs.items():
@@ -191,7 +206,8 @@ def main(argv=None) -> int:
                 samples[name].setdefault(plane, []).append(ms)
     results = Results(__file__, argv, model=args.model, route=args.route, rounds=args.rounds, target=target,
                       tvm_num_threads=1, kernels="hot" if args.hot else "in the network's run", group=args.group,
-                      rewritten_isas=sorted(prefetch.MEASURED_ISAS | rounding.MEASURED_ISAS))
+                      rewritten_isas=sorted(prefetch.MEASURED_ISAS | rounding.MEASURED_ISAS),
+                      tuning_log=args.tuning_log)
     print(f"{args.model} ({args.route}), {target}, 1 thread, {args.rounds} rounds in turns")
     width = 14 if args.group == "plane" else 60
     print(f"{'part':{width}s} " + " ".join(f"{name + ' ms':>16s}" for name in variants)

@@ -326,7 +326,14 @@ def tune(
     else:
         # The runner's server process inherits the environment: it times kernels as measure does.
         settle_thread_count()
-        runner = PackageLocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
+        if tvm.target.Target(target).kind.name == "llvm":
+            # Each run with the operands' caches flushed (one run a sample, measure_number samples): in a
+            # network a layer's weights come from memory, and a tiling that wins on cached weights lost
+            # 15 % in ResNet-18's 7x7 stage (docs/benchmarks/dotprod.md).
+            runner = PackageLocalRunner(number=1, repeat=measure_number, min_repeat_ms=0, timeout=20,
+                                        enable_cpu_cache_flush=True)
+        else:
+            runner = PackageLocalRunner(number=measure_number, repeat=1, min_repeat_ms=0, timeout=20)
     # The limits TVM gives its own pools (a runner's call covers n_parallel runs and a set-up).
     _workers_die_with_us(builder, builder.timeout)
     _workers_die_with_us(runner, runner.timeout * (runner.n_parallel + 1))
@@ -345,7 +352,9 @@ def tune(
             if todo <= 0 or (deadline is not None and time.perf_counter() >= deadline):
                 summary.append((task.name, 0))
                 continue
-            tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
+            measured = {inp.config.index for inp, _ in history}
+            default = default_config_index(task)
+            tuner = _DefaultFirst(task, None if default in measured else default, loss_type="reg")
             if history:
                 try:
                     tuner.load_history(history, min_seed_records=1)
@@ -366,6 +375,55 @@ def tune(
                             task.name, counted.trials)
             summary.append((task.name, counted.trials))
     return summary
+
+
+def default_config_index(task: autotvm.task.Task) -> Optional[int]:
+    """The point of ``task``'s config space that an untuned build runs (the template's fallback), or None
+    where the fallback is not a point of the space.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> from tvm_tcutils.dotprod.quantize import quantize_int8
+    >>> task = extract_tasks(quantize_int8(*load_model("mlp")), {}, "llvm -mcpu=znver4")[0]
+    >>> index = default_config_index(task)
+    >>> 0 <= index < len(task.config_space)
+    True
+    """
+    fallback = autotvm.task.space.FallbackConfigEntity()
+    with tvm.target.Target(task.target):
+        task.instantiate(fallback)
+    space = task.config_space
+    knob = []
+    for name, candidates in space.space_map.items():
+        try:
+            chosen = str(fallback[name])
+        except KeyError:
+            return None
+        matches = [j for j, entity in enumerate(candidates.entities) if str(entity) == chosen]
+        if not matches:
+            return None
+        knob.append(matches[0])
+    index = space.knob2point(knob)
+    return index if space.is_index_valid(index) else None
+
+
+class _DefaultFirst(autotvm.tuner.XGBTuner):
+    """``XGBTuner`` whose first measurement is the configuration an untuned build runs, so that the log
+    holds it: ``apply_history_best`` then picks a tuned configuration only where one was measured faster
+    than the default (the package's fallbacks were chosen by measuring the network's kernels; a random
+    start of 32 trials need not even meet them)."""
+
+    def __init__(self, task, default: Optional[int], **kwargs):
+        super().__init__(task, **kwargs)
+        self._default = default
+
+    def next_batch(self, batch_size):
+        default, self._default = self._default, None
+        if default is None or default in self.visited or batch_size < 1:
+            return super().next_batch(batch_size)
+        self.visited.add(default)
+        return [self.space.get(default)] + super().next_batch(batch_size - 1)
 
 
 class _BudgetEnded(Exception):
