@@ -90,3 +90,25 @@ def test_tune_measures_with_the_package_runner(tmp_path, monkeypatch):
          time_budget_s=0, measure_number=6)
     # On a CPU: one run a sample, its operands' caches flushed first, as a network's layer meets its weights.
     assert made == [{"number": 1, "repeat": 6, "min_repeat_ms": 0, "timeout": 20, "enable_cpu_cache_flush": True}]
+
+
+def test_the_tuning_servers_cache_flush_takes_the_weights_alone(monkeypatch):
+    # In the local runner's server process the flush AutoTVM names before each timed repeat goes to TVM's
+    # own flush with the output and the weights only: the data stays cached, as a network's layer has it.
+    import os
+
+    from tvm_tcutils import processes, tuning
+
+    name = "cache_flush_cpu_non_first_arg"
+    original = tvm.get_global_func(name)
+    calls = []
+    tvm.register_func(name, lambda *args: calls.append([tuple(a.shape) for a in args]), override=True)
+    monkeypatch.setattr(processes, "die_with_parent", lambda parent: None)
+    try:
+        tuning._TuningServerInit(os.getpid())()
+        out, bias = tvm.nd.empty((1, 2, 3, 3, 16), "uint8"), tvm.nd.empty((2, 16), "int32")
+        data, kernel = tvm.nd.empty((1, 2, 5, 5, 16), "uint8"), tvm.nd.empty((2, 2, 3, 3, 4, 16, 4), "int8")
+        tvm.get_global_func(name)(out, bias, data, kernel)
+    finally:
+        tvm.register_func(name, original, override=True)
+    assert calls == [[(1, 2, 3, 3, 16), (2, 2, 3, 3, 4, 16, 4)]]
