@@ -583,6 +583,22 @@ def overriding_func(name: str, func: Callable) -> Iterator[None]:
             tvm.register_func(name, previous, override=True)
 
 
+def override_for_process(name: str, func: Callable) -> None:
+    """Register ``func`` as global packed function ``name`` for the rest of this process: only for
+    processes of the package's own (the local tuning runner's server), never a user's.
+
+    Examples
+    --------
+    >>> import subprocess, sys
+    >>> code = ("from tvm_tcutils import registry; import tvm; "
+    ...         "registry.override_for_process('tvm_tcutils.example_one', lambda: 1); "
+    ...         "print(tvm.get_global_func('tvm_tcutils.example_one')())")
+    >>> subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    '1'
+    """
+    tvm.register_func(name, func, override=True)
+
+
 def template(task_name: str) -> Tuple[Callable, Callable]:
     """The AutoTVM-wrapped ``(compute, schedule)`` of a registered template.
 

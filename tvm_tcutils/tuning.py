@@ -262,8 +262,10 @@ class _TuningServerInit(processes.PackageServerInit):
 
     def __call__(self) -> None:
         super().__call__()
+        from . import registry
+
         flush = tvm.get_global_func(_CACHE_FLUSH)
-        tvm.register_func(_CACHE_FLUSH, lambda *args: flush(args[0], *weights_of(args)), override=True)
+        registry.override_for_process(_CACHE_FLUSH, lambda *args: flush(args[0], *weights_of(args)))
 
 
 def _workers_die_with_us(part, timeout: float) -> None:
