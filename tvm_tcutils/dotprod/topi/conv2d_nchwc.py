@@ -22,14 +22,13 @@ from __future__ import annotations
 
 from typing import Sequence, Tuple
 
-import numpy as np
-
 from ..._tvm import tvm
 from tvm import te, topi
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
+from ...fast_forms import ROUNDING_SHIFTS, float_bits
 from .common import (current_isa, divisors_up_to, inline_between, measuring_packed_alone, pair, tagged_outputs,
                      vectorize_inner)
 from .intrinsics import dot_product_intrin
@@ -407,10 +406,6 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     return s
 
 
-#: Adding it to a float32 below 2**22 rounds it to an integer (ties to even) in its low mantissa bits.
-_ROUNDING = 1.5 * 2**23
-
-
 def requantized(conv: te.Tensor) -> te.Tensor:
     """A packed conv's int32 output requantized to uint8 per output channel, as a quantized network's
     conv kernel ends (bias, float scale, clip, rounding by a float add, cast; the epilogue the package's
@@ -429,8 +424,9 @@ def requantized(conv: te.Tensor) -> te.Tensor:
     _, blocks, _, _, width = get_const_tuple(conv.shape)
     bias = te.placeholder((blocks, width), "int32", name="bias")
     scale = te.placeholder((blocks, width), "float32", name="scale")
-    magic = tvm.tir.const(_ROUNDING, "float32")
-    offset = tvm.tir.const(-int(np.float32(_ROUNDING).view(np.int32)), "int32")
+    shift = ROUNDING_SHIFTS[0]  # the float add that rounds, as fast_forms.rounded_int32 writes it
+    magic = tvm.tir.const(shift, "float32")
+    offset = tvm.tir.const(-float_bits(shift), "int32")
 
     def epilogue(n, c, y, x, o):
         value = (conv[n, c, y, x, o] + bias[c, o]).astype("float32") * scale[c, o]
