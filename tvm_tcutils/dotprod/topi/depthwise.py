@@ -3,13 +3,18 @@
 TVM 0.19's x86 depthwise schedule (``depthwise_conv2d_NCHWc``) multiplies each tap
 separately in int32 lanes: a widening load, a 32-bit multiply and an add per tap and
 16 channels. Here four taps of a kernel row of 16 channels are gathered into one
-register as channel-major quads (``[c0: t0 t1 t2 t3, c1: ...]``, one byte permute of
-four pixels, 64 contiguous bytes in ``NCHW16c``) and multiplied with the row's weights,
-stored the same way, by one ``vpdpbusd``: per output vector and kernel row one
-instruction (two for rows of 5 to 8 taps: 5x5 and 7x7 kernels) instead of ``KW``
-multiply-adds. Rows are whole quads: the kernel is zero-padded to a multiple of 4 taps
-and the data by as many pixels on the right (a 3-tap row read as three loads and
-shuffles was 12-19 % slower). The same integer sums, exact.
+register as channel-major quads (``[c0: t0 t1 t2 t3, c1: ...]``: four pixels are 64
+contiguous bytes in ``NCHW16c``, read as one vector and reordered by one single-source
+byte permute, ``vpermb``) and multiplied with the row's weights, gathered the same way,
+by one ``vpdpbusd``: per output vector and kernel row one instruction (two for rows of
+5 to 8 taps: 5x5 and 7x7 kernels) instead of ``KW`` multiply-adds. Rows are whole
+quads: the kernel is zero-padded to a multiple of 4 taps and the data by as many pixels
+on the right (a 3-tap row read as three loads and shuffles was 12-19 % slower). The
+permute runs on the execution port the dot product uses, so its kind matters: the four
+pixels gathered from four 16-byte loads took two 32-byte loads and a two-source
+``vpermt2b`` (on Zen 4 a ``vpdpbusd`` and a ``vpermt2b`` take 2 cycles, with a
+``vpermb`` 1.3-1.5), and the 3x3 kernels ran 1.3-1.9x as long. The same integer sums,
+exact.
 
 Layouts (``L`` = the ISA's 16 int32 lanes): data ``(N, C/L, H, W, L)`` uint8; kernel
 ``OIHW1i{L}o`` as TVM's alter-layout hook packs a depthwise kernel: ``(C/L, 1, KH, KW,
@@ -127,18 +132,19 @@ def depthwise_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides, padding, di
     )
 
 
-def _quads(pixels: list, lanes: int) -> tir.PrimExpr:
-    """Four vectors of ``lanes`` bytes (one per tap) as one vector of channel-major quads: byte ``4c + t``
-    is tap ``t`` of channel ``c`` (LLVM: one ``vpermb`` / ``vpermt2b``)."""
-    return tir.Shuffle(list(pixels), [tir.const(p * lanes + ch, "int32") for ch in range(lanes) for p in range(QUAD)])
+def _quads(taps: tir.PrimExpr, lanes: int) -> tir.PrimExpr:
+    """A vector of four taps' ``lanes`` bytes each (tap-major) as channel-major quads: byte ``4c + t`` is tap
+    ``t`` of channel ``c`` (LLVM: one ``vpermb``)."""
+    return tir.Shuffle([taps], [tir.const(p * lanes + ch, "int32") for ch in range(lanes) for p in range(QUAD)])
 
 
 @functools.lru_cache(maxsize=None)
 def row_intrin(isa: DotProductISA):
     """The tensor intrinsic of one quad of a kernel row: ``out[c] += sum_{t < 4} data[t, c] * kernel[t, 0, c]``.
 
-    ``data`` is 4 pixels of 16 bytes (any pixel stride), ``kernel`` the quad's taps (16 bytes each). Both
-    are gathered into channel-major quads (:func:`_quads`) for one dot-product instruction; rows of other
+    ``data`` is 4 adjacent pixels of 16 bytes, ``kernel`` the quad's taps (16 bytes each), both
+    contiguous as ``NCHW16c`` and ``OIHW1i16o`` lay them out: each is read as one 64-byte vector and
+    gathered into channel-major quads (:func:`_quads`) for one dot-product instruction; rows of other
     lengths are padded to whole quads by :func:`depthwise_nchwc_dot`.
 
     Examples
@@ -155,9 +161,9 @@ def row_intrin(isa: DotProductISA):
     t = te.reduce_axis((0, taps), name="t")
     out = te.compute((lanes,), lambda c: te.sum(data[t, c].astype("int32") * kernel[t, 0, c].astype("int32"),
                                                 axis=t), name="row_out")
-    a_buf = tir.decl_buffer(data.shape, "uint8", "a_buf", offset_factor=1, strides=[te.var("pixel"), 1])
-    b_buf = tir.decl_buffer(kernel.shape, "int8", "b_buf", offset_factor=1,
-                            strides=[te.var("tap"), te.var("unit"), 1])
+    # Pixels are contiguous in NCHW{lanes}c: a quad's four are one vector, gathered by a one-source permute.
+    a_buf = tir.decl_buffer(data.shape, "uint8", "a_buf", offset_factor=1, strides=[lanes, 1])
+    b_buf = tir.decl_buffer(kernel.shape, "int8", "b_buf", offset_factor=1, strides=[lanes, lanes, 1])
     c_buf = tir.decl_buffer(out.shape, "int32", "c_buf", offset_factor=1, strides=[1])
     variant = isa.variant("uint8", "int8")
 
@@ -171,8 +177,8 @@ def row_intrin(isa: DotProductISA):
             if kind == "reset":
                 builder.emit(c.vstore([0], zero))
                 return builder.get()
-            gathered = _quads([a.vload([p, 0], f"uint8x{lanes}") for p in range(taps)], lanes)
-            weights = _quads([b.vload([p, 0, 0], f"int8x{lanes}") for p in range(taps)], lanes)
+            gathered = _quads(a.vload([0, 0], f"uint8x{taps * lanes}"), lanes)
+            weights = _quads(b.vload([0, 0, 0], f"int8x{taps * lanes}"), lanes)
             acc = zero if kind == "body" else c.vload([0], f"int32x{lanes}")
             builder.emit(c.vstore([0], isa.emit(variant, acc, gathered, weights)))
             return builder.get()
