@@ -13,8 +13,8 @@ on the right (a 3-tap row read as three loads and shuffles was 12-19 % slower). 
 permute runs on the execution port the dot product uses, so its kind matters: the four
 pixels gathered from four 16-byte loads took two 32-byte loads and a two-source
 ``vpermt2b`` (on Zen 4 a ``vpdpbusd`` and a ``vpermt2b`` take 2 cycles, with a
-``vpermb`` 1.3-1.5), and the 3x3 kernels ran 1.3-1.9x as long. The same integer sums,
-exact.
+``vpermb`` 1.3-1.5), and the kernels ran 1.5x as long (3x3) and 1.2x (5x5, 7x7). The
+same integer sums, exact.
 
 Layouts (``L`` = the ISA's 16 int32 lanes): data ``(N, C/L, H, W, L)`` uint8; kernel
 ``OIHW1i{L}o`` as TVM's alter-layout hook packs a depthwise kernel: ``(C/L, 1, KH, KW,
