@@ -79,7 +79,7 @@ def test_conv_task_measures_the_packed_conv_the_network_runs(chans, out_c, size,
     assert 0 < np.count_nonzero(packed) < packed.size  # neither all clipped to 0 nor all nonzero
 
 
-def test_dense_task_measures_the_packed_dense():
+def test_dense_task_measures_the_packed_dense_the_network_runs():
     target = host_dot_target()
     lanes = for_target(target).lanes
     m, n, k = 4, 2 * lanes, 64
@@ -91,10 +91,17 @@ def test_dense_task_measures_the_packed_dense():
     plain, shapes = _run(task, target, [data, weight])
     assert [len(s) for _, s in shapes] == [2, 2, 2]
     weight_p = weight.reshape(n // lanes, lanes, k // 4, 4).transpose(0, 2, 1, 3)  # NC{lanes}n4c
+    bias = rng.integers(-3000, 3000, n).astype("int32")
+    scale = (rng.random(n) * 0.02).astype("float32")
     with _tuning():
-        packed, shapes = _run(task, target, [data, weight_p])
-    assert [len(s) for _, s in shapes] == [2, 2, 4]
-    np.testing.assert_array_equal(packed[:, :n], plain)
+        packed, shapes = _run(task, target, [data, weight_p, bias, scale])
+    # The dense alone on its packed weight, ending as in a quantized network (requantized to uint8).
+    assert sorted((name, len(shape)) for name, shape in shapes[1:]) == [
+        ("bias", 1), ("data_pack", 2), ("scale", 1), ("weight_pack", 4)]
+    assert packed.dtype == np.uint8
+    value = (plain + bias).astype("float32") * scale
+    np.testing.assert_array_equal(packed, np.rint(np.clip(value, 0, 255)).astype("uint8"))
+    assert 0 < np.count_nonzero(packed) < packed.size  # neither all clipped to 0 nor all nonzero
 
 
 def test_the_tuner_measures_the_untuned_configuration_first():

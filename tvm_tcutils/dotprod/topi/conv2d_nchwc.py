@@ -28,9 +28,8 @@ from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
-from ...fast_forms import ROUNDING_SHIFTS, float_bits
-from .common import (current_isa, divisors_up_to, inline_between, measuring_packed_alone, pair, tagged_outputs,
-                     vectorize_inner)
+from .common import (REQUANTIZED, current_isa, divisors_up_to, inline_between, measuring_packed_alone, pair,
+                     requantized, tagged_outputs, vectorize_inner)
 from .intrinsics import dot_product_intrin
 from .packing import channel_block, conv_kernel_marked, round_up
 
@@ -406,36 +405,6 @@ def schedule_conv2d_nchwc_dot(cfg, outs, mode: str = "llvm"):
     return s
 
 
-def requantized(conv: te.Tensor) -> te.Tensor:
-    """A packed conv's int32 output requantized to uint8 per output channel, as a quantized network's
-    conv kernel ends (bias, float scale, clip, rounding by a float add, cast; the epilogue the package's
-    QDQ legalization fuses into it): what a tuner measures, since the epilogue changes which tiling is
-    fastest (ResNet-18's 1x1 conv at 28x28: the config measured x1.7 faster than the fallback without
-    the epilogue ran 1.9 times as long as the fallback in the network). Its ``bias`` (int32) and ``scale``
-    (float32) are ``(O/B, B)`` inputs.
-
-    Examples
-    --------
-    >>> c = te.placeholder((1, 2, 4, 4, 16), "int32", name="conv")
-    >>> out = requantized(c)
-    >>> out.dtype, [int(d) for d in out.shape], sorted(t.name for t in out.op.input_tensors)
-    ('uint8', [1, 2, 4, 4, 16], ['bias', 'conv', 'scale'])
-    """
-    _, blocks, _, _, width = get_const_tuple(conv.shape)
-    bias = te.placeholder((blocks, width), "int32", name="bias")
-    scale = te.placeholder((blocks, width), "float32", name="scale")
-    shift = ROUNDING_SHIFTS[0]  # the float add that rounds, as fast_forms.rounded_int32 writes it
-    magic = tvm.tir.const(shift, "float32")
-    offset = tvm.tir.const(-float_bits(shift), "int32")
-
-    def epilogue(n, c, y, x, o):
-        value = (conv[n, c, y, x, o] + bias[c, o]).astype("float32") * scale[c, o]
-        value = te.max(te.min(value, tvm.tir.const(255.0, "float32")), tvm.tir.const(0.0, "float32"))
-        return (tvm.tir.reinterpret("int32", value + magic) + offset).astype("uint8")
-
-    return te.compute(conv.shape, epilogue, name="requantized", tag="elemwise")
-
-
 def _data_stages(data: te.Tensor):
     """``(wide, pad, source)`` stages feeding the conv's data (``None`` where absent)."""
     wide = data if data.op.tag == WIDE_TAG else None
@@ -475,7 +444,8 @@ def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
         data_p = te.placeholder((batch, chans_p // ic_bn, in_h, in_w, ic_bn), data.dtype, name="data_pack")
         kernel_p = te.placeholder((out_p // oc_bn, chans_p // ic_bn, k_h, k_w, ic_bn // group, oc_bn, group),
                                   k_dtype, name="kernel_pack")
-        return requantized(conv2d_nchwc_dot(cfg, data_p, kernel_p, strides, padding, dilation, "", "", out_dtype))
+        return requantized(conv2d_nchwc_dot(cfg, data_p, kernel_p, strides, padding, dilation, "", "", out_dtype),
+                           (1, 4))
     zero_d, zero_k = tvm.tir.const(0, data.dtype), tvm.tir.const(0, k_dtype)
     data_p = te.compute(
         (batch, chans_p // ic_bn, in_h, in_w, ic_bn),
@@ -518,7 +488,7 @@ def schedule_conv2d_nchw_dot(cfg, outs, mode: str = "llvm"):
     True
     """
     outs, conv = tagged_outputs(outs, TAG)
-    if outs[0].op.name == "requantized":  # packed operands, an epilogue like a network's (measuring_packed_alone)
+    if outs[0].op.name == REQUANTIZED:  # packed operands, an epilogue like a network's (measuring_packed_alone)
         return schedule_conv2d_nchwc_dot(cfg, outs, mode)
     # The conv is scheduled on its own (its output shape differs from the unpacked one).
     s = schedule_conv2d_nchwc_dot(cfg, [conv] + outs, mode)

@@ -16,7 +16,8 @@ from tvm import te
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
-from .common import current_isa, divisors_up_to, inline_between, measuring_packed_alone, tagged_outputs
+from .common import (REQUANTIZED, current_isa, divisors_up_to, inline_between, measuring_packed_alone, requantized,
+                     tagged_outputs)
 from .intrinsics import dot_product_intrin
 from .packing import dense_weight_marked, round_up
 
@@ -180,7 +181,7 @@ def dense_dot(cfg, data, weight, bias=None, out_dtype="int32"):
     if measuring_packed_alone() and bias is None:
         data_p = te.placeholder((m, k_p), data.dtype, name="data_pack")
         weight_p = te.placeholder((n_p // lanes, k_p // 4, lanes, 4), weight.dtype, name="weight_pack")
-        return dense_pack_dot(cfg, data_p, weight_p, None, out_dtype)
+        return requantized(dense_pack_dot(cfg, data_p, weight_p, None, out_dtype), (1,))
     zero_d, zero_w = tvm.tir.const(0, data.dtype), tvm.tir.const(0, weight.dtype)
     data_p = te.compute(
         (m, k_p), lambda i, j: tvm.tir.if_then_else(j < k, data[i, te.min(j, k - 1)], zero_d),
@@ -218,7 +219,7 @@ def schedule_dense_dot(cfg, outs, mode: str = "llvm"):
     True
     """
     outs, dense = tagged_outputs(outs, TAG)
-    if outs[0].op.same_as(dense.op):  # packed operands, no stages around it (measuring_packed_alone)
+    if outs[0].op.name == REQUANTIZED:  # packed operands, an epilogue like a network's (measuring_packed_alone)
         return schedule_dense_pack_dot(cfg, outs, mode)
     s = schedule_dense_pack_dot(cfg, [dense] + outs, mode)
     for pack in dense.op.input_tensors:
