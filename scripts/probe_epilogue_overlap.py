@@ -53,8 +53,10 @@ EPILOGUES["residual_nearbyint"] = (EPILOGUES["residual"][:5] + ["vrndscaleps $12
                                    + EPILOGUES["residual"][8:])
 REGISTERS, STEPS = 8, 16
 
-#: One instruction of each kind the epilogues use (and two they could use instead), for ``--ops``:
-#: ``{d}`` a destination among zmm26-31, sources zmm24-25 (never written), so no copy waits for another.
+#: One instruction of each kind the epilogues use (and others a kernel could use instead: the depthwise
+#: gathers' byte permutes, integer multiplies, a division, a reciprocal, a power-of-two scale), for ``--ops``:
+#: ``{d}`` a destination among zmm26-31, sources zmm24-25 (never written), so no copy waits for another
+#: (``vpermt2b`` also reads its destination: chains of count / 6, short beside the products).
 SINGLE_OPS = {
     "vpaddd": "vpaddd %zmm24, %zmm25, %zmm{d}", "vcvtdq2ps": "vcvtdq2ps %zmm24, %zmm{d}",
     "vmulps": "vmulps %zmm24, %zmm25, %zmm{d}", "vfmadd231ps": "vfmadd231ps %zmm24, %zmm25, %zmm{d}",
@@ -63,6 +65,10 @@ SINGLE_OPS = {
     "vpmovzxbd": "vpmovzxbd 128(%rsi), %zmm{d}", "vpmovdb": "vpmovdb %zmm24, %xmm{d}",
     "vpxorq": "vpxorq %zmm24, %zmm25, %zmm{d}", "vcvtps2dq": "vcvtps2dq %zmm24, %zmm{d}",
     "vpmaxsd": "vpmaxsd %zmm24, %zmm25, %zmm{d}",
+    "vpermb": "vpermb %zmm24, %zmm25, %zmm{d}", "vpermt2b": "vpermt2b %zmm24, %zmm25, %zmm{d}",
+    "vpmulld": "vpmulld %zmm24, %zmm25, %zmm{d}", "vpmaddwd": "vpmaddwd %zmm24, %zmm25, %zmm{d}",
+    "vpsadbw": "vpsadbw %zmm24, %zmm25, %zmm{d}", "vdivps": "vdivps %zmm24, %zmm25, %zmm{d}",
+    "vrcp14ps": "vrcp14ps %zmm24, %zmm{d}", "vscalefps": "vscalefps %zmm24, %zmm25, %zmm{d}",
 }
 #: Copies of one instruction per 128 products, for ``--ops``.
 OP_COUNTS = (16, 32, 48)
