@@ -54,7 +54,7 @@ EPILOGUES["residual_nearbyint"] = (EPILOGUES["residual"][:5] + ["vrndscaleps $12
 REGISTERS, STEPS = 8, 16
 
 #: One instruction of each kind the epilogues use (and others a kernel could use instead: the depthwise
-#: gathers' byte permutes, integer multiplies, a division, a reciprocal, a power-of-two scale), for ``--ops``:
+#: gathers' byte permutes, integer multiplies, a division, a reciprocal, a power-of-two scale, a gather), for ``--ops``:
 #: ``{d}`` a destination among zmm26-31, sources zmm24-25 (never written), so no copy waits for another
 #: (``vpermt2b`` also reads its destination: chains of count / 6, short beside the products).
 SINGLE_OPS = {
@@ -69,7 +69,13 @@ SINGLE_OPS = {
     "vpmulld": "vpmulld %zmm24, %zmm25, %zmm{d}", "vpmaddwd": "vpmaddwd %zmm24, %zmm25, %zmm{d}",
     "vpsadbw": "vpsadbw %zmm24, %zmm25, %zmm{d}", "vdivps": "vdivps %zmm24, %zmm25, %zmm{d}",
     "vrcp14ps": "vrcp14ps %zmm24, %zmm{d}", "vscalefps": "vscalefps %zmm24, %zmm25, %zmm{d}",
+    # A table lookup of 16 dwords (a residual add's output looked up by its two u8 inputs would be one a
+    # register): the gather clears its mask, so each copy sets one first; indices in zmm19 (GATHER_INDICES).
+    "vpgatherdd": "kxnorw %k0, %k0, %k{k}\nvpgatherdd 0(%rsi,%zmm19,1), %zmm{d}{{%k{k}}}",
 }
+#: Set before the products when an ``--ops`` variant gathers: 16 byte offsets into the 64 KiB buffer at
+#: %rsi, 4 KiB apart (8 distinct lines: the buffer holds i & 7 at byte i), as a lookup table would be read.
+GATHER_INDICES = ["vpmovzxbd 0(%rsi), %zmm19", "vpslld $12, %zmm19, %zmm19"]
 #: Copies of one instruction per 128 products, for ``--ops``.
 OP_COUNTS = (16, 32, 48)
 
@@ -101,7 +107,9 @@ def loop_body(epilogue: str, placement: str) -> list:
     zero = [f"vpxord %zmm{a}, %zmm{a}, %zmm{a}" for a in range(REGISTERS)]
     if epilogue.startswith("op:"):
         op, count = SINGLE_OPS[epilogue[3:]], int(placement[1:])
-        return _spread(zero + _products(), [op.format(d=26 + i % 6) for i in range(count)])
+        copies = [line for i in range(count) for line in op.format(d=26 + i % 6, k=1 + i % 6).split("\n")]
+        head = GATHER_INDICES if "%zmm19" in op else []
+        return head + _spread(zero + _products(), copies)
     ops = EPILOGUES.get(epilogue, [])
     if placement == "clumped":
         tail = [op.format(a=a, t=16 + a % 4, off=16 * a) for a in range(REGISTERS) for op in ops]
