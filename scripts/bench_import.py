@@ -4,7 +4,7 @@
 Every process that imports TVM imports ml_dtypes (TVM's dtype table; onnx's too): the CLI, the RPC
 servers, AutoTVM's build and run workers, Collage's measuring workers. Each contender is a fresh
 interpreter of this environment, with the installed ml_dtypes or with another version put first on
-``PYTHONPATH`` (``pip install --no-deps --target``, cached under ``~/.cache/tvm-tcutils/ml_dtypes``;
+``PYTHONPATH`` (``pip install --no-deps --target``, cached in ``tvm_tcutils.files.cache_dir("ml_dtypes")``;
 needs PyPI once per version). A sample is the wall time of one such process, start to exit; the
 contenders take turns (``tvm_tcutils.measure.interleave``), ``--rounds`` rounds, medians and ratios
 with their bootstrap interval (below 1: faster than the installed version). One process runs at a time.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,8 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tvm_tcutils.bench.competitors import compare, python_call, ratios  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.files import cache_dir  # noqa: E402
 
-CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tvm-tcutils", "ml_dtypes")
+CACHE = cache_dir("ml_dtypes")
 
 #: What each workload runs in the fresh interpreter.
 WORKLOADS = {
@@ -44,6 +46,7 @@ def _version_dir(version: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", work,
                            f"ml_dtypes=={version}"], capture_output=True, text=True)
     if proc.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
         raise SystemExit(f"--versions {version}: pip could not install ml_dtypes=={version}: "
                          f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
     os.replace(work, final)
@@ -75,15 +78,15 @@ def main(argv=None) -> int:
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (a ratio's interval needs two samples)")
     installed = metadata.version("ml_dtypes")
-    envs = {f"installed {installed}": _env(None)}
-    _check(envs[f"installed {installed}"], installed)
+    baseline = f"installed {installed}"
+    envs = {baseline: _env(None)}
+    _check(envs[baseline], installed)
     for version in args.versions:
         if version != installed:
             envs[version] = _env(_version_dir(version))
             _check(envs[version], version)
     results = Results(__file__, argv, rounds=args.rounds, python=sys.version.split()[0],
                       numpy=metadata.version("numpy"), installed_ml_dtypes=installed)
-    baseline = f"installed {installed}"
     print(f"one fresh process a sample, median of {args.rounds} rounds in turns; ratio: time / {baseline}'s")
     print(f"{'workload':20s} {'ml_dtypes':18s} {'median s':>9s} {'ratio':>24s}")
     for workload, tail in WORKLOADS.items():

@@ -72,3 +72,17 @@ def write_atomically(path: str, data: bytes) -> str:
         with open(partial, "wb") as out:
             out.write(data)
     return path
+
+
+def cache_dir(name: str) -> str:
+    """``name`` under the package's cache folder: ``$TVM_TCUTILS_CACHE``, else ``~/.cache/tvm-tcutils``.
+
+    The folder is not created here; each cache makes its own when it first writes.
+
+    Examples
+    --------
+    >>> os.path.basename(cache_dir("int8"))
+    'int8'
+    """
+    root = os.environ.get("TVM_TCUTILS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-tcutils"))
+    return os.path.join(root, name)

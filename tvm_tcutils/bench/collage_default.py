@@ -26,14 +26,13 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..files import write_atomically
+from ..files import cache_dir, write_atomically
 
 #: The onnx package's own small-weight test models (``onnx/backend/test/data/light``), by short name.
 _LIGHT_DIR = ("backend", "test", "data", "light")
 
 #: Where the converted light models are kept (``$TVM_TCUTILS_CACHE`` overrides the parent).
-LIGHT_CACHE = os.path.join(
-    os.environ.get("TVM_TCUTILS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-tcutils")), "light")
+LIGHT_CACHE = cache_dir("light")
 
 #: Opset the light models are converted to before import (they ship at opset 8/9).
 LIGHT_OPSET = 13

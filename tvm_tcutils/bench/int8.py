@@ -25,7 +25,7 @@ from tvm import autotvm, relay, te, tir
 from ..dotprod.isa import for_target, range_isa
 from ..dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_PACK_TASK
 from ..dotprod.topi import packing
-from ..files import atomic_path
+from ..files import atomic_path, cache_dir
 from ..measure import graph_module, time_function
 from ..models import load_model
 from ..processes import unpin
@@ -501,8 +501,7 @@ assert "tvm_tcutils" not in sys.modules
 
 
 #: Where onnxruntime-quantized zoo models are kept between runs (``$TVM_TCUTILS_CACHE`` overrides the parent).
-QUANTIZED_CACHE = os.path.join(
-    os.environ.get("TVM_TCUTILS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-tcutils")), "int8")
+QUANTIZED_CACHE = cache_dir("int8")
 
 
 def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None,

@@ -36,15 +36,15 @@ import os
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
+from ...files import cache_dir
+
 logger = logging.getLogger("tvm_tcutils.collage")
 
 #: Version of the records this module writes (written as ``"v"``; records without one are version 0).
 SCHEMA = 1
 
 #: Default place of the cache (``$TVM_TCUTILS_CACHE`` overrides the parent directory).
-DEFAULT_CACHE = os.path.join(
-    os.environ.get("TVM_TCUTILS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tvm-tcutils")), "collage"
-)
+DEFAULT_CACHE = cache_dir("collage")
 
 #: Seconds after which a stored failure is measured again.
 FAILURE_TTL = 24 * 3600.0
