@@ -268,40 +268,94 @@ def test_rgb_stem_keeps_channel_blocks_elsewhere(target, opt_level, k, disabled)
     assert stem.attrs.kernel_layout != "OIHW16o4w"
 
 
-@pytest.mark.parametrize("target_name,data_dtype", [("vnni", "uint8"), ("vnni", "int8"), ("avx2", "uint8")])
-def test_rgb_stem_row_form_takes_the_config_tuned_for_the_extracted_stem(target_name, data_dtype):
-    # AutoTVM extracts the stem with its channels padded to 4 (AlterOpLayout off): a record of that task
-    # reaches the row form the build compiles.
-    import time
+def _stem_workloads(isa):
+    """AutoTVM workloads of ``_rgb_stem_net``'s stem: its channel-padded conv and its row form."""
+    from tvm_tcutils.dotprod.strategy import CONV2D_NCHW_TASK, CONV2D_ROWS_TASK
 
-    from tvm_tcutils.dotprod.isa import for_target
-    from tvm_tcutils.dotprod.strategy import CONV2D_ROWS_TASK
-    from tvm_tcutils.tuning import extract_tasks
-
-    target = dot_target(target_name)
-    isa = for_target(target)
     k_dtype = isa.conv_kernel_dtype("int8")
     group = isa.kernel_group(k_dtype)
-    mod, _ = _rgb_stem_net(dtype=data_dtype)
-    stem = [t for t in extract_tasks(mod, {}, target) if t.args[0][1][1] == 4]
-    assert [t.name for t in stem] == ["tcutils.conv2d_nchw_dot"]
-    stem = stem[0]
-    fallback = stem.config_space.get(0)
-    configs = (stem.config_space.get(i) for i in range(len(stem.config_space)))
-    tuned = next(c for c in configs if c["tile_ow"].val != fallback["tile_ow"].val and c["tile_oh"].val > 1)
-    record = (autotvm.measure.MeasureInput(stem.target, stem, tuned),
-              autotvm.measure.MeasureResult((1e-4,), 0, 0.0, time.time()))
-    # rgb_stem: 29x29 padded by 3 on a side (35x35), one column more for the last output's second quad.
+    padded = autotvm.task.args_to_workload(
+        [tvm.te.placeholder((1, 4, 29, 29), "uint8"), tvm.te.placeholder((32, 4, 7, 7), "int8"),
+         (2, 2), (3, 3, 3, 3), (1, 1), "int32"], CONV2D_NCHW_TASK)
+    # 29x29 padded by 3 on a side (35x35), one column more for the last output's second quad.
     rows = autotvm.task.args_to_workload(
         [tvm.te.placeholder((1, 3, 35, 36), "uint8"),
          tvm.te.placeholder((32 // isa.lanes, 3, 7, 8 // group, isa.lanes, group), k_dtype),
          (2, 2), (0, 0, 0, 0), (1, 1), "int32"], CONV2D_ROWS_TASK)
-    with autotvm.apply_history_best([record]) as context:
+    return padded, rows
+
+
+def _record(task, config, seconds=1e-4):
+    import time
+
+    return (autotvm.measure.MeasureInput(task.target, task, config),
+            autotvm.measure.MeasureResult((seconds,), 0, 0.0, time.time()))
+
+
+def _other_tile(space, than):
+    """A config of ``space`` whose tiles differ from ``than``'s."""
+    configs = (space.get(i) for i in range(len(space)))
+    return next(c for c in configs if c["tile_ow"].val != than["tile_ow"].val and c["tile_oh"].val > 1)
+
+
+def _built_config(mod, target, records, workload):
+    with autotvm.apply_history_best(records) as context:
         with tvm.transform.PassContext(opt_level=3):
             relay.build(mod, target=target)
-        carried = context.query(tvm.target.Target(target), rows)
-    assert not carried.is_fallback
-    assert carried.to_json_dict()["entity"] == tuned.to_json_dict()["entity"]
+        return context.query(tvm.target.Target(target), workload)
+
+
+@pytest.mark.parametrize("target_name,data_dtype", [("vnni", "uint8"), ("vnni", "int8"), ("avx2", "uint8")])
+def test_rgb_stem_is_extracted_and_tuned_in_the_row_form_the_build_runs(target_name, data_dtype):
+    # AutoTVM extracts with AlterOpLayout off, where the stem is padded to 4 channels; the build packs it
+    # in the row form, so the extracted task is the row form's (a config of the padded conv made the
+    # AVX2 stem 15 % slower) and its record reaches the build.
+    from tvm_tcutils.dotprod.isa import for_target
+    from tvm_tcutils.tuning import default_config_index, extract_tasks
+
+    target = dot_target(target_name)
+    padded, rows = _stem_workloads(for_target(target))
+    mod, _ = _rgb_stem_net(dtype=data_dtype)
+    tasks = extract_tasks(mod, {}, target)
+    workloads = [t.workload for t in tasks]
+    assert rows in workloads and padded not in workloads
+    assert all(int(t.args[0][1][1]) != 4 for t in tasks)  # no 4-channel conv task left
+    stem = tasks[workloads.index(rows)]
+    fallback = stem.config_space.get(default_config_index(stem))
+    tuned = _other_tile(stem.config_space, fallback)
+    carried = _built_config(mod, target, [_record(stem, tuned)], rows)
+    assert not carried.is_fallback and carried.to_json_dict()["entity"] == tuned.to_json_dict()["entity"]
+
+
+def test_rgb_stem_row_form_keeps_its_own_record_and_takes_an_old_logs_padded_one():
+    # Logs from before the row form was extracted hold the padded conv's task: its config still carries
+    # to the row form, but never over a record of the row form itself.
+    from tvm_tcutils.dotprod.isa import for_target
+
+    target = dot_target("vnni")
+    padded, rows = _stem_workloads(for_target(target))
+    mod, _ = _rgb_stem_net()
+    old = autotvm.task.create(padded[0], padded[1:], target)
+    new = autotvm.task.create(rows[0], rows[1:], target)
+    old_cfg = _other_tile(old.config_space, old.config_space.get(0))
+    new_cfg = _other_tile(new.config_space, old_cfg)
+    assert new_cfg.to_json_dict()["entity"] != old_cfg.to_json_dict()["entity"]
+    for records, want in (([_record(old, old_cfg)], old_cfg),
+                          ([_record(old, old_cfg, 1e-5), _record(new, new_cfg)], new_cfg)):
+        got = _built_config(mod, target, records, rows)
+        assert got.to_json_dict()["entity"] == want.to_json_dict()["entity"]
+
+
+def test_extraction_of_a_real_four_channel_conv_keeps_its_task():
+    # Only stems that take the row form swap their task: a conv with 4 input channels keeps its own.
+    from tvm_tcutils.tuning import extract_tasks
+
+    x = relay.var("x", shape=(1, 4, 29, 29), dtype="uint8")
+    w = relay.const(np.random.default_rng(0).integers(-8, 8, (32, 4, 7, 7)).astype("int8"))
+    conv = relay.nn.conv2d(x, w, strides=(2, 2), padding=(3, 3), channels=32, kernel_size=(7, 7),
+                           out_dtype="int32")
+    tasks = extract_tasks(tvm.IRModule.from_expr(relay.Function([x], conv)), {}, dot_target("vnni"))
+    assert [(t.name, int(t.args[0][1][1])) for t in tasks] == [("tcutils.conv2d_nchw_dot", 4)]
 
 
 @pytest.mark.parametrize("const_weights", [True, False])

@@ -192,13 +192,20 @@ def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
     new_data = _shift_to_uint8(data) if shift else data
     new_kernel = kernel
     new_attrs = {key: attrs[key] for key in attrs.keys()}
+    data_dtype = "uint8" if shift else str(types[0].dtype)
     if _takes_rows(attrs, isa, d_shape, k_shape):
         new_data, new_kernel, rows_attrs, rows_shape = _rows_form(attrs, new_data, new_kernel, d_shape, k_shape,
                                                                   o_shape)
         new_attrs.update(rows_attrs)
-        _carry_rows_config(attrs, isa, "uint8" if shift else str(types[0].dtype), str(types[1].dtype),
-                           d_shape, k_shape, out_p, rows_shape)
+        _carry_tuned_config(*_rows_tasks(attrs, isa, data_dtype, str(types[1].dtype), d_shape, k_shape, out_p,
+                                         rows_shape))
     elif chans_p != chans:
+        if _rows_shapes(attrs, isa, d_shape, k_shape) and _extracting():
+            # AutoTVM extracts with AlterOpLayout off, so this stem is padded here; a build packs it in the
+            # row form, so that is the task to tune.
+            rows_shape = _rows_form(attrs, new_data, new_kernel, d_shape, k_shape, o_shape)[3]
+            _trace_rows_task(*_rows_tasks(attrs, isa, data_dtype, str(types[1].dtype), d_shape, k_shape, out_p,
+                                          rows_shape))
         new_data = relay.nn.pad(new_data, ((0, 0), (0, chans_p - chans), (0, 0), (0, 0)))
         new_kernel = relay.nn.pad(new_kernel, ((0, 0), (0, chans_p - chans), (0, 0), (0, 0)))
     if out_p != out_c:
@@ -223,16 +230,53 @@ def _alter_layout_runs() -> bool:
     return ctx.opt_level >= 3 and "AlterOpLayout" not in [str(name) for name in ctx.disabled_pass]
 
 
-def _takes_rows(attrs, isa: DotProductISA, d_shape, k_shape) -> bool:
-    """Whether a legal conv2d of few input channels is cheaper in the row form (fewer dot products).
-
-    Only where the alter-layout hook will pack it (else the channel-blocked path pads the channels).
-    """
+def _rows_shapes(attrs, isa: DotProductISA, d_shape, k_shape) -> bool:
+    """Whether a legal conv2d of few input channels is cheaper in the row form (fewer dot products)."""
     chans, (_, _, _, k_w) = d_shape[1], k_shape
     return (
         isa.name in ROWS_ISAS and chans % 4 != 0 and get_const_tuple(attrs.dilation) == (1, 1)
-        and chans * round_up(k_w, ROW_QUAD) < round_up(chans, 4) * k_w and _alter_layout_runs()
+        and chans * round_up(k_w, ROW_QUAD) < round_up(chans, 4) * k_w
     )
+
+
+def _takes_rows(attrs, isa: DotProductISA, d_shape, k_shape) -> bool:
+    """:func:`_rows_shapes`, where the alter-layout hook will pack it (else the channel-blocked path pads the
+    channels)."""
+    return _rows_shapes(attrs, isa, d_shape, k_shape) and _alter_layout_runs()
+
+
+def _extracting() -> bool:
+    """Whether AutoTVM is extracting tuning tasks (its ``TaskExtractEnv`` traces the computes)."""
+    env = autotvm.task.TaskExtractEnv.current
+    return env is not None and env.tracing
+
+
+#: ``(task list, workloads)``: the padded stems whose row form :func:`_trace_rows_task` added to that
+#: extraction's task list (an extraction starts a new list, which ends the entry).
+_STAND_INS: list = [None, set()]
+
+
+def _trace_rows_task(old_task: str, old_args, new_task: str, new_args) -> None:
+    """Put a stem's row form into the tasks being extracted, in place of its padded conv.
+
+    The padded conv's own task is added later, when its compute is traced; :func:`_drop_stand_ins`
+    takes it out again. Tuned, the row form is what the build runs: a config tuned on the padded conv
+    and carried over (:func:`_carry_tuned_config`, kept for such logs) made ResNet-18's AVX2 stem 15 %
+    slower (docs/benchmarks/dotprod.md).
+    """
+    env = autotvm.task.TaskExtractEnv.current
+    if _STAND_INS[0] is not env.task_collection:
+        _STAND_INS[:] = [env.task_collection, set()]
+    _STAND_INS[1].add(autotvm.task.args_to_workload(old_args, old_task))
+    env.add_task(new_task, new_args)
+
+
+def _drop_stand_ins() -> None:
+    """Take the padded stems of :func:`_trace_rows_task` out of the tasks being extracted."""
+    env = autotvm.task.TaskExtractEnv.current
+    if env is None or not env.tracing or _STAND_INS[0] is not env.task_collection or not _STAND_INS[1]:
+        return
+    env.task_collection[:] = [key for key in env.task_collection if (key[0], *key[1]) not in _STAND_INS[1]]
 
 
 def _rows_form(attrs, data: relay.Expr, kernel: relay.Expr, d_shape, k_shape, o_shape):
@@ -318,7 +362,8 @@ def _packable_rows(attrs, types, isa) -> bool:
 
 
 def _carry_tuned_config(old_task: str, old_args, new_task: str, new_args) -> None:
-    """Make a tuned config of the unpacked op's task apply to the packed op it became.
+    """Make a tuned config of the unpacked op's task apply to the packed op it became, unless the packed
+    op has a record of its own.
 
     AutoTVM extracts and tunes tasks with AlterOpLayout disabled (the
     unpacked ops); both templates define the same knobs, so the best config
@@ -328,27 +373,28 @@ def _carry_tuned_config(old_task: str, old_args, new_task: str, new_args) -> Non
     dispatch = autotvm.task.DispatchContext.current
     if target is None or dispatch is None or isinstance(dispatch, autotvm.task.FallbackContext):
         return  # no tuning records: nothing to carry (and no "cannot find config" warning)
+    new = autotvm.task.args_to_workload(new_args, new_task)
+    if not dispatch.query(target, new).is_fallback:
+        return  # tuned as it is built (a stem's row form, since the tasks have it)
     cfg = dispatch.query(target, autotvm.task.args_to_workload(old_args, old_task))
     if not cfg.is_fallback:
-        dispatch.update(target, autotvm.task.args_to_workload(new_args, new_task), cfg)
+        dispatch.update(target, new, cfg)
 
 
-def _carry_rows_config(attrs, isa: DotProductISA, data_dtype: str, kernel_dtype: str, d_shape, k_shape,
-                       out_p: int, rows_data_shape) -> None:
-    """Make a tuned config of a stem's channel-padded conv apply to its row form.
+def _rows_tasks(attrs, isa: DotProductISA, data_dtype: str, kernel_dtype: str, d_shape, k_shape, out_p: int,
+                rows_data_shape) -> tuple:
+    """``(task, args, task, args)``: a stem's channel-padded conv and its row form, as AutoTVM names them.
 
-    AutoTVM extracts tasks with AlterOpLayout disabled, where a stem keeps its channels padded to 4
-    (:func:`_takes_rows` holds only where the alter hook will pack it): the tuned task is that conv's
-    ``conv2d_nchw_dot``. The row form has the same output and the same knobs, so the config found for
-    the padded conv is registered for the row form's workload (``data_dtype``: the legal data's, after
-    any shift to u8).
+    The padded conv is what AutoTVM extracted before the row form was (AlterOpLayout is off when it
+    extracts, where a stem keeps its channels padded to 4); its tuned config carries to the row form,
+    which has the same output and knobs (``data_dtype``: the legal data's, after any shift to u8).
     """
     (n, chans, height, width), (_, _, k_h, k_w) = d_shape, k_shape
     chans_p, taps = round_up(chans, 4), round_up(k_w, ROW_QUAD)
     k_dtype = isa.conv_kernel_dtype(kernel_dtype)
     group = isa.kernel_group(k_dtype)
     strides, padding, dilation = (get_const_tuple(attrs[key]) for key in ("strides", "padding", "dilation"))
-    _carry_tuned_config(
+    return (
         CONV2D_NCHW_TASK, [te.placeholder((n, chans_p, height, width), data_dtype),
                            te.placeholder((out_p, chans_p, k_h, k_w), kernel_dtype),
                            strides, padding, dilation, "int32"],
@@ -569,7 +615,9 @@ def _lazy(task: str, wrap, **wrap_kwargs):
     """Relay compute / schedule calling the AutoTVM-wrapped template (registered after hooks())."""
 
     def fcompute(attrs, inputs, out_type):
-        return wrap(registry.template(task)[0], **wrap_kwargs)(attrs, inputs, out_type)
+        out = wrap(registry.template(task)[0], **wrap_kwargs)(attrs, inputs, out_type)
+        _drop_stand_ins()  # after the template's wrapper added its task
+        return out
 
     def fschedule(attrs, outs, target):
         with target:
