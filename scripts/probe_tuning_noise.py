@@ -9,6 +9,8 @@ by noise.
 
     PYTHONPATH=. python scripts/probe_tuning_noise.py --model resnet-18-onnx --target "llvm -mcpu=core-avx2" \\
         --json docs/benchmarks/data/probe_tuning_noise_r18_avx2.json
+
+``--no-flush`` measures on cached weights; run it under ``taskset -c N`` to keep every process on one CPU.
 """
 from __future__ import annotations
 
@@ -46,28 +48,42 @@ class _DefaultAgain(tuning._DefaultFirst):
         return out
 
 
+class _NoFlush(tuning.PackageLocalRunner):
+    """The package's local runner with AutoTVM's cache flush off."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["enable_cpu_cache_flush"] = False
+        super().__init__(*args, **kwargs)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet-18-onnx", help="a zoo model with an ONNX file")
     parser.add_argument("--route", default="qdq", choices=[r for r in ROUTES if r != "fp32"])
     parser.add_argument("--target", default=None, help="LLVM target (default: this CPU's); it must run here")
     parser.add_argument("--trials", type=int, default=6, help="trials a task, the repeats included")
+    parser.add_argument("--no-flush", action="store_true",
+                        help="measure without flushing the weights' caches first (tune's CPU runner flushes them)")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     if args.trials < 2 * (max(REPEAT_BATCHES) + 1):
         parser.error(f"--trials must be at least {2 * (max(REPEAT_BATCHES) + 1)} (the repeats need their batches)")
     target = args.target or tvm_tcutils.host_target()
     mod, params = prepare(*tvm_tcutils.load_model(model_files(args.model, [args.route])[args.route]), "int8")
-    tuning._DefaultFirst, saved = _DefaultAgain, tuning._DefaultFirst
+    saved = tuning._DefaultFirst, tuning.PackageLocalRunner
+    tuning._DefaultFirst = _DefaultAgain
+    if args.no_flush:
+        tuning.PackageLocalRunner = _NoFlush
     try:
         with tempfile.TemporaryDirectory() as folder:
             log = os.path.join(folder, "probe.log")
             tuning.tune(mod, params, target, args.trials, log, progress=False)
             rows = [json.loads(line) for line in open(log)]
     finally:
-        tuning._DefaultFirst = saved
+        tuning._DefaultFirst, tuning.PackageLocalRunner = saved
     results = Results(__file__, argv, model=args.model, route=args.route, target=target, trials=args.trials,
-                      tvm_num_threads=os.environ["TVM_NUM_THREADS"])
+                      tvm_num_threads=os.environ["TVM_NUM_THREADS"], weights_flushed=not args.no_flush,
+                      cpus=sorted(os.sched_getaffinity(0)))
     by_task: dict = {}
     for row in rows:
         by_task.setdefault(json.dumps(row["input"][2]), []).append(row)
