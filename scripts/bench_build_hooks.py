@@ -66,9 +66,9 @@ def _variant(name: str, tuning_log: str = None):
     if name == "tuned":  # the package's build under an AutoTVM log's best configurations
         from tvm import autotvm
 
-        from tvm_tcutils.tuning import checked_records
+        from tvm_tcutils.tuning import applied_records
 
-        with autotvm.apply_history_best(checked_records(tuning_log)):
+        with autotvm.apply_history_best(applied_records(tuning_log)):
             yield
     elif name == "TVM codegen":
         with registry.overriding_func(hooks.BUILD_LLVM, registry.replaced_func(hooks.BUILD_LLVM)):

@@ -48,7 +48,7 @@ from tvm.contrib import graph_executor
 
 from . import prebuild
 from .progress import ProgressArg, Reporter
-from .tuning import checked_records
+from .tuning import applied_records
 
 Params = Dict[str, object]
 
@@ -320,7 +320,7 @@ def tuning_log_scope(log: Optional[str]):
     if not os.path.isfile(log):
         raise FileNotFoundError(f"tuning log not found: {log}")
     # Damaged lines and out-of-space knobs are left out (with a warning), not fatal.
-    return autotvm.apply_history_best(checked_records(log))
+    return autotvm.apply_history_best(applied_records(log))
 
 
 def build(mod: tvm.IRModule, params: Optional[Params] = None, target: Optional[str] = None,

@@ -14,8 +14,12 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ._tvm import settle_thread_count, tvm
 from tvm import autotvm
@@ -89,11 +93,61 @@ def read_log(path: str) -> List[Record]:
                 continue
             if record is not None:
                 records.append(record)
+                if CONFIRMED_KEY in line:
+                    _mark_confirmed(record, line)
     if bad:
         shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
         logger.warning("%s: skipped %d unreadable line(s) (line %s); the other %d records are used",
                        path, len(bad), shown, len(records))
     return records
+
+
+#: The key a confirmation record (:func:`confirm_best`) carries on its log line, beside AutoTVM's own
+#: (AutoTVM's reader ignores it): ``{"chosen": bool, "rounds": int}``.
+CONFIRMED_KEY = "tcutils_confirmed"
+
+
+def _mark_confirmed(record: Record, line: str) -> None:
+    try:
+        mark = json.loads(line).get(CONFIRMED_KEY)
+    except (ValueError, AttributeError):
+        return
+    if isinstance(mark, dict):
+        record[1].tcutils_chosen = bool(mark.get("chosen"))
+
+
+def _chosen(record: Record) -> Optional[bool]:
+    """True / False for a confirmation record (chosen or not), None for a tuner's trial."""
+    return getattr(record[1], "tcutils_chosen", None)
+
+
+def applied_records(path: str) -> List[Record]:
+    """The records a build should apply: :func:`checked_records`, and for a task whose candidates were
+    confirmed in turns (:func:`confirm_best`) only the configuration chosen there.
+
+    AutoTVM's ``apply_history_best`` takes, per task, the record of least mean time; a single trial's
+    time can be far off on a shared machine (``scripts/probe_tuning_noise.py``), so a trial measured
+    fast by chance would win over the confirmed choice. Pass these records to ``apply_history_best``
+    (``tvm_tcutils.measure`` and the CLI do).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "empty.log")
+    >>> open(path, "w").close()
+    >>> applied_records(path)
+    []
+    """
+    records = checked_records(path)
+    chosen = {}
+    for record in records:
+        if _chosen(record):
+            chosen[_task_key(record)] = record  # the last confirmation of a task wins
+    return [r for r in records if _task_key(r) not in chosen] + list(chosen.values())
+
+
+def _task_key(record: Record) -> Tuple[str, Tuple]:
+    return str(record[0].target), record[0].task.workload
 
 
 def _space_of(record: Record):
@@ -292,6 +346,7 @@ def tune(
     remote=None,
     time_budget_s: Optional[float] = None,
     templates: Optional[Sequence[str]] = None,
+    confirm_rounds: int = 7,
 ) -> List[Tuple[str, int]]:
     """Tune every task of ``mod`` with ``XGBTuner`` for ``trials`` measurements each, resumably.
 
@@ -317,6 +372,11 @@ def tune(
         ``ValueError`` that lists the model's templates.
     on_task : callable, optional
         ``on_task(index, total, task, new_trials)`` before each task.
+    confirm_rounds : int
+        After a task's trials, its untuned configuration and the tuner's fastest are measured again
+        in turns, this many rounds (:func:`confirm_best`), and the configuration chosen there is the
+        one :func:`applied_records` gives a build; 0 leaves the choice to the least single trial
+        (AutoTVM's). Tasks of an older log are confirmed when it is resumed.
     remote : tvm_tcutils.rpc.RemoteBackend, optional
         Measure on the servers of an RPC tracker's key with AutoTVM's
         ``RPCRunner`` (as many in parallel as the key has free servers)
@@ -340,6 +400,8 @@ def tune(
     """
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
+    if isinstance(confirm_rounds, bool) or not isinstance(confirm_rounds, int) or confirm_rounds < 0:
+        raise ValueError(f"confirm_rounds must be an int >= 0 (0: no confirmation), got {confirm_rounds!r}")
     if time_budget_s is not None and not (isinstance(time_budget_s, (int, float)) and time_budget_s >= 0):
         raise ValueError(f"time_budget_s must be a number of seconds >= 0 or None, got {time_budget_s!r}")
     report = Reporter(progress if callable(progress) and not isinstance(progress, bool) else False)
@@ -388,6 +450,8 @@ def tune(
             if on_task is not None:
                 on_task(index, len(tasks), task, max(todo, 0))
             if todo <= 0 or (deadline is not None and time.perf_counter() >= deadline):
+                if todo <= 0 and (templates is None or task.name in templates):
+                    _confirm_task(task, log, history, measure, confirm_rounds, deadline, fresh=False)
                 summary.append((task.name, 0))
                 continue
             measured = {inp.config.index for inp, _ in history}
@@ -411,8 +475,135 @@ def tune(
                 autotvm.env.GLOBAL_SCOPE.in_tuning = False  # what tuner.tune does last, skipped by the exception
                 logger.info("tuning: the time budget of %g s ended in %s after %d trials", time_budget_s,
                             task.name, counted.trials)
+            _confirm_task(task, log, None, measure, confirm_rounds, deadline, fresh=counted.trials > 0)
             summary.append((task.name, counted.trials))
     return summary
+
+
+def _confirm_task(task, log: str, history: Optional[List[Record]], measure: dict, rounds: int,
+                  deadline: Optional[float], fresh: bool) -> None:
+    """:func:`confirm_best` for one task and its records in ``log`` (``history``: read them again when
+    None), unless the log already confirmed them (``fresh``: trials came after any confirmation)."""
+    if rounds < 2 or (deadline is not None and time.perf_counter() >= deadline):
+        return
+    if history is None:
+        history = _recorded(log).get((str(task.target), task.workload), [])
+    if not fresh and any(_chosen(record) is not None for record in history):
+        return
+    records = confirm_best(task, history, measure, rounds, default_config_index(task))
+    if records:
+        write_confirmed(log, records, rounds)
+        chosen = next(inp.config.index for inp, res in records if _chosen((inp, res)))
+        logger.info("tuning: %s confirmed in %d rounds: config %d (untuned %s)", task.name, rounds, chosen,
+                    default_config_index(task))
+
+
+#: Configurations besides the untuned one that :func:`confirm_best` measures again: the tuner's fastest.
+CONFIRM_CANDIDATES = 2
+
+#: Fewest trials of a task that :func:`confirm_best` confirms: below it the confirmation would measure
+#: more than the tuner did (a quick look at a model, not a tuning).
+CONFIRM_MIN_TRIALS = 8
+
+
+def confirm_best(task: autotvm.task.Task, history: Sequence[Record], measure_option: dict, rounds: int,
+                 default: Optional[int]) -> List[Record]:
+    """Measure a task's untuned configuration and the tuner's fastest ones again, in turns; pick one.
+
+    A trial's time can be far off on a shared machine (one configuration measured three times among a
+    task's trials landed up to x2.35 apart: ``scripts/probe_tuning_noise.py``), so the least time in
+    ``history`` may be chance. Here the untuned configuration (``default``, a point of the task's
+    space) and the :data:`CONFIRM_CANDIDATES` fastest others are built once and measured ``rounds``
+    times, each round all of them in turn (the order reversed every other round). A configuration is
+    chosen over the untuned one only when it was faster in all rounds but at most one and its median is
+    lower; of several such, the one of least median. Returns one record per measured configuration
+    (costs: its round times; the chosen one marked), for the log; ``[]`` when there is nothing to
+    confirm (no untuned point, fewer than :data:`CONFIRM_MIN_TRIALS` trials, or the untuned one already
+    the fastest) or the untuned one failed a round.
+    """
+    measured = [(float(np.mean(res.costs)), inp.config.index) for inp, res in history if res.error_no == 0]
+    if default is None or rounds < 2 or len(measured) < CONFIRM_MIN_TRIALS:
+        return []
+    order = [index for _, index in sorted(measured)]
+    if order[0] == default:
+        return []
+    others = list(dict.fromkeys(i for i in order if i != default))[:CONFIRM_CANDIDATES]
+    indexes = [default] + others
+    inputs = [autotvm.measure.MeasureInput(task.target, task, task.config_space.get(i)) for i in indexes]
+    # Sets the builder and runner up for the task; the runner's server lives as long as this object.
+    attached = autotvm.measure.create_measure_batch(task, measure_option)
+    builder, runner = measure_option["builder"], measure_option["runner"]
+    built = builder.build(inputs)
+    times: Dict[int, List[float]] = {i: [] for i in indexes}
+    failed = {indexes[k] for k, result in enumerate(built) if result.error is not None}
+    # The runner deletes each library after its run: keep a copy to put back before the next round.
+    kept = tempfile.mkdtemp(prefix="tcutils-confirm-")
+    try:
+        for result in built:
+            if result.error is None:
+                shutil.copy(result.filename, kept)
+        for round_index in range(rounds):
+            turn = [k for k in range(len(inputs)) if indexes[k] not in failed]
+            turn = turn if round_index % 2 == 0 else turn[::-1]
+            for k in turn:
+                if not os.path.exists(built[k].filename):
+                    shutil.copy(os.path.join(kept, os.path.basename(built[k].filename)), built[k].filename)
+            results = runner.run([inputs[k] for k in turn], [built[k] for k in turn])
+            for k, res in zip(turn, results):
+                if res.error_no == 0:
+                    times[indexes[k]].append(float(np.mean(res.costs)))
+                else:
+                    failed.add(indexes[k])
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
+        del attached
+    if default in failed or len(times[default]) != rounds:
+        return []  # the untuned configuration did not run every round: nothing sound to pick by
+    chosen = choose_confirmed(times[default], {i: times[i] for i in others if i not in failed})
+    chosen = default if chosen is None else chosen
+    now = time.time()
+    records = []
+    for inp, index in zip(inputs, indexes):
+        if index in failed:
+            continue
+        result = autotvm.measure.MeasureResult(tuple(times[index]), 0, float(sum(times[index])), now)
+        result.tcutils_chosen = index == chosen
+        records.append((inp, result))
+    return records
+
+
+def choose_confirmed(untuned: Sequence[float], others: Dict[int, Sequence[float]]) -> Optional[int]:
+    """The configuration of ``others`` (index -> its time in each round) chosen over the untuned one
+    (``untuned``: its times in the same rounds), or None: faster in all rounds but at most one, and a
+    lower median; of several such, the least median.
+
+    Examples
+    --------
+    >>> choose_confirmed([2.0, 2.1, 1.9, 2.0], {5: [1.5, 1.6, 2.0, 1.4], 7: [1.0, 2.5, 2.4, 1.0]})
+    5
+    >>> choose_confirmed([2.0, 2.1, 1.9, 2.0], {7: [1.0, 2.5, 2.4, 1.0]}) is None   # two rounds lost
+    True
+    """
+    rounds, best, chosen = len(untuned), float(np.median(untuned)), None
+    for index, times in others.items():
+        if len(times) != rounds:
+            continue  # it failed a round
+        wins = sum(t < u for t, u in zip(times, untuned))
+        median = float(np.median(times))
+        if wins >= rounds - 1 and median < best:
+            chosen, best = index, median
+    return chosen
+
+
+def write_confirmed(log: str, records: Sequence[Record], rounds: int) -> None:
+    """Append :func:`confirm_best`'s records to ``log``, each line marked with :data:`CONFIRMED_KEY`."""
+    with open(log, "a") as handle:
+        for inp, res in records:
+            row = json.loads(autotvm.record.encode(inp, res))
+            row[CONFIRMED_KEY] = {"chosen": bool(_chosen((inp, res))), "rounds": rounds}
+            handle.write(json.dumps(row) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def default_config_index(task: autotvm.task.Task) -> Optional[int]:

@@ -11,6 +11,7 @@ CHECKS = (
     *checks.MODEL_CHECKS,
     checks.Check("--target", "target", checks.runnable_target),
     checks.Check("--trials", "trials", checks.at_least(1)),
+    checks.Check("--confirm-rounds", "confirm_rounds", checks.at_least(0)),
     checks.Check("--log", "log", checks.new_or_log_file),
     *checks.RPC_CHECKS,
 )
@@ -27,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tune the int8-quantized model (default) or the float one")
     parser.add_argument("--templates", nargs="+", metavar="NAME",
                         help="tune only these AutoTVM templates' tasks (say, tcutils.conv2d_hwnc_tensorcore.cuda)")
+    parser.add_argument("--confirm-rounds", type=int, default=7,
+                        help="rounds in turns that measure a task's untuned config against the tuner's fastest "
+                             "before one is chosen (0: the least single trial, AutoTVM's choice)")
     parser.add_argument("--no-progress", action="store_true", help="no per-task progress bar")
     cli.add_rpc_arguments(parser)
 
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     quiet = getattr(args, "verbosity", None) == "quiet"
     summary = tune(mod, params, args.target or host_target(), args.trials, args.log,
                    progress=not (args.no_progress or quiet),
-                   on_task=announce, remote=remote, templates=args.templates)
+                   on_task=announce, remote=remote, templates=args.templates, confirm_rounds=args.confirm_rounds)
     where = f" on RPC key {remote}" if remote else ""
     print(f"tuned {len(summary)} tasks{where}, {sum(n for _, n in summary)} new trials; log: {args.log}")
     return 0
