@@ -465,7 +465,10 @@ def tune(
                                    "count toward trials", log, len(history), task.name, str(err).splitlines()[0][:160])
             # After log_to_file: a batch is in the log before the budget can stop the task.
             counted = _TrialCounter(f"tune {task.name}", todo, report, deadline)
-            callbacks = [autotvm.callback.log_to_file(log), counted]
+            # The trials as the log gets them, for the confirmation (no second read of the log).
+            trials_run: List[Record] = []
+            callbacks = [autotvm.callback.log_to_file(log), counted,
+                         lambda _tuner, inputs, results: trials_run.extend(zip(inputs, results))]
             if progress and not callable(progress):
                 prefix = f"[{index + 1}/{len(tasks)}] {task.name}"
                 callbacks.insert(0, autotvm.callback.progress_bar(todo, prefix=prefix))
@@ -475,27 +478,26 @@ def tune(
                 autotvm.env.GLOBAL_SCOPE.in_tuning = False  # what tuner.tune does last, skipped by the exception
                 logger.info("tuning: the time budget of %g s ended in %s after %d trials", time_budget_s,
                             task.name, counted.trials)
-            _confirm_task(task, log, None, measure, confirm_rounds, deadline, fresh=counted.trials > 0)
+            _confirm_task(task, log, history + trials_run, measure, confirm_rounds, deadline,
+                          fresh=counted.trials > 0)
             summary.append((task.name, counted.trials))
     return summary
 
 
-def _confirm_task(task, log: str, history: Optional[List[Record]], measure: dict, rounds: int,
+def _confirm_task(task, log: str, history: List[Record], measure: dict, rounds: int,
                   deadline: Optional[float], fresh: bool) -> None:
-    """:func:`confirm_best` for one task and its records in ``log`` (``history``: read them again when
-    None), unless the log already confirmed them (``fresh``: trials came after any confirmation)."""
+    """:func:`confirm_best` for one task and its records (``history``), appended to ``log``, unless the log
+    already confirmed them (``fresh``: trials came after any confirmation)."""
     if rounds < 2 or (deadline is not None and time.perf_counter() >= deadline):
         return
-    if history is None:
-        history = _recorded(log).get((str(task.target), task.workload), [])
     if not fresh and any(_chosen(record) is not None for record in history):
         return
-    records = confirm_best(task, history, measure, rounds, default_config_index(task))
+    default = default_config_index(task)
+    records = confirm_best(task, history, measure, rounds, default)
     if records:
         write_confirmed(log, records, rounds)
         chosen = next(inp.config.index for inp, res in records if _chosen((inp, res)))
-        logger.info("tuning: %s confirmed in %d rounds: config %d (untuned %s)", task.name, rounds, chosen,
-                    default_config_index(task))
+        logger.info("tuning: %s confirmed in %d rounds: config %d (untuned %s)", task.name, rounds, chosen, default)
 
 
 #: Configurations besides the untuned one that :func:`confirm_best` measures again: the tuner's fastest.
