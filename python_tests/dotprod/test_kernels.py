@@ -86,9 +86,10 @@ CONV_SHAPES = {
 }
 
 
+@pytest.mark.parametrize("target_name", ["vnni", "vnni_zen5"])
 @pytest.mark.parametrize("name", sorted(CONV_SHAPES))
-def test_conv2d_vnni_bit_exact(name):
-    out, ref, _ = _run_conv(dot_target("vnni"), CONV_SHAPES[name])
+def test_conv2d_vnni_bit_exact(name, target_name):
+    out, ref, _ = _run_conv(dot_target(target_name), CONV_SHAPES[name])
     np.testing.assert_array_equal(out, ref)
 
 
@@ -223,6 +224,31 @@ def test_fallback_tiles_fit_the_register_budget(hw, oc):
             assert (tile_ow, tile_oh) == (2, 2)
         elif isa.conv_tile_pixels and hw == 7:
             assert tile_ow == 7
+
+
+def _fallback_tile(target: str, hw: int, ic: int, kernel: int):
+    d = te.placeholder((1, ic // 16, hw, hw, 16), "uint8")
+    k = te.placeholder((4, ic // 16, kernel, kernel, 4, 16, 4), "int8")
+    with tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        conv2d_nchwc_dot(cfg, d, k, 1, kernel // 2, 1, "NCHW16c", "NCHW16c")
+    return cfg["tile_oc"].val, cfg["tile_oh"].val, cfg["tile_ow"].val
+
+
+@pytest.mark.parametrize("hw,ic,kernel,zen4,zen5", [
+    (56, 64, 3, (2, 2, 2), (2, 1, 7)),
+    (56, 256, 1, (2, 2, 2), (2, 1, 7)),
+    (14, 1024, 1, (2, 2, 2), (2, 1, 7)),
+    (7, 512, 3, (2, 1, 7), (2, 1, 7)),
+    (56, 64, 1, (2, 2, 2), (2, 2, 2)),   # a reduction of 64 bytes keeps the small block everywhere
+    (32, 128, 3, (2, 2, 2), (2, 1, 8)),  # no 7-pixel row: the budget filled
+])
+def test_fallback_tile_follows_the_cpu(hw, ic, kernel, zen4, zen5):
+    # Zen 5 issues two 512-bit vpdpbusd a cycle: its fallback keeps 14 accumulators where Zen 4's keeps 8
+    # (the probe_conv_tiles grid); a CPU not in the ISA's table gets the ISA's own block.
+    assert _fallback_tile("llvm -mcpu=znver4", hw, ic, kernel) == zen4
+    assert _fallback_tile("llvm -mcpu=znver5", hw, ic, kernel) == zen5
+    assert _fallback_tile("llvm -mcpu=icelake-server", hw, ic, kernel) == zen4
 
 
 def test_widened_data_only_where_the_isa_takes_it():

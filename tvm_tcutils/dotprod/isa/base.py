@@ -102,6 +102,9 @@ class DotProductISA:
         Output pixels per output-channel block in conv2d's fallback tile (a 2x2
         or 4x1 block where the output has one), or 0 to fill the accumulator
         budget.
+    conv_tile_pixels_by_cpu : tuple of (str, int)
+        ``(LLVM CPU name, pixels)`` where a CPU's measured best differs from
+        :attr:`conv_tile_pixels` (:meth:`tile_pixels`).
     kernel_range : tuple of int, optional
         ``(low, high)``: the instruction is exact only for kernel values in this
         range (a saturating step). Such an ISA is never a target's ISA
@@ -124,6 +127,7 @@ class DotProductISA:
     wide_kernel: str = ""
     wide_group: int = 4
     conv_tile_pixels: int = 0
+    conv_tile_pixels_by_cpu: Tuple[Tuple[str, int], ...] = ()
     kernel_range: Optional[Tuple[int, int]] = None
 
     def fits(self, values) -> bool:
@@ -182,6 +186,23 @@ class DotProductISA:
         operands = self.operand_registers * (1 + kernel_blocks) + self.constant_registers
         reserved = max(self.registers // 4, operands)
         return max(1, self.registers - reserved)
+
+    def tile_pixels(self, target=None) -> int:
+        """Output pixels per output-channel block of conv2d's fallback tile on ``target`` (default: the
+        current one): its CPU's row of :attr:`conv_tile_pixels_by_cpu`, else :attr:`conv_tile_pixels`.
+
+        Examples
+        --------
+        >>> import tvm
+        >>> from tvm_tcutils.dotprod.isa import X86_VNNI
+        >>> X86_VNNI.tile_pixels(tvm.target.Target("llvm -mcpu=znver4"))
+        4
+        >>> X86_VNNI.tile_pixels(tvm.target.Target("llvm -mcpu=znver5"))
+        7
+        """
+        target = tvm.target.Target.current(allow_none=True) if target is None else target
+        cpu = str(target.attrs.get("mcpu", "")) if target is not None else ""
+        return dict(self.conv_tile_pixels_by_cpu).get(cpu, self.conv_tile_pixels)
 
     @property
     def vector_bytes(self) -> int:

@@ -57,4 +57,9 @@ X86_VNNI = DotProductISA(
     # 56x56 and 28x28 layers here (Zen 4: 64-channel 1x1 324 -> 456 GOPS; 256->64 1x1 416 -> 456;
     # 3x3 442 -> 460; 128->512 1x1 even); 14x14 and 7x7 planes have no such block and keep filling.
     conv_tile_pixels=4,
+    # Zen 5 issues two 512-bit vpdpbusd a cycle (Zen 4 one, in two halves): 8 accumulators leave it
+    # waiting on their latency, and a 1x7 row (14) measured 8-29 % faster than the 2x2 block on 13 of
+    # ResNet-50's 56x56-14x14 layers, level or slower on none but the 64-channel 1x1s, which keep the
+    # small tile (conv2d's SHORT_REDUCTION; docs/benchmarks/data/probe_conv_tiles_zen5.json).
+    conv_tile_pixels_by_cpu=(("znver5", 7),),
 )

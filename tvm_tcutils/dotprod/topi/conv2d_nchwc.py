@@ -81,24 +81,31 @@ def _unmarked(kernel_shape: Sequence[int]) -> Tuple[int, ...]:
 
 
 def _pixel_block(oh: int, ow: int, pixels: int):
-    """``(tile_ow, tile_oh)`` of ``pixels`` output pixels, square first, where both divide the output.
+    """``(tile_ow, tile_oh)`` of ``pixels`` output pixels, square first, then the wider of two (a row's
+    pixels lie next to each other), where both divide the output.
 
     Examples
     --------
-    >>> _pixel_block(56, 56, 4), _pixel_block(7, 7, 4), _pixel_block(3, 8, 4)
-    ((2, 2), None, (4, 1))
+    >>> _pixel_block(56, 56, 4), _pixel_block(7, 7, 4), _pixel_block(3, 8, 4), _pixel_block(28, 28, 7)
+    ((2, 2), None, (4, 1), (7, 1))
     """
     if pixels <= 0:
         return None
     shapes = sorted(((w, pixels // w) for w in range(1, pixels + 1) if pixels % w == 0),
-                    key=lambda shape: abs(shape[0] - shape[1]))
+                    key=lambda shape: (abs(shape[0] - shape[1]), -shape[0]))
     for tile_ow, tile_oh in shapes:
         if ow % tile_ow == 0 and oh % tile_oh == 0:
             return tile_ow, tile_oh
     return None
 
 
-def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: int) -> None:
+#: Reduction bytes (input channels x kernel taps) up to which conv2d's fallback keeps the ISA's own
+#: pixel block on every CPU: over a reduction that short, a wider tile's epilogue costs more than its
+#: products gain (Zen 5, 1x1 convs of 64 channels: 2x2 blocks 674-695 GOPS, 1x7 rows 620-639).
+SHORT_REDUCTION = 64
+
+
+def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: int, reduction: int) -> None:
     blocks = max(1, oc_bn // isa.lanes)  # instructions per output-channel chunk
 
     def budget(tile_oc: int) -> int:  # accumulators per output-channel chunk of the tile
@@ -117,7 +124,8 @@ def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: in
         # tiling with more accumulators wins. Then the ISA's pixel block where it asks for one and
         # the output has it; else the widest row tile that fits the register budget, then as many
         # rows as still fit.
-        small = _pixel_block(oh, ow, isa.conv_tile_pixels)
+        pixels = isa.conv_tile_pixels if reduction <= SHORT_REDUCTION else isa.tile_pixels()
+        small = _pixel_block(oh, ow, pixels)
 
         def tile(tile_oc: int):
             if small is not None:
@@ -190,7 +198,7 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
     out_w = (in_w + pad_l + pad_r - (k_w - 1) * d_w - 1) // s_w + 1
     if out_h < 1 or out_w < 1:
         raise ValueError(f"empty conv2d output ({out_h}x{out_w}) for input {in_h}x{in_w}")
-    _define_knobs(cfg, isa, oc_chunks, out_h, out_w, oc_bn, k_w)
+    _define_knobs(cfg, isa, oc_chunks, out_h, out_w, oc_bn, k_w, ic_chunks * ic_bn * k_h * k_w)
 
     if pad_t or pad_l or pad_b or pad_r:
         data = topi.nn.pad(data, [0, 0, pad_t, pad_l, 0], [0, 0, pad_b, pad_r, 0], name="data_pad")
@@ -314,7 +322,7 @@ def conv2d_rows_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
     out_h, out_w = (in_h - k_h) // s_h + 1, (in_w - quads * ROW_QUAD) // s_w + 1
     if out_h < 1 or out_w < 1:
         raise ValueError(f"empty conv2d output ({out_h}x{out_w}) for input {in_h}x{in_w}")
-    _define_knobs(cfg, isa, oc_chunks, out_h, out_w, oc_bn, 1)
+    _define_knobs(cfg, isa, oc_chunks, out_h, out_w, oc_bn, 1, chans * k_h * quads * ROW_QUAD)
     # The channel-blocked compute's five reduction axes (the kernel-column one of extent 1), so that
     # schedule_conv2d_nchwc_dot tiles and tensorizes this one unchanged.
     r_c = te.reduce_axis((0, chans), name="ic_outer")
