@@ -251,6 +251,24 @@ def test_fallback_tile_follows_the_cpu(hw, ic, kernel, zen4, zen5):
     assert _fallback_tile("llvm -mcpu=icelake-server", hw, ic, kernel) == zen4
 
 
+@pytest.mark.parametrize("m,n,zen4,zen5", [
+    (128, 256, (4, 2), (4, 4)),
+    (128, 1024, (4, 2), (4, 4)),
+    (128, 768, (4, 3), (4, 4)),
+    (1, 1008, (1, 9), (1, 9)),  # a classifier's one row: the weight's blocks, the same on both
+])
+def test_dense_fallback_tile_follows_the_cpu(m, n, zen4, zen5):
+    from tvm_tcutils.dotprod.topi.dense_pack import dense_pack_dot
+
+    def tile(target):
+        with tvm.target.Target(target):
+            cfg = autotvm.get_config()
+            dense_pack_dot(cfg, te.placeholder((m, 256), "uint8"), te.placeholder((n // 16, 64, 16, 4), "int8"))
+        return cfg["tile_m"].val, cfg["tile_nb"].val
+
+    assert tile("llvm -mcpu=znver4") == zen4
+    assert tile("llvm -mcpu=znver5") == zen5
+
 def test_widened_data_only_where_the_isa_takes_it():
     from tvm_tcutils.dotprod.isa import X86_AVX2, X86_VNNI
     from tvm_tcutils.dotprod.topi.intrinsics import dot_product_intrin
@@ -260,8 +278,8 @@ def test_widened_data_only_where_the_isa_takes_it():
     assert dot_product_intrin(X86_AVX2, "uint8", "int8", "llvm", True) is not None
 
 
-@pytest.mark.parametrize("target_name", ["vnni", "avx2", "sse"])
-@pytest.mark.parametrize("m,k,n", [(1, 2048, 1000), (3, 30, 17), (24, 64, 100)])
+@pytest.mark.parametrize("target_name", ["vnni", "vnni_zen5", "avx2", "sse"])
+@pytest.mark.parametrize("m,k,n", [(1, 2048, 1000), (3, 30, 17), (24, 64, 100), (128, 256, 256)])
 def test_dense_bit_exact(target_name, m, k, n):
     target = dot_target(target_name)
     lanes = for_target(target).lanes

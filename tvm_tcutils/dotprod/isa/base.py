@@ -53,6 +53,23 @@ Emitter = Callable[["DotProductISA", DotVariant, tir.PrimExpr, tir.PrimExpr, tir
 
 
 @dataclasses.dataclass(frozen=True)
+class CpuTiles:
+    """Fallback tiles one CPU measured faster than an ISA's defaults; 0 keeps the default.
+
+    Parameters
+    ----------
+    conv_pixels : int
+        Output pixels per output-channel block of conv2d's fallback tile (instead of
+        :attr:`DotProductISA.conv_tile_pixels`).
+    dense_accumulators : int
+        Accumulators of dense's fallback tile (rows x weight blocks).
+    """
+
+    conv_pixels: int = 0
+    dense_accumulators: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class DotProductISA:
     """A 4-way u8/i8 dot-product instruction family.
 
@@ -102,9 +119,9 @@ class DotProductISA:
         Output pixels per output-channel block in conv2d's fallback tile (a 2x2
         or 4x1 block where the output has one), or 0 to fill the accumulator
         budget.
-    conv_tile_pixels_by_cpu : tuple of (str, int)
-        ``(LLVM CPU name, pixels)`` where a CPU's measured best differs from
-        :attr:`conv_tile_pixels` (:meth:`tile_pixels`).
+    cpu_tiles : tuple of (str, CpuTiles)
+        ``(LLVM CPU name, tiles)`` where a CPU's measured best fallback tiles
+        differ from the ISA's own (:meth:`tiles_for`).
     kernel_range : tuple of int, optional
         ``(low, high)``: the instruction is exact only for kernel values in this
         range (a saturating step). Such an ISA is never a target's ISA
@@ -127,7 +144,7 @@ class DotProductISA:
     wide_kernel: str = ""
     wide_group: int = 4
     conv_tile_pixels: int = 0
-    conv_tile_pixels_by_cpu: Tuple[Tuple[str, int], ...] = ()
+    cpu_tiles: Tuple[Tuple[str, "CpuTiles"], ...] = ()
     kernel_range: Optional[Tuple[int, int]] = None
 
     def fits(self, values) -> bool:
@@ -187,22 +204,22 @@ class DotProductISA:
         reserved = max(self.registers // 4, operands)
         return max(1, self.registers - reserved)
 
-    def tile_pixels(self, target=None) -> int:
-        """Output pixels per output-channel block of conv2d's fallback tile on ``target`` (default: the
-        current one): its CPU's row of :attr:`conv_tile_pixels_by_cpu`, else :attr:`conv_tile_pixels`.
+    def tiles_for(self, target=None) -> "CpuTiles":
+        """The fallback tiles of ``target``'s CPU (default: the current target's): its row of
+        :attr:`cpu_tiles`, else a :class:`CpuTiles` of zeros (each schedule's own rule).
 
         Examples
         --------
         >>> import tvm
         >>> from tvm_tcutils.dotprod.isa import X86_VNNI
-        >>> X86_VNNI.tile_pixels(tvm.target.Target("llvm -mcpu=znver4"))
-        4
-        >>> X86_VNNI.tile_pixels(tvm.target.Target("llvm -mcpu=znver5"))
+        >>> X86_VNNI.tiles_for(tvm.target.Target("llvm -mcpu=znver4"))
+        CpuTiles(conv_pixels=0, dense_accumulators=0)
+        >>> X86_VNNI.tiles_for(tvm.target.Target("llvm -mcpu=znver5")).conv_pixels
         7
         """
         target = tvm.target.Target.current(allow_none=True) if target is None else target
         cpu = str(target.attrs.get("mcpu", "")) if target is not None else ""
-        return dict(self.conv_tile_pixels_by_cpu).get(cpu, self.conv_tile_pixels)
+        return dict(self.cpu_tiles).get(cpu, CpuTiles())
 
     @property
     def vector_bytes(self) -> int:

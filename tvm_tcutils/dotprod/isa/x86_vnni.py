@@ -9,7 +9,7 @@ passes the operands with the types that LLVM declares.
 from __future__ import annotations
 
 from .base import (
-    DotProductISA, DotVariant, as_i32_vector, llvm_intrin, llvm_major, ordered, reinterpret, target_has,
+    CpuTiles, DotProductISA, DotVariant, as_i32_vector, llvm_intrin, llvm_major, ordered, reinterpret, target_has,
 )
 
 INTRINSIC = "llvm.x86.avx512.vpdpbusd.512"
@@ -58,8 +58,9 @@ X86_VNNI = DotProductISA(
     # 3x3 442 -> 460; 128->512 1x1 even); 14x14 and 7x7 planes have no such block and keep filling.
     conv_tile_pixels=4,
     # Zen 5 issues two 512-bit vpdpbusd a cycle (Zen 4 one, in two halves): 8 accumulators leave it
-    # waiting on their latency, and a 1x7 row (14) measured 8-29 % faster than the 2x2 block on 13 of
-    # ResNet-50's 56x56-14x14 layers, level or slower on none but the 64-channel 1x1s, which keep the
-    # small tile (conv2d's SHORT_REDUCTION; docs/benchmarks/data/probe_conv_tiles_zen5.json).
-    conv_tile_pixels_by_cpu=(("znver5", 7),),
+    # waiting on their latency. There a 1x7 row (14) measured 8-29 % faster than the 2x2 block on 13 of
+    # ResNet-50's 56x56-14x14 convs, level or slower on none but the 64-channel 1x1s, which keep the small
+    # tile (conv2d's SHORT_REDUCTION; docs/benchmarks/data/probe_conv_tiles_zen5.json), and dense tiles of
+    # 4 rows x 4 blocks (16) 11-14 % faster than 4 x 2 on bert-tiny's 128-token products.
+    cpu_tiles=(("znver5", CpuTiles(conv_pixels=7, dense_accumulators=16)),),
 )

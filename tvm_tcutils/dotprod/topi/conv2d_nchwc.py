@@ -124,7 +124,7 @@ def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: in
         # tiling with more accumulators wins. Then the ISA's pixel block where it asks for one and
         # the output has it; else the widest row tile that fits the register budget, then as many
         # rows as still fit.
-        pixels = isa.conv_tile_pixels if reduction <= SHORT_REDUCTION else isa.tile_pixels()
+        pixels = (reduction > SHORT_REDUCTION and isa.tiles_for().conv_pixels) or isa.conv_tile_pixels
         small = _pixel_block(oh, ow, pixels)
 
         def tile(tile_oc: int):
