@@ -251,23 +251,18 @@ def test_fallback_tile_follows_the_cpu(hw, ic, kernel, zen4, zen5):
     assert _fallback_tile("llvm -mcpu=icelake-server", hw, ic, kernel) == zen4
 
 
-@pytest.mark.parametrize("m,n,zen4,zen5", [
-    (128, 256, (4, 2), (4, 4)),
-    (128, 1024, (4, 2), (4, 4)),
-    (128, 768, (4, 3), (4, 4)),
-    (1, 1008, (1, 9), (1, 9)),  # a classifier's one row: the weight's blocks, the same on both
-])
-def test_dense_fallback_tile_follows_the_cpu(m, n, zen4, zen5):
+@pytest.mark.parametrize("m,n,tile", [(128, 256, (4, 2)), (128, 1024, (4, 2)), (128, 768, (4, 3)), (1, 1008, (1, 9))])
+def test_dense_fallback_tile_is_the_same_on_zen5(m, n, tile):
+    # Unlike conv2d's: 4 x 4 tiles ran faster alone on Zen 5 and made bert-tiny 40 % slower end to end.
     from tvm_tcutils.dotprod.topi.dense_pack import dense_pack_dot
 
-    def tile(target):
+    def tile_of(target):
         with tvm.target.Target(target):
             cfg = autotvm.get_config()
             dense_pack_dot(cfg, te.placeholder((m, 256), "uint8"), te.placeholder((n // 16, 64, 16, 4), "int8"))
         return cfg["tile_m"].val, cfg["tile_nb"].val
 
-    assert tile("llvm -mcpu=znver4") == zen4
-    assert tile("llvm -mcpu=znver5") == zen5
+    assert tile_of("llvm -mcpu=znver4") == tile_of("llvm -mcpu=znver5") == tile
 
 def test_widened_data_only_where_the_isa_takes_it():
     from tvm_tcutils.dotprod.isa import X86_AVX2, X86_VNNI

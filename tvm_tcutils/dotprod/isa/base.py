@@ -61,12 +61,9 @@ class CpuTiles:
     conv_pixels : int
         Output pixels per output-channel block of conv2d's fallback tile (instead of
         :attr:`DotProductISA.conv_tile_pixels`).
-    dense_accumulators : int
-        Accumulators of dense's fallback tile (rows x weight blocks).
     """
 
     conv_pixels: int = 0
-    dense_accumulators: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +210,7 @@ class DotProductISA:
         >>> import tvm
         >>> from tvm_tcutils.dotprod.isa import X86_VNNI
         >>> X86_VNNI.tiles_for(tvm.target.Target("llvm -mcpu=znver4"))
-        CpuTiles(conv_pixels=0, dense_accumulators=0)
+        CpuTiles(conv_pixels=0)
         >>> X86_VNNI.tiles_for(tvm.target.Target("llvm -mcpu=znver5")).conv_pixels
         7
         """

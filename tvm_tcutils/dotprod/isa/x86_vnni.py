@@ -60,7 +60,8 @@ X86_VNNI = DotProductISA(
     # Zen 5 issues two 512-bit vpdpbusd a cycle (Zen 4 one, in two halves): 8 accumulators leave it
     # waiting on their latency. There a 1x7 row (14) measured 8-29 % faster than the 2x2 block on 13 of
     # ResNet-50's 56x56-14x14 convs, level or slower on none but the 64-channel 1x1s, which keep the small
-    # tile (conv2d's SHORT_REDUCTION; docs/benchmarks/data/probe_conv_tiles_zen5.json), and dense tiles of
-    # 4 rows x 4 blocks (16) 11-14 % faster than 4 x 2 on bert-tiny's 128-token products.
-    cpu_tiles=(("znver5", CpuTiles(conv_pixels=7, dense_accumulators=16)),),
+    # tile (conv2d's SHORT_REDUCTION; docs/benchmarks/data/probe_conv_tiles_zen5.json). Dense keeps its
+    # tile: 4 rows x 4 blocks (16 accumulators) measured 11-14 % faster than 4 x 2 alone on bert-tiny's
+    # 128-token products, yet bert-tiny ran 1.81 -> 2.56 ms (QDQ) and 1.99 -> 2.75 ms (dynamic) with it.
+    cpu_tiles=(("znver5", CpuTiles(conv_pixels=7)),),
 )

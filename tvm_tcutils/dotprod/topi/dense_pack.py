@@ -40,11 +40,9 @@ def _define_knobs(cfg, isa, m: int, n_blocks: int, k_quads: int, block: int) -> 
     cfg.define_knob("tile_nb", divisors_up_to(n_blocks, budget))
     cfg.define_knob("tile_k", divisors_up_to(k_quads, 64)[-4:])
     if cfg.is_fallback:
-        # Half the budget by default; a CPU that keeps more instructions in flight fills its own count.
         tile_m = divisors_up_to(m, 4)[-1]
-        accumulators = isa.tiles_for().dense_accumulators or budget // 2
         cfg["tile_m"] = OtherOptionEntity(tile_m)
-        cfg["tile_nb"] = OtherOptionEntity(divisors_up_to(n_blocks, max(1, accumulators // tile_m))[-1])
+        cfg["tile_nb"] = OtherOptionEntity(divisors_up_to(n_blocks, max(1, budget // tile_m // 2))[-1])
         cfg["tile_k"] = OtherOptionEntity(divisors_up_to(k_quads, 64)[-1])
 
 
