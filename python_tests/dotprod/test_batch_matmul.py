@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -105,7 +106,7 @@ def test_batch_matmul_kernels_are_exact(transpose_a, transpose_b, pair, batches,
 
 @pytest.mark.parametrize("pair", [("uint8", "int8"), ("uint8", "uint8"), ("int8", "int8")])
 # N a whole number of lanes (no padded columns); K = 128: the flip correction's row sums on vpsadbw (AVX-512)
-@pytest.mark.parametrize("m, n, k", [(7, 32, 24), (5, 48, 21), (3, 32, 128)])
+@pytest.mark.parametrize("m, n, k", [(7, 32, 24), (5, 48, 21), (3, 32, 128), (4, 16, 64)])
 @pytest.mark.parametrize("epilogue", [False, True])
 def test_whole_lane_batch_matmul_is_exact_with_and_without_an_epilogue(pair, m, n, k, epilogue):
     from tvm_tcutils.dotprod.isa import for_target
@@ -126,6 +127,23 @@ def test_whole_lane_batch_matmul_is_exact_with_and_without_an_epilogue(pair, m, 
     func(tvm.nd.array(x_np), tvm.nd.array(y_np), res)
     ref = np.einsum("bmk,bnk->bmn", x_np.astype(np.int64), y_np.astype(np.int64))
     np.testing.assert_array_equal(res.numpy(), (ref * 3 - 7 if epilogue else ref).astype("int32"))
+
+
+@pytest.mark.parametrize("pair", [("uint8", "int8"), ("uint8", "uint8")])
+@pytest.mark.parametrize("n, k, words", [(32, 128, True), (16, 64, True), (32, 24, False), (19, 128, False)])
+def test_y_is_packed_in_register_transposes_where_whole_blocks_of_it_are(pair, n, k, words):
+    # 16 rows x 64 bytes of y at a time, transposed with 512-bit two-source permutes (VNNI); other shapes keep
+    # the element-wise pack. Exactness: the test above (K = 128 and 64 take this path).
+    x, y = te.placeholder((2, 3, k), pair[0], "x"), te.placeholder((2, n, k), pair[1], "y")
+    target = tvm.target.Target("llvm -mcpu=znver4")
+    with target:
+        cfg = autotvm.get_config()
+        out = bmm.batch_matmul_dot(cfg, x, y)
+        s = bmm.schedule_batch_matmul_dot(cfg, [out])
+        asm = tvm.build(s, [x, y, out], target).get_source("asm")
+    pack = bmm.find_op([out], bmm.WORDS_TAG) if words else None
+    assert (pack is not None) == words
+    assert bool(re.search(r"vperm[it]2(d|q)\s+.*zmm", asm)) == words
 
 
 @pytest.mark.parametrize("n, per_tile", [(128, True), (19, False)])

@@ -30,8 +30,8 @@ from tvm import te, tir
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
-from .common import current_isa, divisors_up_to, find_op, inline_between, tagged_outputs
-from .intrinsics import BYTE_SUM_WIDTH, byte_sum_intrin, dot_product_intrin
+from .common import current_isa, divisors_up_to, find_op, flipped, inline_between, tagged_outputs
+from .intrinsics import BYTE_SUM_WIDTH, WORD_BLOCK, byte_sum_intrin, dot_product_intrin, word_transpose_intrin
 from .packing import round_up
 
 #: Tag of the tensorized product, used by the schedule to find it among fused ops.
@@ -71,13 +71,6 @@ def stored_pair(isa, x_dtype: str, y_dtype: str) -> Optional[Tuple[str, str]]:
         if isa.variant(*pair) is not None:
             return pair
     return None
-
-
-def _flip(value, dtype: str, stored: str):
-    """``value`` of ``dtype`` with its sign bit flipped into ``stored`` (unchanged when equal)."""
-    if dtype == stored:
-        return value
-    return (value.astype("int32") + (128 if stored == "uint8" else -128)).astype(stored)
 
 
 def _reader(t: te.Tensor, transposed: bool) -> Callable:
@@ -137,18 +130,28 @@ def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=F
     else:
         x_pack = te.compute(
             (batch, m, k_p),
-            lambda b, i, c: tir.if_then_else(c < k, _flip(read_x(b, i, te.min(c, k - 1)), x.dtype, pair[0]),
+            lambda b, i, c: tir.if_then_else(c < k, flipped(read_x(b, i, te.min(c, k - 1)), x.dtype, pair[0]),
                                              zero_x),
             name="bmm_data_pack", tag="dot_pack",
         )
-    y_pack = te.compute(
-        (batch, n_p // lanes, k_p // 4, lanes, 4),
-        lambda b, o, c, ol, cs: tir.if_then_else(
-            tir.all(o * lanes + ol < n, c * 4 + cs < k),
-            _flip(read_y(b, te.min(o * lanes + ol, n - 1), te.min(c * 4 + cs, k - 1)), y.dtype, pair[1]), zero_y,
-        ),
-        name="bmm_weight_pack", tag="dot_pack",
-    )
+    if isa.name in WORD_TRANSPOSE_ISAS and lanes == WORD_BLOCK and n == n_p and k % (4 * WORD_BLOCK) == 0 \
+            and transpose_b:
+        # Whole blocks of y as stored: packed 16 x 16 words at a time in registers (the schedule finds the tag).
+        y_pack = te.compute(
+            (batch, n // lanes, k // 4, lanes, 4),
+            lambda b, o, c, ol, cs: flipped(read_y(b, o * lanes + ol, c * 4 + cs), y.dtype, pair[1]),
+            name="bmm_weight_pack", tag=WORDS_TAG,
+        )
+    else:
+        y_pack = te.compute(
+            (batch, n_p // lanes, k_p // 4, lanes, 4),
+            lambda b, o, c, ol, cs: tir.if_then_else(
+                tir.all(o * lanes + ol < n, c * 4 + cs < k),
+                flipped(read_y(b, te.min(o * lanes + ol, n - 1), te.min(c * 4 + cs, k - 1)), y.dtype, pair[1]),
+                zero_y,
+            ),
+            name="bmm_weight_pack", tag="dot_pack",
+        )
     budget = max(1, isa.accumulator_budget())
     cfg.define_knob("tile_m", divisors_up_to(m, budget))
     cfg.define_knob("tile_nb", divisors_up_to(n_p // lanes, budget))
@@ -236,7 +239,11 @@ def schedule_batch_matmul_dot(cfg, outs):
             continue
         axes = s[pack].op.axis
         s[pack].parallel(s[pack].fuse(axes[0], axes[1]))
-        s[pack].vectorize(axes[-1])
+        if pack.op.tag == WORDS_TAG:
+            _, words = s[pack].split(axes[2], factor=WORD_BLOCK)
+            s[pack].tensorize(words, word_transpose_intrin(str(pack.op.input_tensors[0].dtype), str(pack.dtype)))
+        else:
+            s[pack].vectorize(axes[-1])
     sums = find_op(outs, "dot_flip_sum")
     if sums is not None:
         s[sums].parallel(s[sums].op.axis[0])
@@ -273,6 +280,11 @@ def schedule_batch_matmul_dot(cfg, outs):
     s[product].tensorize(j_l, intrin)
     return s
 
+
+#: ISAs whose packing of ``y`` transposes 16 x 16 words in registers (:func:`~.intrinsics.word_transpose_intrin`).
+WORD_TRANSPOSE_ISAS = ("x86_vnni",)
+#: Tag of that packing stage.
+WORDS_TAG = "dot_pack_words"
 
 #: ISAs whose row sums run on AVX-512BW's ``vpsadbw`` (:func:`~.intrinsics.byte_sum_intrin`).
 BYTE_SUM_ISAS = ("x86_vnni",)

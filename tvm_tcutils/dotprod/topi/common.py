@@ -58,6 +58,20 @@ def divisors_up_to(n: int, limit: int) -> List[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
+def flipped(value, dtype: str, stored: str):
+    """``value`` of ``dtype`` with its sign bit flipped into ``stored`` (unchanged when equal).
+
+    Examples
+    --------
+    >>> from tvm import tir
+    >>> flipped(tir.const(3, "uint8"), "uint8", "int8").dtype
+    'int8'
+    """
+    if dtype == stored:
+        return value
+    return (value.astype("int32") + (128 if stored == "uint8" else -128)).astype(stored)
+
+
 def find_op(outs, tag: str) -> Optional[te.Tensor]:
     """The output tensor of the first op tagged ``tag`` reachable from ``outs`` (iterative)."""
     stack, seen = [t.op for t in outs], set()
