@@ -16,6 +16,7 @@ LLVM intrinsics, so there ``"llvm"`` -- every schedule's default -- means
 from __future__ import annotations
 
 import functools
+from typing import List, Tuple
 
 from ..._tvm import tvm
 from tvm import te, tir
@@ -244,30 +245,48 @@ def byte_sum_intrin(dtype: str):
 WORD_BLOCK = 16
 
 
-def transpose_stages(size: int = WORD_BLOCK):
-    """The two-source shuffles that transpose ``size`` vectors of ``size`` lanes: per stage, each pair
-    ``(v, v | bit)`` becomes ``(shuffle(a, b, low), shuffle(a, b, high))``, indices into ``a ++ b``.
-    Stage ``bit`` swaps that bit of the vector index with the same bit of the lane index, so after
-    ``log2(size)`` stages lane ``p`` of vector ``v`` holds what lane ``v`` of vector ``p`` held.
+def _per_quarter(pick) -> List[int]:
+    """A two-source word shuffle (indices into ``a ++ b``) that works within each 128-bit quarter:
+    ``pick(q, e)`` is the source of word ``e`` of quarter ``q``."""
+    return [pick(q, e) for q in range(4) for e in range(4)]
+
+
+#: (low, high) word shuffles of two int32x16 vectors, each the one AVX-512 instruction LLVM selects for it
+#: without an index register: ``vpunpck[lh]dq``, ``vpunpck[lh]qdq`` and ``vshufi32x4`` (imm 0x88 / 0xdd).
+UNPACK_WORDS = (_per_quarter(lambda q, e: 4 * q + e // 2 + 16 * (e % 2)),
+                _per_quarter(lambda q, e: 4 * q + 2 + e // 2 + 16 * (e % 2)))
+UNPACK_PAIRS = (_per_quarter(lambda q, e: 4 * q + e % 2 + 16 * (e // 2)),
+                _per_quarter(lambda q, e: 4 * q + 2 + e % 2 + 16 * (e // 2)))
+PICK_QUARTERS = ([w + 4 * q + 16 * h for h in (0, 1) for q in (0, 2) for w in range(4)],
+                 [w + 4 * q + 16 * h for h in (0, 1) for q in (1, 3) for w in range(4)])
+
+
+def transpose_stages() -> List[List[Tuple[Tuple[int, int], Tuple[int, int], Tuple[List[int], List[int]]]]]:
+    """The 4 stages of 16 two-source shuffles that transpose 16 vectors of 16 words: per stage, entries
+    ``((a, b), (lo, hi), (low, high))`` make vectors ``lo`` and ``hi`` of the next stage from vectors ``a``
+    and ``b`` of this one. Words are interleaved within quarters twice (by 1, then 2 words), then quarters
+    are picked twice (pairs 4, then 8 vectors apart): every shuffle one single-cycle instruction, where a
+    permutation by vector-index bits takes ``vpermt2d`` and its index loads.
 
     Examples
     --------
-    >>> rows = [[(v, p) for p in range(4)] for v in range(4)]
-    >>> for bit, low, high in transpose_stages(4):
-    ...     for v in range(4):
-    ...         if not v & bit:
-    ...             a, b = rows[v], rows[v | bit]
-    ...             rows[v], rows[v | bit] = [(a + b)[i] for i in low], [(a + b)[i] for i in high]
-    >>> rows == [[(p, v) for p in range(4)] for v in range(4)]
+    >>> rows = [[(v, p) for p in range(16)] for v in range(16)]
+    >>> for stage in transpose_stages():
+    ...     new = list(rows)
+    ...     for (a, b), (lo, hi), (low, high) in stage:
+    ...         both = rows[a] + rows[b]
+    ...         new[lo], new[hi] = [both[i] for i in low], [both[i] for i in high]
+    ...     rows = new
+    >>> rows == [[(p, v) for p in range(16)] for v in range(16)]
     True
     """
-    stages, bit = [], 1
-    while bit < size:
-        low = [p if not p & bit else size + (p ^ bit) for p in range(size)]
-        high = [(p | bit) if not p & bit else size + p for p in range(size)]
-        stages.append((bit, low, high))
-        bit *= 2
-    return stages
+    return [
+        [((2 * i, 2 * i + 1), (2 * i, 2 * i + 1), UNPACK_WORDS) for i in range(8)],
+        [((4 * j + a, 4 * j + a + 2), (4 * j + 2 * a, 4 * j + 2 * a + 1), UNPACK_PAIRS)
+         for j in range(4) for a in (0, 1)],
+        [((g + k, g + k + 4), (g + k, g + k + 4), PICK_QUARTERS) for g in (0, 8) for k in range(4)],
+        [((k, k + 8), (k, k + 8), PICK_QUARTERS) for k in range(8)],
+    ]
 
 
 @functools.lru_cache(maxsize=None)
@@ -288,7 +307,7 @@ def word_transpose_intrin(src_dtype: str, dst_dtype: str):
     ...                name="p")
     >>> s = te.create_schedule(p.op)
     >>> s[p].tensorize(p.op.axis[1], word_transpose_intrin("uint8", "int8"))
-    >>> f = tvm.build(s, [y, p], "llvm")  # plain shuffles: any CPU; AVX-512 makes them vpermt2d
+    >>> f = tvm.build(s, [y, p], "llvm")  # plain shuffles: any CPU; AVX-512 makes them unpacks and vshufi32x4
     >>> import numpy as np
     >>> a = np.random.default_rng(0).integers(0, 256, (32, 64)).astype("uint8")
     >>> out = tvm.nd.empty((2, 16, 16, 4), "int8"); f(tvm.nd.array(a), out)
@@ -312,12 +331,13 @@ def word_transpose_intrin(src_dtype: str, dst_dtype: str):
             if src_dtype != dst_dtype:  # v -/+ 128 is v ^ 0x80
                 raw = raw ^ tir.Broadcast(tir.const(-128 if src_dtype == "int8" else 128, src_dtype), width)
             vectors.append(reinterpret(raw, f"int32x{block}"))
-        for bit, low, high in transpose_stages(block):
-            for v in range(block):
-                if not v & bit:
-                    pair = [vectors[v], vectors[v | bit]]
-                    vectors[v] = tir.Shuffle(pair, [tir.const(i, "int32") for i in low])
-                    vectors[v | bit] = tir.Shuffle(pair, [tir.const(i, "int32") for i in high])
+        for stage in transpose_stages():
+            after = list(vectors)
+            for (a, b), (lo, hi), (low, high) in stage:
+                pair = [vectors[a], vectors[b]]
+                after[lo] = tir.Shuffle(pair, [tir.const(i, "int32") for i in low])
+                after[hi] = tir.Shuffle(pair, [tir.const(i, "int32") for i in high])
+            vectors = after
         for word in range(block):
             builder.emit(dst.vstore([word, 0, 0], reinterpret(vectors[word], f"{dst_dtype}x{width}")))
         return builder.get()
