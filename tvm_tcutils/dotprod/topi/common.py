@@ -53,6 +53,11 @@ def current_isa(data_dtype: str, kernel_dtype: str, reduce_range: bool = False) 
 STACK_ALLOCA_BYTES = 1024
 
 
+#: Independent accumulator chains that keep a 4-way dot-product unit busy despite its latency: a register-only
+#: loop of ``vpdpbusd`` (``bench.int8.peak_gops``) reaches 91 % of its best with 8 chains on Zen 5, 99 % with 12.
+LATENCY_CHAINS = 12
+
+
 def register_accumulators(lanes: int, budget: int) -> int:
     """Most int32 accumulator vectors of ``lanes`` a tile may have and still live in registers: at most
     ``budget`` and under :data:`STACK_ALLOCA_BYTES`.
