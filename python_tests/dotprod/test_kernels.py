@@ -265,6 +265,7 @@ def test_dense_fallback_tile_is_the_same_on_zen5(m, n, tile):
 
     assert tile_of("llvm -mcpu=znver4") == tile_of("llvm -mcpu=znver5") == tile
 
+
 @pytest.mark.parametrize("m,n", [(128, 256), (128, 768), (37, 512), (8, 64)])
 def test_fused_dense_tile_stays_under_the_stack_bound(m, n):
     # A fused epilogue makes the dense a per-tile buffer; from 1024 bytes TVM allocates it from the workspace

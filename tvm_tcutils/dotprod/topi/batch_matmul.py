@@ -30,7 +30,7 @@ from tvm import te, tir
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
-from .common import (current_isa, divisors_up_to, find_op, flipped, inline_between, register_accumulators,
+from .common import (current_isa, divisors_up_to, find_op, flipped, inline_between, register_tile,
                      tagged_outputs)
 from .intrinsics import BYTE_SUM_WIDTH, WORD_BLOCK, byte_sum_intrin, dot_product_intrin, word_transpose_intrin
 from .packing import round_up
@@ -184,13 +184,12 @@ def _fallback_tile(cfg, m: int, blocks: int, lanes: int, budget: int, per_tile: 
 
     When N fills whole lane blocks each tile is consumed in the loop that computed it, and on a wide
     register file (16 or more accumulators' budget) the tile is up to 4 blocks by as many rows as keep
-    the accumulators in registers (:func:`~.common.register_accumulators`): 12 (3 x 4) hide the dot
+    the accumulators in registers (:func:`~.common.register_tile`): 12 (3 x 4) hide the dot
     product's latency where 8 do not (in registers, 8 chains reach 91 % of the peak, 12 reach 99 %),
     and BERT-base's attention products on Zen 5 run at 790-835 GOPS against 730-787 with 2 x 4.
     """
     if per_tile and budget >= 16:
-        tile_nb = divisors_up_to(blocks, 4)[-1]
-        tile_m = min(m, max(1, register_accumulators(lanes, budget) // tile_nb))
+        tile_m, tile_nb = register_tile(m, blocks, lanes, budget)
     else:
         tile_m = divisors_up_to(m, 4)[-1]
         tile_nb = divisors_up_to(blocks, max(1, budget // tile_m))[-1]

@@ -70,6 +70,19 @@ def register_accumulators(lanes: int, budget: int) -> int:
     return max(1, min(budget, (STACK_ALLOCA_BYTES - 1) // (4 * lanes)))
 
 
+def register_tile(m: int, blocks: int, lanes: int, budget: int) -> Tuple[int, int]:
+    """``(tile_m, tile_nb)``: up to 4 of ``blocks`` (a divisor) by as many of ``m`` rows as keep the
+    accumulators in registers (:func:`register_accumulators`).
+
+    Examples
+    --------
+    >>> register_tile(128, 8, 16, 24), register_tile(128, 2, 16, 24)
+    ((3, 4), (7, 2))
+    """
+    tile_nb = divisors_up_to(blocks, 4)[-1]
+    return min(m, max(1, register_accumulators(lanes, budget) // tile_nb)), tile_nb
+
+
 def divisors_up_to(n: int, limit: int) -> List[int]:
     """Divisors of ``n`` not above ``limit``, ascending.
 

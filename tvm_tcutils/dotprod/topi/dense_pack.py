@@ -19,7 +19,7 @@ from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
 from .common import (LATENCY_CHAINS, REQUANTIZED, current_isa, divisors_up_to, inline_between, measuring_packed_alone,
-                     register_accumulators, requantized, tagged_outputs)
+                     register_tile, requantized, tagged_outputs)
 from .intrinsics import dot_product_intrin
 from .packing import dense_weight_marked, round_up
 
@@ -64,8 +64,7 @@ def _fallback_tile(m: int, n_blocks: int, block: int, budget: int) -> Tuple[int,
     tile_m = divisors_up_to(m, 4)[-1]
     tile_nb = divisors_up_to(n_blocks, max(1, budget // tile_m // 2))[-1]
     if m >= 8 and budget >= 16 and tile_m * tile_nb < LATENCY_CHAINS:
-        tile_nb = divisors_up_to(n_blocks, 4)[-1]
-        tile_m = min(m, register_accumulators(block, budget) // tile_nb)
+        tile_m, tile_nb = register_tile(m, n_blocks, block, budget)
     return tile_m, tile_nb
 
 
