@@ -12,7 +12,7 @@ from tvm_tcutils import processes
 from tvm_tcutils.dotprod.quantize import quantize_int8
 from tvm_tcutils.tuning import (CONFIRM_MIN_TRIALS, CONFIRMED_KEY, PackageLocalRunner, applied_records,
                                 checked_records, choose_confirmed, confirm_best, default_config_index,
-                                extract_tasks, tune, write_confirmed)
+                                extract_tasks, tune, valid_indexes, write_confirmed)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def _trial(task, index: int, seconds: float):
 
 def _history(task, fast: int, default: int):
     """Trials where ``fast`` looks far faster than the untuned config (as a trial measured by chance can)."""
-    others = [i for i in range(len(task.config_space)) if i not in (fast, default)]
+    others = [i for i in valid_indexes(task.config_space) if i not in (fast, default)]
     rows = [_trial(task, default, 1.0), _trial(task, fast, 1e-9)]
     rows += [_trial(task, i, 2.0) for i in others[:CONFIRM_MIN_TRIALS]]
     return rows
@@ -47,7 +47,7 @@ def test_choose_confirmed(untuned, others, chosen):
 def test_confirm_best_measures_each_candidate_every_round_and_marks_one(dense_task, tmp_path):
     task = dense_task
     default = default_config_index(task)
-    fast = next(i for i in range(len(task.config_space)) if i != default)
+    fast = next(i for i in valid_indexes(task.config_space) if i != default)
     rounds = 3
     measure = autotvm.measure_option(builder=autotvm.LocalBuilder(),
                                      runner=PackageLocalRunner(number=1, repeat=3, timeout=20))
@@ -80,7 +80,7 @@ def test_confirm_best_measures_each_candidate_every_round_and_marks_one(dense_ta
 def test_nothing_to_confirm(dense_task):
     task = dense_task
     default = default_config_index(task)
-    fast = next(i for i in range(len(task.config_space)) if i != default)
+    fast = next(i for i in valid_indexes(task.config_space) if i != default)
     measure = {"builder": None, "runner": None}  # nothing may be measured
     assert confirm_best(task, _history(task, fast, default), measure, 1, default) == []  # one round
     assert confirm_best(task, _history(task, fast, default), measure, 5, None) == []  # no untuned point

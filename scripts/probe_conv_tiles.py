@@ -32,6 +32,7 @@ from tvm_tcutils.bench.int8 import resnet50_layers  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod.isa import for_target  # noqa: E402
 from tvm_tcutils.dotprod.strategy import CONV2D_NCHW_TASK  # noqa: E402
+from tvm_tcutils.tuning import valid_indexes  # noqa: E402
 
 
 def _instantiate(task, cfg):
@@ -48,7 +49,7 @@ def _instantiate(task, cfg):
 def _candidates(task, pixels, max_acc):
     """``{(tile_oc, tile_oh, tile_ow): config}`` of the tiles in the grid (unroll_kw off, par_depth 3)."""
     space, out = task.config_space, {}
-    for index in range(len(space)):
+    for index in valid_indexes(space):
         cfg = space.get(index)
         tile = (cfg["tile_oc"].val, cfg["tile_oh"].val, cfg["tile_ow"].val)
         if cfg["unroll_kw"].val or cfg["par_depth"].val != 3 or tile in out:

@@ -160,9 +160,26 @@ def _space_of(record: Record):
         return None
 
 
+def valid_indexes(space) -> List[int]:
+    """The indexes of ``space``'s points, ascending: where a template filters its space (the dot-product
+    tiles that fit in registers, :func:`~tvm_tcutils.dotprod.topi.common.limit_tile_space`), not
+    ``range(len(space))``, as ``len`` counts the points and indexes run over every knob combination.
+
+    Examples
+    --------
+    >>> from tvm import autotvm
+    >>> space = autotvm.task.space.ConfigSpace()
+    >>> _ = space.define_knob("tile", [1, 2, 4, 8])
+    >>> space.multi_filter(filter=lambda e: e["tile"].val != 2)
+    >>> valid_indexes(space), len(space)
+    ([0, 2, 3], 3)
+    """
+    return [index for index in range(space.range_length) if space.is_index_valid(index)]
+
+
 def _fits_space(config, space) -> bool:
     """Whether a recorded config is one of its space's points (same index, same knob values)."""
-    if not 0 <= config.index < len(space):
+    if not (0 <= config.index < space.range_length and space.is_index_valid(config.index)):
         return False
     expected = space.get(config.index).to_json_dict()["entity"]
     return json.dumps(config.to_json_dict()["entity"]) == json.dumps(expected)

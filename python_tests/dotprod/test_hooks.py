@@ -294,7 +294,9 @@ def _record(task, config, seconds=1e-4):
 
 def _other_tile(space, than):
     """A config of ``space`` whose tiles differ from ``than``'s."""
-    configs = (space.get(i) for i in range(len(space)))
+    from tvm_tcutils.tuning import valid_indexes
+
+    configs = (space.get(i) for i in valid_indexes(space))
     return next(c for c in configs if c["tile_ow"].val != than["tile_ow"].val and c["tile_oh"].val > 1)
 
 

@@ -13,10 +13,10 @@ from tvm.autotvm.env import GLOBAL_SCOPE
 from conftest import host_dot_target
 
 from tvm_tcutils.dotprod.isa import for_target
-from tvm_tcutils.dotprod.strategy import CONV2D_NCHW_TASK, DENSE_TASK
+from tvm_tcutils.dotprod.strategy import BATCH_MATMUL_TASK, CONV2D_NCHW_TASK, DENSE_TASK
 from tvm_tcutils.dotprod.topi.common import measuring_packed_alone
 from tvm_tcutils.dotprod.topi.packing import channel_block
-from tvm_tcutils.tuning import _DefaultFirst, default_config_index
+from tvm_tcutils.tuning import _DefaultFirst, default_config_index, valid_indexes
 
 
 @contextlib.contextmanager
@@ -120,3 +120,55 @@ def test_the_tuner_measures_the_untuned_configuration_first():
     first = tuner.next_batch(4)
     assert first[0].index == index and len({c.index for c in first}) == 4
     assert index not in {c.index for c in tuner.next_batch(8)}
+
+
+def _rows_by_blocks(cfg) -> int:
+    return cfg["tile_m"].val * cfg["tile_nb"].val
+
+
+def _conv_tile(cfg) -> int:
+    return cfg["tile_oc"].val * cfg["tile_ow"].val * cfg["tile_oh"].val
+
+
+#: Tuning spaces: (template, arguments, accumulator vectors of a point). Lowering only: nothing runs.
+SPACES = {
+    "dense 128x256x1024": (DENSE_TASK, lambda: (te.placeholder((128, 256), "uint8"),
+                                                te.placeholder((1024, 256), "int8"), None, "int32"), _rows_by_blocks),
+    "dense 1x2048x1008": (DENSE_TASK, lambda: (te.placeholder((1, 2048), "uint8"),
+                                               te.placeholder((1008, 2048), "int8"), None, "int32"), _rows_by_blocks),
+    "batch_matmul 12x128x64x128": (BATCH_MATMUL_TASK, lambda: (
+        te.placeholder((12, 128, 64), "uint8"), te.placeholder((12, 128, 64), "uint8"), None, "int32", False, True),
+        _rows_by_blocks),
+    "conv 3x3 64 56x56": (CONV2D_NCHW_TASK, lambda: (
+        te.placeholder((1, 64, 58, 58), "uint8"), te.placeholder((64, 64, 3, 3), "int8"), (1, 1), (0, 0, 0, 0),
+        (1, 1), "int32"), _conv_tile),
+}
+
+
+@pytest.mark.parametrize("target,case,most", [
+    # VNNI: a dense or batch_matmul tile's 16th zmm accumulator reaches TVM's 1024-byte stack bound (its sums
+    # would live in memory); a conv tile may use 24 (32 registers less 8), and 56's divisors give 16 at most.
+    ("llvm -mcpu=znver4", "dense 128x256x1024", 15),
+    ("llvm -mcpu=znver5", "dense 128x256x1024", 15),
+    ("llvm -mcpu=znver4", "dense 1x2048x1008", 9),  # a classifier's one row: 63 blocks, divisors up to 24
+    ("llvm -mcpu=znver5", "batch_matmul 12x128x64x128", 15),
+    ("llvm -mcpu=znver4", "conv 3x3 64 56x56", 16),
+    ("llvm -mcpu=znver5", "conv 3x3 64 56x56", 16),
+    # AVX2's 16 ymm registers, two per operand.
+    ("llvm -mcpu=core-avx2", "dense 128x256x1024", 12),
+    ("llvm -mcpu=core-avx2", "batch_matmul 12x128x64x128", 8),
+    ("llvm -mcpu=core-avx2", "conv 3x3 64 56x56", 8),
+    ("llvm -mcpu=nehalem", "batch_matmul 12x128x64x128", 12),
+])
+def test_tuning_spaces_hold_tiles_that_stay_in_registers(target, case, most):
+    template, args, accumulators = SPACES[case]
+    task = autotvm.task.create(template, args(), target)
+    space = task.config_space
+    indexes = valid_indexes(space)
+    assert len(indexes) == len(space)
+    counts = [accumulators(space.get(i)) for i in indexes]
+    assert max(counts) == most  # none past the bound, and the bound's own tiles kept
+    default = default_config_index(task)  # the untuned tile is a point: the tuner measures it first
+    assert default is not None and accumulators(space.get(default)) <= most
+    with pytest.raises(IndexError):  # a tile past the bound is not one of the points
+        space.get(next(i for i in range(space.range_length) if i not in set(indexes)))

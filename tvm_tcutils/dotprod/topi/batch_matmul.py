@@ -30,8 +30,8 @@ from tvm import te, tir
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
-from .common import (current_isa, divisors_up_to, find_op, flipped, inline_between, register_tile,
-                     tagged_outputs)
+from .common import (current_isa, divisors_up_to, find_op, flipped, inline_between, limit_tile_space,
+                     register_accumulators, register_tile, tagged_outputs)
 from .intrinsics import BYTE_SUM_WIDTH, WORD_BLOCK, byte_sum_intrin, dot_product_intrin, word_transpose_intrin
 from .packing import round_up
 
@@ -158,8 +158,12 @@ def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=F
     # must divide N's, as a guard inside the lanes would stop the tensorization.
     cfg.define_knob("tile_m", list(range(1, min(m, budget) + 1)))
     cfg.define_knob("tile_nb", divisors_up_to(n_p // lanes, budget))
+    tile_m, tile_nb = _fallback_tile(m, n_p // lanes, lanes, budget, per_tile=n == n_p)
+    limit_tile_space(cfg, lambda e: e["tile_m"].val * e["tile_nb"].val,
+                     max(register_accumulators(lanes, budget), tile_m * tile_nb))
     if cfg.is_fallback:
-        _fallback_tile(cfg, m, n_p // lanes, lanes, budget, per_tile=n == n_p)
+        cfg["tile_m"] = OtherOptionEntity(tile_m)
+        cfg["tile_nb"] = OtherOptionEntity(tile_nb)
     r_ko = te.reduce_axis((0, k_p // 4), name="k_outer")
     r_ki = te.reduce_axis((0, 4), name="k_inner")
     product = te.compute(
@@ -179,8 +183,8 @@ def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=F
     )
 
 
-def _fallback_tile(cfg, m: int, blocks: int, lanes: int, budget: int, per_tile: bool) -> None:
-    """Untuned ``tile_m`` x ``tile_nb``.
+def _fallback_tile(m: int, blocks: int, lanes: int, budget: int, per_tile: bool) -> Tuple[int, int]:
+    """Untuned ``(tile_m, tile_nb)``.
 
     When N fills whole lane blocks each tile is consumed in the loop that computed it, and on a wide
     register file (16 or more accumulators' budget) the tile is up to 4 blocks by as many rows as keep
@@ -193,8 +197,7 @@ def _fallback_tile(cfg, m: int, blocks: int, lanes: int, budget: int, per_tile: 
     else:
         tile_m = divisors_up_to(m, 4)[-1]
         tile_nb = divisors_up_to(blocks, max(1, budget // tile_m))[-1]
-    cfg["tile_m"] = OtherOptionEntity(tile_m)
-    cfg["tile_nb"] = OtherOptionEntity(tile_nb)
+    return tile_m, tile_nb
 
 
 def _flip_correction(x, y, pair, read_x, read_y, dims) -> Callable:

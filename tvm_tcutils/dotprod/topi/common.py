@@ -1,7 +1,7 @@
 """Pieces shared by the dot-product conv2d and dense schedules."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..._tvm import tvm
 from tvm import te
@@ -81,6 +81,31 @@ def register_tile(m: int, blocks: int, lanes: int, budget: int) -> Tuple[int, in
     """
     tile_nb = divisors_up_to(blocks, 4)[-1]
     return min(m, max(1, register_accumulators(lanes, budget) // tile_nb)), tile_nb
+
+
+def limit_tile_space(cfg, accumulators: Callable[[Mapping], int],
+                     limit: Union[int, Callable[[Mapping], int]]) -> None:
+    """Keep ``cfg``'s tuning space to tiles of at most ``limit`` accumulator vectors.
+
+    ``accumulators`` counts a point's vectors from its knob entities; ``limit`` is a number or, where the
+    registers left depend on the point (operands of more output blocks), a function of the entities too.
+    The knobs alone span products far past what registers hold (a 15 x 16 dense tile): a trial of such a
+    tile is spent on a config that spills or lives in memory. Callers pass a ``limit`` no lower than their
+    untuned tile's, which the tuner measures first (:func:`tvm_tcutils.tuning.default_config_index` must
+    find it in the space). A config being applied (not collected) is unaffected.
+
+    Examples
+    --------
+    >>> from tvm import autotvm
+    >>> space = autotvm.task.space.ConfigSpace()
+    >>> for name, values in [("tile_m", [1, 2, 4, 8]), ("tile_nb", [1, 2, 4])]:
+    ...     _ = space.define_knob(name, values)
+    >>> limit_tile_space(space, lambda e: e["tile_m"].val * e["tile_nb"].val, 8)
+    >>> len(space), space.range_length
+    (9, 12)
+    """
+    bound = limit if callable(limit) else (lambda entities: limit)
+    cfg.multi_filter(filter=lambda entities: accumulators(entities) <= bound(entities))
 
 
 def divisors_up_to(n: int, limit: int) -> List[int]:

@@ -28,8 +28,8 @@ from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
-from .common import (REQUANTIZED, current_isa, divisors_up_to, inline_between, measuring_packed_alone, pair,
-                     requantized, tagged_outputs, vectorize_inner)
+from .common import (REQUANTIZED, current_isa, divisors_up_to, inline_between, limit_tile_space, measuring_packed_alone,
+                     pair, requantized, tagged_outputs, vectorize_inner)
 from .intrinsics import dot_product_intrin
 from .packing import channel_block, conv_kernel_marked, round_up
 
@@ -117,27 +117,32 @@ def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: in
     cfg.define_knob("tile_oh", divisors_up_to(oh, budget(1)))
     cfg.define_knob("unroll_kw", [False, True] if kw > 1 else [False])
     cfg.define_knob("par_depth", [3, 2])
+    # Two output-channel blocks per tile when there are (measured 10-30% faster on ResNet-50
+    # layers than one on VNNI: each broadcast data word feeds two instructions); where operands
+    # take two registers each (AVX2) two blocks leave room for few accumulators, so there the
+    # tiling with more accumulators wins. Then the ISA's pixel block where it asks for one and
+    # the output has it; else the widest row tile that fits the register budget, then as many
+    # rows as still fit.
+    pixels = (reduction > SHORT_REDUCTION and isa.tiles_for().conv_pixels) or isa.conv_tile_pixels
+    small = _pixel_block(oh, ow, pixels)
+
+    def tile(tile_oc: int):
+        if small is not None:
+            return (tile_oc, *small)
+        per_block = max(1, budget(tile_oc) // tile_oc)
+        tile_ow = divisors_up_to(ow, per_block)[-1]
+        return tile_oc, tile_ow, divisors_up_to(oh, max(1, per_block // tile_ow))[-1]
+
+    choices = [tile(2)] if oc_chunks % 2 == 0 else [tile(1)]
+    if isa.operand_registers > 1 and oc_chunks % 2 == 0:
+        choices.append(tile(1))
+    tile_oc, tile_ow, tile_oh = max(choices, key=lambda t: t[0] * t[1] * t[2])  # first wins ties
+    untuned = blocks * tile_oc * tile_ow * tile_oh
+    # Tuned tiles stay within the register budget next to their own output-channel blocks (24 on VNNI:
+    # the probe's grid of ResNet-50 tiles up to it found the best of each layer inside it).
+    limit_tile_space(cfg, lambda e: blocks * e["tile_oc"].val * e["tile_ow"].val * e["tile_oh"].val,
+                     lambda e: max(isa.accumulator_budget(blocks * e["tile_oc"].val), untuned))
     if cfg.is_fallback:
-        # Two output-channel blocks per tile when there are (measured 10-30% faster on ResNet-50
-        # layers than one on VNNI: each broadcast data word feeds two instructions); where operands
-        # take two registers each (AVX2) two blocks leave room for few accumulators, so there the
-        # tiling with more accumulators wins. Then the ISA's pixel block where it asks for one and
-        # the output has it; else the widest row tile that fits the register budget, then as many
-        # rows as still fit.
-        pixels = (reduction > SHORT_REDUCTION and isa.tiles_for().conv_pixels) or isa.conv_tile_pixels
-        small = _pixel_block(oh, ow, pixels)
-
-        def tile(tile_oc: int):
-            if small is not None:
-                return (tile_oc, *small)
-            per_block = max(1, budget(tile_oc) // tile_oc)
-            tile_ow = divisors_up_to(ow, per_block)[-1]
-            return tile_oc, tile_ow, divisors_up_to(oh, max(1, per_block // tile_ow))[-1]
-
-        choices = [tile(2)] if oc_chunks % 2 == 0 else [tile(1)]
-        if isa.operand_registers > 1 and oc_chunks % 2 == 0:
-            choices.append(tile(1))
-        tile_oc, tile_ow, tile_oh = max(choices, key=lambda t: t[0] * t[1] * t[2])  # first wins ties
         cfg["tile_oc"] = OtherOptionEntity(tile_oc)
         cfg["tile_ow"] = OtherOptionEntity(tile_ow)
         cfg["tile_oh"] = OtherOptionEntity(tile_oh)
