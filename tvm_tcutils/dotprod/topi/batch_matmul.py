@@ -30,8 +30,8 @@ from tvm import te, tir
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
-from .common import (current_isa, divisors_up_to, find_op, flipped, inline_between, limit_tile_space,
-                     register_accumulators, register_tile, tagged_outputs)
+from .common import (current_isa, divisors_up_to, find_op, flipped, inline_between, limit_row_tiles,
+                     register_tile, tagged_outputs)
 from .intrinsics import BYTE_SUM_WIDTH, WORD_BLOCK, byte_sum_intrin, dot_product_intrin, word_transpose_intrin
 from .packing import round_up
 
@@ -159,8 +159,7 @@ def batch_matmul_dot(cfg, x, y, out_shape=None, out_dtype="int32", transpose_a=F
     cfg.define_knob("tile_m", list(range(1, min(m, budget) + 1)))
     cfg.define_knob("tile_nb", divisors_up_to(n_p // lanes, budget))
     tile_m, tile_nb = _fallback_tile(m, n_p // lanes, lanes, budget, per_tile=n == n_p)
-    limit_tile_space(cfg, lambda e: e["tile_m"].val * e["tile_nb"].val,
-                     max(register_accumulators(lanes, budget), tile_m * tile_nb))
+    limit_row_tiles(cfg, lanes, budget, (tile_m, tile_nb))
     if cfg.is_fallback:
         cfg["tile_m"] = OtherOptionEntity(tile_m)
         cfg["tile_nb"] = OtherOptionEntity(tile_nb)

@@ -108,6 +108,13 @@ def limit_tile_space(cfg, accumulators: Callable[[Mapping], int],
     cfg.multi_filter(filter=lambda entities: accumulators(entities) <= bound(entities))
 
 
+def limit_row_tiles(cfg, lanes: int, budget: int, untuned: Tuple[int, int]) -> None:
+    """:func:`limit_tile_space` for a ``tile_m`` x ``tile_nb`` tile of ``lanes``-lane accumulators (dense,
+    batch_matmul): as many as stay in registers (:func:`register_accumulators`), or the ``untuned`` tile's."""
+    limit_tile_space(cfg, lambda e: e["tile_m"].val * e["tile_nb"].val,
+                     max(register_accumulators(lanes, budget), untuned[0] * untuned[1]))
+
+
 def divisors_up_to(n: int, limit: int) -> List[int]:
     """Divisors of ``n`` not above ``limit``, ascending.
 

@@ -18,8 +18,8 @@ from tvm import te
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
-from .common import (LATENCY_CHAINS, REQUANTIZED, current_isa, divisors_up_to, inline_between, limit_tile_space,
-                     measuring_packed_alone, register_accumulators, register_tile, requantized, tagged_outputs)
+from .common import (LATENCY_CHAINS, REQUANTIZED, current_isa, divisors_up_to, inline_between, limit_row_tiles,
+                     measuring_packed_alone, register_tile, requantized, tagged_outputs)
 from .intrinsics import dot_product_intrin
 from .packing import dense_weight_marked, round_up
 
@@ -43,8 +43,7 @@ def _define_knobs(cfg, isa, m: int, n_blocks: int, k_quads: int, block: int) -> 
     cfg.define_knob("tile_nb", divisors_up_to(n_blocks, budget))
     cfg.define_knob("tile_k", divisors_up_to(k_quads, 64)[-4:])
     tile_m, tile_nb = _fallback_tile(m, n_blocks, block, budget)
-    limit_tile_space(cfg, lambda e: e["tile_m"].val * e["tile_nb"].val,
-                     max(register_accumulators(block, budget), tile_m * tile_nb))
+    limit_row_tiles(cfg, block, budget, (tile_m, tile_nb))
     if cfg.is_fallback:
         cfg["tile_m"] = OtherOptionEntity(tile_m)
         cfg["tile_nb"] = OtherOptionEntity(tile_nb)
