@@ -1,0 +1,161 @@
+"""The machine's side of AMX: whether this process may run tile kernels, and why not.
+
+Linux keeps the AMX tile data (8 KiB a thread) out of a process's saved state until the process asks
+for it: ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``. Without that request the first tile
+instruction dies with SIGILL. The permission is the process's (every thread, kept across ``fork``,
+cleared by ``exec``), so the package's tile kernels also request it themselves, once per loaded module,
+at their first call (:mod:`tvm_tcutils.dotprod.topi.tiles`): a library exported and run by TVM's C++
+runtime, an AutoTVM measuring server or an RPC session then work without this package imported.
+
+Here the package decides at build time: on a host whose CPU has the tile engine, kernels are built for
+it only where the request succeeds (a hypervisor may report AMX and not enable its state, which the
+kernel then refuses); otherwise the target's 4-way dot-product kernels are built, with one warning. A
+host without the engine builds what the target names (cross-compilation). ``TCUTILS_AMX=0`` turns the
+tile kernels off, as ``ONEDNN_MAX_CPU_ISA`` does for oneDNN.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import os
+import warnings
+from typing import Callable, Optional
+
+#: ``arch_prctl`` numbers (x86-64 Linux): the syscall, the permission request, the tile data feature.
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+#: The environment variable that turns the tile kernels off (``0``, ``off``, ``no``, ``false``).
+ENV = "TCUTILS_AMX"
+
+#: /proc/cpuinfo flags of the engine the kernels use.
+CPU_FLAGS = ("amx_tile", "amx_int8")
+
+
+@dataclasses.dataclass(frozen=True)
+class AmxState:
+    """What this process found out about AMX.
+
+    Parameters
+    ----------
+    host_has : bool
+        The CPU reports the tile engine (``amx_tile`` and ``amx_int8`` in /proc/cpuinfo).
+    usable : bool
+        Tile kernels may run in this process.
+    reason : str
+        Why not (or what granted it), one line.
+    """
+
+    host_has: bool
+    usable: bool
+    reason: str
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset:
+    """The first processor's flags in ``path`` (empty where it cannot be read).
+
+    Examples
+    --------
+    >>> isinstance(cpu_flags(), frozenset)
+    True
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _request_tile_state() -> int:
+    """0 when the kernel grants the tile state to this process, else the errno."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0:
+        return 0
+    return ctypes.get_errno() or -1
+
+
+def decide(flags: frozenset, env: Optional[str], request: Callable[[], int]) -> AmxState:
+    """The state from the CPU's ``flags``, the :data:`ENV` value and the permission ``request`` (called
+    only where the CPU has the engine and nothing turned it off).
+
+    Examples
+    --------
+    >>> decide(frozenset({"amx_tile", "amx_int8"}), None, lambda: 0).usable
+    True
+    >>> print(decide(frozenset({"amx_tile", "amx_int8"}), None, lambda: 22).reason)
+    Linux refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM: errno 22, Invalid argument)
+    >>> decide(frozenset({"amx_tile", "amx_int8"}), "0", lambda: 0).reason
+    'turned off by TCUTILS_AMX=0'
+    >>> decide(frozenset({"avx512_vnni"}), None, lambda: 0).host_has
+    False
+    """
+    host_has = all(flag in flags for flag in CPU_FLAGS)
+    if not host_has:
+        return AmxState(False, False, f"this CPU reports no {' and '.join(CPU_FLAGS)}")
+    if env is not None and env.strip().lower() in ("0", "off", "no", "false"):
+        return AmxState(True, False, f"turned off by {ENV}={env}")
+    err = request()
+    if err:
+        why = os.strerror(err) if err > 0 else "unknown error"
+        return AmxState(True, False, f"Linux refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM: "
+                                     f"errno {err}, {why})")
+    return AmxState(True, True, "tile state granted to this process")
+
+
+@functools.lru_cache(maxsize=None)
+def _state_for(pid: int) -> AmxState:
+    return decide(cpu_flags(), os.environ.get(ENV), _request_tile_state)
+
+
+def state() -> AmxState:
+    """This process's :class:`AmxState` (asked once a process: the permission survives ``fork``).
+
+    Examples
+    --------
+    >>> state().usable in (True, False)
+    True
+    """
+    return _state_for(os.getpid())
+
+
+def refresh() -> AmxState:
+    """Forget the answer (after :data:`ENV` changed) and ask again."""
+    _state_for.cache_clear()
+    _warned.clear()
+    return state()
+
+
+_warned: set = set()
+
+
+def allowed_for(target) -> bool:
+    """Whether kernels for ``target`` (whose features name the tile engine) may use it: always for a host
+    without the engine or in the reference form (nothing runs the tiles here); on a host with it, where
+    :func:`state` is usable -- else one warning per process and reason, and the vector kernels.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.topi.tiles import reference_tiles
+    >>> with reference_tiles():
+    ...     allowed_for(None)
+    True
+    """
+    from .topi.tiles import in_reference_form
+
+    if in_reference_form():
+        return True
+    current = state()
+    if current.usable:
+        return True
+    if current.host_has:
+        if current.reason not in _warned:
+            _warned.add(current.reason)
+            warnings.warn(f"tvm_tcutils: AMX kernels not built ({current.reason}); building the "
+                          "AVX-512 VNNI kernels instead", RuntimeWarning, stacklevel=2)
+        return False
+    # Cross-compiling for a CPU this host is not: the target decides, its code runs elsewhere.
+    env = os.environ.get(ENV)
+    return not (env is not None and env.strip().lower() in ("0", "off", "no", "false"))

@@ -1,0 +1,234 @@
+"""Tile programs for a :class:`~tvm_tcutils.dotprod.isa.x86_amx.TileISA`, in two forms with one meaning.
+
+A kernel writes its tile program once against :class:`Tiles` (configure, zero, load, multiply, store on
+numbered tile registers). The *real* form emits the LLVM intrinsics (``ldtilecfg``, ``tileloadd64``,
+``tdpbusd``, ``tilestored64``, ...). The *reference* form (:func:`reference_tiles`) emits plain TIR over
+a tile register file in memory with the same semantics -- each register ``rows`` x ``row_bytes`` bytes,
+``B`` tiles in VNNI-4 rows, int32 accumulation -- so that the kernels' loops, packing, padding, partial
+tiles and epilogues are checked bit-exact on any x86 CPU, AMX or not.
+
+Two facts of the machine shape the real form. The tile configuration is per thread and other libraries
+in the process (onnxruntime, oneDNN) load their own, so every tile program loads its own at its start --
+the kernels run one program per parallel task. And the process must hold the tile state
+(:mod:`tvm_tcutils.dotprod.amx`), so the program's first run in a loaded module requests it (a flag in
+the module's data keeps that to once) and fails with TVM's error, not SIGILL, where Linux refuses.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Callable, Iterator, List, Sequence, Tuple
+
+from ..._tvm import tvm
+from tvm import tir
+
+from ..amx import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
+from ..isa.base import DotVariant
+from ..isa.x86_amx import CONFIG, LOAD, STORE, ZERO, TileISA
+
+_REFERENCE: contextvars.ContextVar = contextvars.ContextVar("tcutils_reference_tiles", default=False)
+
+
+@contextlib.contextmanager
+def reference_tiles() -> Iterator[None]:
+    """Within it, tile kernels are built in the reference form (plain code, runs on any CPU).
+
+    Examples
+    --------
+    >>> with reference_tiles():
+    ...     inside = in_reference_form()
+    >>> inside, in_reference_form()
+    (True, False)
+    """
+    token = _REFERENCE.set(True)
+    try:
+        yield
+    finally:
+        _REFERENCE.reset(token)
+
+
+def in_reference_form() -> bool:
+    """Whether tile kernels built now take the reference form."""
+    return bool(_REFERENCE.get())
+
+
+def config_words(isa: TileISA, shapes: Sequence[Tuple[int, int]]) -> List[int]:
+    """The 64-byte tile configuration as eight little-endian 64-bit words: palette, then each register's
+    bytes per row (16-bit) and rows (8-bit); ``shapes[t] = (rows, bytes per row)``.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa.x86_amx import X86_AMX
+    >>> words = config_words(X86_AMX, [(16, 64)] * 2)
+    >>> hex(words[0]), hex(words[2]), hex(words[6])
+    ('0x1', '0x4000000040', '0x1010')
+    """
+    if len(shapes) > isa.tiles:
+        raise ValueError(f"{len(shapes)} tiles configured; {isa.name} has {isa.tiles}")
+    raw = bytearray(64)
+    raw[0] = isa.palette
+    for t, (rows, colsb) in enumerate(shapes):
+        if not (0 < rows <= isa.rows and 0 < colsb <= isa.row_bytes):
+            raise ValueError(f"tile {t}: {rows} x {colsb} bytes exceeds {isa.rows} x {isa.row_bytes}")
+        raw[16 + 2 * t: 18 + 2 * t] = colsb.to_bytes(2, "little")
+        raw[48 + t] = rows
+    return [int.from_bytes(raw[8 * i: 8 * i + 8], "little") for i in range(8)]
+
+
+@dataclasses.dataclass(frozen=True)
+class TileMemory:
+    """Where one tile lives in memory: ``pointer`` and ``stride`` (bytes between rows) for the real form,
+    ``element(row, column)`` -> ``(buffer, indices)`` of one element for the reference form (columns in
+    elements of the buffer's dtype)."""
+
+    pointer: Callable[[str], tir.PrimExpr]
+    stride: tir.PrimExpr
+    element: Callable[[tir.PrimExpr, tir.PrimExpr], Tuple[tir.Buffer, list]]
+
+
+def _call(name: str, *args) -> tir.PrimExpr:
+    # The tile intrinsics return nothing; TVM takes any return type for a non-overloaded intrinsic.
+    return tir.call_llvm_intrin("int32", name, tir.const(0, "uint32"), *args)
+
+
+def _reg(t: int) -> tir.PrimExpr:
+    return tir.const(t, "uint8")
+
+
+class Tiles:
+    """A tile program being written into an IR builder ``ib`` for ``isa`` and one dtype ``variant``;
+    ``shapes[t] = (rows, bytes per row)`` of each tile register used."""
+
+    def __init__(self, ib, isa: TileISA, variant: DotVariant, shapes: Sequence[Tuple[int, int]]):
+        self.ib, self.isa, self.variant, self.shapes = ib, isa, variant, list(shapes)
+        self.reference = in_reference_form()
+        words = config_words(isa, self.shapes)
+        if self.reference:
+            n = len(self.shapes)
+            self.acc = ib.allocate("int32", n * isa.rows * isa.columns, name="tile_acc", scope="global")
+            self.bytes = ib.allocate("int8", n * isa.rows * isa.row_bytes, name="tile_bytes", scope="global")
+            return
+        self._request_state()
+        cfg = ib.allocate("uint64", 8, name="tile_config", scope="local")
+        for i, word in enumerate(words):
+            cfg[i] = tir.const(word, "uint64")
+        ib.emit(_call(CONFIG, tir.call_intrin("handle", "tir.address_of", tir.BufferLoad(cfg._buffer, [0]))))
+
+    def _request_state(self) -> None:
+        """Request the tile state the first time a module runs a tile program (a flag in the module's
+        data: racing threads both ask, which is harmless); fail with TVM's error where Linux refuses."""
+        ib = self.ib
+        flag = tir.Var("tile_state_asked", tvm.ir.PointerType(tvm.ir.PrimType("int32")))
+        done = tir.decl_buffer((1,), "int32", name="tile_state_asked", data=flag)
+        asked = tir.call_extern("int64", "syscall", tir.const(SYS_ARCH_PRCTL, "int64"),
+                                tir.const(ARCH_REQ_XCOMP_PERM, "int64"), tir.const(XFEATURE_XTILEDATA, "int64"))
+        grant = tir.IfThenElse(
+            tir.BufferLoad(done, [0]) == 0,
+            tir.SeqStmt([
+                tir.AssertStmt(asked == tir.const(0, "int64"),
+                               tir.StringImm("tvm_tcutils: Linux refused this process the AMX tile state "
+                                             "(arch_prctl ARCH_REQ_XCOMP_PERM); build for a target without "
+                                             "amx-int8, or set TCUTILS_AMX=0 when building"),
+                               tir.Evaluate(0)),
+                tir.BufferStore(done, tir.const(1, "int32"), [0]),
+            ]),
+            None,
+        )
+        ib.emit(tir.LetStmt(flag, tir.call_intrin("handle", "tir.tvm_static_handle"), grant))
+
+    # -- operations -------------------------------------------------------------------------------
+    def zero(self, t: int) -> None:
+        """Tile ``t`` := 0."""
+        if not self.reference:
+            self.ib.emit(_call(ZERO, _reg(t)))
+            return
+        cols = self.isa.columns
+        with self.ib.for_range(0, self.isa.rows * cols, name="z") as e:
+            self.acc[t * self.isa.rows * cols + e] = tir.const(0, "int32")
+
+    def load(self, t: int, memory: TileMemory) -> None:
+        """Tile ``t`` := its configured rows x bytes from ``memory`` (8-bit data)."""
+        rows, colsb = self.shapes[t]
+        if not self.reference:
+            self.ib.emit(_call(LOAD, _reg(t), memory.pointer("r"), memory.stride.astype("int64")))
+            return
+        with self.ib.for_range(0, rows, name="lr") as r:
+            with self.ib.for_range(0, colsb, name="lc") as c:
+                buf, idx = memory.element(r, c)
+                value = tir.BufferLoad(buf, idx)
+                if value.dtype != "int8":
+                    value = tir.reinterpret("int8", value)
+                self.bytes[(t * self.isa.rows + r) * self.isa.row_bytes + c] = value
+
+    def multiply(self, c: int, a: int, b: int) -> None:
+        """Tile ``c`` += tile ``a`` (rows x 4k values) times tile ``b`` (k rows of VNNI-4 columns)."""
+        if not self.reference:
+            self.ib.emit(_call(self.variant.intrinsic, _reg(c), _reg(a), _reg(b)))
+            return
+        isa, ib = self.isa, self.ib
+        rows, a_bytes = self.shapes[a]
+        k_rows, b_bytes = self.shapes[b]
+        if a_bytes != 4 * k_rows:
+            raise ValueError(f"tile {a} has {a_bytes} bytes a row; tile {b} has {k_rows} rows of 4")
+
+        def byte(tile, row, col, dtype):
+            value = self.bytes[(tile * isa.rows + row) * isa.row_bytes + col]
+            return (tir.reinterpret("uint8", value) if dtype == "uint8" else value).astype("int32")
+
+        with ib.for_range(0, rows, name="m") as m:
+            with ib.for_range(0, b_bytes // 4, name="n") as n:
+                total = tir.const(0, "int32")
+                with ib.for_range(0, k_rows, name="k") as k:
+                    for q in range(4):
+                        total = total + byte(a, m, 4 * k + q, self.variant.data_dtype) * byte(
+                            b, k, 4 * n + q, self.variant.kernel_dtype)
+                    index = (c * isa.rows + m) * isa.columns + n
+                    self.acc[index] = self.acc[index] + total
+
+    def store(self, t: int, memory: TileMemory) -> None:
+        """``memory`` (int32) := tile ``t``'s configured rows x bytes."""
+        rows, colsb = self.shapes[t]
+        if not self.reference:
+            self.ib.emit(_call(STORE, _reg(t), memory.pointer("w"), memory.stride.astype("int64")))
+            return
+        with self.ib.for_range(0, rows, name="sr") as r:
+            with self.ib.for_range(0, colsb // 4, name="sc") as col:
+                buf, idx = memory.element(r, col)
+                self.ib.emit(tir.BufferStore(buf, self.acc[(t * self.isa.rows + r) * self.isa.columns + col], idx))
+
+
+def matrix(buffer: tir.Buffer, row0, col0, element_bytes: int = 1) -> TileMemory:
+    """The tile at ``(row0, col0)`` of a 2-D ``buffer`` (row stride its first stride).
+
+    Examples
+    --------
+    >>> b = tvm.tir.decl_buffer((32, 64), "uint8", strides=[64, 1])
+    >>> int(matrix(b, 16, 0).stride)
+    64
+    """
+    stride = buffer.strides[0] if buffer.strides else buffer.shape[1]
+    return TileMemory(
+        pointer=lambda access: buffer.access_ptr(access, offset=row0 * stride + col0),
+        stride=stride * element_bytes,
+        element=lambda r, c: (buffer, [row0 + r, col0 + c]),
+    )
+
+
+def vnni_block(buffer: tir.Buffer, block, quad0, isa: TileISA) -> TileMemory:
+    """The ``B`` tile of a weight packed ``(N / cols, K / 4, cols, 4)``: block ``block``'s quads from
+    ``quad0``, each quad row ``cols x 4`` contiguous bytes (the dot-product kernels' ``NC{L}n4c``).
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa.x86_amx import X86_AMX
+    >>> w = tvm.tir.decl_buffer((2, 32, 16, 4), "int8")
+    >>> int(vnni_block(w, 1, 16, X86_AMX).stride)
+    64
+    """
+    block_stride = buffer.strides[0] if buffer.strides else buffer.shape[1] * isa.row_bytes
+    return TileMemory(
+        pointer=lambda access: buffer.access_ptr(access, offset=block * block_stride + quad0 * isa.row_bytes),
+        stride=tir.const(isa.row_bytes, "int64"),
+        element=lambda r, c: (buffer, [block, quad0 + r, tvm.tir.indexdiv(c, 4), tvm.tir.indexmod(c, 4)]),
+    )
