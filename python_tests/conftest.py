@@ -389,3 +389,24 @@ def rpc_cluster():
 
     with LocalCluster("tcutils-test", servers=2) as cluster:
         yield cluster
+
+
+def with_mattr(target: str, *features: str) -> str:
+    """``target`` with ``features`` (``+name`` / ``-name``) added to its ``-mattr``.
+
+    A tile kernel in the reference form built for the host CPU plus the AMX features runs on any x86
+    host: the features only choose the kernel, the code holds no tile instruction."""
+    extra = ",".join(features)
+    if " -mattr=" in target:
+        return target.replace(" -mattr=", f" -mattr={extra},", 1)
+    return f"{target} -mattr={extra}"
+
+
+def amx_runs_here() -> str:
+    """Skips unless this process may run AMX tile kernels; else this CPU's target."""
+    from tvm_tcutils.dotprod import amx
+
+    state = amx.state()
+    if not state.usable:
+        pytest.skip(f"AMX tile kernels cannot run here: {state.reason}")
+    return tvm_tcutils.host_target()

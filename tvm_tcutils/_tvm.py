@@ -188,8 +188,25 @@ def host_target() -> str:
         cpu = ""
     if not cpu or cpu == "generic":
         return "llvm"
-    missing = _features_hidden_from_host(cpu)
-    return f"llvm -mcpu={cpu}" + (f" -mattr={','.join('-' + f for f in missing)}" if missing else "")
+    attrs = ["-" + f for f in _features_hidden_from_host(cpu)] + ["+" + f for f in _features_beyond_model(cpu)]
+    return f"llvm -mcpu={cpu}" + (f" -mattr={','.join(attrs)}" if attrs else "")
+
+
+#: Features a host may have beyond the model LLVM names it by that change which kernels are built: a
+#: VM whose CPUID model is generic (an Emerald Rapids guest named ``rocketlake``) still has its AMX tiles.
+KERNEL_FEATURE_PREFIXES = ("amx-", "avx512", "avxvnni")
+
+
+@functools.lru_cache(maxsize=None)
+def _features_beyond_model(cpu: str) -> List[str]:
+    """Kernel-relevant features (:data:`KERNEL_FEATURE_PREFIXES`) this host has and the model ``cpu`` lacks."""
+    try:
+        host = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")()
+        model = {str(f) for f in tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target(f"llvm -mcpu={cpu}"))}
+    except (AttributeError, ValueError, tvm.TVMError):
+        return []
+    return sorted(str(name) for name, on in dict(host).items()
+                  if bool(on) and str(name) not in model and str(name).startswith(KERNEL_FEATURE_PREFIXES))
 
 
 @functools.lru_cache(maxsize=None)

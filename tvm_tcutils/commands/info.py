@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  cuda device      {_cuda_device(caps)}")
     print(f"  hexagon codegen  {yes(caps['hexagon_codegen'])} (qemu emulation: {yes(caps['hexagon_emulator'])})")
     print(f"  onnxruntime      {caps['onnxruntime'] or 'no'}")
+    print(f"  int8 kernels     {_int8_kernels()}")
     if caps["native_helpers"]:
         from tvm_tcutils.collage.toolchains.packed_call import parking
 
@@ -47,6 +48,17 @@ def run(args: argparse.Namespace) -> int:
         for model in ZOO.values():
             print(f"  {model.name:<14} {model.description}")
     return 0
+
+
+def _int8_kernels() -> str:
+    """This CPU's int8 kernel families: the 4-way dot-product row, and whether AMX tiles run here (why not)."""
+    import tvm_tcutils
+    from tvm_tcutils.dotprod import amx
+    from tvm_tcutils.dotprod.isa import for_target
+
+    vector = for_target(tvm_tcutils.host_target())
+    state = amx.state()
+    return f"{vector.name if vector else 'none'}; AMX tiles {'yes' if state.usable else 'no'} ({state.reason})"
 
 
 def _cuda_codegen(caps: dict) -> str:

@@ -59,8 +59,8 @@ from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
 from .. import registry
-from .isa import DotProductISA, for_layer, for_target, range_isa
-from .topi import batch_matmul, conv2d_nchwc, dense_pack, depthwise
+from .isa import DotProductISA, for_layer, for_target, range_isa, tile_isa
+from .topi import batch_matmul, conv2d_nchwc, dense_amx, dense_pack, depthwise
 from .topi.conv2d_nchwc import ROW_QUAD, rows_kernel_layout
 from .topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
 from .topi.pad import row_pad_applies, schedule_row_pad
@@ -71,6 +71,7 @@ CONV2D_NCHWC_TASK = "tcutils.conv2d_nchwc_dot"
 CONV2D_NCHW_TASK = "tcutils.conv2d_nchw_dot"
 DENSE_PACK_TASK = "tcutils.dense_pack_dot"
 DENSE_TASK = "tcutils.dense_dot"
+DENSE_AMX_TASK = "tcutils.dense_pack_amx"
 BATCH_MATMUL_TASK = "tcutils.batch_matmul_dot"
 CONV2D_ROWS_TASK = "tcutils.conv2d_rows_dot"
 
@@ -543,6 +544,17 @@ def _applies_dense_pack(attrs, inputs, out_type, target, reduce_range: bool = Fa
     return w_shape[3] == 4 and w_shape[2] % isa.lanes == 0 and w_shape[1] * 4 == k + 4 * reduce_range
 
 
+def _applies_dense_amx(attrs, inputs, out_type, target) -> bool:
+    # The packed weight of the target's vector row (NC16n4c) is also the tile kernels' B layout.
+    if len(inputs[0].shape) != 2 or not _int8_pair(inputs[0].dtype, inputs[1].dtype, out_type.dtype):
+        return False
+    d_shape, w_shape = _static(inputs[0].shape), _static(inputs[1].shape)
+    if d_shape is None or w_shape is None:
+        return False
+    return not dense_amx.applicable(tile_isa(target), d_shape[0], d_shape[1], w_shape, str(inputs[0].dtype),
+                                    str(inputs[1].dtype))
+
+
 def _applies_dense(attrs, inputs, out_type, target) -> bool:
     isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype)
     return isa is not None and len(inputs[0].shape) == 2 and len(inputs[1].shape) == 2
@@ -626,9 +638,9 @@ def _lazy(task: str, wrap, **wrap_kwargs):
     return fcompute, fschedule
 
 
-def _row(name: str, task: str, wrap, applies, **wrap_kwargs) -> registry.StrategyImpl:
+def _row(name: str, task: str, wrap, applies, plevel: int = 30, **wrap_kwargs) -> registry.StrategyImpl:
     fcompute, fschedule = _lazy(task, wrap, **wrap_kwargs)
-    return registry.StrategyImpl(name, fcompute, fschedule, applies, plevel=30, exclusive=True)
+    return registry.StrategyImpl(name, fcompute, fschedule, applies, plevel=plevel, exclusive=True)
 
 
 #: (op, strategy row) -- one table for every ISA.
@@ -645,6 +657,9 @@ STRATEGY_ROWS = (
     # Convs of few input channels in the row form (the legalization hook's rewrite of an RGB stem).
     ("nn.conv2d", _row(
         "conv2d_rows_dot.tcutils", CONV2D_ROWS_TASK, _strategy.wrap_compute_conv2d, _applies_conv2d_rows)),
+    # AMX tiles where the target has them and the dense fills them; the row below is their fallback.
+    ("nn.contrib_dense_pack", _row(
+        "dense_pack_amx.tcutils", DENSE_AMX_TASK, _strategy.wrap_compute_dense, _applies_dense_amx, plevel=35)),
     ("nn.contrib_dense_pack", _row(
         "dense_pack_dot.tcutils", DENSE_PACK_TASK, _strategy.wrap_compute_dense, _applies_dense_pack)),
     ("nn.contrib_dense_pack", _row(
@@ -683,6 +698,7 @@ TEMPLATES = {
     CONV2D_ROWS_TASK: (conv2d_nchwc.conv2d_rows_dot, conv2d_nchwc.schedule_conv2d_nchwc_dot),
     DENSE_PACK_TASK: (dense_pack.dense_pack_dot, dense_pack.schedule_dense_pack_dot),
     DENSE_TASK: (dense_pack.dense_dot, dense_pack.schedule_dense_dot),
+    DENSE_AMX_TASK: (dense_amx.dense_pack_amx, dense_amx.schedule_dense_pack_amx),
     BATCH_MATMUL_TASK: (batch_matmul.batch_matmul_dot, batch_matmul.schedule_batch_matmul_dot),
 }
 

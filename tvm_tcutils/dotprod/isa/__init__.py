@@ -18,6 +18,7 @@ from .hexagon_hvx import HEXAGON_HVX
 from .x86_avx2 import X86_AVX2
 from .x86_avx2_u8s7 import X86_AVX2_U8S7
 from .x86_sse import X86_SSE
+from .x86_amx import X86_AMX, TileISA
 from .x86_vnni import X86_VNNI
 
 #: Every ISA, best first (a CPU with VNNI also has AVX2).
@@ -26,6 +27,27 @@ ISAS: Tuple[DotProductISA, ...] = (HEXAGON_HVX, X86_VNNI, X86_AVX2, X86_SSE)
 #: Per-layer choices, best first: each is taken for a constant kernel its ``kernel_range`` holds
 #: (:meth:`DotProductISA.fits`) on the targets it supports.
 RANGE_ISAS: Tuple[DotProductISA, ...] = (X86_AVX2_U8S7,)
+
+
+#: Tile engines, best first: each kernel family that has a tile form asks :func:`tile_isa` first and
+#: keeps its 4-way dot-product kernel (:func:`for_target`) for what the tiles do not take.
+TILE_ISAS: Tuple[TileISA, ...] = (X86_AMX,)
+
+
+def tile_isa(target) -> Optional[TileISA]:
+    """The tile engine of ``target`` (a Target or string) that this process may build for, or None.
+
+    Examples
+    --------
+    >>> tile_isa("llvm -mcpu=sapphirerapids -mattr=-amx-int8") is None
+    True
+    >>> tile_isa("llvm -mcpu=znver4") is None
+    True
+    """
+    if target is None:
+        return None
+    target = _as_target(target)
+    return next((isa for isa in TILE_ISAS if isa.supports(target)), None)
 
 
 #: False inside :func:`exact_only`.
@@ -132,5 +154,6 @@ def by_name(name: str) -> DotProductISA:
 
 __all__ = [
     "CpuTiles", "DotProductISA", "DotVariant", "ISAS", "RANGE_ISAS", "HEXAGON_HVX", "X86_VNNI", "X86_AVX2",
-    "X86_AVX2_U8S7", "X86_SSE", "for_target", "for_layer", "range_isa", "exact_only", "by_name",
+    "X86_AVX2_U8S7", "X86_SSE", "X86_AMX", "TileISA", "TILE_ISAS", "tile_isa", "for_target", "for_layer",
+    "range_isa", "exact_only", "by_name",
 ]

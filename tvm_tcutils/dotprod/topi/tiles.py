@@ -62,7 +62,7 @@ def config_words(isa: TileISA, shapes: Sequence[Tuple[int, int]]) -> List[int]:
     >>> from tvm_tcutils.dotprod.isa.x86_amx import X86_AMX
     >>> words = config_words(X86_AMX, [(16, 64)] * 2)
     >>> hex(words[0]), hex(words[2]), hex(words[6])
-    ('0x1', '0x4000000040', '0x1010')
+    ('0x1', '0x400040', '0x1010')
     """
     if len(shapes) > isa.tiles:
         raise ValueError(f"{len(shapes)} tiles configured; {isa.name} has {isa.tiles}")

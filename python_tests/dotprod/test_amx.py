@@ -1,0 +1,214 @@
+"""AMX tile kernels: the reference form bit-exact on any x86, the machine code on every build, the real
+kernels bit-exact where this CPU has AMX, the permission and fallback rules, and the Relay route."""
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import tvm_tcutils
+from tvm_tcutils._tvm import tvm
+from tvm import autotvm, relay, te
+
+from tvm_tcutils.dotprod import amx
+from tvm_tcutils.dotprod.isa import X86_AMX, tile_isa
+from tvm_tcutils.dotprod.topi.common import requantized
+from tvm_tcutils.dotprod.topi.dense_amx import applicable, dense_pack_amx, schedule_dense_pack_amx
+from tvm_tcutils.dotprod.topi.tiles import reference_tiles
+
+from conftest import amx_runs_here, host_dot_target, with_mattr
+
+#: A CPU with AMX, to compile for on any host (never run where this CPU lacks it).
+AMX_TARGET = "llvm -mcpu=sapphirerapids"
+
+#: (M, N, K): one tile; rows past a full step (tail configuration); odd M under and over a step; 3 weight
+#: blocks (a one-block step); several K steps.
+SHAPES = [(16, 16, 64), (20, 64, 128), (50, 48, 64), (33, 32, 192), (128, 96, 256), (17, 32, 64)]
+
+#: Every sign pair the tiles multiply natively.
+PAIRS = [("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8"), ("int8", "uint8")]
+
+_RANGE = {"uint8": (0, 256), "int8": (-128, 128)}
+
+
+def _packed(weight: np.ndarray) -> np.ndarray:
+    n, k = weight.shape
+    return weight.reshape(n // 16, 16, k // 4, 4).transpose(0, 2, 1, 3).copy()
+
+
+def _build_dense(target: str, m: int, n: int, k: int, pair=("uint8", "int8"), epilogue=False, reference=False):
+    data = te.placeholder((m, k), pair[0], name="data")
+    weight = te.placeholder((n // 16, k // 4, 16, 4), pair[1], name="weight")
+    with (reference_tiles() if reference else contextlib.nullcontext()), tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        out = dense_pack_amx(cfg, data, weight)
+        args = [data, weight]
+        if epilogue:
+            out = requantized(out, (1,))
+            args += list(out.op.input_tensors[1:])
+        sched = schedule_dense_pack_amx(cfg, [out])
+        return tvm.build(sched, args + [out], target), out
+
+
+def _run_dense(func, out, m, n, k, pair, epilogue, seed=0):
+    rng = np.random.default_rng(seed)
+    data = rng.integers(*_RANGE[pair[0]], (m, k)).astype(pair[0])
+    weight = rng.integers(*_RANGE[pair[1]], (n, k)).astype(pair[1])
+    exact = data.astype(np.int64) @ weight.astype(np.int64).T
+    inputs = [data, _packed(weight)]
+    if epilogue:
+        bias = rng.integers(-2000, 2000, n).astype("int32")
+        scale = rng.uniform(2e-4, 1e-3, n).astype("float32")
+        inputs += [bias, scale]
+        value = (exact + bias).astype(np.float32) * scale
+        exact = np.clip(np.rint(value), 0, 255).astype("uint8")
+    result = tvm.nd.empty((m, n), out.dtype)
+    func(*[tvm.nd.array(x) for x in inputs], result)
+    return result.numpy(), exact
+
+
+@pytest.fixture(scope="module")
+def reference_target():
+    return with_mattr(host_dot_target(), "+amx-tile", "+amx-int8")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("epilogue", [False, True], ids=["int32", "requantized"])
+def test_reference_form_dense_is_bit_exact(reference_target, shape, epilogue):
+    func, out = _build_dense(reference_target, *shape, epilogue=epilogue, reference=True)
+    assert "tdpbusd" not in func.get_source("asm")  # plain code: runs on this CPU, AMX or not
+    got, expected = _run_dense(func, out, *shape, ("uint8", "int8"), epilogue)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_reference_form_takes_every_sign_pair(reference_target, pair):
+    func, out = _build_dense(reference_target, 48, 32, 128, pair, reference=True)
+    got, expected = _run_dense(func, out, 48, 32, 128, pair, False)
+    np.testing.assert_array_equal(got, expected)
+
+
+def _bodies(asm: str) -> dict:
+    """Function name -> assembly (each parallel body is a function of its own)."""
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"^([A-Za-z_]\w*):", asm, re.M)]
+    return {name: asm[s:e] for (s, name), (e, _) in zip(starts, starts[1:] + [(len(asm), "")])}
+
+
+@pytest.mark.parametrize("pair, instruction", [(("uint8", "int8"), "tdpbusd"), (("int8", "int8"), "tdpbssd"),
+                                               (("uint8", "uint8"), "tdpbuud")])
+def test_machine_code_uses_tiles_with_a_configuration_in_every_parallel_body(pair, instruction):
+    # 50 rows: two full 32-row steps would need 64; one full step, then an 18-row tail configuration.
+    func, _ = _build_dense(AMX_TARGET, 50, 64, 256, pair)
+    asm = func.get_source("asm")
+    parallel = {name: body for name, body in _bodies(asm).items() if "_compute_" in name}
+    assert parallel, "the strips run in TVM's thread pool"
+    for name, body in parallel.items():
+        assert body.count("ldtilecfg") == 2, name  # the full step's configuration and the tail's
+        assert instruction in body and "tileloadd" in body and "tilestored" in body, name
+    # A step of 2 x 2 tiles: 4 products per K step in each configuration (loops may be unrolled).
+    assert asm.count(instruction) >= 8 and asm.count(instruction) % 4 == 0
+    # Tiles are never spilled: every tile store goes to the output's strip, not the stack.
+    stores = [line for line in asm.splitlines() if "tilestored" in line]
+    assert stores and not [line for line in stores if "%rsp" in line or "%rbp" in line]
+    assert "syscall" in asm  # the first run asks Linux for the tile state
+
+
+def test_dense_that_does_not_fill_tiles_says_why():
+    assert applicable(X86_AMX, 128, 96, (4, 24, 16, 4), "uint8", "int8").startswith("K=96")
+    assert "no int8 x int16" in applicable(X86_AMX, 128, 64, (4, 16, 16, 4), "int8", "int16")
+    assert applicable(None, 128, 64, (4, 16, 16, 4), "uint8", "int8") == "the target has no tile engine"
+    with tvm.target.Target(AMX_TARGET), pytest.raises(ValueError, match="tile depth 64"):
+        dense_pack_amx(autotvm.get_config(), te.placeholder((32, 96), "uint8"),
+                       te.placeholder((2, 24, 16, 4), "int8"))
+    with tvm.target.Target("llvm -mcpu=znver4"), pytest.raises(ValueError, match="no usable AMX"):
+        dense_pack_amx(autotvm.get_config(), te.placeholder((32, 64), "uint8"),
+                       te.placeholder((2, 16, 16, 4), "int8"))
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("pair", PAIRS[:2], ids=lambda p: f"{p[0]}x{p[1]}")
+def test_real_tiles_are_bit_exact_where_the_cpu_has_amx(shape, pair):
+    target = amx_runs_here()
+    func, out = _build_dense(target, *shape, pair, epilogue=pair == PAIRS[0])
+    assert "tdp" in func.get_source("asm")
+    got, expected = _run_dense(func, out, *shape, pair, pair == PAIRS[0], seed=5)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_decision_rules():
+    both = frozenset({"amx_tile", "amx_int8", "avx512_vnni"})
+    assert amx.decide(both, None, lambda: 0) == amx.AmxState(True, True, "tile state granted to this process")
+    refused = amx.decide(both, None, lambda: 22)
+    assert not refused.usable and "errno 22" in refused.reason
+    asked = []
+    assert not amx.decide(both, "off", lambda: asked.append(1) or 0).usable and not asked  # not even asked
+    assert amx.decide(frozenset({"amx_tile"}), None, lambda: 0) == amx.AmxState(
+        False, False, "this CPU reports no amx_tile and amx_int8")
+
+
+def _dense_module(k: int) -> tvm.IRModule:
+    data = relay.var("data", shape=(64, k), dtype="uint8")
+    weight = relay.const(np.random.default_rng(1).integers(-128, 128, (64, k)).astype("int8"))
+    out = relay.nn.dense(data, weight, out_dtype="int32")
+    return tvm.IRModule.from_expr(relay.Function([data], out))
+
+
+def _built_asm(mod, target) -> str:
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.build(mod, target=target).get_lib().get_source("asm")
+
+
+def test_relay_build_puts_a_filling_dense_on_tiles_and_keeps_the_rest_on_vnni():
+    assert "tdpbusd" in _built_asm(_dense_module(128), AMX_TARGET)
+    narrow = _built_asm(_dense_module(100), AMX_TARGET)  # K=100 pads to 104: not a tile depth
+    assert "tdpbusd" not in narrow and "vpdpbusd" in narrow
+
+
+def test_a_refused_tile_state_builds_vnni_with_one_warning(monkeypatch):
+    monkeypatch.setattr(amx, "state", lambda: amx.AmxState(True, False, "refused in this test"))
+    monkeypatch.setattr(amx, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = _built_asm(_dense_module(128), AMX_TARGET)
+        second = _built_asm(_dense_module(192), AMX_TARGET)
+    assert tile_isa(AMX_TARGET) is None
+    assert "tdpbusd" not in first + second and "vpdpbusd" in first and "vpdpbusd" in second
+    messages = [str(w.message) for w in caught if "AMX" in str(w.message)]
+    assert len(messages) == 1 and "refused in this test" in messages[0] and "VNNI" in messages[0]
+
+
+def test_the_environment_turns_tiles_off(monkeypatch):
+    monkeypatch.setenv(amx.ENV, "0")
+    monkeypatch.setattr(amx, "_warned", set())
+    amx.refresh()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert tile_isa(AMX_TARGET) is None
+    finally:
+        monkeypatch.delenv(amx.ENV)
+        amx.refresh()
+
+
+def test_relay_dense_on_real_tiles_matches_numpy():
+    target = amx_runs_here()
+    mod = _dense_module(192)
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=target)
+    assert "tdpbusd" in lib.get_lib().get_source("asm")
+    data = np.random.default_rng(2).integers(0, 256, (64, 192)).astype("uint8")
+    weight = mod["main"].body.args[1].data.numpy()
+    from tvm_tcutils import measure
+
+    runner = measure.graph_module(lib, {"data": data})
+    runner.run()
+    np.testing.assert_array_equal(runner.get_output(0).numpy(), data.astype(np.int64) @ weight.astype(np.int64).T)
+
+
+def test_host_target_keeps_the_tiles_a_generic_cpu_model_hides():
+    target = tvm.target.Target(tvm_tcutils.host_target())
+    if amx.state().host_has:
+        assert tile_isa(target) is not None or not amx.state().usable
