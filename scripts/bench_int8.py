@@ -78,14 +78,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils.bench import int8  # noqa: E402
 from tvm_tcutils.bench.int8 import (  # noqa: E402
-    avx2_peak_gops, bench_conv, bench_dense, bench_depthwise, bench_e2e, bench_encoder_ops, bench_pads,
+    amx_peak_gops, avx2_peak_gops, bench_conv, bench_dense, bench_depthwise, bench_e2e, bench_encoder_ops, bench_pads,
     bench_reduce_range, bench_transforms,
     peak_gops, report, resnet50_layers, set_threads,
 )
 from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.bench.table import timings_markdown  # noqa: E402
-from tvm_tcutils.dotprod.isa import for_target, range_isa  # noqa: E402
+from tvm_tcutils.dotprod.isa import for_target, range_isa, tile_isa  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -166,6 +166,12 @@ def main(argv=None) -> int:
         if isa.name == "x86_avx2":
             inexact = max(avx2_peak_gops(n, saturating=True) for _ in range(3))
             print(f"  for reference, the saturating vpmaddubsw+vpmaddwd step (not exact): {inexact:.0f} GOPS")
+    amx_peaks = {}
+    if tile_isa(int8.TARGET) is not None:
+        for n in args.threads:
+            set_threads(n)
+            amx_peaks[n] = max(amx_peak_gops(n) for _ in range(3))
+            print(f"measured int8 peak (register-only AMX tile loop), {n} thread(s): {amx_peaks[n]:.0f} GOPS")
     if args.encoder_ops:
         for name, n, row in bench_encoder_ops(args.threads, max(args.rounds, 3)):
             peak, ort = peaks.get(n), row.get("ORT MatMulInteger")
@@ -173,7 +179,10 @@ def main(argv=None) -> int:
             print(f"{name:<34} t={n}  {cells}  | ours/peak "
                   f"{row['ours untuned'] / peak if peak else float('nan'):5.1%}  ours/ORT MatMulInteger "
                   f"x{row['ours untuned'] / ort if ort else float('nan'):4.2f}", flush=True)
-            results.add(layer=name, threads=n, gops=row, peak_gops=peak)
+            if "ours AMX" in row:
+                print(f"{'':<34} AMX/peak {row['ours AMX'] / amx_peaks[n]:5.1%}  AMX/ORT MatMulInteger "
+                      f"x{row['ours AMX'] / ort if ort else float('nan'):4.2f}", flush=True)
+            results.add(layer=name, threads=n, gops=row, peak_gops=peak, amx_peak_gops=amx_peaks.get(n))
         results.write(args.json)
         return 0
     layers = [] if args.e2e_only else resnet50_layers()

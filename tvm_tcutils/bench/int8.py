@@ -22,8 +22,8 @@ import numpy as np
 from .._tvm import host_target, tvm
 from tvm import autotvm, relay, te, tir
 
-from ..dotprod.isa import for_target, range_isa
-from ..dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_PACK_TASK
+from ..dotprod.isa import for_target, range_isa, tile_isa
+from ..dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_AMX_TASK, DENSE_PACK_TASK
 from ..dotprod.topi import packing
 from ..files import atomic_path, cache_dir
 from ..measure import graph_module, time_function
@@ -112,6 +112,44 @@ def peak_gops(tasks: int, chains: int = 16, iters: int = 100_000) -> float:
     args = [nd(np.ones(4, "uint8")), nd(np.ones((lanes, 4), "int8")), nd(np.zeros((tasks, chains, lanes), "int32"))]
     seconds = timeit(lib, *args, min_ms=100) / 1e3
     return tasks * iters * chains * lanes * 4 * 2 / seconds / 1e9
+
+
+def amx_peak_gops(tasks: int, iters: int = 200_000) -> float:
+    """GOPS of a register-only tile loop per thread: two data and two weight tiles loaded once, four
+    accumulator tiles multiplied ``iters`` times (the step shape of the AMX kernels, through the package's
+    own tile program, :class:`~tvm_tcutils.dotprod.topi.tiles.Tiles`)."""
+    from ..dotprod.topi.tiles import Tiles, matrix
+
+    isa = tile_isa(TARGET)
+    variant = isa.variant("uint8", "int8")
+    rows, width = isa.rows, isa.row_bytes
+
+    def body(ins, outs):
+        a, b = ins
+        (c,) = outs
+        ib = tvm.tir.ir_builder.create()
+        with ib.for_range(0, tasks, name="task", kind="parallel") as task:
+            tiles = Tiles(ib, isa, variant, [(rows, width)] * 4 + [(rows, width)] * 2 + [(width // 4, width)] * 2)
+            for t in range(4):
+                tiles.zero(t)
+            for t in range(2):
+                tiles.load(4 + t, matrix(a, t * rows, 0))
+                tiles.load(6 + t, matrix(b, t * (width // 4), 0))
+            with ib.for_range(0, iters, name="i"):
+                for t in range(4):
+                    tiles.multiply(t, 4 + t // 2, 6 + t % 2)
+            for t in range(4):
+                tiles.store(t, matrix(c, (task * 4 + t) * rows, 0, element_bytes=4))
+        return ib.get()
+
+    a = te.placeholder((2 * rows, width), "uint8", name="A")
+    b = te.placeholder((width // 2, width), "int8", name="B")
+    c = te.extern((tasks * 4 * rows, isa.columns), [a, b], body, dtype="int32", name="peak")
+    lib = tvm.build(te.create_schedule(c.op), [a, b, c], target=TARGET)
+    args = [nd(np.ones((2 * rows, width), "uint8")), nd(np.ones((width // 2, width), "int8")),
+            nd(np.zeros([int(d) for d in c.shape], "int32"))]
+    seconds = timeit(lib, *args, min_ms=100) / 1e3
+    return tasks * iters * 4 * rows * isa.columns * width * 2 / seconds / 1e9
 
 
 def avx2_peak_gops(tasks: int, chains: int = 12, iters: int = 1_000_000, saturating: bool = False) -> float:
@@ -432,6 +470,10 @@ def bench_encoder_ops(threads, rounds: int = 5) -> list:
             w_p = packing.pack_dense_weight(weight, lanes)
             args = (te.placeholder(data.shape, "uint8"), te.placeholder(w_p.shape, "int8"), None, "int32")
             timer = ours(DENSE_PACK_TASK, args, [data, w_p], (m, w_p.shape[0] * lanes), 0, log_dir)
+            if tile_isa(TARGET) is not None and lanes == tile_isa(TARGET).columns:
+                # The tile kernel relay.build picks on this CPU, beside the VNNI kernel it replaces.
+                amx = ours(DENSE_AMX_TASK, args, [data, w_p], (m, w_p.shape[0] * lanes), 0, log_dir)
+                timer["ours AMX"] = amx["ours untuned"]
             for t in threads:
                 set_threads(t)
                 timers = {**timer, "ORT MatMulInteger": _ort_or_none(_ort_matmul_integer, data,
@@ -454,7 +496,8 @@ def bench_encoder_ops(threads, rounds: int = 5) -> list:
 
 
 def encoder_ops_markdown(payload: Mapping) -> str:
-    """The docs' per-op table from the JSON of ``scripts/bench_int8.py --encoder-ops``.
+    """The docs' per-op table from the JSON of ``scripts/bench_int8.py --encoder-ops`` (with the AMX
+    kernels' columns where the run timed them).
 
     Examples
     --------
@@ -462,19 +505,35 @@ def encoder_ops_markdown(payload: Mapping) -> str:
     ...        "gops": {"ours untuned": 320.0, "ORT MatMulInteger": 160.0}}
     >>> print(encoder_ops_markdown({"rows": [row]}).splitlines()[-1])
     | scores 4x128x64x128 | 1 | 320 | 80.0% | 160 | - | x2.00 |
+    >>> amx = dict(row, amx_peak_gops=4000.0, gops={"ours untuned": 320.0, "ours AMX": 2400.0,
+    ...                                             "ORT MatMulInteger": 1600.0})
+    >>> print(encoder_ops_markdown({"rows": [amx]}).splitlines()[-1])
+    | scores 4x128x64x128 | 1 | 320 | 80.0% | 2400 | 60.0% | 1600 | - | x2.00 | x1.50 |
     """
     from .table import markdown
+
+    tiles = any("ours AMX" in row["gops"] for row in payload["rows"])
+
+    def number(value, form="{:.0f}"):
+        return form.format(value) if value else "-"
 
     lines = []
     for row in payload["rows"]:
         gops = row["gops"]
         ours_gops, ort = gops.get("ours untuned"), gops.get("ORT MatMulInteger")
-        qlinear = gops.get("ORT QLinearMatMul")
-        lines.append([row["layer"], row["threads"], f"{ours_gops:.0f}", f"{100 * ours_gops / row['peak_gops']:.1f}%",
-                      f"{ort:.0f}" if ort else "-", f"{qlinear:.0f}" if qlinear else "-",
-                      f"x{ours_gops / ort:.2f}" if ort else "-"])
-    return markdown(["product", "threads", "tcutils GOPS (untuned)", "of peak", "ORT MatMulInteger GOPS",
-                     "ORT QLinearMatMul GOPS", "tcutils / MatMulInteger"], lines)
+        amx, amx_peak = gops.get("ours AMX"), row.get("amx_peak_gops")
+        line = [row["layer"], row["threads"], f"{ours_gops:.0f}", f"{100 * ours_gops / row['peak_gops']:.1f}%"]
+        if tiles:
+            line += [number(amx), f"{100 * amx / amx_peak:.1f}%" if amx and amx_peak else "-"]
+        line += [number(ort), number(gops.get("ORT QLinearMatMul")), f"x{ours_gops / ort:.2f}" if ort else "-"]
+        if tiles:
+            line.append(f"x{amx / ort:.2f}" if amx and ort else "-")
+        lines.append(line)
+    head = ["product", "threads", "tcutils GOPS (untuned)", "of peak"]
+    head += ["tcutils AMX GOPS", "of AMX peak"] if tiles else []
+    head += ["ORT MatMulInteger GOPS", "ORT QLinearMatMul GOPS", "tcutils / MatMulInteger"]
+    head += ["AMX / MatMulInteger"] if tiles else []
+    return markdown(head, lines)
 
 
 def _build_relay(expr, *params):
