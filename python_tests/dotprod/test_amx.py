@@ -15,6 +15,7 @@ from tvm import autotvm, relay, te
 
 from tvm_tcutils.dotprod import amx
 from tvm_tcutils.dotprod.isa import X86_AMX, tile_isa
+from tvm_tcutils.dotprod.topi.batch_matmul_amx import batch_matmul_amx, schedule_batch_matmul_amx
 from tvm_tcutils.dotprod.topi.common import requantized
 from tvm_tcutils.dotprod.topi.dense_amx import applicable, dense_pack_amx, schedule_dense_pack_amx
 from tvm_tcutils.dotprod.topi.tiles import reference_tiles
@@ -212,3 +213,53 @@ def test_host_target_keeps_the_tiles_a_generic_cpu_model_hides():
     target = tvm.target.Target(tvm_tcutils.host_target())
     if amx.state().host_has:
         assert tile_isa(target) is not None or not amx.state().usable
+
+
+#: (batch, M, K, N, transpose_a, transpose_b): a tail configuration, a one-block step (N = 48), x stored
+#: transposed, y stored (K, N).
+BMM_SHAPES = [(2, 20, 64, 32, False, True), (3, 48, 128, 48, False, True), (2, 32, 64, 32, True, True),
+              (2, 33, 64, 16, False, False)]
+
+
+def _bmm(target: str, shape, pair, reference: bool, seed: int = 0):
+    b, m, k, n, ta, tb = shape
+    x_shape, y_shape = ((b, k, m) if ta else (b, m, k)), ((b, n, k) if tb else (b, k, n))
+    x, y = te.placeholder(x_shape, pair[0], name="x"), te.placeholder(y_shape, pair[1], name="y")
+    with (reference_tiles() if reference else contextlib.nullcontext()), tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        out = batch_matmul_amx(cfg, x, y, transpose_a=ta, transpose_b=tb)
+        func = tvm.build(schedule_batch_matmul_amx(cfg, [out]), [x, y, out], target)
+    rng = np.random.default_rng(seed)
+    xv = rng.integers(*_RANGE[pair[0]], x_shape).astype(pair[0])
+    yv = rng.integers(*_RANGE[pair[1]], y_shape).astype(pair[1])
+    lhs = xv.transpose(0, 2, 1) if ta else xv
+    rhs = yv if tb else yv.transpose(0, 2, 1)
+    result = tvm.nd.empty((b, m, n), "int32")
+    func(tvm.nd.array(xv), tvm.nd.array(yv), result)
+    return func, result.numpy(), np.einsum("bmk,bnk->bmn", lhs.astype(np.int64), rhs.astype(np.int64))
+
+
+@pytest.mark.parametrize("shape", BMM_SHAPES, ids=lambda s: "x".join(map(str, s[:4])) + f"-{s[4]:d}{s[5]:d}")
+@pytest.mark.parametrize("pair", [("uint8", "uint8"), ("int8", "uint8")], ids=lambda p: f"{p[0]}x{p[1]}")
+def test_reference_form_batch_matmul_is_bit_exact(reference_target, shape, pair):
+    _, got, expected = _bmm(reference_target, shape, pair, reference=True)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("shape", BMM_SHAPES, ids=lambda s: "x".join(map(str, s[:4])) + f"-{s[4]:d}{s[5]:d}")
+def test_real_batch_matmul_is_bit_exact_where_the_cpu_has_amx(shape):
+    func, got, expected = _bmm(amx_runs_here(), shape, ("uint8", "uint8"), reference=False, seed=3)
+    assert "tdpbuud" in func.get_source("asm")  # u8 x u8 native: no sign flip, no correction
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_relay_batch_matmul_of_activations_goes_to_tiles():
+    x = relay.var("x", shape=(4, 128, 64), dtype="uint8")
+    y = relay.var("y", shape=(4, 128, 64), dtype="uint8")
+    mod = tvm.IRModule.from_expr(relay.Function([x, y], relay.nn.batch_matmul(x, y, out_dtype="int32")))
+    asm = _built_asm(mod, AMX_TARGET)
+    assert "tdpbuud" in asm and "ldtilecfg" in asm
+    odd = relay.var("z", shape=(4, 128, 48), dtype="uint8")  # K = 48: not a tile depth
+    mod = tvm.IRModule.from_expr(relay.Function([odd, y], relay.nn.batch_matmul(
+        odd, relay.strided_slice(y, [0, 0, 0], [4, 128, 48]), out_dtype="int32")))
+    assert "tdpbuud" not in _built_asm(mod, AMX_TARGET)

@@ -60,7 +60,7 @@ from tvm.topi.utils import get_const_tuple
 
 from .. import registry
 from .isa import DotProductISA, for_layer, for_target, range_isa, tile_isa
-from .topi import batch_matmul, conv2d_nchwc, dense_amx, dense_pack, depthwise
+from .topi import batch_matmul, batch_matmul_amx, conv2d_amx, conv2d_nchwc, dense_amx, dense_pack, depthwise
 from .topi.conv2d_nchwc import ROW_QUAD, rows_kernel_layout
 from .topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
 from .topi.pad import row_pad_applies, schedule_row_pad
@@ -72,6 +72,8 @@ CONV2D_NCHW_TASK = "tcutils.conv2d_nchw_dot"
 DENSE_PACK_TASK = "tcutils.dense_pack_dot"
 DENSE_TASK = "tcutils.dense_dot"
 DENSE_AMX_TASK = "tcutils.dense_pack_amx"
+BATCH_MATMUL_AMX_TASK = "tcutils.batch_matmul_amx"
+CONV2D_AMX_TASK = "tcutils.conv2d_nchwc_amx"
 BATCH_MATMUL_TASK = "tcutils.batch_matmul_dot"
 CONV2D_ROWS_TASK = "tcutils.conv2d_rows_dot"
 
@@ -353,6 +355,23 @@ def _packable_conv(attrs, types, isa) -> Optional[Tuple[int, int]]:
     return channel_block(shapes[0][1], isa.lanes), isa.lanes
 
 
+def _tile_conv(attrs, types, isa):
+    """``inputs -> contrib_conv2d_NCHWc`` in the tile conv's layouts (:mod:`.topi.conv2d_amx`) where the
+    target has a tile engine that takes this (already legal) conv2d; else None."""
+    shapes = _legal_conv_shapes(attrs, types, isa)
+    engine = tile_isa(tvm.target.Target.current(allow_none=True))
+    if shapes is None or engine is None or isa.kernel_range is not None:
+        return None
+    (_, c, _, _), (o, _, _, _) = shapes
+    if conv2d_amx.applicable(engine, c, o, attrs.groups, get_const_tuple(attrs.dilation), str(types[0].dtype),
+                             str(types[1].dtype)):
+        return None
+    data_layout, kernel_layout_, out_layout = conv2d_amx.layouts(engine)
+    new_attrs = {key: attrs[key] for key in attrs.keys()}
+    new_attrs.update(data_layout=data_layout, kernel_layout=kernel_layout_, out_layout=out_layout, out_dtype="int32")
+    return lambda inputs: relay.nn.contrib_conv2d_nchwc(inputs[0], inputs[1], **new_attrs)
+
+
 def _packable_rows(attrs, types, isa) -> bool:
     """Whether an (already legal) conv2d is one :func:`_rows_form` made (channels not a multiple of 4)."""
     shapes = None if isa is None or isa.name not in ROWS_ISAS else _legal_conv_shapes(attrs, types, isa)
@@ -421,6 +440,9 @@ def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
         # Widened here (AVX2), the cast folds with the kernel's layout transform, which Relay inserts.
         kernel = inputs[1] if k_dtype == str(types[1].dtype) else relay.cast(inputs[1], k_dtype)
         return relay.nn.conv2d(inputs[0], kernel, **new_attrs)
+    tiled = _tile_conv(attrs, list(types) + [out_type], isa)
+    if tiled is not None:
+        return tiled(inputs)
     blocks = _packable_conv(attrs, list(types) + [out_type], isa)
     if blocks is None:
         return None
@@ -515,6 +537,21 @@ def _applies_conv2d_nchwc(attrs, inputs, out_type, target, reduce_range: bool = 
     return oc_bn % isa.lanes == 0
 
 
+def _applies_conv2d_amx(attrs, inputs, out_type, target) -> bool:
+    engine = tile_isa(target)
+    if engine is None or not _int8_pair(inputs[0].dtype, inputs[1].dtype, out_type.dtype):
+        return False
+    d_shape, k_shape = _static(inputs[0].shape), _static(inputs[1].shape)
+    if d_shape is None or k_shape is None or len(d_shape) != 5 or len(k_shape) != 7:
+        return False
+    block = engine.row_bytes
+    return (d_shape[4] == block and k_shape[4:] == (block // engine.reduce, block, engine.reduce)
+            and attrs.data_layout == conv2d_amx.layouts(engine)[0]
+            and not conv2d_amx.applicable(engine, d_shape[1] * block, k_shape[0] * block, attrs.groups,
+                                          get_const_tuple(attrs.dilation), str(inputs[0].dtype),
+                                          str(inputs[1].dtype)))
+
+
 def _applies_conv2d(attrs, inputs, out_type, target) -> bool:
     isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype)
     return (
@@ -575,6 +612,15 @@ def _int8_batch_matmul_isa(inputs, out_type, target) -> Optional[DotProductISA]:
 def _applies_batch_matmul_dot(attrs, inputs, out_type, target) -> bool:
     isa = _int8_batch_matmul_isa(inputs, out_type, target)
     return isa is not None and batch_matmul.stored_pair(isa, inputs[0].dtype, inputs[1].dtype) is not None
+
+
+def _applies_batch_matmul_amx(attrs, inputs, out_type, target) -> bool:
+    if _int8_batch_matmul_isa(inputs, out_type, target) is None:
+        return False
+    (_, x1, x2), (_, y1, y2) = _static(inputs[0].shape), _static(inputs[1].shape)
+    m, k = (x2, x1) if attrs.transpose_a else (x1, x2)
+    n = y1 if attrs.transpose_b else y2
+    return not batch_matmul_amx.applicable(tile_isa(target), m, k, n, str(inputs[0].dtype), str(inputs[1].dtype))
 
 
 def _applies_batch_matmul_exact(attrs, inputs, out_type, target) -> bool:
@@ -645,6 +691,10 @@ def _row(name: str, task: str, wrap, applies, plevel: int = 30, **wrap_kwargs) -
 
 #: (op, strategy row) -- one table for every ISA.
 STRATEGY_ROWS = (
+    # AMX tiles for the convs the alter-layout hook gave their layouts (NCHW64c); the rows below otherwise.
+    ("nn.contrib_conv2d_NCHWc", _row(
+        "conv2d_nchwc_amx.tcutils", CONV2D_AMX_TASK, _strategy.wrap_compute_conv2d, _applies_conv2d_amx,
+        plevel=35, need_data_layout=True, need_out_layout=True)),
     ("nn.contrib_conv2d_NCHWc", _row(
         "conv2d_nchwc_dot.tcutils", CONV2D_NCHWC_TASK, _strategy.wrap_compute_conv2d,
         _applies_conv2d_nchwc, need_data_layout=True, need_out_layout=True)),
@@ -668,6 +718,9 @@ STRATEGY_ROWS = (
     ("nn.dense", _row("dense_dot.tcutils", DENSE_TASK, _strategy.wrap_compute_dense, _applies_dense)),
     # Every 8-bit batch_matmul on x86 (qnn.batch_matmul lowers to it): TVM's int8 schedule aborts
     # LLVM on VNNI targets and saturates on AVX-512BW ones; pairs the ISA lacks get the exact one.
+    ("nn.batch_matmul", _row(
+        "batch_matmul_amx.tcutils", BATCH_MATMUL_AMX_TASK, _strategy.wrap_compute_batch_matmul,
+        _applies_batch_matmul_amx, plevel=35, need_out_dtype=True)),
     ("nn.batch_matmul", _row(
         "batch_matmul_dot.tcutils", BATCH_MATMUL_TASK, _strategy.wrap_compute_batch_matmul,
         _applies_batch_matmul_dot, need_out_dtype=True)),
@@ -693,6 +746,7 @@ STRATEGY_ROWS = (
 
 #: AutoTVM task name -> (compute, schedule).
 TEMPLATES = {
+    CONV2D_AMX_TASK: (conv2d_amx.conv2d_nchwc_amx, conv2d_amx.schedule_conv2d_nchwc_amx),
     CONV2D_NCHWC_TASK: (conv2d_nchwc.conv2d_nchwc_dot, conv2d_nchwc.schedule_conv2d_nchwc_dot),
     CONV2D_NCHW_TASK: (conv2d_nchwc.conv2d_nchw_dot, conv2d_nchwc.schedule_conv2d_nchw_dot),
     CONV2D_ROWS_TASK: (conv2d_nchwc.conv2d_rows_dot, conv2d_nchwc.schedule_conv2d_nchwc_dot),
@@ -700,6 +754,7 @@ TEMPLATES = {
     DENSE_TASK: (dense_pack.dense_dot, dense_pack.schedule_dense_dot),
     DENSE_AMX_TASK: (dense_amx.dense_pack_amx, dense_amx.schedule_dense_pack_amx),
     BATCH_MATMUL_TASK: (batch_matmul.batch_matmul_dot, batch_matmul.schedule_batch_matmul_dot),
+    BATCH_MATMUL_AMX_TASK: (batch_matmul_amx.batch_matmul_amx, batch_matmul_amx.schedule_batch_matmul_amx),
 }
 
 #: (op, attribute, handler) of the layout hooks.

@@ -72,14 +72,40 @@ def fallback_tile(isa: TileISA, m: int, blocks: int) -> Tuple[int, int]:
     return min(tile_a, row_tiles), tile_b
 
 
-def _define_knobs(cfg, isa: TileISA, m: int, blocks: int) -> None:
+#: Tile products a parallel task runs at least, where the columns allow: each task loads its tile
+#: configuration and reaches the tiles through TVM's thread pool, which a task of a few products does not
+#: pay for (measured: see :func:`task_groups`).
+MIN_TASK_PRODUCTS = 256
+
+
+def task_groups(isa: TileISA, m: int, k: int, blocks: int, tile_b: int) -> int:
+    """Untuned strips of ``tile_b`` weight blocks per parallel task: the fewest that give a task
+    :data:`MIN_TASK_PRODUCTS` tile products (all strips where none does).
+
+    Examples
+    --------
+    >>> task_groups(X86_AMX, 128, 768, 48, 2), task_groups(X86_AMX, 128, 64, 8, 2)
+    (2, 4)
+    """
+    per_strip = -(-m // isa.rows) * tile_b * (k // isa.depth)
+    strips = blocks // tile_b
+    return next((g for g in divisors_up_to(strips, strips) if g * per_strip >= MIN_TASK_PRODUCTS), strips)
+
+
+def define_knobs(cfg, isa: TileISA, m: int, k: int, blocks: int) -> None:
+    """The knobs of a tile product of ``m`` rows by ``blocks`` column blocks over ``k``: ``tile_a`` /
+    ``tile_b`` (the step) and ``groups`` (strips a task), and their fallback (:func:`fallback_tile`,
+    :func:`task_groups`)."""
     cfg.define_knob("tile_a", list(range(1, isa.tiles)))
     cfg.define_knob("tile_b", divisors_up_to(blocks, isa.tiles))
-    cfg.multi_filter(filter=lambda e: isa.fits(e["tile_a"].val, e["tile_b"].val))
+    cfg.define_knob("groups", divisors_up_to(blocks, blocks))
+    cfg.multi_filter(filter=lambda e: isa.fits(e["tile_a"].val, e["tile_b"].val)
+                     and blocks % (e["tile_b"].val * e["groups"].val) == 0)
     if cfg.is_fallback:
         tile_a, tile_b = fallback_tile(isa, m, blocks)
         cfg["tile_a"] = OtherOptionEntity(tile_a)
         cfg["tile_b"] = OtherOptionEntity(tile_b)
+        cfg["groups"] = OtherOptionEntity(task_groups(isa, m, k, blocks, tile_b))
 
 
 def current_tile_isa(data_dtype: str, weight_dtype: str) -> TileISA:
@@ -131,7 +157,7 @@ def dense_pack_amx(cfg, data, weight, bias=None, out_dtype="int32"):
     why = applicable(isa, m, k, w_shape, str(data.dtype), str(weight.dtype))
     if why and m >= isa.rows:
         raise ValueError(f"dense_pack_amx: {why}")
-    _define_knobs(cfg, isa, m, w_shape[0])
+    define_knobs(cfg, isa, m, k, w_shape[0])
     lanes = isa.columns
     r_ko = te.reduce_axis((0, k // 4), name="k_outer")
     r_ki = te.reduce_axis((0, 4), name="k_inner")
@@ -151,26 +177,36 @@ def dense_pack_amx(cfg, data, weight, bias=None, out_dtype="int32"):
     return out
 
 
-def strip_intrin(isa: TileISA, m: int, k: int, tile_a: int, tile_b: int, data_dtype: str, weight_dtype: str):
-    """The tensor intrinsic of one task: ``(m, 16 * tile_b)`` int32 of ``m`` data rows by ``tile_b``
-    weight blocks over the whole ``k``, as one tile program (:class:`~.tiles.Tiles`)."""
+def strip_intrin(isa: TileISA, m: int, k: int, tile_a: int, tile_b: int, data_dtype: str, weight_dtype: str,
+                 batched: bool = False, groups: int = 1):
+    """The tensor intrinsic of one task: ``(m, 16 * tile_b * groups)`` int32 of ``m`` data rows by
+    ``groups`` strips of ``tile_b`` weight blocks over the whole ``k``, as one tile program
+    (:class:`~.tiles.Tiles`); ``batched``: each operand has a leading batch axis of extent 1 (one batch
+    of a batch_matmul)."""
     variant = isa.variant(data_dtype, weight_dtype)
     lanes, depth = isa.columns, isa.depth
-    a = te.placeholder((m, k), data_dtype, name="a")
-    w = te.placeholder((tile_b, k // 4, lanes, 4), weight_dtype, name="w")
+    lead = (1,) if batched else ()
+    a = te.placeholder(lead + (m, k), data_dtype, name="a")
+    w = te.placeholder(lead + (tile_b * groups, k // 4, lanes, 4), weight_dtype, name="w")
     r_ko = te.reduce_axis((0, k // 4), name="ko")
     r_ki = te.reduce_axis((0, 4), name="ki")
     c = te.compute(
-        (m, tile_b * lanes),
-        lambda i, j: te.sum(a[i, r_ko * 4 + r_ki].astype("int32")
-                            * w[j // lanes, r_ko, j % lanes, r_ki].astype("int32"), axis=[r_ko, r_ki]),
+        lead + (m, tile_b * groups * lanes),
+        lambda *idx: te.sum(a[idx[:-2] + (idx[-2], r_ko * 4 + r_ki)].astype("int32")
+                            * w[idx[:-2] + (idx[-1] // lanes, r_ko, idx[-1] % lanes, r_ki)].astype("int32"),
+                            axis=[r_ko, r_ki]),
         name="c",
     )
+    def batch_stride(name):
+        return [te.var(f"{name}_batch")] if batched else []
+
     binds = {
-        a: tvm.tir.decl_buffer(a.shape, a.dtype, name="a_buf", offset_factor=1, strides=[te.var("a_row"), 1]),
+        a: tvm.tir.decl_buffer(a.shape, a.dtype, name="a_buf", offset_factor=1,
+                               strides=batch_stride("a") + [te.var("a_row"), 1]),
         w: tvm.tir.decl_buffer(w.shape, w.dtype, name="w_buf", offset_factor=1,
-                               strides=[te.var("w_block"), lanes * 4, 4, 1]),
-        c: tvm.tir.decl_buffer(c.shape, c.dtype, name="c_buf", offset_factor=1, strides=[te.var("c_row"), 1]),
+                               strides=batch_stride("w") + [te.var("w_block"), lanes * 4, 4, 1]),
+        c: tvm.tir.decl_buffer(c.shape, c.dtype, name="c_buf", offset_factor=1,
+                               strides=batch_stride("c") + [te.var("c_row"), 1]),
     }
     step_rows = isa.rows * tile_a
     full, tail = divmod(m, step_rows)
@@ -186,30 +222,35 @@ def strip_intrin(isa: TileISA, m: int, k: int, tile_a: int, tile_b: int, data_dt
         (c_buf,) = outs
         ib = tvm.tir.ir_builder.create()
 
-        def steps(tiles: Tiles, row0, row_tiles: int) -> None:
+        def steps(tiles: Tiles, row0, row_tiles: int, block0) -> None:
             for t in range(row_tiles * tile_b):
                 tiles.zero(t)
             with ib.for_range(0, k // depth, name="kk") as kk:
                 for i in range(row_tiles):
                     tiles.load(tile_a * tile_b + i, matrix(a_buf, row0 + i * isa.rows, kk * depth))
                 for j in range(tile_b):
-                    tiles.load(tile_a * tile_b + tile_a + j, vnni_block(w_buf, j, kk * (depth // 4), isa))
+                    tiles.load(tile_a * tile_b + tile_a + j, vnni_block(w_buf, block0 + j, kk * (depth // 4), isa))
                 for i in range(row_tiles):
                     for j in range(tile_b):
                         tiles.multiply(i * tile_b + j, tile_a * tile_b + i, tile_a * tile_b + tile_a + j)
             for i in range(row_tiles):
                 for j in range(tile_b):
-                    tiles.store(i * tile_b + j, matrix(c_buf, row0 + i * isa.rows, j * lanes, element_bytes=4))
+                    tiles.store(i * tile_b + j, matrix(c_buf, row0 + i * isa.rows, (block0 + j) * lanes,
+                                                       element_bytes=4))
 
+        # Strips outermost: a strip's weight tiles serve every row step from L1 before the next strip's.
         if full:
             tiles = Tiles(ib, isa, variant, shapes([isa.rows] * tile_a))
-            with ib.for_range(0, full, name="step") as step:
-                steps(tiles, step * step_rows, tile_a)
+            with ib.for_range(0, groups, name="strip") as strip:
+                with ib.for_range(0, full, name="step") as step:
+                    steps(tiles, step * step_rows, tile_a, strip * tile_b)
         if tail:
             # The rows left: a configuration whose last data and accumulator tiles hold fewer rows.
             rows = [min(isa.rows, tail - i * isa.rows) for i in range(-(-tail // isa.rows))]
             rows += [isa.rows] * (tile_a - len(rows))
-            steps(Tiles(ib, isa, variant, shapes(rows)), full * step_rows, -(-tail // isa.rows))
+            tiles = Tiles(ib, isa, variant, shapes(rows))
+            with ib.for_range(0, groups, name="strip") as strip:
+                steps(tiles, full * step_rows, -(-tail // isa.rows), strip * tile_b)
         return ib.get()
 
     return te.decl_tensor_intrin(c.op, program, binds=binds)
@@ -235,24 +276,33 @@ def schedule_dense_pack_amx(cfg, outs):
     data, weight = dense.op.input_tensors
     isa = current_tile_isa(str(data.dtype), str(weight.dtype))
     m, k = get_const_tuple(data.shape)
-    tile_a, tile_b = cfg["tile_a"].val, cfg["tile_b"].val
-    intrin = strip_intrin(isa, m, k, tile_a, tile_b, str(data.dtype), str(weight.dtype))
-    out = outs[0]
-    inline_between(s, outs, dense)
-    if len(out.shape) != 2 or get_const_tuple(out.shape) != get_const_tuple(dense.shape):
-        out = dense
-    i, j = s[out].op.axis
-    j_o, j_i = s[out].split(j, factor=tile_b * isa.columns)
-    s[out].reorder(j_o, i, j_i)
-    s[out].parallel(j_o)
-    if out.op != dense.op:
-        s[dense].compute_at(s[out], j_o)
-        s[out].vectorize(s[out].split(j_i, factor=isa.columns)[1])
-        s[dense].tensorize(s[dense].op.axis[0], intrin)
-    else:
-        s[dense].tensorize(i, intrin)
+    tile_a, tile_b, groups = cfg["tile_a"].val, cfg["tile_b"].val, cfg["groups"].val
+    intrin = strip_intrin(isa, m, k, tile_a, tile_b, str(data.dtype), str(weight.dtype), groups=groups)
+    strips(s, outs, dense, isa, tile_b * groups, intrin)
     return s
 
 
-__all__ = ["TAG", "applicable", "dense_pack_amx", "schedule_dense_pack_amx", "strip_intrin", "fallback_tile"]
+def strips(s: te.Schedule, outs, product: te.Tensor, isa: TileISA, blocks: int, intrin) -> None:
+    """Run ``product`` (``(..., M, N)``) one parallel task per leading index and ``16 * blocks``
+    columns, each one tile program (``intrin``), with the elementwise ops between it and ``outs[0]``
+    inlined into one vectorized pass over the task's strip."""
+    out = outs[0]
+    inline_between(s, outs, product)
+    if get_const_tuple(out.shape) != get_const_tuple(product.shape):
+        out = product
+    *lead, i, j = s[out].op.axis
+    j_o, j_i = s[out].split(j, factor=blocks * isa.columns)
+    s[out].reorder(*lead, j_o, i, j_i)
+    task = s[out].fuse(*lead, j_o) if lead else j_o
+    s[out].parallel(task)
+    if out.op != product.op:
+        s[product].compute_at(s[out], task)
+        s[out].vectorize(s[out].split(j_i, factor=isa.columns)[1])
+        s[product].tensorize(s[product].op.axis[len(lead)], intrin)
+    else:
+        s[product].tensorize(i, intrin)
+
+
+__all__ = ["TAG", "applicable", "dense_pack_amx", "schedule_dense_pack_amx", "strip_intrin", "strips", "fallback_tile",
+           "define_knobs", "current_tile_isa"]
 

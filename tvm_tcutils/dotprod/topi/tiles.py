@@ -199,7 +199,8 @@ class Tiles:
 
 
 def matrix(buffer: tir.Buffer, row0, col0, element_bytes: int = 1) -> TileMemory:
-    """The tile at ``(row0, col0)`` of a 2-D ``buffer`` (row stride its first stride).
+    """The tile at ``(row0, col0)`` of the last two axes of ``buffer`` (leading axes of extent 1, as a
+    batch's slice binds; the row stride is the second-last axis' stride).
 
     Examples
     --------
@@ -207,17 +208,19 @@ def matrix(buffer: tir.Buffer, row0, col0, element_bytes: int = 1) -> TileMemory
     >>> int(matrix(b, 16, 0).stride)
     64
     """
-    stride = buffer.strides[0] if buffer.strides else buffer.shape[1]
+    lead = len(buffer.shape) - 2
+    stride = buffer.strides[lead] if buffer.strides else buffer.shape[lead + 1]
     return TileMemory(
         pointer=lambda access: buffer.access_ptr(access, offset=row0 * stride + col0),
         stride=stride * element_bytes,
-        element=lambda r, c: (buffer, [row0 + r, col0 + c]),
+        element=lambda r, c: (buffer, [0] * lead + [row0 + r, col0 + c]),
     )
 
 
 def vnni_block(buffer: tir.Buffer, block, quad0, isa: TileISA) -> TileMemory:
-    """The ``B`` tile of a weight packed ``(N / cols, K / 4, cols, 4)``: block ``block``'s quads from
-    ``quad0``, each quad row ``cols x 4`` contiguous bytes (the dot-product kernels' ``NC{L}n4c``).
+    """The ``B`` tile of a weight packed ``(N / cols, K / 4, cols, 4)`` (leading axes of extent 1 allowed):
+    block ``block``'s quads from ``quad0``, each quad row ``cols x 4`` contiguous bytes (the dot-product
+    kernels' ``NC{L}n4c``).
 
     Examples
     --------
@@ -226,9 +229,11 @@ def vnni_block(buffer: tir.Buffer, block, quad0, isa: TileISA) -> TileMemory:
     >>> int(vnni_block(w, 1, 16, X86_AMX).stride)
     64
     """
-    block_stride = buffer.strides[0] if buffer.strides else buffer.shape[1] * isa.row_bytes
+    lead = len(buffer.shape) - 4
+    block_stride = buffer.strides[lead] if buffer.strides else buffer.shape[lead + 1] * isa.row_bytes
     return TileMemory(
         pointer=lambda access: buffer.access_ptr(access, offset=block * block_stride + quad0 * isa.row_bytes),
         stride=tir.const(isa.row_bytes, "int64"),
-        element=lambda r, c: (buffer, [block, quad0 + r, tvm.tir.indexdiv(c, 4), tvm.tir.indexmod(c, 4)]),
+        element=lambda r, c: (buffer, [0] * lead + [block, quad0 + r, tvm.tir.indexdiv(c, 4),
+                                                    tvm.tir.indexmod(c, 4)]),
     )
