@@ -17,6 +17,7 @@ from tvm_tcutils.dotprod import amx
 from tvm_tcutils.dotprod.isa import X86_AMX, tile_isa
 from tvm_tcutils.dotprod.topi.batch_matmul_amx import batch_matmul_amx, schedule_batch_matmul_amx
 from tvm_tcutils.dotprod.topi.common import requantized
+from tvm_tcutils.dotprod.topi.conv2d_amx import conv2d_nchwc_amx, schedule_conv2d_nchwc_amx
 from tvm_tcutils.dotprod.topi.dense_amx import applicable, dense_pack_amx, schedule_dense_pack_amx
 from tvm_tcutils.dotprod.topi.tiles import reference_tiles
 
@@ -263,3 +264,109 @@ def test_relay_batch_matmul_of_activations_goes_to_tiles():
     mod = tvm.IRModule.from_expr(relay.Function([odd, y], relay.nn.batch_matmul(
         odd, relay.strided_slice(y, [0, 0, 0], [4, 128, 48]), out_dtype="int32")))
     assert "tdpbuud" not in _built_asm(mod, AMX_TARGET)
+
+
+#: (channels, height, width, out channels, kernel, stride, pad): a 3x3 row under one step (8 pixels), a
+#: 1x1 row of a full step and a tail (20), a strided 3x3 to 128 channels, a strided 1x1 across a wide row.
+CONV_SHAPES = [(64, 8, 8, 64, 3, 1, 1), (128, 6, 20, 64, 1, 1, 0), (64, 9, 11, 128, 3, 2, 1),
+               (128, 4, 40, 64, 1, 2, 0)]
+
+
+def _conv_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    _, _, h, wd = x.shape
+    _, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))).astype(np.int64)
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    out = np.zeros((x.shape[0], w.shape[0], oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j].astype(np.int64))
+    return out
+
+
+def _conv(target: str, shape, reference: bool, epilogue: bool = False, seed: int = 0):
+    c, h, wd, o, k, stride, pad = shape
+    data = te.placeholder((1, c // 64, h, wd, 64), "uint8", name="data")
+    kernel = te.placeholder((o // 64, c // 64, k, k, 16, 64, 4), "int8", name="kernel")
+    with (reference_tiles() if reference else contextlib.nullcontext()), tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        out = conv2d_nchwc_amx(cfg, data, kernel, stride, pad, 1, "NCHW64c", "NCHW64c")
+        args = [data, kernel]
+        if epilogue:
+            out = requantized(out, (1, 4))
+            args += list(out.op.input_tensors[1:])
+        func = tvm.build(schedule_conv2d_nchwc_amx(cfg, [out]), args + [out], target)
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (1, c, h, wd)).astype("uint8")
+    w = rng.integers(-128, 128, (o, c, k, k)).astype("int8")
+    inputs = [x.reshape(1, c // 64, 64, h, wd).transpose(0, 1, 3, 4, 2).copy(),
+              w.reshape(o // 64, 64, c // 64, 16, 4, k, k).transpose(0, 2, 5, 6, 3, 1, 4).copy()]
+    exact = _conv_reference(x, w, stride, pad)
+    expected = exact.reshape(1, o // 64, 64, *exact.shape[2:]).transpose(0, 1, 3, 4, 2)
+    if epilogue:
+        bias = rng.integers(-3000, 3000, (o // 64, 64)).astype("int32")
+        scale = rng.uniform(1e-4, 5e-4, (o // 64, 64)).astype("float32")
+        inputs += [bias, scale]
+        value = (expected + bias[None, :, None, None, :]).astype(np.float32) * scale[None, :, None, None, :]
+        expected = np.clip(np.rint(value), 0, 255).astype("uint8")
+    result = tvm.nd.empty([int(d) for d in out.shape], out.dtype)
+    func(*[tvm.nd.array(v) for v in inputs], result)
+    return func, result.numpy(), expected
+
+
+@pytest.mark.parametrize("shape", CONV_SHAPES, ids=lambda s: "c{}-{}x{}-o{}-k{}s{}p{}".format(*s))
+def test_reference_form_conv2d_is_bit_exact(reference_target, shape):
+    _, got, expected = _conv(reference_target, shape, reference=True, epilogue=shape[4] == 3)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("shape", CONV_SHAPES, ids=lambda s: "c{}-{}x{}-o{}-k{}s{}p{}".format(*s))
+def test_real_conv2d_is_bit_exact_where_the_cpu_has_amx(shape):
+    func, got, expected = _conv(amx_runs_here(), shape, reference=False, epilogue=shape[4] == 3, seed=4)
+    assert "tdpbusd" in func.get_source("asm")
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_conv_machine_code_configures_each_row_task():
+    data = te.placeholder((1, 2, 6, 40, 64), "uint8", name="data")  # 40 pixels: a 32-pixel step, an 8-pixel tail
+    kernel = te.placeholder((1, 2, 1, 1, 16, 64, 4), "int8", name="kernel")
+    with tvm.target.Target(AMX_TARGET):
+        cfg = autotvm.get_config()
+        out = conv2d_nchwc_amx(cfg, data, kernel, 1, 0, 1, "NCHW64c", "NCHW64c")
+        asm = tvm.build(schedule_conv2d_nchwc_amx(cfg, [out]), [data, kernel, out], AMX_TARGET).get_source("asm")
+    parallel = {name: body for name, body in _bodies(asm).items() if "_compute_" in name}
+    assert parallel and all(body.count("ldtilecfg") == 2 for body in parallel.values())  # full step + tail
+    assert not [line for line in asm.splitlines() if "tilestored" in line and ("%rsp" in line or "%rbp" in line)]
+
+
+def _conv_module() -> tvm.IRModule:
+    rng = np.random.default_rng(0)
+    x = relay.var("x", shape=(1, 64, 14, 14), dtype="uint8")
+    w1 = relay.const(rng.integers(-128, 128, (128, 64, 3, 3)).astype("int8"))
+    w2 = relay.const(rng.integers(-128, 128, (64, 128, 1, 1)).astype("int8"))
+    y = relay.nn.conv2d(x, w1, padding=(1, 1), out_dtype="int32", channels=128, kernel_size=(3, 3))
+    y = relay.cast(relay.clip(relay.right_shift(y, relay.const(12)), 0, 255), "uint8")
+    y = relay.nn.conv2d(y, w2, out_dtype="int32", channels=64, kernel_size=(1, 1), strides=(2, 2))
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def test_relay_convs_with_whole_64_channel_blocks_go_to_tiles():
+    asm = _built_asm(_conv_module(), AMX_TARGET)
+    assert "tdpbusd" in asm and "vpdpbusd" not in asm
+
+
+def test_relay_convs_on_real_tiles_match_the_vnni_build():
+    target = amx_runs_here()
+    from tvm_tcutils import measure
+
+    x = np.random.default_rng(1).integers(0, 256, (1, 64, 14, 14)).astype("uint8")
+    outputs = []
+    for build_target in (target, with_mattr(target, "-amx-tile", "-amx-int8")):
+        with tvm.transform.PassContext(opt_level=3):
+            lib = relay.build(_conv_module(), target=build_target)
+        runner = measure.graph_module(lib, {"x": x})
+        runner.run()
+        outputs.append(runner.get_output(0).numpy())
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    assert np.unique(outputs[0]).size > 100

@@ -508,7 +508,7 @@ def encoder_ops_markdown(payload: Mapping) -> str:
     >>> amx = dict(row, amx_peak_gops=4000.0, gops={"ours untuned": 320.0, "ours AMX": 2400.0,
     ...                                             "ORT MatMulInteger": 1600.0})
     >>> print(encoder_ops_markdown({"rows": [amx]}).splitlines()[-1])
-    | scores 4x128x64x128 | 1 | 320 | 80.0% | 2400 | 60.0% | 1600 | - | x2.00 | x1.50 |
+    | scores 4x128x64x128 | 1 | 320 | 80.0% | 2400 | 60.0% | 1600 | - | x0.20 | x1.50 |
     """
     from .table import markdown
 

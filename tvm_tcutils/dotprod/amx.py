@@ -15,12 +15,14 @@ tile kernels off, as ``ONEDNN_MAX_CPU_ISA`` does for oneDNN.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import dataclasses
 import functools
 import os
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 #: ``arch_prctl`` numbers (x86-64 Linux): the syscall, the permission request, the tile data feature.
 SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
@@ -30,6 +32,33 @@ ENV = "TCUTILS_AMX"
 
 #: /proc/cpuinfo flags of the engine the kernels use.
 CPU_FLAGS = ("amx_tile", "amx_int8")
+
+
+_REFERENCE: contextvars.ContextVar = contextvars.ContextVar("tcutils_reference_tiles", default=False)
+
+
+@contextlib.contextmanager
+def reference_tiles() -> Iterator[None]:
+    """Within it, tile kernels are built in the reference form (:mod:`.topi.tiles`: plain code with the
+    tiles' semantics, runs on any CPU), whatever this machine has.
+
+    Examples
+    --------
+    >>> with reference_tiles():
+    ...     inside = in_reference_form()
+    >>> inside, in_reference_form()
+    (True, False)
+    """
+    token = _REFERENCE.set(True)
+    try:
+        yield
+    finally:
+        _REFERENCE.reset(token)
+
+
+def in_reference_form() -> bool:
+    """Whether tile kernels built now take the reference form."""
+    return bool(_REFERENCE.get())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,13 +167,10 @@ def allowed_for(target) -> bool:
 
     Examples
     --------
-    >>> from tvm_tcutils.dotprod.topi.tiles import reference_tiles
     >>> with reference_tiles():
     ...     allowed_for(None)
     True
     """
-    from .topi.tiles import in_reference_form
-
     if in_reference_form():
         return True
     current = state()

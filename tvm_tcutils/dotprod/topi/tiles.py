@@ -13,44 +13,21 @@ the kernels run one program per parallel task. And the process must hold the til
 (:mod:`tvm_tcutils.dotprod.amx`), so the program's first run in a loaded module requests it (a flag in
 the module's data keeps that to once) and fails with TVM's error, not SIGILL, where Linux refuses.
 """
+# reference_tiles / in_reference_form live with the machine's side (..amx), which decides what may run
+# here; they are named here too, beside the forms they choose.
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-from typing import Callable, Iterator, List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 from ..._tvm import tvm
 from tvm import tir
 
-from ..amx import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
+from ..amx import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA, in_reference_form, reference_tiles
 from ..isa.base import DotVariant
 from ..isa.x86_amx import CONFIG, LOAD, STORE, ZERO, TileISA
 
-_REFERENCE: contextvars.ContextVar = contextvars.ContextVar("tcutils_reference_tiles", default=False)
-
-
-@contextlib.contextmanager
-def reference_tiles() -> Iterator[None]:
-    """Within it, tile kernels are built in the reference form (plain code, runs on any CPU).
-
-    Examples
-    --------
-    >>> with reference_tiles():
-    ...     inside = in_reference_form()
-    >>> inside, in_reference_form()
-    (True, False)
-    """
-    token = _REFERENCE.set(True)
-    try:
-        yield
-    finally:
-        _REFERENCE.reset(token)
-
-
-def in_reference_form() -> bool:
-    """Whether tile kernels built now take the reference form."""
-    return bool(_REFERENCE.get())
+__all__ = ["Tiles", "TileMemory", "config_words", "matrix", "vnni_block", "reference_tiles", "in_reference_form"]
 
 
 def config_words(isa: TileISA, shapes: Sequence[Tuple[int, int]]) -> List[int]:
