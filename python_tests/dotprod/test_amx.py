@@ -267,9 +267,10 @@ def test_relay_batch_matmul_of_activations_goes_to_tiles():
 
 
 #: (channels, height, width, out channels, kernel, stride, pad): a 3x3 row under one step (8 pixels), a
-#: 1x1 row of a full step and a tail (20), a strided 3x3 to 128 channels, a strided 1x1 across a wide row.
+#: flat 1x1 (its 6 rows of 20 one run of 120 pixels: steps and a tail), a strided 3x3 to 128 channels, a
+#: strided 1x1 across a wide row (a step and a tail), a flat 1x1 over a 7x7 plane (49 pixels: 32 + 16 + 1).
 CONV_SHAPES = [(64, 8, 8, 64, 3, 1, 1), (128, 6, 20, 64, 1, 1, 0), (64, 9, 11, 128, 3, 2, 1),
-               (128, 4, 40, 64, 1, 2, 0)]
+               (128, 4, 40, 64, 1, 2, 0), (128, 7, 7, 128, 1, 1, 0)]
 
 
 def _conv_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
@@ -317,13 +318,13 @@ def _conv(target: str, shape, reference: bool, epilogue: bool = False, seed: int
 
 @pytest.mark.parametrize("shape", CONV_SHAPES, ids=lambda s: "c{}-{}x{}-o{}-k{}s{}p{}".format(*s))
 def test_reference_form_conv2d_is_bit_exact(reference_target, shape):
-    _, got, expected = _conv(reference_target, shape, reference=True, epilogue=shape[4] == 3)
+    _, got, expected = _conv(reference_target, shape, reference=True, epilogue=shape[1] in (7, 8))
     np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("shape", CONV_SHAPES, ids=lambda s: "c{}-{}x{}-o{}-k{}s{}p{}".format(*s))
 def test_real_conv2d_is_bit_exact_where_the_cpu_has_amx(shape):
-    func, got, expected = _conv(amx_runs_here(), shape, reference=False, epilogue=shape[4] == 3, seed=4)
+    func, got, expected = _conv(amx_runs_here(), shape, reference=False, epilogue=shape[1] in (7, 8), seed=4)
     assert "tdpbusd" in func.get_source("asm")
     np.testing.assert_array_equal(got, expected)
 

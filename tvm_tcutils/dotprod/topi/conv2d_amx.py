@@ -76,14 +76,57 @@ def applicable(isa, in_channels: int, out_channels: int, groups: int, dilation, 
     return ""
 
 
-def _define_knobs(cfg, isa: TileISA, out_w: int, blocks: int) -> None:
+def flat_rows(isa: TileISA, out_h: int, out_w: int, tile_a: int) -> int:
+    """Untuned output rows a task of a flat conv (:func:`is_flat`) takes: the fewest whose pixels fill
+    whole steps of ``16 * tile_a`` (no tail configuration), else the whole image.
+
+    A 1x1 conv of stride 1 reads its pixels in the order it writes them, so a task's rows are one run of
+    pixels: ResNet-50's 7x7 stage gets 49-pixel tasks instead of 7-pixel rows (tiles a third full, the
+    weights loaded again for every row), its 56x56 stage 224-pixel ones.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
+    >>> flat_rows(X86_AMX, 56, 56, 2), flat_rows(X86_AMX, 28, 28, 2), flat_rows(X86_AMX, 7, 7, 2)
+    (4, 8, 7)
+    """
+    step = isa.rows * tile_a
+    return next((r for r in divisors_up_to(out_h, out_h) if r * out_w % step == 0), out_h)
+
+
+def is_flat(k_h: int, k_w: int, strides, padding) -> bool:
+    """Whether a conv reads one input pixel per output pixel in the same order (1x1, stride 1, no
+    padding): its rows then join into one run of pixels."""
+    return k_h == k_w == 1 and tuple(pair(strides)) == (1, 1) and not any(get_pad_tuple(padding, (1, 1)))
+
+
+def stacked_rows(out_h: int, tile_a: int) -> int:
+    """Untuned output rows a task of short rows (at most 16 pixels, one tile each) takes: the fewest
+    that fill whole steps of ``tile_a`` rows, else the fewest that fill one step, else all.
+
+    Examples
+    --------
+    >>> stacked_rows(14, 2), stacked_rows(7, 2), stacked_rows(1, 2)
+    (2, 7, 1)
+    """
+    divisors = divisors_up_to(out_h, out_h)
+    return next((r for r in divisors if r % tile_a == 0),
+                next((r for r in divisors if r >= tile_a), out_h))
+
+
+def _define_knobs(cfg, isa: TileISA, out_h: int, out_w: int, blocks: int, flat: bool) -> None:
+    stacked = not flat and out_w <= isa.rows
     cfg.define_knob("tile_a", list(range(1, isa.tiles)))
     cfg.define_knob("tile_b", divisors_up_to(blocks, isa.tiles))
+    cfg.define_knob("rows", divisors_up_to(out_h, out_h) if flat or stacked else [1])
     cfg.multi_filter(filter=lambda e: isa.fits(e["tile_a"].val, e["tile_b"].val))
     if cfg.is_fallback:
-        tile_a, tile_b = fallback_tile(isa, out_w, blocks)
+        pixels = out_h * out_w if flat else out_h * isa.rows if stacked else out_w
+        tile_a, tile_b = fallback_tile(isa, pixels, blocks)
         cfg["tile_a"] = OtherOptionEntity(tile_a)
         cfg["tile_b"] = OtherOptionEntity(tile_b)
+        rows = flat_rows(isa, out_h, out_w, tile_a) if flat else stacked_rows(out_h, tile_a) if stacked else 1
+        cfg["rows"] = OtherOptionEntity(rows)
 
 
 def conv2d_nchwc_amx(cfg, data, kernel, strides, padding, dilation, layout, out_layout, out_dtype="int32"):
@@ -122,7 +165,7 @@ def conv2d_nchwc_amx(cfg, data, kernel, strides, padding, dilation, layout, out_
     out_w = (in_w + pad_l + pad_r - k_w) // s_w + 1
     if out_h < 1 or out_w < 1:
         raise ValueError(f"empty conv2d output ({out_h}x{out_w}) for input {in_h}x{in_w}")
-    _define_knobs(cfg, isa, out_w, block // isa.columns)
+    _define_knobs(cfg, isa, out_h, out_w, block // isa.columns, is_flat(k_h, k_w, strides, padding))
     if pad_t or pad_l or pad_b or pad_r:
         data = topi.nn.pad(data, [0, 0, pad_t, pad_l, 0], [0, 0, pad_b, pad_r, 0], name="data_pad")
     r_ic = te.reduce_axis((0, ic_chunks), name="ic_outer")
@@ -143,15 +186,29 @@ def conv2d_nchwc_amx(cfg, data, kernel, strides, padding, dilation, layout, out_
     return conv
 
 
-def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[int], stride_w: int, out_w: int,
-               tile_a: int, tile_b: int, data_dtype: str, kernel_dtype: str):
-    """The tensor intrinsic of one task: one output row (``out_w`` pixels x 64 channels, int32) of one
-    output block, as one tile program."""
+def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[int], strides, out_w: int,
+               tile_a: int, tile_b: int, data_dtype: str, kernel_dtype: str, rows: int = 1):
+    """The tensor intrinsic of one task: ``rows`` output rows (``out_w`` pixels x 64 channels, int32) of
+    one output block, as one tile program over *pixel tiles* of three kinds:
+
+    * a flat conv's (:func:`is_flat`): the task's rows are one run of pixels in the data and the output,
+      cut into tiles of 16;
+    * one row (``rows == 1``): the row cut into tiles of 16 pixels at the horizontal stride;
+    * stacked rows (``rows > 1``, a row of at most 16 pixels): one tile a row, so that each weight tile
+      loaded serves ``tile_a`` rows (7x7 and 14x14 planes: rows of 7 or 14 pixels).
+
+    Steps of ``tile_a`` pixel tiles share each weight tile; the tiles left after the whole steps (fewer,
+    or a last one of fewer rows) run with a second tile configuration."""
     variant = isa.variant(data_dtype, kernel_dtype)
     ic_chunks, k_h, k_w = int(kernel_shape[1]), int(kernel_shape[2]), int(kernel_shape[3])
     block, quads, lanes = isa.row_bytes, isa.row_bytes // isa.reduce, isa.columns
+    stride_h, stride_w = pair(strides)
     in_w = (out_w - 1) * stride_w + k_w
-    d = te.placeholder((1, ic_chunks, k_h, in_w, block), data_dtype, name="d")
+    flat = rows > 1 and is_flat(k_h, k_w, strides, 0)
+    stacked = rows > 1 and not flat
+    if stacked and out_w > isa.rows:
+        raise ValueError(f"stacked rows need rows of at most {isa.rows} pixels, got {out_w}")
+    d = te.placeholder((1, ic_chunks, (rows - 1) * stride_h + k_h, in_w, block), data_dtype, name="d")
     w = te.placeholder((1, ic_chunks, k_h, k_w, quads, block, isa.reduce), kernel_dtype, name="w")
     r_ic = te.reduce_axis((0, ic_chunks), name="ic")
     r_kh = te.reduce_axis((0, k_h), name="kh")
@@ -159,27 +216,38 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
     r_icf = te.reduce_axis((0, quads), name="icf")
     r_ics = te.reduce_axis((0, isa.reduce), name="ics")
     c = te.compute(
-        (1, 1, 1, out_w, block),
+        (1, 1, rows, out_w, block),
         lambda n, o, y, x, oci: te.sum(
-            d[n, r_ic, y + r_kh, x * stride_w + r_kw, r_icf * isa.reduce + r_ics].astype("int32")
+            d[n, r_ic, y * stride_h + r_kh, x * stride_w + r_kw, r_icf * isa.reduce + r_ics].astype("int32")
             * w[o, r_ic, r_kh, r_kw, r_icf, oci, r_ics].astype("int32"),
             axis=[r_ic, r_kh, r_kw, r_icf, r_ics]),
         name="c",
     )
+    # A flat task's rows must follow each other in memory: its row pitch is fixed to a row's bytes.
+    d_h = in_w * block if flat else te.var("d_h")
+    c_h = out_w * block if flat else te.var("c_h")
     binds = {
         d: tvm.tir.decl_buffer(d.shape, d.dtype, name="d_buf", offset_factor=1,
-                               strides=[te.var("d_n"), te.var("d_c"), te.var("d_h"), block, 1]),
+                               strides=[te.var("d_n"), te.var("d_c"), d_h, block, 1]),
         w: tvm.tir.decl_buffer(w.shape, w.dtype, name="w_buf", offset_factor=1,
                                strides=[te.var("w_o"), te.var("w_c"), te.var("w_h"), te.var("w_w"),
                                         block * isa.reduce, isa.reduce, 1]),
         c: tvm.tir.decl_buffer(c.shape, c.dtype, name="c_buf", offset_factor=1,
-                               strides=[te.var("c_n"), te.var("c_c"), te.var("c_h"), block, 1]),
+                               strides=[te.var("c_n"), te.var("c_c"), c_h, block, 1]),
     }
-    step = isa.rows * tile_a
-    full, tail = divmod(out_w, step)
+    # Rows of each pixel tile (static), and how many lead in whole steps of equal tiles.
+    if stacked:
+        tile_rows = [out_w] * rows
+    else:
+        run = out_w * rows if flat else out_w
+        tile_rows = [min(isa.rows, run - start) for start in range(0, run, isa.rows)]
+    whole = len(tile_rows) if tile_rows[-1] == tile_rows[0] else len(tile_rows) - 1
+    full = whole // tile_a
+    tail_rows = tile_rows[full * tile_a:]
     groups = block // (lanes * tile_b)
 
     def shapes(rows_by_tile):
+        rows_by_tile = list(rows_by_tile) + [tile_rows[0]] * (tile_a - len(rows_by_tile))
         acc = [(rows_by_tile[i], isa.row_bytes) for i in range(tile_a) for _ in range(tile_b)]
         pixels = [(rows_by_tile[i], block) for i in range(tile_a)]
         return acc + pixels + [(quads, isa.row_bytes)] * tile_b
@@ -188,15 +256,24 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
         d_buf, w_buf = ins
         (c_buf,) = outs
         ib = tvm.tir.ir_builder.create()
-        d_row, w_quad = d_buf.strides[3], w_buf.strides[4]
+        d_col, w_quad, c_col = d_buf.strides[3], w_buf.strides[4], c_buf.strides[3]
 
-        def pixels(x0, ic, kh, kw) -> TileMemory:
+        def pixels(g, ic, kh, kw) -> TileMemory:
+            # Pixel tile g: its first pixel's output row and column, and the data row / column it reads.
+            if stacked:
+                row, col = g * stride_h + kh, kw
+                element = lambda r, ch: (d_buf, [0, ic, row, r * stride_w + kw, ch])  # noqa: E731
+            elif flat:
+                row, col = 0, g * isa.rows
+                element = lambda r, ch: (d_buf, [0, ic, (g * isa.rows + r) // in_w,  # noqa: E731
+                                                 (g * isa.rows + r) % in_w, ch])
+            else:
+                row, col = kh, g * isa.rows * stride_w + kw
+                element = lambda r, ch: (d_buf, [0, ic, kh, (g * isa.rows + r) * stride_w + kw, ch])  # noqa: E731
             return TileMemory(
                 pointer=lambda access: d_buf.access_ptr(
-                    access, offset=ic * d_buf.strides[1] + kh * d_buf.strides[2] + (x0 * stride_w + kw) * d_row),
-                stride=d_row * stride_w,
-                element=lambda r, col: (d_buf, [0, ic, kh, (x0 + r) * stride_w + kw, col]),
-            )
+                    access, offset=ic * d_buf.strides[1] + row * d_buf.strides[2] + col * d_col),
+                stride=d_col * stride_w, element=element)
 
         def weights(ic, kh, kw, oc0) -> TileMemory:
             return TileMemory(
@@ -207,21 +284,25 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
                 element=lambda r, col: (w_buf, [0, ic, kh, kw, r, oc0 + col // isa.reduce, col % isa.reduce]),
             )
 
-        def outputs(x0, oc0) -> TileMemory:
-            return TileMemory(
-                pointer=lambda access: c_buf.access_ptr(access, offset=x0 * c_buf.strides[3] + oc0),
-                stride=c_buf.strides[3] * 4,
-                element=lambda r, col: (c_buf, [0, 0, 0, x0 + r, oc0 + col]),
-            )
+        def outputs(g, oc0) -> TileMemory:
+            if stacked:
+                offset = g * c_buf.strides[2] + oc0
+                element = lambda r, col: (c_buf, [0, 0, g, r, oc0 + col])  # noqa: E731
+            else:  # flat or one row: the run's pixels follow each other
+                offset = g * isa.rows * c_col + oc0
+                element = lambda r, col: (c_buf, [0, 0, (g * isa.rows + r) // out_w,  # noqa: E731
+                                                  (g * isa.rows + r) % out_w, oc0 + col])
+            return TileMemory(pointer=lambda access: c_buf.access_ptr(access, offset=offset), stride=c_col * 4,
+                              element=element)
 
-        def steps(tiles: Tiles, x0, pixel_tiles: int, oc0) -> None:
+        def steps(tiles: Tiles, g0, pixel_tiles: int, oc0) -> None:
             for t in range(pixel_tiles * tile_b):
                 tiles.zero(t)
             with ib.for_range(0, ic_chunks, name="ic") as ic:
                 with ib.for_range(0, k_h, name="kh") as kh:
                     with ib.for_range(0, k_w, name="kw") as kw:
                         for i in range(pixel_tiles):
-                            tiles.load(tile_a * tile_b + i, pixels(x0 + i * isa.rows, ic, kh, kw))
+                            tiles.load(tile_a * tile_b + i, pixels(g0 + i, ic, kh, kw))
                         for j in range(tile_b):
                             tiles.load(tile_a * tile_b + tile_a + j, weights(ic, kh, kw, oc0 + j * lanes))
                         for i in range(pixel_tiles):
@@ -229,19 +310,17 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
                                 tiles.multiply(i * tile_b + j, tile_a * tile_b + i, tile_a * tile_b + tile_a + j)
             for i in range(pixel_tiles):
                 for j in range(tile_b):
-                    tiles.store(i * tile_b + j, outputs(x0 + i * isa.rows, oc0 + j * lanes))
+                    tiles.store(i * tile_b + j, outputs(g0 + i, oc0 + j * lanes))
 
         if full:
-            tiles = Tiles(ib, isa, variant, shapes([isa.rows] * tile_a))
+            tiles = Tiles(ib, isa, variant, shapes(tile_rows[:tile_a]))
             with ib.for_range(0, groups, name="strip") as strip:
-                with ib.for_range(0, full, name="step") as s:
-                    steps(tiles, s * step, tile_a, strip * tile_b * lanes)
-        if tail:
-            rows = [min(isa.rows, tail - i * isa.rows) for i in range(-(-tail // isa.rows))]
-            rows += [isa.rows] * (tile_a - len(rows))
-            tiles = Tiles(ib, isa, variant, shapes(rows))
+                with ib.for_range(0, full, name="step") as step:
+                    steps(tiles, step * tile_a, tile_a, strip * tile_b * lanes)
+        if tail_rows:
+            tiles = Tiles(ib, isa, variant, shapes(tail_rows))
             with ib.for_range(0, groups, name="strip") as strip:
-                steps(tiles, full * step, -(-tail // isa.rows), strip * tile_b * lanes)
+                steps(tiles, full * tile_a, len(tail_rows), strip * tile_b * lanes)
         return ib.get()
 
     return te.decl_tensor_intrin(c.op, program, binds=binds)
@@ -275,21 +354,23 @@ def schedule_conv2d_nchwc_amx(cfg, outs):
     inline_between(s, outs, conv)
     if get_const_tuple(out.shape) != get_const_tuple(conv.shape):
         out = conv
-    # The intrinsic reads a row's pixels at the conv's horizontal stride.
-    x_index = conv.op.body[0].source[0].a.value.indices[3]
-    stride_w = _stride_of(x_index)
+    # The intrinsic reads rows and pixels at the conv's strides.
+    indices = conv.op.body[0].source[0].a.value.indices
+    strides = (_stride_of(indices[2]), _stride_of(indices[3]))
+    rows = cfg["rows"].val
     n, oc, y, x, oci = s[out].op.axis
-    task = s[out].fuse(n, oc, y)
+    y_o, y_i = s[out].split(y, factor=rows)
+    task = s[out].fuse(n, oc, y_o)
     s[out].parallel(task)
     tile_a, tile_b = cfg["tile_a"].val, cfg["tile_b"].val
-    intrin = row_intrin(isa, get_const_tuple(data.shape), get_const_tuple(kernel.shape), stride_w,
-                        int(conv.shape[3]), tile_a, tile_b, str(data.dtype), str(kernel.dtype))
+    intrin = row_intrin(isa, get_const_tuple(data.shape), get_const_tuple(kernel.shape), strides,
+                        int(conv.shape[3]), tile_a, tile_b, str(data.dtype), str(kernel.dtype), rows)
     if out.op != conv.op:
         s[conv].compute_at(s[out], task)
         s[out].vectorize(s[out].split(oci, factor=isa.columns)[1])
-        s[conv].tensorize(s[conv].op.axis[3], intrin)
+        s[conv].tensorize(s[conv].op.axis[2 if rows > 1 else 3], intrin)
     else:
-        s[conv].tensorize(x, intrin)
+        s[conv].tensorize(y_i if rows > 1 else x, intrin)
     return s
 
 
