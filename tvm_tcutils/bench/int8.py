@@ -459,7 +459,7 @@ def bench_encoder_ops(threads, rounds: int = 5) -> list:
     """GOPS of an encoder's int8 products at 128 tokens: the package's dense and batch_matmul templates
     (untuned) against onnxruntime's ``MatMulInteger`` (int32 out, as ours) and ``QLinearMatMul`` (with its
     requantize); all in turns, per thread count. Returns ``(name, threads, {contender: GOPS})`` rows."""
-    from ..dotprod.strategy import BATCH_MATMUL_TASK
+    from ..dotprod.strategy import BATCH_MATMUL_AMX_TASK, BATCH_MATMUL_TASK
 
     lanes = for_target(TARGET).lanes
     rows = []
@@ -485,6 +485,8 @@ def bench_encoder_ops(threads, rounds: int = 5) -> list:
             y = RNG.integers(0, 256, (b, n, k)).astype("uint8")
             args = (te.placeholder(x.shape, "uint8"), te.placeholder(y.shape, "uint8"), None, "int32", False, True)
             timer = ours(BATCH_MATMUL_TASK, args, [x, y], (b, m, n), 0, log_dir)
+            if tile_isa(TARGET) is not None:
+                timer["ours AMX"] = ours(BATCH_MATMUL_AMX_TASK, args, [x, y], (b, m, n), 0, log_dir)["ours untuned"]
             for t in threads:
                 set_threads(t)
                 # onnxruntime's MatMulInteger takes B as (batch, K, N); a constant here (an activation in a

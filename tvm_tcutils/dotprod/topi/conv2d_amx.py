@@ -295,6 +295,14 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
             return TileMemory(pointer=lambda access: c_buf.access_ptr(access, offset=offset), stride=c_col * 4,
                               element=element)
 
+        # One tile of depth (a 1x1 conv of 64 channels): the strip's weight tiles are loaded once, before
+        # its steps.
+        single = ic_chunks * k_h * k_w == 1
+
+        def load_weights(tiles: Tiles, ic, kh, kw, oc0) -> None:
+            for j in range(tile_b):
+                tiles.load(tile_a * tile_b + tile_a + j, weights(ic, kh, kw, oc0 + j * lanes))
+
         def steps(tiles: Tiles, g0, pixel_tiles: int, oc0) -> None:
             for t in range(pixel_tiles * tile_b):
                 tiles.zero(t)
@@ -303,8 +311,8 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
                     with ib.for_range(0, k_w, name="kw") as kw:
                         for i in range(pixel_tiles):
                             tiles.load(tile_a * tile_b + i, pixels(g0 + i, ic, kh, kw))
-                        for j in range(tile_b):
-                            tiles.load(tile_a * tile_b + tile_a + j, weights(ic, kh, kw, oc0 + j * lanes))
+                        if not single:
+                            load_weights(tiles, ic, kh, kw, oc0)
                         for i in range(pixel_tiles):
                             for j in range(tile_b):
                                 tiles.multiply(i * tile_b + j, tile_a * tile_b + i, tile_a * tile_b + tile_a + j)
@@ -315,11 +323,15 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
         if full:
             tiles = Tiles(ib, isa, variant, shapes(tile_rows[:tile_a]))
             with ib.for_range(0, groups, name="strip") as strip:
+                if single:
+                    load_weights(tiles, 0, 0, 0, strip * tile_b * lanes)
                 with ib.for_range(0, full, name="step") as step:
                     steps(tiles, step * tile_a, tile_a, strip * tile_b * lanes)
         if tail_rows:
             tiles = Tiles(ib, isa, variant, shapes(tail_rows))
             with ib.for_range(0, groups, name="strip") as strip:
+                if single:
+                    load_weights(tiles, 0, 0, 0, strip * tile_b * lanes)
                 steps(tiles, full * tile_a, len(tail_rows), strip * tile_b * lanes)
         return ib.get()
 

@@ -222,14 +222,22 @@ def strip_intrin(isa: TileISA, m: int, k: int, tile_a: int, tile_b: int, data_dt
         (c_buf,) = outs
         ib = tvm.tir.ir_builder.create()
 
+        # One tile of depth (attention's 64-wide heads): the strip's weight tiles are loaded once, before
+        # its steps, instead of again with every step's data.
+        single = k == depth
+
+        def weights(tiles: Tiles, block0, kk) -> None:
+            for j in range(tile_b):
+                tiles.load(tile_a * tile_b + tile_a + j, vnni_block(w_buf, block0 + j, kk * (depth // 4), isa))
+
         def steps(tiles: Tiles, row0, row_tiles: int, block0) -> None:
             for t in range(row_tiles * tile_b):
                 tiles.zero(t)
             with ib.for_range(0, k // depth, name="kk") as kk:
                 for i in range(row_tiles):
                     tiles.load(tile_a * tile_b + i, matrix(a_buf, row0 + i * isa.rows, kk * depth))
-                for j in range(tile_b):
-                    tiles.load(tile_a * tile_b + tile_a + j, vnni_block(w_buf, block0 + j, kk * (depth // 4), isa))
+                if not single:
+                    weights(tiles, block0, kk)
                 for i in range(row_tiles):
                     for j in range(tile_b):
                         tiles.multiply(i * tile_b + j, tile_a * tile_b + i, tile_a * tile_b + tile_a + j)
@@ -242,6 +250,8 @@ def strip_intrin(isa: TileISA, m: int, k: int, tile_a: int, tile_b: int, data_dt
         if full:
             tiles = Tiles(ib, isa, variant, shapes([isa.rows] * tile_a))
             with ib.for_range(0, groups, name="strip") as strip:
+                if single:
+                    weights(tiles, strip * tile_b, 0)
                 with ib.for_range(0, full, name="step") as step:
                     steps(tiles, step * step_rows, tile_a, strip * tile_b)
         if tail:
@@ -250,6 +260,8 @@ def strip_intrin(isa: TileISA, m: int, k: int, tile_a: int, tile_b: int, data_dt
             rows += [isa.rows] * (tile_a - len(rows))
             tiles = Tiles(ib, isa, variant, shapes(rows))
             with ib.for_range(0, groups, name="strip") as strip:
+                if single:
+                    weights(tiles, strip * tile_b, 0)
                 steps(tiles, full * step_rows, -(-tail // isa.rows), strip * tile_b)
         return ib.get()
 
