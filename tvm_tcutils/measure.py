@@ -777,7 +777,8 @@ def machine() -> dict:
                     break
     except OSError:
         pass
-    wanted = ("avx512_vnni", "avx_vnni", "avx512f", "avx512bw", "avx2", "sse4_2", "avx512_bf16")
+    wanted = ("avx512_vnni", "avx_vnni", "avx512f", "avx512bw", "avx2", "sse4_2", "avx512_bf16", "amx_tile",
+              "amx_int8")
     return {
         "cpu": cpu,
         "features": [f for f in wanted if f in flags],
