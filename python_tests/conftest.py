@@ -397,9 +397,12 @@ def with_mattr(target: str, *features: str) -> str:
     A tile kernel in the reference form built for the host CPU plus the AMX features runs on any x86
     host: the features only choose the kernel, the code holds no tile instruction."""
     extra = ",".join(features)
-    if " -mattr=" in target:
-        return target.replace(" -mattr=", f" -mattr={extra},", 1)
-    return f"{target} -mattr={extra}"
+    head, sep, rest = target.partition(" -mattr=")
+    if not sep:
+        return f"{target} -mattr={extra}"
+    # After the existing ones: LLVM takes the last word on a feature.
+    attrs, space, tail = rest.partition(" ")
+    return f"{head} -mattr={attrs},{extra}{space}{tail}"
 
 
 def amx_runs_here() -> str:

@@ -88,7 +88,7 @@ def flat_rows(isa: TileISA, out_h: int, out_w: int, tile_a: int) -> int:
     --------
     >>> from tvm_tcutils.dotprod.isa import X86_AMX
     >>> flat_rows(X86_AMX, 56, 56, 2), flat_rows(X86_AMX, 28, 28, 2), flat_rows(X86_AMX, 7, 7, 2)
-    (4, 8, 7)
+    (4, 28, 7)
     """
     step = isa.rows * tile_a
     return next((r for r in divisors_up_to(out_h, out_h) if r * out_w % step == 0), out_h)

@@ -24,6 +24,7 @@ from tvm.topi.utils import get_const_tuple
 
 from ..isa.x86_amx import X86_AMX, TileISA
 from .common import divisors_up_to, inline_between, tagged_outputs
+from .dense_pack import packed_product
 from .tiles import Tiles, matrix, vnni_block
 
 #: Tag of the tile dense op.
@@ -158,23 +159,8 @@ def dense_pack_amx(cfg, data, weight, bias=None, out_dtype="int32"):
     if why and m >= isa.rows:
         raise ValueError(f"dense_pack_amx: {why}")
     define_knobs(cfg, isa, m, k, w_shape[0])
-    lanes = isa.columns
-    r_ko = te.reduce_axis((0, k // 4), name="k_outer")
-    r_ki = te.reduce_axis((0, 4), name="k_inner")
-    out = te.compute(
-        (m, w_shape[0] * lanes),
-        lambda i, j: te.sum(
-            data[i, r_ko * 4 + r_ki].astype("int32")
-            * weight[j // lanes, r_ko, j % lanes, r_ki].astype("int32"),
-            axis=[r_ko, r_ki],
-        ),
-        name="dense_pack_amx",
-        tag=TAG,
-    )
-    cfg.add_flop(2 * m * w_shape[0] * lanes * k)
-    if bias is not None:
-        out = te.compute(out.shape, lambda i, j: out[i, j] + bias[j].astype("int32"), tag="injective,bias")
-    return out
+    cfg.add_flop(2 * m * w_shape[0] * isa.columns * k)
+    return packed_product(data, weight, isa.columns, bias, "dense_pack_amx", TAG)
 
 
 def strip_intrin(isa: TileISA, m: int, k: int, tile_a: int, tile_b: int, data_dtype: str, weight_dtype: str,

@@ -108,6 +108,23 @@ def dense_pack_dot(cfg, data, weight, bias=None, out_dtype="int32"):
         raise ValueError(f"weight block {lanes} is not a multiple of {isa.name}'s {isa.lanes} lanes")
     n = w_shape[0] * lanes
     _define_knobs(cfg, isa, m, w_shape[0], k // 4, lanes)
+    cfg.add_flop(2 * m * n * k)
+    return packed_product(data, weight, lanes, bias, "dense_pack_dot", TAG)
+
+
+def packed_product(data: te.Tensor, weight: te.Tensor, lanes: int, bias, name: str, tag: str) -> te.Tensor:
+    """``data @ unpack(weight).T`` in int32 on an ``NC{lanes}n4c`` weight (plus ``bias``): the compute the
+    dot-product and the tile kernels (:mod:`.dense_amx`) schedule, each under its own ``tag``.
+
+    Examples
+    --------
+    >>> d = te.placeholder((2, 8), "uint8"); w = te.placeholder((1, 2, 16, 4), "int8")
+    >>> out = packed_product(d, w, 16, None, "p", "p")
+    >>> [int(x) for x in out.shape], out.op.tag
+    ([2, 16], 'p')
+    """
+    m, k = get_const_tuple(data.shape)
+    n = int(weight.shape[0]) * lanes
     r_ko = te.reduce_axis((0, k // 4), name="k_outer")
     r_ki = te.reduce_axis((0, 4), name="k_inner")
     out = te.compute(
@@ -117,10 +134,9 @@ def dense_pack_dot(cfg, data, weight, bias=None, out_dtype="int32"):
             * weight[j // lanes, r_ko, j % lanes, r_ki].astype("int32"),
             axis=[r_ko, r_ki],
         ),
-        name="dense_pack_dot",
-        tag=TAG,
+        name=name,
+        tag=tag,
     )
-    cfg.add_flop(2 * m * n * k)
     if bias is not None:
         out = te.compute((m, n), lambda i, j: out[i, j] + bias[j].astype("int32"), tag="injective,bias")
     return out
