@@ -371,3 +371,21 @@ def test_relay_convs_on_real_tiles_match_the_vnni_build():
         outputs.append(runner.get_output(0).numpy())
     np.testing.assert_array_equal(outputs[0], outputs[1])
     assert np.unique(outputs[0]).size > 100
+
+
+def test_a_tuned_vnni_record_does_not_take_a_tile_dense_back(tmp_path):
+    # TVM prefers an implementation with a tuned record over a higher plevel: a VNNI log (what tuning a
+    # model extracts) must not send the tile dense back to VNNI.
+    from tvm.autotvm.measure import MeasureInput, MeasureResult
+    from tvm.autotvm.record import encode
+    from tvm_tcutils.dotprod.strategy import DENSE_PACK_TASK
+
+    target = tvm.target.Target(AMX_TARGET)
+    args = (te.placeholder((64, 128), "uint8"), te.placeholder((4, 32, 16, 4), "int8"), None, "int32")
+    task = autotvm.task.create(DENSE_PACK_TASK, args=args, target=target)
+    log = tmp_path / "vnni.log"
+    log.write_text(encode(MeasureInput(target, task, task.config_space.get(0)),
+                          MeasureResult((1e-9,), 0, 0.1, 0.0)) + "\n")
+    with autotvm.apply_history_best(str(log)):
+        asm = _built_asm(_dense_module(128), AMX_TARGET)
+    assert "tdpbusd" in asm

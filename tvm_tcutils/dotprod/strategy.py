@@ -526,6 +526,8 @@ def _applies_conv2d_nchwc(attrs, inputs, out_type, target, reduce_range: bool = 
     isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype, widened=True, reduce_range=reduce_range)
     if isa is None or attrs.groups != 1 or len(inputs[0].shape) != 5:
         return False
+    if _applies_conv2d_amx(attrs, inputs, out_type, target):
+        return False  # tiles alone (note at _applies_dense_amx)
     if conv_kernel_marked(_static(inputs[1].shape)) != reduce_range or len(inputs[1].shape) != 7 + reduce_range:
         return False
     try:
@@ -575,12 +577,17 @@ def _applies_dense_pack(attrs, inputs, out_type, target, reduce_range: bool = Fa
     isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype, reduce_range=reduce_range)
     if isa is None or len(inputs[1].shape) != 4 or len(inputs[0].shape) != 2:
         return False
+    if _applies_dense_amx(attrs, inputs, out_type, target):
+        return False  # tiles alone (note at _applies_dense_amx)
     w_shape, k = _static(inputs[1].shape), int(inputs[0].shape[1])
     if k % 4 or dense_weight_marked(w_shape, k) != reduce_range:
         return False
     return w_shape[3] == 4 and w_shape[2] % isa.lanes == 0 and w_shape[1] * 4 == k + 4 * reduce_range
 
 
+# Where a tile row applies, the vector row of the same op does not: TVM picks an implementation that has a
+# tuned record over the highest ``plevel``, so a log of VNNI records (what AutoTVM extracts and the layout
+# hooks carry, with AlterOpLayout off) would otherwise send every tile op back to VNNI, 2-4x slower.
 def _applies_dense_amx(attrs, inputs, out_type, target) -> bool:
     # The packed weight of the target's vector row (NC16n4c) is also the tile kernels' B layout.
     if len(inputs[0].shape) != 2 or not _int8_pair(inputs[0].dtype, inputs[1].dtype, out_type.dtype):
@@ -611,7 +618,9 @@ def _int8_batch_matmul_isa(inputs, out_type, target) -> Optional[DotProductISA]:
 
 def _applies_batch_matmul_dot(attrs, inputs, out_type, target) -> bool:
     isa = _int8_batch_matmul_isa(inputs, out_type, target)
-    return isa is not None and batch_matmul.stored_pair(isa, inputs[0].dtype, inputs[1].dtype) is not None
+    if isa is None or _applies_batch_matmul_amx(attrs, inputs, out_type, target):
+        return False  # tiles alone (note at _applies_dense_amx)
+    return batch_matmul.stored_pair(isa, inputs[0].dtype, inputs[1].dtype) is not None
 
 
 def _applies_batch_matmul_amx(attrs, inputs, out_type, target) -> bool:
