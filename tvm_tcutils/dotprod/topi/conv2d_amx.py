@@ -398,3 +398,230 @@ def _stride_of(index) -> int:
         if isinstance(term, (tir.Add, tir.Sub)):
             terms += [term.a, term.b]
     return 1
+
+
+# --------------------------------------------------------------------------
+# Few-channel convs (an RGB stem): pixels x taps in a tile row
+# --------------------------------------------------------------------------
+#: Channels of a stem pixel in its ``NHWC`` data (an RGB image's 3, zero-padded): one 4-value group.
+STEM_CHANNELS = 4
+
+
+def stem_layouts(isa: TileISA) -> Tuple[str, str, str]:
+    """``(data, kernel, out)`` layouts of the stem conv: ``NHWC`` data of :data:`STEM_CHANNELS` channels,
+    the kernel's taps padded to a tile row (16 pixels of 4 channels) and blocked by 64 output channels.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
+    >>> stem_layouts(X86_AMX)
+    ('NHWC', 'OHW64oI', 'NCHW64c')
+    """
+    return "NHWC", f"OHW{isa.row_bytes}oI", f"NCHW{isa.row_bytes}c"
+
+
+def stem_taps(isa: TileISA) -> int:
+    """Kernel columns one tile row holds: ``row_bytes / STEM_CHANNELS`` pixels (16).
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
+    >>> stem_taps(X86_AMX)
+    16
+    """
+    return isa.row_bytes // STEM_CHANNELS
+
+
+def conv2d_stem_amx(cfg, data, kernel, strides, padding, dilation, data_layout, kernel_layout, out_layout,
+                    out_dtype="int32"):
+    """int8 conv2d of a few-channel image on AMX tiles, no channel blocks needed.
+
+    A tile row is 64 bytes of the ``NHWC`` image from an output pixel's first input pixel: 16 pixels of 4
+    channels, i.e. every tap of a kernel row (zero-padded to 16) at once, and the next output pixel's row
+    starts ``stride * 4`` bytes further (the rows overlap). So a 7x7 RGB stem is 7 tile products per
+    16 pixels and 16 output channels, with no copy of the image into columns. The legalization hook
+    writes such a conv in this form (``NHWC`` data padded to 4 channels and to whole tile rows, the
+    kernel's columns to 16, exact); the alter-layout hook blocks its kernel by 64 output channels.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        ``(N, H, W, 4)`` uint8/int8, already padded (``padding`` must be 0).
+    kernel : te.Tensor
+        ``(O/64, KH, 16, 64, 4)`` int8/uint8.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((1, 13, 30, 4), "uint8"); k = te.placeholder((1, 7, 16, 64, 4), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=sapphirerapids"):
+    ...     out = conv2d_stem_amx(autotvm.get_config(), d, k, 2, 0, 1, "NHWC", "OHW64oI", "NCHW64c")
+    >>> [int(x) for x in out.shape]
+    [1, 1, 4, 8, 64]
+    """
+    if out_dtype not in ("int32", None, ""):
+        raise ValueError(f"out_dtype must be 'int32' for an AMX conv2d, got {out_dtype!r}")
+    isa = current_tile_isa(str(data.dtype), str(kernel.dtype))
+    block, taps = isa.row_bytes, stem_taps(isa)
+    d_shape, k_shape = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
+    if len(d_shape) != 4 or d_shape[3] != STEM_CHANNELS:
+        raise ValueError(f"data must be NHWC with {STEM_CHANNELS} channels, got shape {d_shape}")
+    if len(k_shape) != 5 or k_shape[2:] != (taps, block, STEM_CHANNELS):
+        raise ValueError(f"kernel must be (O/{block}, KH, {taps}, {block}, {STEM_CHANNELS}), got {k_shape}")
+    if any(get_pad_tuple(padding, (1, 1))) or tuple(pair(dilation)) != (1, 1):
+        raise ValueError("conv2d_stem_amx takes padded data (padding 0) and no dilation")
+    batch, in_h, in_w, _ = d_shape
+    oc_chunks, k_h = k_shape[:2]
+    s_h, s_w = pair(strides)
+    out_h, out_w = (in_h - k_h) // s_h + 1, (in_w - taps) // s_w + 1
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"empty conv2d output ({out_h}x{out_w}) for input {in_h}x{in_w}")
+    _define_knobs(cfg, isa, out_h, out_w, block // isa.columns, flat=False)
+    r_kh = te.reduce_axis((0, k_h), name="kh")
+    r_kw = te.reduce_axis((0, taps), name="kw")
+    r_c = te.reduce_axis((0, STEM_CHANNELS), name="c")
+    conv = te.compute(
+        (batch, oc_chunks, out_h, out_w, block),
+        lambda n, oc, y, x, oci: te.sum(
+            data[n, y * s_h + r_kh, x * s_w + r_kw, r_c].astype("int32")
+            * kernel[oc, r_kh, r_kw, oci, r_c].astype("int32"),
+            axis=[r_kh, r_kw, r_c]),
+        name="conv2d_stem_amx", tag=STEM_TAG,
+    )
+    cfg.add_flop(2 * batch * oc_chunks * block * out_h * out_w * k_h * taps * STEM_CHANNELS)
+    return conv
+
+
+#: Tag of the stem conv.
+STEM_TAG = "conv2d_stem_amx"
+
+
+def stem_intrin(isa: TileISA, k_h: int, stride_w: int, out_w: int, tile_a: int, tile_b: int, data_dtype: str,
+                kernel_dtype: str):
+    """The tensor intrinsic of one stem task: one output row (``out_w`` pixels x 64 channels)."""
+    variant = isa.variant(data_dtype, kernel_dtype)
+    block, taps, lanes = isa.row_bytes, stem_taps(isa), isa.columns
+    in_w = (out_w - 1) * stride_w + taps
+    d = te.placeholder((1, k_h, in_w, STEM_CHANNELS), data_dtype, name="d")
+    w = te.placeholder((1, k_h, taps, block, STEM_CHANNELS), kernel_dtype, name="w")
+    r_kh = te.reduce_axis((0, k_h), name="kh")
+    r_kw = te.reduce_axis((0, taps), name="kw")
+    r_c = te.reduce_axis((0, STEM_CHANNELS), name="c")
+    c = te.compute(
+        (1, 1, 1, out_w, block),
+        lambda n, o, y, x, oci: te.sum(
+            d[n, y + r_kh, x * stride_w + r_kw, r_c].astype("int32")
+            * w[o, r_kh, r_kw, oci, r_c].astype("int32"), axis=[r_kh, r_kw, r_c]),
+        name="c",
+    )
+    binds = {
+        d: tvm.tir.decl_buffer(d.shape, d.dtype, name="d_buf", offset_factor=1,
+                               strides=[te.var("d_n"), te.var("d_h"), STEM_CHANNELS, 1]),
+        w: tvm.tir.decl_buffer(w.shape, w.dtype, name="w_buf", offset_factor=1,
+                               strides=[te.var("w_o"), te.var("w_h"), block * STEM_CHANNELS, STEM_CHANNELS, 1]),
+        c: tvm.tir.decl_buffer(c.shape, c.dtype, name="c_buf", offset_factor=1,
+                               strides=[te.var("c_n"), te.var("c_c"), te.var("c_h"), block, 1]),
+    }
+    tile_rows = [min(isa.rows, out_w - start) for start in range(0, out_w, isa.rows)]
+    whole = len(tile_rows) if tile_rows[-1] == tile_rows[0] else len(tile_rows) - 1
+    full = whole // tile_a
+    tail_rows = tile_rows[full * tile_a:]
+    groups = block // (lanes * tile_b)
+
+    def shapes(rows_by_tile):
+        rows_by_tile = list(rows_by_tile) + [isa.rows] * (tile_a - len(rows_by_tile))
+        acc = [(rows_by_tile[i], isa.row_bytes) for i in range(tile_a) for _ in range(tile_b)]
+        pixels = [(rows_by_tile[i], block) for i in range(tile_a)]
+        return acc + pixels + [(taps, isa.row_bytes)] * tile_b
+
+    def program(ins, outs):
+        d_buf, w_buf = ins
+        (c_buf,) = outs
+        ib = tvm.tir.ir_builder.create()
+
+        def pixels(g, kh) -> TileMemory:
+            # Output pixels 16g...: rows of 64 bytes from each one's first input pixel, stride * 4 apart.
+            return TileMemory(
+                pointer=lambda access: d_buf.access_ptr(
+                    access, offset=kh * d_buf.strides[1] + g * isa.rows * stride_w * STEM_CHANNELS),
+                stride=stride_w * STEM_CHANNELS,
+                element=lambda r, b: (d_buf, [0, kh, (g * isa.rows + r) * stride_w + b // STEM_CHANNELS,
+                                              b % STEM_CHANNELS]))
+
+        def weights(kh, oc0) -> TileMemory:
+            return TileMemory(
+                pointer=lambda access: w_buf.access_ptr(access, offset=kh * w_buf.strides[1] + oc0 * STEM_CHANNELS),
+                stride=block * STEM_CHANNELS,
+                element=lambda r, b: (w_buf, [0, kh, r, oc0 + b // STEM_CHANNELS, b % STEM_CHANNELS]))
+
+        def outputs(g, oc0) -> TileMemory:
+            return TileMemory(
+                pointer=lambda access: c_buf.access_ptr(access, offset=g * isa.rows * block + oc0),
+                stride=block * 4, element=lambda r, col: (c_buf, [0, 0, 0, g * isa.rows + r, oc0 + col]))
+
+        def steps(tiles: Tiles, g0, pixel_tiles: int, oc0) -> None:
+            for t in range(pixel_tiles * tile_b):
+                tiles.zero(t)
+            with ib.for_range(0, k_h, name="kh") as kh:
+                for i in range(pixel_tiles):
+                    tiles.load(tile_a * tile_b + i, pixels(g0 + i, kh))
+                for j in range(tile_b):
+                    tiles.load(tile_a * tile_b + tile_a + j, weights(kh, oc0 + j * lanes))
+                for i in range(pixel_tiles):
+                    for j in range(tile_b):
+                        tiles.multiply(i * tile_b + j, tile_a * tile_b + i, tile_a * tile_b + tile_a + j)
+            for i in range(pixel_tiles):
+                for j in range(tile_b):
+                    tiles.store(i * tile_b + j, outputs(g0 + i, oc0 + j * lanes))
+
+        if full:
+            tiles = Tiles(ib, isa, variant, shapes(tile_rows[:tile_a]))
+            with ib.for_range(0, groups, name="strip") as strip:
+                with ib.for_range(0, full, name="step") as step:
+                    steps(tiles, step * tile_a, tile_a, strip * tile_b * lanes)
+        if tail_rows:
+            tiles = Tiles(ib, isa, variant, shapes(tail_rows))
+            with ib.for_range(0, groups, name="strip") as strip:
+                steps(tiles, full * tile_a, len(tail_rows), strip * tile_b * lanes)
+        return ib.get()
+
+    return te.decl_tensor_intrin(c.op, program, binds=binds)
+
+
+def schedule_conv2d_stem_amx(cfg, outs):
+    """Schedule :func:`conv2d_stem_amx`: one task per image, output block and row.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((1, 13, 30, 4), "uint8"); k = te.placeholder((1, 7, 16, 64, 4), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=sapphirerapids"):
+    ...     cfg = autotvm.get_config()
+    ...     out = conv2d_stem_amx(cfg, d, k, 2, 0, 1, "NHWC", "OHW64oI", "NCHW64c")
+    ...     s = schedule_conv2d_stem_amx(cfg, [out])
+    >>> "tdpbusd" in str(tvm.lower(s, [d, k, out]))
+    True
+    """
+    outs, conv = tagged_outputs(outs, STEM_TAG)
+    s = te.create_schedule([t.op for t in outs])
+    data, kernel = conv.op.input_tensors
+    isa = current_tile_isa(str(data.dtype), str(kernel.dtype))
+    out = outs[0]
+    inline_between(s, outs, conv)
+    if get_const_tuple(out.shape) != get_const_tuple(conv.shape):
+        out = conv
+    stride_w = _stride_of(conv.op.body[0].source[0].a.value.indices[2])
+    n, oc, y, x, oci = s[out].op.axis
+    task = s[out].fuse(n, oc, y)
+    s[out].parallel(task)
+    intrin = stem_intrin(isa, int(kernel.shape[1]), stride_w, int(conv.shape[3]), cfg["tile_a"].val,
+                         cfg["tile_b"].val, str(data.dtype), str(kernel.dtype))
+    if out.op != conv.op:
+        s[conv].compute_at(s[out], task)
+        s[out].vectorize(s[out].split(oci, factor=isa.columns)[1])
+        s[conv].tensorize(s[conv].op.axis[3], intrin)
+    else:
+        s[conv].tensorize(x, intrin)
+    return s

@@ -69,6 +69,10 @@ def _call(name: str, *args) -> tir.PrimExpr:
     return tir.call_llvm_intrin("int32", name, tir.const(0, "uint32"), *args)
 
 
+def _int64(value) -> tir.PrimExpr:
+    return tir.const(value, "int64") if isinstance(value, int) else value.astype("int64")
+
+
 def _reg(t: int) -> tir.PrimExpr:
     return tir.const(t, "uint8")
 
@@ -128,7 +132,7 @@ class Tiles:
         """Tile ``t`` := its configured rows x bytes from ``memory`` (8-bit data)."""
         rows, colsb = self.shapes[t]
         if not self.reference:
-            self.ib.emit(_call(LOAD, _reg(t), memory.pointer("r"), memory.stride.astype("int64")))
+            self.ib.emit(_call(LOAD, _reg(t), memory.pointer("r"), _int64(memory.stride)))
             return
         with self.ib.for_range(0, rows, name="lr") as r:
             with self.ib.for_range(0, colsb, name="lc") as c:
@@ -167,7 +171,7 @@ class Tiles:
         """``memory`` (int32) := tile ``t``'s configured rows x bytes."""
         rows, colsb = self.shapes[t]
         if not self.reference:
-            self.ib.emit(_call(STORE, _reg(t), memory.pointer("w"), memory.stride.astype("int64")))
+            self.ib.emit(_call(STORE, _reg(t), memory.pointer("w"), _int64(memory.stride)))
             return
         with self.ib.for_range(0, rows, name="sr") as r:
             with self.ib.for_range(0, colsb // 4, name="sc") as col:
