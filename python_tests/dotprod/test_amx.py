@@ -389,3 +389,78 @@ def test_a_tuned_vnni_record_does_not_take_a_tile_dense_back(tmp_path):
     with autotvm.apply_history_best(str(log)):
         asm = _built_asm(_dense_module(128), AMX_TARGET)
     assert "tdpbusd" in asm
+
+
+#: (height, width, out channels, kernel, stride): a 7x7 RGB stem at stride 2 (rows of 8 pixels) and a 3x3 one
+#: at stride 1 (a 32-pixel step and a tail).
+STEM_SHAPES = [(13, 29, 64, 7, 2), (10, 40, 128, 3, 1)]
+
+
+def _stem(target: str, shape, reference: bool, seed: int = 0):
+    from tvm_tcutils.dotprod.topi.conv2d_amx import conv2d_stem_amx, schedule_conv2d_stem_amx
+
+    h, w, o, k, s = shape
+    oh, ow = (h - k) // s + 1, (w - k) // s + 1
+    wp = (ow - 1) * s + 16  # whole tile rows of taps
+    data = te.placeholder((1, h, wp, 4), "uint8", name="data")
+    kernel = te.placeholder((o // 64, k, 16, 64, 4), "int8", name="kernel")
+    with (reference_tiles() if reference else contextlib.nullcontext()), tvm.target.Target(target):
+        cfg = autotvm.get_config()
+        out = conv2d_stem_amx(cfg, data, kernel, s, 0, 1, "NHWC", "OHW64oI", "NCHW64c")
+        func = tvm.build(schedule_conv2d_stem_amx(cfg, [out]), [data, kernel, out], target)
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (1, 3, h, w)).astype("uint8")
+    wt = rng.integers(-128, 128, (o, 3, k, k)).astype("int8")
+    image = np.zeros((1, h, wp, 4), "uint8")
+    image[0, :, :min(w, wp), :3] = x[0].transpose(1, 2, 0)[:, :wp]
+    taps = np.zeros((o, k, 16, 4), "int8")
+    taps[:, :, :k, :3] = wt.transpose(0, 2, 3, 1)
+    blocked = taps.reshape(o // 64, 64, k, 16, 4).transpose(0, 2, 3, 1, 4).copy()
+    result = tvm.nd.empty([int(d) for d in out.shape], "int32")
+    func(tvm.nd.array(image), tvm.nd.array(blocked), result)
+    exact = _conv_reference(x, wt, s, 0)
+    return func, result.numpy(), exact.reshape(1, o // 64, 64, oh, ow).transpose(0, 1, 3, 4, 2)
+
+
+@pytest.mark.parametrize("shape", STEM_SHAPES, ids=lambda s: "{}x{}-o{}-k{}s{}".format(*s))
+def test_reference_form_stem_is_bit_exact(reference_target, shape):
+    _, got, expected = _stem(reference_target, shape, reference=True)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("shape", STEM_SHAPES, ids=lambda s: "{}x{}-o{}-k{}s{}".format(*s))
+def test_real_stem_is_bit_exact_where_the_cpu_has_amx(shape):
+    func, got, expected = _stem(amx_runs_here(), shape, reference=False, seed=6)
+    assert "tdpbusd" in func.get_source("asm")
+    np.testing.assert_array_equal(got, expected)
+
+
+def _stem_module(dtype: str) -> tvm.IRModule:
+    x = relay.var("x", shape=(1, 3, 30, 30), dtype=dtype)
+    w = relay.const(np.random.default_rng(0).integers(-128, 128, (64, 3, 7, 7)).astype("int8"))
+    y = relay.nn.conv2d(x, w, strides=(2, 2), padding=(3, 3), out_dtype="int32", channels=64, kernel_size=(7, 7))
+    y = relay.cast(relay.clip(relay.right_shift(y, relay.const(10)), 0, 255), "uint8")
+    return tvm.IRModule.from_expr(relay.Function([x], y))
+
+
+def test_relay_rgb_stem_goes_to_tiles():
+    asm = _built_asm(_stem_module("uint8"), AMX_TARGET)
+    assert "tdpbusd" in asm and "vpdpbusd" not in asm
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])  # int8: shifted to u8, the compensation subtracted
+def test_relay_rgb_stem_on_real_tiles_matches_the_vnni_build(dtype):
+    target = amx_runs_here()
+    from tvm_tcutils import measure
+
+    low, high = (0, 256) if dtype == "uint8" else (-128, 128)
+    x = np.random.default_rng(2).integers(low, high, (1, 3, 30, 30)).astype(dtype)
+    outputs = []
+    for build_target in (target, with_mattr(target, "-amx-tile", "-amx-int8")):
+        with tvm.transform.PassContext(opt_level=3):
+            lib = relay.build(_stem_module(dtype), target=build_target)
+        runner = measure.graph_module(lib, {"x": x})
+        runner.run()
+        outputs.append(runner.get_output(0).numpy())
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    assert np.unique(outputs[0]).size > 100

@@ -74,6 +74,7 @@ DENSE_TASK = "tcutils.dense_dot"
 DENSE_AMX_TASK = "tcutils.dense_pack_amx"
 BATCH_MATMUL_AMX_TASK = "tcutils.batch_matmul_amx"
 CONV2D_AMX_TASK = "tcutils.conv2d_nchwc_amx"
+CONV2D_STEM_AMX_TASK = "tcutils.conv2d_stem_amx"
 BATCH_MATMUL_TASK = "tcutils.batch_matmul_dot"
 CONV2D_ROWS_TASK = "tcutils.conv2d_rows_dot"
 
@@ -196,6 +197,10 @@ def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
     new_kernel = kernel
     new_attrs = {key: attrs[key] for key in attrs.keys()}
     data_dtype = "uint8" if shift else str(types[0].dtype)
+    if _stem_on_tiles(attrs, d_shape, k_shape, str(types[1].dtype), data_dtype):
+        out = _stem_form(attrs, new_data, new_kernel, d_shape, k_shape, o_shape)
+        return relay.subtract(out, _conv_compensation(kernel, k_shape, d_shape[2:], o_shape[2:], attrs,
+                                                      _pair_pads(attrs))) if shift else out
     if _takes_rows(attrs, isa, d_shape, k_shape):
         new_data, new_kernel, rows_attrs, rows_shape = _rows_form(attrs, new_data, new_kernel, d_shape, k_shape,
                                                                   o_shape)
@@ -219,12 +224,49 @@ def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
     if out_p != out_c:
         out = relay.strided_slice(out, begin=(0, 0, 0, 0), end=(o_shape[0], out_c, o_shape[2], o_shape[3]))
     if shift:
-        pad = get_const_tuple(attrs.padding)
-        pads = (pad[0], pad[1] if len(pad) > 1 else pad[0])
-        out = relay.subtract(
-            out, _conv_compensation(kernel, k_shape, d_shape[2:], o_shape[2:], attrs, pads)
-        )
+        out = relay.subtract(out, _conv_compensation(kernel, k_shape, d_shape[2:], o_shape[2:], attrs,
+                                                     _pair_pads(attrs)))
     return out
+
+
+def _pair_pads(attrs) -> Tuple[int, int]:
+    pad = get_const_tuple(attrs.padding)
+    return (pad[0], pad[1] if len(pad) > 1 else pad[0])
+
+
+def _stem_on_tiles(attrs, d_shape, k_shape, kernel_dtype: str, data_dtype: str) -> bool:
+    """Whether a few-channel conv (an RGB stem) goes to the tile engine's stem form
+    (:func:`~.topi.conv2d_amx.conv2d_stem_amx`): a target with tiles, a build that alters layouts, at most
+    4 channels, kernel rows of at most 16 taps, whole 64-channel output blocks, no dilation."""
+    engine = tile_isa(tvm.target.Target.current(allow_none=True))
+    if engine is None or not _alter_layout_runs() or engine.variant(data_dtype, kernel_dtype) is None:
+        return False
+    return (d_shape[1] <= conv2d_amx.STEM_CHANNELS and k_shape[3] <= conv2d_amx.stem_taps(engine)
+            and k_shape[0] % engine.row_bytes == 0 and get_const_tuple(attrs.dilation) == (1, 1))
+
+
+def _stem_form(attrs, data: relay.Expr, kernel: relay.Expr, d_shape, k_shape, o_shape) -> relay.Expr:
+    """The same conv2d (NCHW out) on ``NHWC`` data of 4 channels padded to whole tile rows and a kernel whose
+    rows are zero-padded to a tile row of taps (``OHWI``, ``(O, KH, 16, 4)``): exact, the added taps and
+    channels are zeros. The alter-layout hook then blocks the kernel by 64 output channels."""
+    engine = tile_isa(tvm.target.Target.current(allow_none=True))
+    taps, chans = conv2d_amx.stem_taps(engine), conv2d_amx.STEM_CHANNELS
+    (n, c, h, w), (o, _, k_h, k_w) = d_shape, k_shape
+    s_w = get_const_tuple(attrs.strides)[1]
+    top, left, bottom, right = get_pad_tuple(get_const_tuple(attrs.padding), (k_h, k_w))
+    # Columns the last output pixel's tile row reads (past the image: zero taps), and the padded width.
+    need, have = (o_shape[3] - 1) * s_w + taps, w + left + right
+    # Padded as planes, then interleaved by the byte layout transform (NCHW4c of one block is NHWC): a plain
+    # transpose gathers a byte at a time (98 us for ResNet-50's image, 3x the conv's own epilogue).
+    x = relay.nn.pad(data, ((0, 0), (0, chans - c), (top, bottom), (left, right + max(0, need - have))))
+    if have > need:
+        x = relay.strided_slice(x, begin=(0, 0, 0, 0), end=(n, chans, h + top + bottom, need))
+    x = relay.layout_transform(x, "NCHW", f"NCHW{chans}c")
+    x = relay.reshape(x, (n, h + top + bottom, min(need, have + max(0, need - have)), chans))
+    kern = relay.transpose(relay.nn.pad(kernel, ((0, 0), (0, chans - c), (0, 0), (0, taps - k_w))), (0, 2, 3, 1))
+    return relay.nn.conv2d(x, kern, strides=attrs.strides, padding=(0, 0, 0, 0), channels=o,
+                           kernel_size=(k_h, taps), data_layout="NHWC", kernel_layout="OHWI", out_layout="NCHW",
+                           out_dtype="int32")
 
 
 def _alter_layout_runs() -> bool:
@@ -355,6 +397,21 @@ def _packable_conv(attrs, types, isa) -> Optional[Tuple[int, int]]:
     return channel_block(shapes[0][1], isa.lanes), isa.lanes
 
 
+def _stem_blocks(attrs, inputs, types) -> Optional[relay.Expr]:
+    """The stem form of :func:`_stem_form` with its kernel blocked by 64 output channels and its output
+    ``NCHW64c`` (:func:`~.topi.conv2d_amx.stem_layouts`), where the target has the tile engine."""
+    engine = tile_isa(tvm.target.Target.current(allow_none=True))
+    k_shape = _static(types[1].shape)
+    if engine is None or k_shape is None or len(k_shape) != 4 or engine.variant(types[0].dtype, types[1].dtype) is None:
+        return None
+    if k_shape[2:] != (conv2d_amx.stem_taps(engine), conv2d_amx.STEM_CHANNELS) or k_shape[0] % engine.row_bytes:
+        return None
+    _, kernel_layout_, out_layout = conv2d_amx.stem_layouts(engine)
+    new_attrs = {key: attrs[key] for key in attrs.keys()}
+    new_attrs.update(kernel_layout=kernel_layout_, out_layout=out_layout)
+    return relay.nn.conv2d(inputs[0], inputs[1], **new_attrs)
+
+
 def _tile_conv(attrs, types, isa):
     """``inputs -> contrib_conv2d_NCHWc`` in the tile conv's layouts (:mod:`.topi.conv2d_amx`) where the
     target has a tile engine that takes this (already legal) conv2d; else None."""
@@ -431,6 +488,8 @@ def _placeholder(tensor_type, shape=None):
 def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
     """Turn a legal 8-bit conv2d into ``contrib_conv2d_NCHWc`` with a dot-product kernel layout (one in
     the row form: ``conv2d`` with a :func:`~.topi.conv2d_nchwc.rows_kernel_layout` kernel)."""
+    if attrs.data_layout == "NHWC" and attrs.kernel_layout == "OHWI" and attrs.out_layout == "NCHW":
+        return _stem_blocks(attrs, inputs, types)
     isa = layer_isa(types[0].dtype, inputs[1], shift=False)  # legalization is over: the pair must be native
     if _packable_rows(attrs, list(types) + [out_type], isa):
         k_dtype = isa.conv_kernel_dtype(types[1].dtype)
@@ -552,6 +611,20 @@ def _applies_conv2d_amx(attrs, inputs, out_type, target) -> bool:
             and not conv2d_amx.applicable(engine, d_shape[1] * block, k_shape[0] * block, attrs.groups,
                                           get_const_tuple(attrs.dilation), str(inputs[0].dtype),
                                           str(inputs[1].dtype)))
+
+
+def _applies_conv2d_stem_amx(attrs, inputs, out_type, target) -> bool:
+    engine = tile_isa(target)
+    if engine is None or not _int8_pair(inputs[0].dtype, inputs[1].dtype, out_type.dtype):
+        return False
+    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != conv2d_amx.stem_layouts(engine):
+        return False
+    d_shape, k_shape = _static(inputs[0].shape), _static(inputs[1].shape)
+    taps, chans = conv2d_amx.stem_taps(engine), conv2d_amx.STEM_CHANNELS
+    return (d_shape is not None and k_shape is not None and len(d_shape) == 4 and d_shape[3] == chans
+            and len(k_shape) == 5 and k_shape[2:] == (taps, engine.row_bytes, chans)
+            and engine.variant(inputs[0].dtype, inputs[1].dtype) is not None
+            and get_const_tuple(attrs.dilation) == (1, 1) and not any(get_const_tuple(attrs.padding)))
 
 
 def _applies_conv2d(attrs, inputs, out_type, target) -> bool:
@@ -713,6 +786,10 @@ STRATEGY_ROWS = (
         functools.partial(_applies_conv2d_nchwc, reduce_range=True), need_data_layout=True, need_out_layout=True)),
     ("nn.conv2d", _row(
         "conv2d_nchw_dot.tcutils", CONV2D_NCHW_TASK, _strategy.wrap_compute_conv2d, _applies_conv2d)),
+    # An RGB stem on AMX tiles (the legalization hook's NHWC stem form, blocked by the alter-layout hook).
+    ("nn.conv2d", _row(
+        "conv2d_stem_amx.tcutils", CONV2D_STEM_AMX_TASK, _strategy.wrap_compute_conv2d, _applies_conv2d_stem_amx,
+        plevel=35, need_data_layout=True, need_kernel_layout=True, need_out_layout=True)),
     # Convs of few input channels in the row form (the legalization hook's rewrite of an RGB stem).
     ("nn.conv2d", _row(
         "conv2d_rows_dot.tcutils", CONV2D_ROWS_TASK, _strategy.wrap_compute_conv2d, _applies_conv2d_rows)),
@@ -756,6 +833,7 @@ STRATEGY_ROWS = (
 #: AutoTVM task name -> (compute, schedule).
 TEMPLATES = {
     CONV2D_AMX_TASK: (conv2d_amx.conv2d_nchwc_amx, conv2d_amx.schedule_conv2d_nchwc_amx),
+    CONV2D_STEM_AMX_TASK: (conv2d_amx.conv2d_stem_amx, conv2d_amx.schedule_conv2d_stem_amx),
     CONV2D_NCHWC_TASK: (conv2d_nchwc.conv2d_nchwc_dot, conv2d_nchwc.schedule_conv2d_nchwc_dot),
     CONV2D_NCHW_TASK: (conv2d_nchwc.conv2d_nchw_dot, conv2d_nchwc.schedule_conv2d_nchw_dot),
     CONV2D_ROWS_TASK: (conv2d_nchwc.conv2d_rows_dot, conv2d_nchwc.schedule_conv2d_nchwc_dot),
