@@ -26,7 +26,7 @@ from tvm.topi.utils import get_const_tuple
 from ..isa.x86_amx import TileISA
 from .common import divisors_up_to, inline_between, pair, tagged_outputs
 from .dense_amx import current_tile_isa, fallback_tile
-from .tiles import Tiles, TileMemory
+from .tiles import TileMemory, run_steps
 
 #: Tag of the tile conv.
 TAG = "conv2d_nchwc_amx"
@@ -241,16 +241,7 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
     else:
         run = out_w * rows if flat else out_w
         tile_rows = [min(isa.rows, run - start) for start in range(0, run, isa.rows)]
-    whole = len(tile_rows) if tile_rows[-1] == tile_rows[0] else len(tile_rows) - 1
-    full = whole // tile_a
-    tail_rows = tile_rows[full * tile_a:]
     groups = block // (lanes * tile_b)
-
-    def shapes(rows_by_tile):
-        rows_by_tile = list(rows_by_tile) + [tile_rows[0]] * (tile_a - len(rows_by_tile))
-        acc = [(rows_by_tile[i], isa.row_bytes) for i in range(tile_a) for _ in range(tile_b)]
-        pixels = [(rows_by_tile[i], block) for i in range(tile_a)]
-        return acc + pixels + [(quads, isa.row_bytes)] * tile_b
 
     def program(ins, outs):
         d_buf, w_buf = ins
@@ -295,44 +286,8 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
             return TileMemory(pointer=lambda access: c_buf.access_ptr(access, offset=offset), stride=c_col * 4,
                               element=element)
 
-        # One tile of depth (a 1x1 conv of 64 channels): the strip's weight tiles are loaded once, before
-        # its steps.
-        single = ic_chunks * k_h * k_w == 1
-
-        def load_weights(tiles: Tiles, ic, kh, kw, oc0) -> None:
-            for j in range(tile_b):
-                tiles.load(tile_a * tile_b + tile_a + j, weights(ic, kh, kw, oc0 + j * lanes))
-
-        def steps(tiles: Tiles, g0, pixel_tiles: int, oc0) -> None:
-            for t in range(pixel_tiles * tile_b):
-                tiles.zero(t)
-            with ib.for_range(0, ic_chunks, name="ic") as ic:
-                with ib.for_range(0, k_h, name="kh") as kh:
-                    with ib.for_range(0, k_w, name="kw") as kw:
-                        for i in range(pixel_tiles):
-                            tiles.load(tile_a * tile_b + i, pixels(g0 + i, ic, kh, kw))
-                        if not single:
-                            load_weights(tiles, ic, kh, kw, oc0)
-                        for i in range(pixel_tiles):
-                            for j in range(tile_b):
-                                tiles.multiply(i * tile_b + j, tile_a * tile_b + i, tile_a * tile_b + tile_a + j)
-            for i in range(pixel_tiles):
-                for j in range(tile_b):
-                    tiles.store(i * tile_b + j, outputs(g0 + i, oc0 + j * lanes))
-
-        if full:
-            tiles = Tiles(ib, isa, variant, shapes(tile_rows[:tile_a]))
-            with ib.for_range(0, groups, name="strip") as strip:
-                if single:
-                    load_weights(tiles, 0, 0, 0, strip * tile_b * lanes)
-                with ib.for_range(0, full, name="step") as step:
-                    steps(tiles, step * tile_a, tile_a, strip * tile_b * lanes)
-        if tail_rows:
-            tiles = Tiles(ib, isa, variant, shapes(tail_rows))
-            with ib.for_range(0, groups, name="strip") as strip:
-                if single:
-                    load_weights(tiles, 0, 0, 0, strip * tile_b * lanes)
-                steps(tiles, full * tile_a, len(tail_rows), strip * tile_b * lanes)
+        run_steps(ib, isa, variant, tile_rows, (ic_chunks, k_h, k_w), tile_a, tile_b, groups, quads,
+                  data=pixels, weights=lambda col, ic, kh, kw: weights(ic, kh, kw, col), outputs=outputs)
         return ib.get()
 
     return te.decl_tensor_intrin(c.op, program, binds=binds)
@@ -524,16 +479,7 @@ def stem_intrin(isa: TileISA, k_h: int, stride_w: int, out_w: int, tile_a: int, 
                                strides=[te.var("c_n"), te.var("c_c"), te.var("c_h"), block, 1]),
     }
     tile_rows = [min(isa.rows, out_w - start) for start in range(0, out_w, isa.rows)]
-    whole = len(tile_rows) if tile_rows[-1] == tile_rows[0] else len(tile_rows) - 1
-    full = whole // tile_a
-    tail_rows = tile_rows[full * tile_a:]
     groups = block // (lanes * tile_b)
-
-    def shapes(rows_by_tile):
-        rows_by_tile = list(rows_by_tile) + [isa.rows] * (tile_a - len(rows_by_tile))
-        acc = [(rows_by_tile[i], isa.row_bytes) for i in range(tile_a) for _ in range(tile_b)]
-        pixels = [(rows_by_tile[i], block) for i in range(tile_a)]
-        return acc + pixels + [(taps, isa.row_bytes)] * tile_b
 
     def program(ins, outs):
         d_buf, w_buf = ins
@@ -560,30 +506,8 @@ def stem_intrin(isa: TileISA, k_h: int, stride_w: int, out_w: int, tile_a: int, 
                 pointer=lambda access: c_buf.access_ptr(access, offset=g * isa.rows * block + oc0),
                 stride=block * 4, element=lambda r, col: (c_buf, [0, 0, 0, g * isa.rows + r, oc0 + col]))
 
-        def steps(tiles: Tiles, g0, pixel_tiles: int, oc0) -> None:
-            for t in range(pixel_tiles * tile_b):
-                tiles.zero(t)
-            with ib.for_range(0, k_h, name="kh") as kh:
-                for i in range(pixel_tiles):
-                    tiles.load(tile_a * tile_b + i, pixels(g0 + i, kh))
-                for j in range(tile_b):
-                    tiles.load(tile_a * tile_b + tile_a + j, weights(kh, oc0 + j * lanes))
-                for i in range(pixel_tiles):
-                    for j in range(tile_b):
-                        tiles.multiply(i * tile_b + j, tile_a * tile_b + i, tile_a * tile_b + tile_a + j)
-            for i in range(pixel_tiles):
-                for j in range(tile_b):
-                    tiles.store(i * tile_b + j, outputs(g0 + i, oc0 + j * lanes))
-
-        if full:
-            tiles = Tiles(ib, isa, variant, shapes(tile_rows[:tile_a]))
-            with ib.for_range(0, groups, name="strip") as strip:
-                with ib.for_range(0, full, name="step") as step:
-                    steps(tiles, step * tile_a, tile_a, strip * tile_b * lanes)
-        if tail_rows:
-            tiles = Tiles(ib, isa, variant, shapes(tail_rows))
-            with ib.for_range(0, groups, name="strip") as strip:
-                steps(tiles, full * tile_a, len(tail_rows), strip * tile_b * lanes)
+        run_steps(ib, isa, variant, tile_rows, (k_h,), tile_a, tile_b, groups, taps, data=pixels,
+                  weights=lambda col, kh: weights(kh, col), outputs=outputs)
         return ib.get()
 
     return te.decl_tensor_intrin(c.op, program, binds=binds)

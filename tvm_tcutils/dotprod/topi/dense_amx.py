@@ -25,7 +25,7 @@ from tvm.topi.utils import get_const_tuple
 from ..isa.x86_amx import X86_AMX, TileISA
 from .common import divisors_up_to, inline_between, tagged_outputs
 from .dense_pack import packed_product
-from .tiles import Tiles, matrix, vnni_block
+from .tiles import matrix, run_steps, vnni_block
 
 #: Tag of the tile dense op.
 TAG = "dense_pack_amx"
@@ -194,61 +194,16 @@ def strip_intrin(isa: TileISA, m: int, k: int, tile_a: int, tile_b: int, data_dt
         c: tvm.tir.decl_buffer(c.shape, c.dtype, name="c_buf", offset_factor=1,
                                strides=batch_stride("c") + [te.var("c_row"), 1]),
     }
-    step_rows = isa.rows * tile_a
-    full, tail = divmod(m, step_rows)
-
-    def shapes(rows_by_tile):
-        # Registers: accumulators a x b, then the data tiles, then the weight tiles.
-        acc = [(rows_by_tile[i], isa.row_bytes) for i in range(tile_a) for _ in range(tile_b)]
-        data = [(rows_by_tile[i], depth) for i in range(tile_a)]
-        return acc + data + [(depth // 4, isa.row_bytes)] * tile_b
+    tile_rows = [min(isa.rows, m - start) for start in range(0, m, isa.rows)]
 
     def program(ins, outs):
         a_buf, w_buf = ins
         (c_buf,) = outs
         ib = tvm.tir.ir_builder.create()
-
-        # One tile of depth (attention's 64-wide heads): the strip's weight tiles are loaded once, before
-        # its steps, instead of again with every step's data.
-        single = k == depth
-
-        def weights(tiles: Tiles, block0, kk) -> None:
-            for j in range(tile_b):
-                tiles.load(tile_a * tile_b + tile_a + j, vnni_block(w_buf, block0 + j, kk * (depth // 4), isa))
-
-        def steps(tiles: Tiles, row0, row_tiles: int, block0) -> None:
-            for t in range(row_tiles * tile_b):
-                tiles.zero(t)
-            with ib.for_range(0, k // depth, name="kk") as kk:
-                for i in range(row_tiles):
-                    tiles.load(tile_a * tile_b + i, matrix(a_buf, row0 + i * isa.rows, kk * depth))
-                if not single:
-                    weights(tiles, block0, kk)
-                for i in range(row_tiles):
-                    for j in range(tile_b):
-                        tiles.multiply(i * tile_b + j, tile_a * tile_b + i, tile_a * tile_b + tile_a + j)
-            for i in range(row_tiles):
-                for j in range(tile_b):
-                    tiles.store(i * tile_b + j, matrix(c_buf, row0 + i * isa.rows, (block0 + j) * lanes,
-                                                       element_bytes=4))
-
-        # Strips outermost: a strip's weight tiles serve every row step from L1 before the next strip's.
-        if full:
-            tiles = Tiles(ib, isa, variant, shapes([isa.rows] * tile_a))
-            with ib.for_range(0, groups, name="strip") as strip:
-                if single:
-                    weights(tiles, strip * tile_b, 0)
-                with ib.for_range(0, full, name="step") as step:
-                    steps(tiles, step * step_rows, tile_a, strip * tile_b)
-        if tail:
-            # The rows left: a configuration whose last data and accumulator tiles hold fewer rows.
-            rows = [min(isa.rows, tail - i * isa.rows) for i in range(-(-tail // isa.rows))]
-            rows += [isa.rows] * (tile_a - len(rows))
-            tiles = Tiles(ib, isa, variant, shapes(rows))
-            with ib.for_range(0, groups, name="strip") as strip:
-                if single:
-                    weights(tiles, strip * tile_b, 0)
-                steps(tiles, full * step_rows, -(-tail // isa.rows), strip * tile_b)
+        run_steps(ib, isa, variant, tile_rows, (k // depth,), tile_a, tile_b, groups, depth // 4,
+                  data=lambda g, kk: matrix(a_buf, g * isa.rows, kk * depth),
+                  weights=lambda col, kk: vnni_block(w_buf, col // lanes, kk * (depth // 4), isa),
+                  outputs=lambda g, col: matrix(c_buf, g * isa.rows, col, element_bytes=4))
         return ib.get()
 
     return te.decl_tensor_intrin(c.op, program, binds=binds)

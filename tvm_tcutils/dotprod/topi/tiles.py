@@ -27,7 +27,8 @@ from ..amx import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA, in_re
 from ..isa.base import DotVariant
 from ..isa.x86_amx import CONFIG, LOAD, STORE, ZERO, TileISA
 
-__all__ = ["Tiles", "TileMemory", "config_words", "matrix", "vnni_block", "reference_tiles", "in_reference_form"]
+__all__ = ["Tiles", "TileMemory", "config_words", "matrix", "vnni_block", "run_steps", "reference_tiles",
+           "in_reference_form"]
 
 
 def config_words(isa: TileISA, shapes: Sequence[Tuple[int, int]]) -> List[int]:
@@ -218,3 +219,75 @@ def vnni_block(buffer: tir.Buffer, block, quad0, isa: TileISA) -> TileMemory:
         element=lambda r, c: (buffer, [0] * lead + [block, quad0 + r, tvm.tir.indexdiv(c, 4),
                                                     tvm.tir.indexmod(c, 4)]),
     )
+
+
+def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], reduction: Sequence[int],
+              tile_a: int, tile_b: int, groups: int, weight_rows: int,
+              data: Callable[..., TileMemory], weights: Callable[..., TileMemory],
+              outputs: Callable[..., TileMemory]) -> None:
+    """Write one task's tile program: ``groups`` strips of ``tile_b`` weight tiles by data tiles whose rows
+    are ``tile_rows`` (tile ``g`` has ``tile_rows[g]``), in steps of ``tile_a`` data tiles; each step zeroes
+    its accumulators, sums every point of the ``reduction`` loops (their extents) and stores once.
+
+    ``data(g, *ks)``, ``weights(column, *ks)`` and ``outputs(g, column)`` say where data tile ``g``, the
+    weight tile of a strip's ``column`` (its first int32 column) and an accumulator live, ``ks`` the
+    reduction loops' variables; ``weight_rows`` is a weight tile's row count. Registers: accumulators
+    ``tile_a x tile_b``, then the data tiles, then the weight tiles. Strips run outermost, so a strip's
+    weights serve every step while in L1. The tiles left after whole steps of equal tiles (fewer, or a
+    last one of fewer rows) run with a second configuration. A reduction of one point (one tile of
+    depth) loads a strip's weight tiles once, before its steps.
+    """
+    data_reg, weight_reg = tile_a * tile_b, tile_a * tile_b + tile_a
+    lanes = isa.columns
+    single = all(extent == 1 for extent in reduction)
+    whole = len(tile_rows) if tile_rows[-1] == tile_rows[0] else len(tile_rows) - 1
+    full = whole // tile_a
+    tail_rows = list(tile_rows[full * tile_a:])
+
+    def shapes(rows):
+        rows = list(rows) + [tile_rows[0]] * (tile_a - len(rows))
+        acc = [(rows[i], isa.row_bytes) for i in range(tile_a) for _ in range(tile_b)]
+        return acc + [(rows[i], isa.depth) for i in range(tile_a)] + [(weight_rows, isa.row_bytes)] * tile_b
+
+    def load_weights(tiles: Tiles, column, ks) -> None:
+        for j in range(tile_b):
+            tiles.load(weight_reg + j, weights(column + j * lanes, *ks))
+
+    def reduce_loops(body, ks=()):
+        if len(ks) == len(reduction):
+            body(ks)
+            return
+        with ib.for_range(0, reduction[len(ks)], name=f"r{len(ks)}") as var:
+            reduce_loops(body, ks + (var,))
+
+    def steps(tiles: Tiles, g0, count: int, column) -> None:
+        for t in range(count * tile_b):
+            tiles.zero(t)
+
+        def products(ks):
+            for i in range(count):
+                tiles.load(data_reg + i, data(g0 + i, *ks))
+            if not single:
+                load_weights(tiles, column, ks)
+            for i in range(count):
+                for j in range(tile_b):
+                    tiles.multiply(i * tile_b + j, data_reg + i, weight_reg + j)
+
+        reduce_loops(products)
+        for i in range(count):
+            for j in range(tile_b):
+                tiles.store(i * tile_b + j, outputs(g0 + i, column + j * lanes))
+
+    for rows, count, first in ((tile_rows[:tile_a], full, None), (tail_rows, 1 if tail_rows else 0, full * tile_a)):
+        if not count:
+            continue
+        tiles = Tiles(ib, isa, variant, shapes(rows))
+        with ib.for_range(0, groups, name="strip") as strip:
+            column = strip * tile_b * lanes
+            if single:
+                load_weights(tiles, column, (0,) * len(reduction))
+            if first is None:
+                with ib.for_range(0, full, name="step") as step:
+                    steps(tiles, step * tile_a, tile_a, column)
+            else:
+                steps(tiles, first, len(rows), column)
