@@ -317,28 +317,35 @@ def schedule_conv2d_nchwc_amx(cfg, outs):
         n, c, h, _, _ = s[data].op.axis
         s[data].parallel(s[data].fuse(n, c, h))
         s[data].vectorize(s[data].op.axis[-1])
-    out = outs[0]
-    inline_between(s, outs, conv)
-    if get_const_tuple(out.shape) != get_const_tuple(conv.shape):
-        out = conv
     # The intrinsic reads rows and pixels at the conv's strides.
     indices = conv.op.body[0].source[0].a.value.indices
     strides = (_stride_of(indices[2]), _stride_of(indices[3]))
     rows = cfg["rows"].val
+    intrin = row_intrin(isa, get_const_tuple(data.shape), get_const_tuple(kernel.shape), strides,
+                        int(conv.shape[3]), cfg["tile_a"].val, cfg["tile_b"].val, str(data.dtype),
+                        str(kernel.dtype), rows)
+    _row_tasks(s, outs, conv, isa, intrin, rows)
+    return s
+
+
+def _row_tasks(s: te.Schedule, outs, conv: te.Tensor, isa: TileISA, intrin, rows: int = 1) -> None:
+    """One parallel task per image, output block and ``rows`` output rows, running the tile program
+    ``intrin`` over them (tensorized at the rows, or at the row's pixels for one row), with the elementwise
+    ops between ``conv`` and ``outs[0]`` inlined into a vectorized pass over the task's rows."""
+    out = outs[0]
+    inline_between(s, outs, conv)
+    if get_const_tuple(out.shape) != get_const_tuple(conv.shape):
+        out = conv
     n, oc, y, x, oci = s[out].op.axis
     y_o, y_i = s[out].split(y, factor=rows)
     task = s[out].fuse(n, oc, y_o)
     s[out].parallel(task)
-    tile_a, tile_b = cfg["tile_a"].val, cfg["tile_b"].val
-    intrin = row_intrin(isa, get_const_tuple(data.shape), get_const_tuple(kernel.shape), strides,
-                        int(conv.shape[3]), tile_a, tile_b, str(data.dtype), str(kernel.dtype), rows)
     if out.op != conv.op:
         s[conv].compute_at(s[out], task)
         s[out].vectorize(s[out].split(oci, factor=isa.columns)[1])
         s[conv].tensorize(s[conv].op.axis[2 if rows > 1 else 3], intrin)
     else:
         s[conv].tensorize(y_i if rows > 1 else x, intrin)
-    return s
 
 
 def _stride_of(index) -> int:
@@ -532,20 +539,8 @@ def schedule_conv2d_stem_amx(cfg, outs):
     s = te.create_schedule([t.op for t in outs])
     data, kernel = conv.op.input_tensors
     isa = current_tile_isa(str(data.dtype), str(kernel.dtype))
-    out = outs[0]
-    inline_between(s, outs, conv)
-    if get_const_tuple(out.shape) != get_const_tuple(conv.shape):
-        out = conv
     stride_w = _stride_of(conv.op.body[0].source[0].a.value.indices[2])
-    n, oc, y, x, oci = s[out].op.axis
-    task = s[out].fuse(n, oc, y)
-    s[out].parallel(task)
     intrin = stem_intrin(isa, int(kernel.shape[1]), stride_w, int(conv.shape[3]), cfg["tile_a"].val,
                          cfg["tile_b"].val, str(data.dtype), str(kernel.dtype))
-    if out.op != conv.op:
-        s[conv].compute_at(s[out], task)
-        s[out].vectorize(s[out].split(oci, factor=isa.columns)[1])
-        s[conv].tensorize(s[conv].op.axis[3], intrin)
-    else:
-        s[conv].tensorize(x, intrin)
+    _row_tasks(s, outs, conv, isa, intrin)
     return s
