@@ -21,7 +21,7 @@ from tvm_tcutils.dotprod.topi.conv2d_amx import conv2d_nchwc_amx, schedule_conv2
 from tvm_tcutils.dotprod.topi.dense_amx import applicable, dense_pack_amx, schedule_dense_pack_amx
 from tvm_tcutils.dotprod.topi.tiles import reference_tiles
 
-from conftest import amx_runs_here, host_dot_target, with_mattr
+from conftest import amx_runs_here, host_dot_target, run_python, with_mattr
 
 #: A CPU with AMX, to compile for on any host (never run where this CPU lacks it).
 AMX_TARGET = "llvm -mcpu=sapphirerapids"
@@ -108,13 +108,15 @@ def test_machine_code_uses_tiles_with_a_configuration_in_every_parallel_body(pai
     parallel = {name: body for name, body in _bodies(asm).items() if "_compute_" in name}
     assert parallel, "the strips run in TVM's thread pool"
     for name, body in parallel.items():
-        assert body.count("ldtilecfg") == 2, name  # the full step's configuration and the tail's
+        # The full step's configuration, the tail's, and the caller's loaded back (stored first).
+        assert body.count("ldtilecfg") == 3 and body.count("sttilecfg") == 1, name
         assert instruction in body and "tileloadd" in body and "tilestored" in body, name
     # A step of 2 x 2 tiles: 4 products per K step in each configuration (loops may be unrolled).
     assert asm.count(instruction) >= 8 and asm.count(instruction) % 4 == 0
-    # Tiles are never spilled: every tile store goes to the output's strip, not the stack.
+    # Tiles are never spilled: every tile store goes to the output's strip, not the stack (LLVM addresses
+    # its spill slots from %rsp; %rbp is a general register here).
     stores = [line for line in asm.splitlines() if "tilestored" in line]
-    assert stores and not [line for line in stores if "%rsp" in line or "%rbp" in line]
+    assert stores and not [line for line in stores if "%rsp" in line]
     assert "syscall" in asm  # the first run asks Linux for the tile state
 
 
@@ -337,8 +339,9 @@ def test_conv_machine_code_configures_each_row_task():
         out = conv2d_nchwc_amx(cfg, data, kernel, 1, 0, 1, "NCHW64c", "NCHW64c")
         asm = tvm.build(schedule_conv2d_nchwc_amx(cfg, [out]), [data, kernel, out], AMX_TARGET).get_source("asm")
     parallel = {name: body for name, body in _bodies(asm).items() if "_compute_" in name}
-    assert parallel and all(body.count("ldtilecfg") == 2 for body in parallel.values())  # full step + tail
-    assert not [line for line in asm.splitlines() if "tilestored" in line and ("%rsp" in line or "%rbp" in line)]
+    # Full step + tail, then the caller's configuration back.
+    assert parallel and all(body.count("ldtilecfg") == 3 for body in parallel.values())
+    assert not [line for line in asm.splitlines() if "tilestored" in line and "%rsp" in line]
 
 
 def _conv_module() -> tvm.IRModule:
@@ -464,3 +467,43 @@ def test_relay_rgb_stem_on_real_tiles_matches_the_vnni_build(dtype):
         outputs.append(runner.get_output(0).numpy())
     np.testing.assert_array_equal(outputs[0], outputs[1])
     assert np.unique(outputs[0]).size > 100
+
+
+_ORT_THEN_TILES = """
+import numpy as np, onnxruntime as ort, tvm, tvm_tcutils
+from onnx import helper, TensorProto, numpy_helper
+from tvm import relay
+from tvm_tcutils import measure
+rng = np.random.default_rng(0)
+a = rng.integers(0, 256, (128, 256)).astype("uint8"); b = rng.integers(-128, 128, (256, 256)).astype("int8")
+graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "g",
+                          [helper.make_tensor_value_info("a", TensorProto.UINT8, [128, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+                          initializer=[numpy_helper.from_array(b, "b")])
+options = ort.SessionOptions(); options.intra_op_num_threads = 1
+sess = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString(),
+                            options, providers=["CPUExecutionProvider"])
+expected = a.astype(np.int64) @ b.astype(np.int64)
+assert np.array_equal(sess.run(None, {"a": a})[0], expected)
+x = relay.var("x", shape=(20, 128), dtype="uint8")
+w = relay.const(rng.integers(-128, 128, (64, 128)).astype("int8"))
+with tvm.transform.PassContext(opt_level=3):
+    lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], relay.nn.dense(x, w, out_dtype="int32"))),
+                      target=tvm_tcutils.host_target())
+assert "tdpbusd" in lib.get_lib().get_source("asm")
+runner = measure.graph_module(lib, {"x": rng.integers(0, 256, (20, 128)).astype("uint8")})
+for _ in range(3):
+    runner.run()
+    assert np.array_equal(sess.run(None, {"a": a})[0], expected)
+print("both ran")
+"""
+
+
+def test_onnxruntimes_tiles_survive_ours_on_the_same_thread():
+    # onnxruntime's AMX kernels load their tile configuration once a thread; ours ran on that thread (TVM's
+    # first parallel task is the caller's) and left theirs unusable: SIGILL at its next product, before the
+    # kernels loaded the caller's configuration back.
+    amx_runs_here()
+    pytest.importorskip("onnxruntime")
+    result = run_python(_ORT_THEN_TILES, env={"TVM_NUM_THREADS": "1"}, timeout=300)
+    assert result.returncode == 0 and "both ran" in result.stdout, (result.returncode, result.stderr[-2000:])

@@ -21,6 +21,8 @@ from .x86_vnni import X86_VNNI
 
 #: LLVM intrinsics of the tile operations (tile registers as immediate operands).
 LOAD, STORE, ZERO, CONFIG = "llvm.x86.tileloadd64", "llvm.x86.tilestored64", "llvm.x86.tilezero", "llvm.x86.ldtilecfg"
+#: Stores the thread's current tile configuration (64 zero bytes where none is loaded).
+SAVE_CONFIG = "llvm.x86.sttilecfg"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from tvm import tir
 
 from ..amx import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA, in_reference_form, reference_tiles
 from ..isa.base import DotVariant
-from ..isa.x86_amx import CONFIG, LOAD, STORE, ZERO, TileISA
+from ..isa.x86_amx import CONFIG, LOAD, SAVE_CONFIG, STORE, ZERO, TileISA
 
 __all__ = ["Tiles", "TileMemory", "config_words", "matrix", "vnni_block", "run_steps", "reference_tiles",
            "in_reference_form"]
@@ -91,33 +91,11 @@ class Tiles:
             self.acc = ib.allocate("int32", n * isa.rows * isa.columns, name="tile_acc", scope="global")
             self.bytes = ib.allocate("int8", n * isa.rows * isa.row_bytes, name="tile_bytes", scope="global")
             return
-        self._request_state()
+        request_tile_state(ib)
         cfg = ib.allocate("uint64", 8, name="tile_config", scope="local")
         for i, word in enumerate(words):
             cfg[i] = tir.const(word, "uint64")
         ib.emit(_call(CONFIG, tir.call_intrin("handle", "tir.address_of", tir.BufferLoad(cfg._buffer, [0]))))
-
-    def _request_state(self) -> None:
-        """Request the tile state the first time a module runs a tile program (a flag in the module's
-        data: racing threads both ask, which is harmless); fail with TVM's error where Linux refuses."""
-        ib = self.ib
-        flag = tir.Var("tile_state_asked", tvm.ir.PointerType(tvm.ir.PrimType("int32")))
-        done = tir.decl_buffer((1,), "int32", name="tile_state_asked", data=flag)
-        asked = tir.call_extern("int64", "syscall", tir.const(SYS_ARCH_PRCTL, "int64"),
-                                tir.const(ARCH_REQ_XCOMP_PERM, "int64"), tir.const(XFEATURE_XTILEDATA, "int64"))
-        grant = tir.IfThenElse(
-            tir.BufferLoad(done, [0]) == 0,
-            tir.SeqStmt([
-                tir.AssertStmt(asked == tir.const(0, "int64"),
-                               tir.StringImm("tvm_tcutils: Linux refused this process the AMX tile state "
-                                             "(arch_prctl ARCH_REQ_XCOMP_PERM); build for a target without "
-                                             "amx-int8, or set TCUTILS_AMX=0 when building"),
-                               tir.Evaluate(0)),
-                tir.BufferStore(done, tir.const(1, "int32"), [0]),
-            ]),
-            None,
-        )
-        ib.emit(tir.LetStmt(flag, tir.call_intrin("handle", "tir.tvm_static_handle"), grant))
 
     # -- operations -------------------------------------------------------------------------------
     def zero(self, t: int) -> None:
@@ -221,6 +199,53 @@ def vnni_block(buffer: tir.Buffer, block, quad0, isa: TileISA) -> TileMemory:
     )
 
 
+def request_tile_state(ib) -> None:
+    """Request the tile state the first time a module runs a tile program (a flag in the module's
+    data: racing threads both ask, which is harmless); fail with TVM's error where Linux refuses."""
+    flag = tir.Var("tile_state_asked", tvm.ir.PointerType(tvm.ir.PrimType("int32")))
+    done = tir.decl_buffer((1,), "int32", name="tile_state_asked", data=flag)
+    asked = tir.call_extern("int64", "syscall", tir.const(SYS_ARCH_PRCTL, "int64"),
+                            tir.const(ARCH_REQ_XCOMP_PERM, "int64"), tir.const(XFEATURE_XTILEDATA, "int64"))
+    grant = tir.IfThenElse(
+        tir.BufferLoad(done, [0]) == 0,
+        tir.SeqStmt([
+            tir.AssertStmt(asked == tir.const(0, "int64"),
+                           tir.StringImm("tvm_tcutils: Linux refused this process the AMX tile state "
+                                         "(arch_prctl ARCH_REQ_XCOMP_PERM); build for a target without "
+                                         "amx-int8, or set TCUTILS_AMX=0 when building"),
+                           tir.Evaluate(0)),
+            tir.BufferStore(done, tir.const(1, "int32"), [0]),
+        ]),
+        None,
+    )
+    ib.emit(tir.LetStmt(flag, tir.call_intrin("handle", "tir.tvm_static_handle"), grant))
+
+
+class SavedConfig:
+    """The calling thread's tile configuration, stored at a tile program's start and loaded back at its end.
+
+    Other libraries in the process keep their own configuration loaded between their calls: onnxruntime's
+    AMX kernels load theirs once a thread, so a thread of theirs (the caller's, which runs TVM's first
+    parallel task too) that found ours in place -- a tile of 0 rows among them -- died with SIGILL. A
+    thread without one stores zeros, and loading those back releases the tiles again. Nothing in the
+    reference form."""
+
+    def __init__(self, ib):
+        self.ib, self.words = ib, None
+        if in_reference_form():
+            return
+        request_tile_state(ib)
+        self.words = ib.allocate("uint64", 8, name="caller_tile_config", scope="local")
+        ib.emit(_call(SAVE_CONFIG, self._address()))
+
+    def _address(self) -> tir.PrimExpr:
+        return tir.call_intrin("handle", "tir.address_of", tir.BufferLoad(self.words._buffer, [0]))
+
+    def restore(self) -> None:
+        if self.words is not None:
+            self.ib.emit(_call(CONFIG, self._address()))
+
+
 def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], reduction: Sequence[int],
               tile_a: int, tile_b: int, groups: int, weight_rows: int,
               data: Callable[..., TileMemory], weights: Callable[..., TileMemory],
@@ -278,6 +303,7 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
             for j in range(tile_b):
                 tiles.store(i * tile_b + j, outputs(g0 + i, column + j * lanes))
 
+    caller = SavedConfig(ib)
     for rows, count, first in ((tile_rows[:tile_a], full, None), (tail_rows, 1 if tail_rows else 0, full * tile_a)):
         if not count:
             continue
@@ -291,3 +317,4 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
                     steps(tiles, step * tile_a, tile_a, column)
             else:
                 steps(tiles, first, len(rows), column)
+    caller.restore()
