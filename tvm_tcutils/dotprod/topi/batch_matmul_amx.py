@@ -20,8 +20,8 @@ from tvm.topi.utils import get_const_tuple
 
 from ..isa.x86_amx import TileISA
 from .batch_matmul import WORDS_TAG, _dims, _reader
-from .common import tagged_outputs
-from .dense_amx import current_tile_isa, define_knobs, strip_intrin, strips
+from .common import current_tile_isa, tagged_outputs
+from .dense_amx import define_knobs, strip_intrin, strips
 from .intrinsics import WORD_BLOCK, word_transpose_intrin
 
 #: Tag of the tile product.

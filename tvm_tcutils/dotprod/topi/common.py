@@ -8,7 +8,7 @@ from tvm import te
 
 from ...fast_forms import ROUNDING_SHIFTS, float_bits
 
-from ..isa import DotProductISA, for_target, range_isa
+from ..isa import DotProductISA, TileISA, for_target, range_isa, tile_isa
 
 
 def current_isa(data_dtype: str, kernel_dtype: str, reduce_range: bool = False) -> DotProductISA:
@@ -45,6 +45,31 @@ def current_isa(data_dtype: str, kernel_dtype: str, reduce_range: bool = False) 
             f"{isa.name} cannot multiply {data_dtype} data by {kernel_dtype} kernels; native pairs: {native}"
         )
     return isa
+
+
+def current_tile_isa(data_dtype: str, kernel_dtype: str) -> TileISA:
+    """The current target's tile engine (:func:`~..isa.tile_isa`) that multiplies ``data x kernel``.
+
+    Raises
+    ------
+    ValueError
+        When the target has none (or this process may not use it), or the engine has no such pair.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> with tvm.target.Target("llvm -mcpu=sapphirerapids"):
+    ...     current_tile_isa("uint8", "uint8").name
+    'x86_amx'
+    """
+    target = tvm.target.Target.current(allow_none=True)
+    engine = tile_isa(target)
+    if engine is None:
+        raise ValueError(f"target {target} has no usable AMX tile engine (needs amx-tile and amx-int8)")
+    if engine.variant(data_dtype, kernel_dtype) is None:
+        native = [(v.data_dtype, v.kernel_dtype) for v in engine.variants]
+        raise ValueError(f"{engine.name} cannot multiply {data_dtype} by {kernel_dtype}; native pairs: {native}")
+    return engine
 
 
 #: Bytes below which TVM's lowering leaves a CPU allocation on the stack (its ``kMaxStackAlloca``). A tile's

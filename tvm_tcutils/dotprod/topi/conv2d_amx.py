@@ -24,8 +24,8 @@ from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
 from ..isa.x86_amx import TileISA
-from .common import divisors_up_to, inline_between, pair, tagged_outputs
-from .dense_amx import current_tile_isa, fallback_tile
+from .common import current_tile_isa, divisors_up_to, inline_between, pair, tagged_outputs
+from .dense_amx import define_step_knobs
 from .tiles import TileMemory, run_steps
 
 #: Tag of the tile conv.
@@ -116,15 +116,11 @@ def stacked_rows(out_h: int, tile_a: int) -> int:
 
 def _define_knobs(cfg, isa: TileISA, out_h: int, out_w: int, blocks: int, flat: bool) -> None:
     stacked = not flat and out_w <= isa.rows
-    cfg.define_knob("tile_a", list(range(1, isa.tiles)))
-    cfg.define_knob("tile_b", divisors_up_to(blocks, isa.tiles))
-    cfg.define_knob("rows", divisors_up_to(out_h, out_h) if flat or stacked else [1])
-    cfg.multi_filter(filter=lambda e: isa.fits(e["tile_a"].val, e["tile_b"].val))
-    if cfg.is_fallback:
-        pixels = out_h * out_w if flat else out_h * isa.rows if stacked else out_w
-        tile_a, tile_b = fallback_tile(isa, pixels, blocks)
-        cfg["tile_a"] = OtherOptionEntity(tile_a)
-        cfg["tile_b"] = OtherOptionEntity(tile_b)
+    pixels = out_h * out_w if flat else out_h * isa.rows if stacked else out_w
+    untuned = define_step_knobs(cfg, isa, blocks, pixels,
+                                [("rows", divisors_up_to(out_h, out_h) if flat or stacked else [1])])
+    if untuned is not None:
+        tile_a = untuned[0]
         rows = flat_rows(isa, out_h, out_w, tile_a) if flat else stacked_rows(out_h, tile_a) if stacked else 1
         cfg["rows"] = OtherOptionEntity(rows)
 

@@ -22,8 +22,8 @@ from tvm import te
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.utils import get_const_tuple
 
-from ..isa.x86_amx import X86_AMX, TileISA
-from .common import divisors_up_to, inline_between, tagged_outputs
+from ..isa.x86_amx import TileISA
+from .common import current_tile_isa, divisors_up_to, inline_between, tagged_outputs
 from .dense_pack import packed_product
 from .tiles import matrix, run_steps, vnni_block
 
@@ -37,6 +37,7 @@ def applicable(isa: Optional[TileISA], m: int, k: int, w_shape, data_dtype: str,
 
     Examples
     --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
     >>> applicable(X86_AMX, 128, 768, (48, 192, 16, 4), "uint8", "int8")
     ''
     >>> applicable(X86_AMX, 128, 100, (48, 25, 16, 4), "uint8", "int8")
@@ -63,6 +64,7 @@ def fallback_tile(isa: TileISA, m: int, blocks: int) -> Tuple[int, int]:
 
     Examples
     --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
     >>> fallback_tile(X86_AMX, 128, 48), fallback_tile(X86_AMX, 128, 3), fallback_tile(X86_AMX, 16, 4)
     ((2, 2), (3, 1), (1, 2))
     """
@@ -85,6 +87,7 @@ def task_groups(isa: TileISA, m: int, k: int, blocks: int, tile_b: int) -> int:
 
     Examples
     --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
     >>> task_groups(X86_AMX, 128, 768, 48, 2), task_groups(X86_AMX, 128, 64, 8, 2)
     (2, 4)
     """
@@ -93,36 +96,31 @@ def task_groups(isa: TileISA, m: int, k: int, blocks: int, tile_b: int) -> int:
     return next((g for g in divisors_up_to(strips, strips) if g * per_strip >= MIN_TASK_PRODUCTS), strips)
 
 
-def define_knobs(cfg, isa: TileISA, m: int, k: int, blocks: int) -> None:
-    """The knobs of a tile product of ``m`` rows by ``blocks`` column blocks over ``k``: ``tile_a`` /
-    ``tile_b`` (the step) and ``groups`` (strips a task), and their fallback (:func:`fallback_tile`,
-    :func:`task_groups`)."""
+def define_step_knobs(cfg, isa: TileISA, blocks: int, pixels: int, knobs=(), also=None):
+    """Define a tile step's knobs ``tile_a`` (data tiles) and ``tile_b`` (weight tiles of ``blocks``), then
+    ``knobs`` (``(name, values)``), keeping the points whose tiles all have registers and that ``also``
+    (a filter on the entities) keeps. Returns the untuned ``(tile_a, tile_b)`` (:func:`fallback_tile`, for
+    ``pixels`` rows of data) where ``cfg`` is a fallback, else None."""
     cfg.define_knob("tile_a", list(range(1, isa.tiles)))
     cfg.define_knob("tile_b", divisors_up_to(blocks, isa.tiles))
-    cfg.define_knob("groups", divisors_up_to(blocks, blocks))
-    cfg.multi_filter(filter=lambda e: isa.fits(e["tile_a"].val, e["tile_b"].val)
-                     and blocks % (e["tile_b"].val * e["groups"].val) == 0)
-    if cfg.is_fallback:
-        tile_a, tile_b = fallback_tile(isa, m, blocks)
-        cfg["tile_a"] = OtherOptionEntity(tile_a)
-        cfg["tile_b"] = OtherOptionEntity(tile_b)
-        cfg["groups"] = OtherOptionEntity(task_groups(isa, m, k, blocks, tile_b))
+    for name, values in knobs:
+        cfg.define_knob(name, values)
+    cfg.multi_filter(filter=lambda e: isa.fits(e["tile_a"].val, e["tile_b"].val) and (also is None or also(e)))
+    if not cfg.is_fallback:
+        return None
+    tile_a, tile_b = fallback_tile(isa, pixels, blocks)
+    cfg["tile_a"] = OtherOptionEntity(tile_a)
+    cfg["tile_b"] = OtherOptionEntity(tile_b)
+    return tile_a, tile_b
 
 
-def current_tile_isa(data_dtype: str, weight_dtype: str) -> TileISA:
-    """The current target's tile engine for the dtype pair.
-
-    Raises
-    ------
-    ValueError
-        When the target has none, or no such product.
-    """
-    target = tvm.target.Target.current(allow_none=True)
-    if target is None or not X86_AMX.supports(target):
-        raise ValueError(f"target {target} has no usable AMX tile engine (needs amx-tile and amx-int8)")
-    if X86_AMX.variant(data_dtype, weight_dtype) is None:
-        raise ValueError(f"{X86_AMX.name} cannot multiply {data_dtype} by {weight_dtype}")
-    return X86_AMX
+def define_knobs(cfg, isa: TileISA, m: int, k: int, blocks: int) -> None:
+    """The knobs of a tile product of ``m`` rows by ``blocks`` column blocks over ``k``: the step
+    (:func:`define_step_knobs`) and ``groups`` (strips a task, untuned :func:`task_groups`)."""
+    untuned = define_step_knobs(cfg, isa, blocks, m, [("groups", divisors_up_to(blocks, blocks))],
+                                also=lambda e: blocks % (e["tile_b"].val * e["groups"].val) == 0)
+    if untuned is not None:
+        cfg["groups"] = OtherOptionEntity(task_groups(isa, m, k, blocks, untuned[1]))
 
 
 def dense_pack_amx(cfg, data, weight, bias=None, out_dtype="int32"):
@@ -257,5 +255,5 @@ def strips(s: te.Schedule, outs, product: te.Tensor, isa: TileISA, blocks: int, 
 
 
 __all__ = ["TAG", "applicable", "dense_pack_amx", "schedule_dense_pack_amx", "strip_intrin", "strips", "fallback_tile",
-           "define_knobs", "current_tile_isa"]
+           "define_knobs", "define_step_knobs"]
 
