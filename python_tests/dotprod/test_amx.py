@@ -119,6 +119,20 @@ def test_machine_code_uses_tiles_with_a_configuration_in_every_parallel_body(pai
     assert "syscall" in asm  # the first run asks Linux for the tile state
 
 
+@pytest.mark.parametrize("k, points", [(256, 4), (64, 1)])
+def test_weight_tiles_of_the_next_reduction_point_are_prefetched(k, points):
+    # Tile registers are not renamed: only a prefetch fetches the next point's weights while this one's
+    # products run. A step of 2 x 2 tiles asks for 16 rows of each of its 2 weight tiles, in the full
+    # step's configuration and in the tail's (more where LLVM unrolls the points); a one-point reduction
+    # loads its weights once and asks for nothing.
+    func, _ = _build_dense(AMX_TARGET, 50, 64, k)
+    per_point = 2 * X86_AMX.rows
+    for name, body in _bodies(func.get_source("asm")).items():
+        if "_compute_" in name:
+            count = body.count("prefetcht0")
+            assert (count >= 2 * per_point and count % per_point == 0) if points > 1 else count == 0, name
+
+
 def test_dense_that_does_not_fill_tiles_says_why():
     assert applicable(X86_AMX, 128, 96, (4, 24, 16, 4), "uint8", "int8").startswith("K=96")
     assert "no int8 x int16" in applicable(X86_AMX, 128, 64, (4, 16, 16, 4), "int8", "int16")

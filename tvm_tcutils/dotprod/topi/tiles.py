@@ -18,6 +18,7 @@ the module's data keeps that to once) and fails with TVM's error, not SIGILL, wh
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, List, Sequence, Tuple
 
 from ..._tvm import tvm
@@ -63,6 +64,10 @@ class TileMemory:
     pointer: Callable[[str], tir.PrimExpr]
     stride: tir.PrimExpr
     element: Callable[[tir.PrimExpr, tir.PrimExpr], Tuple[tir.Buffer, list]]
+
+
+#: llvm.prefetch(address, read, keep in every cache level (prefetcht0), data cache).
+_PREFETCH_TO_L1 = (0, 3, 1)
 
 
 def _call(name: str, *args) -> tir.PrimExpr:
@@ -145,6 +150,17 @@ class Tiles:
                             b, k, 4 * n + q, self.variant.kernel_dtype)
                     index = (c * isa.rows + m) * isa.columns + n
                     self.acc[index] = self.acc[index] + total
+
+    def prefetch(self, rows: int, memory: TileMemory) -> None:
+        """Hint the caches to fetch the first line of each of ``rows`` rows of ``memory`` (a tile loaded
+        later); nothing in the reference form."""
+        if self.reference:
+            return
+        for r in range(rows):
+            buf, idx = memory.element(r, 0)
+            self.ib.emit(tir.call_llvm_intrin(
+                "int32", "llvm.prefetch", tir.const(4, "uint32"), tir.address_of(tir.BufferLoad(buf, idx)),
+                *[tir.const(value, "int32") for value in _PREFETCH_TO_L1]))
 
     def store(self, t: int, memory: TileMemory) -> None:
         """``memory`` (int32) := tile ``t``'s configured rows x bytes."""
@@ -260,7 +276,8 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
     ``tile_a x tile_b``, then the data tiles, then the weight tiles. Strips run outermost, so a strip's
     weights serve every step while in L1. The tiles left after whole steps of equal tiles (fewer, or a
     last one of fewer rows) run with a second configuration. A reduction of one point (one tile of
-    depth) loads a strip's weight tiles once, before its steps.
+    depth) loads a strip's weight tiles once, before its steps; a longer one asks the L1 cache for the
+    weight tiles ``isa.prefetch_ahead`` points ahead at each point.
     """
     data_reg, weight_reg = tile_a * tile_b, tile_a * tile_b + tile_a
     lanes = isa.columns
@@ -278,6 +295,22 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
         for j in range(tile_b):
             tiles.load(weight_reg + j, weights(column + j * lanes, *ks))
 
+    ahead = isa.prefetch_ahead
+    points = math.prod(reduction)
+
+    def point_ahead(ks):
+        # The reduction point ``ahead`` after ``ks`` (past the last, the step's first again: the next
+        # step of the strip starts there).
+        flat = 0
+        for k, extent in zip(ks, reduction):
+            flat = flat * extent + k
+        flat = tir.floormod(flat + ahead, points)
+        point = []
+        for extent in reversed(reduction):
+            point.append(tir.floormod(flat, extent))
+            flat = tir.floordiv(flat, extent)
+        return tuple(reversed(point))
+
     def reduce_loops(body, ks=()):
         if len(ks) == len(reduction):
             body(ks)
@@ -293,6 +326,9 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
             for i in range(count):
                 tiles.load(data_reg + i, data(g0 + i, *ks))
             if not single:
+                if ahead:
+                    for j in range(tile_b):
+                        tiles.prefetch(weight_rows, weights(column + j * lanes, *point_ahead(ks)))
                 load_weights(tiles, column, ks)
             for i in range(count):
                 for j in range(tile_b):
