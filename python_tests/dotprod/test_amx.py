@@ -197,6 +197,32 @@ def test_a_refused_tile_state_builds_vnni_with_one_warning(monkeypatch):
     assert len(messages) == 1 and "refused in this test" in messages[0] and "VNNI" in messages[0]
 
 
+#: CPUID answers of a CPU with tile palette 1 of 8 tiles x 16 rows x 64 bytes (leaf 0x1D), as Sapphire
+#: and Emerald Rapids report it.
+_CPUID_OK = {(0, 0): (0x20, 0, 0, 0), (0x1D, 0): (1, 0, 0, 0), (0x1D, 1): (0x04002000, 0x00080040, 16, 0)}
+
+
+@pytest.mark.parametrize("answers, reason", [
+    ({}, ""),
+    ({(0, 0): (0x1A, 0, 0, 0)}, "no tile leaf 0x1D (highest leaf 0x1A)"),
+    ({(0x1D, 0): (0, 0, 0, 0)}, "lists no tile palette 1 (its highest is 0)"),
+    ({(0x1D, 1): (0x04002000, 0x00040040, 16, 0)}, "has 4 tiles of 16 x 64 bytes; the kernels need 8"),
+    ({(0x1D, 1): (0x04002000, 0x00080040, 8, 0)}, "has 8 tiles of 8 x 64 bytes"),
+], ids=["palette-1", "no-leaf", "no-palette", "4-tiles", "8-rows"])
+def test_the_cpuid_tile_palette_must_hold_the_kernels_tiles(answers, reason):
+    answers = {**_CPUID_OK, **answers}
+    problem = amx.palette_problem(lambda leaf, sub: answers[(leaf, sub)])
+    assert reason in problem and bool(problem) == bool(reason)
+    state = amx.decide(frozenset(amx.CPU_FLAGS), None, lambda: 0, lambda: problem)
+    assert state.usable == (not reason) and (not reason or reason in state.reason)
+
+
+def test_this_cpus_palette_is_read_where_it_has_amx():
+    if not amx.state().host_has:
+        pytest.skip(f"no AMX on this CPU ({amx.state().reason})")
+    assert amx.cpuid(0x1D, 0)[0] >= X86_AMX.palette and amx.palette_problem() == ""
+
+
 def test_the_environment_turns_tiles_off(monkeypatch):
     monkeypatch.setenv(amx.ENV, "0")
     monkeypatch.setattr(amx, "_warned", set())

@@ -8,8 +8,8 @@ at their first call (:mod:`tvm_tcutils.dotprod.topi.tiles`): a library exported 
 runtime, an AutoTVM measuring server or an RPC session then work without this package imported.
 
 Here the package decides at build time: on a host whose CPU has the tile engine, kernels are built for
-it only where the request succeeds (a hypervisor may report AMX and not enable its state, which the
-kernel then refuses); otherwise the target's 4-way dot-product kernels are built, with one warning. A
+it only where CPUID lists the tile palette the kernels configure and the request succeeds (a hypervisor
+may report AMX with no palette, or not enable its state, which the kernel then refuses); otherwise the target's 4-way dot-product kernels are built, with one warning. A
 host without the engine builds what the target names (cross-compilation). ``TCUTILS_AMX=0`` turns the
 tile kernels off, as ``ONEDNN_MAX_CPU_ISA`` does for oneDNN.
 """
@@ -20,9 +20,11 @@ import contextvars
 import ctypes
 import dataclasses
 import functools
+import mmap
 import os
+import platform
 import warnings
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Tuple
 
 #: ``arch_prctl`` numbers (x86-64 Linux): the syscall, the permission request, the tile data feature.
 SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
@@ -98,6 +100,81 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset:
     return frozenset()
 
 
+#: x86-64 machine code of ``void cpuid(uint32 leaf, uint32 subleaf, uint32 out[4])`` (System V ABI):
+#: push rbx; mov eax, edi; mov ecx, esi; mov r8, rdx; cpuid; mov [r8], eax; mov [r8+4], ebx;
+#: mov [r8+8], ecx; mov [r8+12], edx; pop rbx; ret. Python has no CPUID, and /proc/cpuinfo has no
+#: tile palette.
+_CPUID_CODE = bytes.fromhex("53" "89f8" "89f1" "4989d0" "0fa2" "418900" "41895804" "41894808" "4189500c" "5b" "c3")
+
+#: CPUID leaf of the tile palettes.
+TILE_LEAF = 0x1D
+
+
+@functools.lru_cache(maxsize=None)
+def _cpuid_function():
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    try:
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except (OSError, ValueError, AttributeError):  # W^X systems refuse writable + executable pages
+        return None
+    page.write(_CPUID_CODE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+    function = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32 * 4))(address)
+    function.page = page  # the code lives as long as the function
+    return function
+
+
+def cpuid(leaf: int, subleaf: int = 0) -> Optional[Tuple[int, int, int, int]]:
+    """``(eax, ebx, ecx, edx)`` of CPUID ``leaf`` / ``subleaf``; ``None`` off x86-64 or where no
+    executable page may be made.
+
+    Examples
+    --------
+    >>> regs = cpuid(0)
+    >>> regs is None or len(regs) == 4
+    True
+    """
+    function = _cpuid_function()
+    if function is None:
+        return None
+    out = (ctypes.c_uint32 * 4)()
+    function(leaf, subleaf, ctypes.byref(out))
+    return tuple(int(v) for v in out)
+
+
+def palette_problem(query: Callable[[int, int], Optional[Tuple[int, int, int, int]]] = cpuid) -> str:
+    """Why the CPU's tile palettes (CPUID leaf 0x1D, from ``query``) cannot hold the kernels' tiles, or
+    ``""``: the kernels configure palette :attr:`~.isa.x86_amx.TileISA.palette` with its registers of
+    ``rows x row_bytes``, and some hypervisors report AMX with no palette behind it. ``""`` too where
+    CPUID cannot be asked (the permission request still decides).
+
+    Examples
+    --------
+    >>> palette_problem(lambda leaf, sub: (0x1D, 0, 0, 0) if leaf == 0 else (0, 0, 0, 0))
+    'CPUID leaf 0x1D lists no tile palette 1 (its highest is 0)'
+    >>> good = {0: (0x1D, 0, 0, 0), (0x1D, 0): (1, 0, 0, 0), (0x1D, 1): (0x4002000, 0x80040, 16, 0)}
+    >>> palette_problem(lambda leaf, sub: good[leaf] if leaf == 0 else good[(leaf, sub)])
+    ''
+    """
+    from .isa.x86_amx import X86_AMX  # the kernels' geometry (the ISA row imports this module lazily)
+
+    highest = query(0, 0)
+    if highest is None:
+        return ""
+    if highest[0] < TILE_LEAF:
+        return f"CPUID reports no tile leaf 0x{TILE_LEAF:X} (highest leaf 0x{highest[0]:X})"
+    palettes = query(TILE_LEAF, 0)[0]
+    if palettes < X86_AMX.palette:
+        return f"CPUID leaf 0x{TILE_LEAF:X} lists no tile palette {X86_AMX.palette} (its highest is {palettes})"
+    eax, ebx, ecx, _ = query(TILE_LEAF, X86_AMX.palette)
+    row_bytes, names, rows = ebx & 0xFFFF, ebx >> 16, ecx & 0xFFFF
+    if row_bytes < X86_AMX.row_bytes or names < X86_AMX.tiles or rows < X86_AMX.rows:
+        return (f"tile palette {X86_AMX.palette} has {names} tiles of {rows} x {row_bytes} bytes; the kernels "
+                f"need {X86_AMX.tiles} of {X86_AMX.rows} x {X86_AMX.row_bytes}")
+    return ""
+
+
 def _request_tile_state() -> int:
     """0 when the kernel grants the tile state to this process, else the errno."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -106,9 +183,11 @@ def _request_tile_state() -> int:
     return ctypes.get_errno() or -1
 
 
-def decide(flags: frozenset, env: Optional[str], request: Callable[[], int]) -> AmxState:
-    """The state from the CPU's ``flags``, the :data:`ENV` value and the permission ``request`` (called
-    only where the CPU has the engine and nothing turned it off).
+def decide(flags: frozenset, env: Optional[str], request: Callable[[], int],
+           palette: Callable[[], str] = lambda: "") -> AmxState:
+    """The state from the CPU's ``flags``, the :data:`ENV` value, the ``palette`` check
+    (:func:`palette_problem`) and the permission ``request`` (the last two called only where the CPU
+    has the engine and nothing turned it off).
 
     Examples
     --------
@@ -120,12 +199,17 @@ def decide(flags: frozenset, env: Optional[str], request: Callable[[], int]) -> 
     'turned off by TCUTILS_AMX=0'
     >>> decide(frozenset({"avx512_vnni"}), None, lambda: 0).host_has
     False
+    >>> decide(frozenset({"amx_tile", "amx_int8"}), None, lambda: 0, lambda: "no palette 1").reason
+    'no palette 1'
     """
     host_has = all(flag in flags for flag in CPU_FLAGS)
     if not host_has:
         return AmxState(False, False, f"this CPU reports no {' and '.join(CPU_FLAGS)}")
     if env is not None and env.strip().lower() in ("0", "off", "no", "false"):
         return AmxState(True, False, f"turned off by {ENV}={env}")
+    problem = palette()
+    if problem:
+        return AmxState(True, False, problem)
     err = request()
     if err:
         why = os.strerror(err) if err > 0 else "unknown error"
@@ -136,7 +220,7 @@ def decide(flags: frozenset, env: Optional[str], request: Callable[[], int]) -> 
 
 @functools.lru_cache(maxsize=None)
 def _state_for(pid: int) -> AmxState:
-    return decide(cpu_flags(), os.environ.get(ENV), _request_tile_state)
+    return decide(cpu_flags(), os.environ.get(ENV), _request_tile_state, palette_problem)
 
 
 def state() -> AmxState:
