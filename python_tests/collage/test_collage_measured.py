@@ -379,6 +379,19 @@ def test_cache_tags_are_computed_once_per_toolchain_and_keys_do_not_change(monke
     assert cost_requests(None, [], [], {}) == []
 
 
+def test_tvm_costs_measured_with_tiles_off_are_not_reused_with_them_on(monkeypatch):
+    from tvm_tcutils.collage import toolchains
+    from tvm_tcutils.dotprod import amx
+
+    tvm_chain, ort_chain = toolchains.known()["tvm"], toolchains.known()["ort"]
+    monkeypatch.delenv(amx.ENV, raising=False)
+    on = tvm_chain.cache_tag(), ort_chain.cache_tag()
+    monkeypatch.setenv(amx.ENV, "0")
+    off = tvm_chain.cache_tag(), ort_chain.cache_tag()
+    assert on[0] != off[0] and f"{amx.ENV}=0" in off[0]
+    assert on[1] == off[1]  # onnxruntime runs what it runs, whatever the package's kernels
+
+
 def test_a_bug_in_the_worker_stops_the_run_instead_of_costing_inf():
     from tvm_tcutils.collage.cost.workers import WorkerError
 

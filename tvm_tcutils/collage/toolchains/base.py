@@ -43,8 +43,10 @@ def fast_math_nodes(graph, mask: int) -> int:
 #: callback (about 19 us less per call than TVM's generic Python callback); 3 = onnxruntime
 #: runs with as many threads as TVM's pool unless told otherwise; 4 = TVM candidates are priced
 #: without the layout transforms at their inputs and outputs (they cancel inside a TVM region);
-#: 5 = TVM is timed with ``TVM_NUM_THREADS`` set (:func:`tvm_tcutils._tvm.settle_thread_count`).
-COST_REVISION = 5
+#: 5 = TVM is timed with ``TVM_NUM_THREADS`` set (:func:`tvm_tcutils._tvm.settle_thread_count`);
+#: 6 = TVM's int8 products run on AMX tiles where the host has them (the host target now names the
+#: tile features a generic CPU model hid; ``TCUTILS_AMX`` in TVM's tags).
+COST_REVISION = 6
 
 @dataclasses.dataclass(frozen=True)
 class Toolchain:
@@ -224,6 +226,10 @@ class Toolchain:
                 versions.append(f"{module}-{importlib.import_module(module).__version__}")
             except (ImportError, AttributeError):  # not installed, or a module without a version
                 versions.append(module)
+        if self.is_tvm:  # the same target builds tile or vector kernels as the environment says
+            from ...dotprod.amx import ENV as TILES
+
+            versions += [f"{TILES}={os.environ[TILES]}"] if os.environ.get(TILES) else []
         return "/".join([self.name, self.compiler or "tvm", tvm.__version__, f"r{COST_REVISION}", *versions,
                          _thread_settings()])
 
