@@ -54,6 +54,7 @@ CASES: Dict[str, Tuple[Callable, List[tuple], bool]] = {
     "copy": _unary(lambda x: relay.tanh(relay.copy(x))),
     "nn.dropout": _unary(lambda x: relay.tanh(relay.nn.dropout(x))),
     "nn.leaky_relu": _unary(lambda x: relay.nn.leaky_relu(x, alpha=0.1)),
+    "nn.lrn": _unary(lambda x: relay.nn.lrn(x, size=5, axis=1, alpha=1e-2, beta=0.75, bias=2.0), (1, 7, 6, 6)),
     "nn.conv2d": _unary(lambda x: relay.nn.conv2d(x, _const(6, 2, 3, 3), padding=(1, 1), strides=(2, 2),
                                                   groups=2, channels=6, kernel_size=(3, 3)), (1, 4, 9, 9)),
     "nn.dense": _unary(lambda x: relay.nn.dense(x, _const(8, 16)), (4, 16)),

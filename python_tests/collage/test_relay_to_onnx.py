@@ -149,6 +149,8 @@ CASES = {
     "pad_edge": _unary(lambda x: relay.nn.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2)), pad_mode="edge")),
     "pad_reflect": _unary(lambda x: relay.nn.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2)), pad_mode="reflect")),
     "cast": _unary(lambda x: relay.cast(relay.multiply(x, relay.const(10.0)), "int32")),
+    # Inception-v1's and AlexNet's LRN: a 5-channel window over 7 channels (windows cut at both ends).
+    "lrn": _unary(lambda x: relay.nn.lrn(x, size=5, axis=1, alpha=1e-2, beta=0.75, bias=2.0), (1, 7, 6, 6)),
     # Biases become the Conv's / Gemm's own input (folded), unless the product is used elsewhere too.
     "conv2d_bias_add": _unary(lambda x: relay.nn.bias_add(
         relay.nn.conv2d(x, _const((4, 3, 3, 3)), padding=(1, 1), channels=4, kernel_size=(3, 3)), _const((4,)))),
@@ -259,6 +261,7 @@ def _typed_call(expr):
         lambda: relay.add(relay.var("x", shape=(4,), dtype="int8"), relay.var("y", shape=(4,), dtype="int8")),
         lambda: relay.nn.avg_pool2d(relay.var("x", shape=(1, 4, 8, 8), dtype="uint8"), pool_size=(2, 2)),
         lambda: relay.reshape(relay.var("x", shape=(4, 4), dtype="int32"), (16,)),
+        lambda: relay.nn.lrn(relay.var("x", shape=(1, 6, 6, 8)), size=3, axis=3),  # ONNX windows axis 1 only
         # Quantization ONNX cannot express as Relay computes it.
         lambda: relay.qnn.op.quantize(relay.var("x", shape=(2, 4)), relay.var("scale", shape=()), relay.const(0),
                                       out_dtype="int8"),
@@ -275,7 +278,7 @@ def _typed_call(expr):
                                         relay.const(3)),
     ],
     ids=["conv2d_nhwc", "layer_norm_axis1", "int32_add", "avg_pool_dilated", "max_pool_nhwc", "dense_fp16", "take",
-         "int8_add", "uint8_avg_pool", "int32_reshape", "quantize_scale_input", "quantize_zero_point_input",
+         "int8_add", "uint8_avg_pool", "int32_reshape", "lrn_nhwc", "quantize_scale_input", "quantize_zero_point_input",
          "dequantize_scale_input", "quantize_zero_scale", "quantize_zero_point_out_of_range", "quantize_int32",
          "dequantize_int32_zero_point"],
 )

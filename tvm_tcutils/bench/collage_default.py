@@ -157,6 +157,7 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
     row["budget_steps"] = [str(step) for step in result.budget_steps]
     row["precisions"] = _precisions(result.partitions)
     row["mix_precisions"] = _precisions(result.mix_partitions)
+    row["unreachable"] = {name: dict(ops) for name, ops in result.unreachable.items()}
     if final is not None:
         row["timings_ms"] = {name: t.median_ms for name, t in final.timings.items() if t.samples_ms}
         row["best_single"] = final.best_single

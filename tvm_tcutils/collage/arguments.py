@@ -132,6 +132,27 @@ def existing_file(name: str, value: Optional[str]) -> Optional[str]:
     return value
 
 
+def onnx_file(name: str, value) -> str:
+    """The absolute path of ``value``, an existing file that parses as an ONNX model (its graph only:
+    external weights are not read).
+
+    Examples
+    --------
+    >>> onnx_file("original", "/no/such.onnx")
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: original: no such file '/no/such.onnx'
+    """
+    existing_file(name, value)
+    import onnx
+
+    try:
+        onnx.load(os.fspath(value), load_external_data=False)
+    except Exception as err:  # protobuf's DecodeError and friends: the message names no argument
+        raise ValueError(f"{name}: {os.fspath(value)!r} is not an ONNX model ({type(err).__name__}: {err})") from None
+    return os.path.abspath(value)
+
+
 def typed_main(mod, name: str = "mod") -> relay.Function:
     """``mod["main"]`` after type inference; ``mod`` is not changed.
 

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
@@ -151,6 +152,38 @@ class CollageResult:
     error_budget: Optional[float] = None
     errors: Dict[str, float] = dataclasses.field(default_factory=dict)
     budget_steps: List = dataclasses.field(default_factory=list)
+    #: Per toolchain other than TVM: operator name -> how many of the model's calls of it no candidate of
+    #: that toolchain contains (what kept it from a region: an operator its rules or export do not take).
+    unreachable: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=dict)
+
+
+def unreachable_ops(graph: IndexedGraph, cands: Sequence[Candidate],
+                    toolchains: Sequence[Toolchain]) -> Dict[str, Dict[str, int]]:
+    """Per toolchain other than TVM, the operators of ``graph`` none of its candidates takes, with counts.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.toolchains import known
+    >>> x = relay.var("x", shape=(1, 8, 4, 4))
+    >>> graph = IndexedGraph(relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(
+    ...     [x], relay.nn.relu(relay.take(x, relay.const(0), axis=1)))))["main"])
+    >>> chains = [known()["tvm"], known()["ort"]]
+    >>> unreachable_ops(graph, enumerate_candidates(graph, chains), chains)
+    {'ort': {'take': 1}}
+    """
+    covered = {tc.name: 0 for tc in toolchains if not tc.is_tvm}
+    for cand in cands:
+        if cand.toolchain in covered:
+            covered[cand.toolchain] |= cand.mask
+    out: Dict[str, Dict[str, int]] = {}
+    for name, mask in covered.items():
+        counts: Dict[str, int] = {}
+        for i, node in enumerate(graph.nodes):
+            if node.kind == "call" and not mask >> i & 1:
+                counts[node.op_name] = counts.get(node.op_name, 0) + 1
+        if counts:
+            out[name] = dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    return out
 
 
 def border_kb(graph: IndexedGraph, mask: int) -> float:
@@ -291,7 +324,7 @@ class _Partitioner:
                  params: Optional[Dict] = None, compare_single: bool = True, validate_rounds: int = 2,
                  progress: ProgressArg = None, time_budget_s: Optional[float] = None,
                  confidence: float = 0.95, compare_budget_s: float = 60.0, error_budget: Optional[float] = None,
-                 sample_inputs: Optional[Mapping] = None):
+                 sample_inputs: Optional[Mapping] = None, original: Optional[str] = None):
         # Every argument is checked here, before the search starts (the module in run, first thing).
         self.toolchains = resolve(toolchains)
         if cost_estimator is not None and not isinstance(cost_estimator, CostEstimator):
@@ -316,6 +349,7 @@ class _Partitioner:
         if sample_inputs is not None and not isinstance(sample_inputs, Mapping):
             raise TypeError(f"sample_inputs must be a dict of input name -> array, got {type(sample_inputs).__name__}")
         self.sample_inputs = sample_inputs
+        self.original = None if original is None else arguments.onnx_file("original", original)
         self.last_result: Optional[CollageResult] = None
 
     def run(self, mod: tvm.IRModule) -> CollageResult:
@@ -470,12 +504,14 @@ class _Partitioner:
             measured_ms = final.timings[final.answer].median_ms
             if not final.is_mix and final.answer not in same:  # the mix itself keeps its estimated table
                 out = singles[final.answer]
-                partitions = module_partitions(out, by_name, final.answer.removesuffix(" alone"))
+                partitions = module_partitions(out, by_name, final.answer.removesuffix(" alone")
+                                               .removesuffix(ON_THE_FILE))
         self.last_result = CollageResult(
             out, {}, partitions, result.cost, single, len(cands), result.states, seconds, graph,
             result.chosen, prepared, measured_ms, validation.trials, validation.side_by_side,
             answer, final, counts, bool(partial), "; ".join(partial), not_compared, mix_partitions,
-            validation.measured_of(result), self.error_budget, errors, steps)
+            validation.measured_of(result), self.error_budget, errors, steps,
+            unreachable_ops(graph, cands, self.toolchains))
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
         return self.last_result
@@ -502,6 +538,8 @@ class _Partitioner:
         budget (``check``), a lossy toolchain alone over the budget does not compete (its error
         goes into ``errors``)."""
         singles = single_toolchain_modules(prepared, toolchains)
+        if self.original is not None:
+            singles.update(original_modules(prepared, self.original, toolchains))
         if check is not None:
             lossy_names = [f"{tc.name} alone" for tc in toolchains if tc.lossy]
             singles, checked = check_singles(singles, lossy_names, self.error_budget, check)
@@ -559,7 +597,7 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
               cost_estimator: Optional[CostEstimator] = None, compare_single: bool = True,
               validate_rounds: int = 2, *, progress: ProgressArg = None, time_budget_s: Optional[float] = None,
               confidence: float = 0.95, compare_budget_s: float = 60.0, error_budget: Optional[float] = None,
-              sample_inputs: Optional[Mapping] = None) -> CollageResult:
+              sample_inputs: Optional[Mapping] = None, original: Optional[str] = None) -> CollageResult:
     """Partition ``mod`` across ``toolchains`` at minimum estimated latency.
 
     Parameters
@@ -614,6 +652,12 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
     sample_inputs : dict, optional
         Inputs (name -> array) the error is measured on; inputs left out get
         seeded random values of their types.
+    original : str, optional
+        The ONNX file ``mod`` was imported from. The final comparison then also times each toolchain
+        that runs ONNX files (onnxruntime, OpenVINO) on the file itself, as the user runs it
+        (``"<name> on the file"``), and the answer is never slower than those either; when one of them
+        wins, ``result.mod`` runs that toolchain on the file (one partition, which needs the file, by
+        its SHA-256, wherever the module is built and run).
 
     Returns
     -------
@@ -637,7 +681,7 @@ def partition(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: Tool
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"mod must be a tvm.IRModule, got {type(mod).__name__}")
     return _Partitioner(toolchains, cost_estimator, params, compare_single, validate_rounds, progress,
-                        time_budget_s, confidence, compare_budget_s, error_budget, sample_inputs).run(mod)
+                        time_budget_s, confidence, compare_budget_s, error_budget, sample_inputs, original).run(mod)
 
 
 def build(mod: tvm.IRModule, params: Optional[Dict] = None, toolchains: ToolchainSpec = None,
@@ -722,6 +766,71 @@ def single_toolchain_modules(prepared: tvm.IRModule, toolchains: Sequence[Toolch
                 out[f"{tc.name} alone"] = _greedy(prepared, tc, tvm_tc)
             except (tvm.TVMError, RuntimeError, ValueError) as err:
                 logger.warning("%s alone (greedy partitioning) failed: %s", tc.name, error_line(err))
+    return out
+
+
+#: How the final comparison names a toolchain running the user's own file.
+ON_THE_FILE = " on the file"
+
+
+def original_modules(prepared: tvm.IRModule, path: str, toolchains: Sequence[Toolchain]) -> Dict[str, tvm.IRModule]:
+    """Each toolchain that runs ONNX files (:attr:`~.toolchains.Toolchain.runs_onnx_file`) on the user's
+    own file ``path``, as a whole module of one partition: ``"<name> on the file"`` -> module.
+
+    The partition's function is the whole model (its body types the call; the toolchain runs the file,
+    not an export of the body), its parameters in the file's input order. Where the file's inputs are
+    not the model's (another file, or renamed inputs), no module is made, with a warning.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> original_modules(prepare(*load_model("mlp")), "m.onnx", resolve("tvm"))
+    {}
+    """
+    chains = [tc for tc in toolchains if tc.runs_onnx_file and tc.buildable()]
+    if not chains:
+        return {}
+    import onnx
+
+    from .toolchains.ort import FILE_ATTR, FILE_SHA_ATTR, file_sha256
+
+    graph = onnx.load(path, load_external_data=False).graph
+    initializers = {init.name for init in graph.initializer}
+    inputs = [value for value in graph.input if value.name not in initializers]
+    names = [value.name for value in inputs]
+    main = prepared["main"]
+    by_name = {param.name_hint: param for param in main.params}
+    if sorted(names) == sorted(by_name):
+        params = [by_name[name] for name in names]
+    elif len(names) == len(main.params):  # an importer may rename inputs; the order is the file's
+        params = list(main.params)
+    else:
+        params = None
+    # The file's fixed dimensions must be the model's (another --batch-size is another model).
+    if params is None or any(
+            len(value.type.tensor_type.shape.dim) != len(param.checked_type.shape) or any(
+                dim.HasField("dim_value") and dim.dim_value != int(size)
+                for dim, size in zip(value.type.tensor_type.shape.dim, param.checked_type.shape))
+            for value, param in zip(inputs, params)):
+        logger.warning("the file %s has inputs %s, the model %s: not timed on the file", path,
+                       [(v.name, [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]) for v in inputs],
+                       [(p.name_hint, [int(d) for d in p.checked_type.shape]) for p in main.params])
+        return {}
+    sha256 = file_sha256(path)
+    out = {}
+    for tc in chains:
+        symbol = f"{tc.compiler}_file"
+        ext = relay.Function(params, main.body, main.ret_type)
+        # As PartitionGraph marks a partition: without Inline, relay.build never calls the codegen.
+        for key, value in (("Primitive", 1), ("Inline", 1), ("Compiler", tc.compiler), ("global_symbol", symbol),
+                           (FILE_ATTR, os.path.abspath(path)), (FILE_SHA_ATTR, sha256)):
+            ext = ext.with_attr(key, value)
+        outer = [relay.var(p.name_hint, p.type_annotation) for p in main.params]
+        order = [outer[list(main.params).index(p)] for p in params]
+        gv = relay.GlobalVar(symbol)
+        mod = tvm.IRModule({gv: ext})
+        mod["main"] = relay.Function(outer, relay.Call(gv, order))
+        out[f"{tc.name}{ON_THE_FILE}"] = relay.transform.InferType()(mod)
     return out
 
 

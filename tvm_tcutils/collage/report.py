@@ -1,10 +1,10 @@
 """Reports of a Collage result: the report (:func:`report_lines`) and the partition table.
 
-The report has three parts: one table of the chosen partitions (toolchain,
+The report has four parts: one table of the chosen partitions (toolchain,
 estimated ms, operators) with the total estimated next to the whole module
-measured; one line per toolchain measured alone; one line for the answer and
-its ratio to the best single toolchain, in words when the answer is a
-single toolchain.
+measured; one line per toolchain naming the operators it cannot take; one line
+per toolchain measured alone; one line for the answer and its ratio to the best
+single toolchain, in words when the answer is a single toolchain.
 """
 from __future__ import annotations
 
@@ -145,6 +145,28 @@ def _estimate_note(result: CollageResult) -> List[str]:
             "the crossings between toolchains and fuses across partition borders"]
 
 
+def unreachable_lines(result: CollageResult, limit: int = 6) -> List[str]:
+    """One line per toolchain naming the operators none of its candidates takes (what kept it from a
+    region, and from the whole model alone), with their counts.
+
+    Examples
+    --------
+    >>> import dataclasses
+    >>> from tvm_tcutils.collage import MockCostEstimator, partition
+    >>> from tvm_tcutils.models import load_model
+    >>> mod, params = load_model("mlp")
+    >>> result = partition(mod, params, "tvm", MockCostEstimator({"tvm": 1.0}), progress=False)
+    >>> unreachable_lines(dataclasses.replace(result, unreachable={"ort": {"nn.lrn": 2}}))
+    ['operators ort cannot take (TVM runs them): nn.lrn x2']
+    """
+    lines = []
+    for name, ops in result.unreachable.items():
+        listed = [f"{op} x{count}" for op, count in list(ops.items())[:limit]]
+        more = f", ... ({len(ops) - limit} more)" if len(ops) > limit else ""
+        lines.append(f"operators {name} cannot take (TVM runs them): {', '.join(listed)}{more}")
+    return lines
+
+
 def _single_lines(result: CollageResult, skipped: str) -> List[str]:
     final = result.final
     if final is None:
@@ -226,6 +248,7 @@ def report_lines(result: CollageResult, skipped: Optional[str] = None) -> List[s
     crossing = crossing_line(result.mix_partitions, result.mix_measured_ms, tvm_name)
     if crossing:
         lines += crossing.splitlines()
+    lines += unreachable_lines(result)
     lines += _single_lines(result, skipped or result.not_compared)
     lines.append(answer_line(result, skipped))
     return lines

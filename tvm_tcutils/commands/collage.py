@@ -178,6 +178,13 @@ def _sample_inputs(path):
         return {name: data[name] for name in data.files}
 
 
+def _original(model: str):
+    """The user's ONNX file, which the final comparison also times each ONNX runtime on; else None."""
+    import os
+
+    return os.path.abspath(model) if model.lower().endswith(".onnx") and os.path.isfile(model) else None
+
+
 def run(args: argparse.Namespace) -> int:
     from ._common import load_model_arg, rpc_backend
     from ..collage import driver, picture, report
@@ -205,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
                                   validate_rounds=0 if args.no_compare else 2, progress=False if quiet else None,
                                   time_budget_s=args.time_budget, confidence=args.confidence,
                                   compare_budget_s=args.compare_budget, error_budget=args.error_budget,
-                                  sample_inputs=_sample_inputs(args.sample_inputs))
+                                  sample_inputs=_sample_inputs(args.sample_inputs), original=_original(args.model))
     finally:
         measured.close()
     print(f"Collage on {args.model}: toolchains {', '.join(tc.name for tc in toolchains)}; "

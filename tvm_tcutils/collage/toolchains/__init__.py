@@ -34,6 +34,7 @@ PACKAGE_TOOLCHAINS: Dict[str, Toolchain] = {
     "ort": Toolchain(
         "ort", "tcutils_ort", pattern_table="tcutils_ort", combine=True, max_depth=4,
         requires=("onnxruntime", "onnx"), description="ONNX Runtime (CPU provider), graph style",
+        runs_onnx_file=True,
     ),
     "openvino": _OPENVINO,
     "openvino-bf16": _OPENVINO_BF16,

@@ -93,6 +93,9 @@ class Toolchain:
         toolchain's name (``openvino-bf16`` -> ``openvino``). Collage places
         such a toolchain per partition under the user's error budget
         (:mod:`~tvm_tcutils.collage.precision`).
+    runs_onnx_file : bool
+        It can run a whole ONNX file as one partition: the final comparison then also times it on the
+        user's own file (``partition(..., original=path)``), as the user would run it.
 
     Examples
     --------
@@ -115,6 +118,7 @@ class Toolchain:
     fast_math: bool = False
     precision: str = "f32"
     exact: Optional[str] = None
+    runs_onnx_file: bool = False
 
     @property
     def is_tvm(self) -> bool:

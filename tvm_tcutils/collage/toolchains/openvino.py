@@ -277,6 +277,7 @@ class _Compiled:
         ov = importlib.import_module("openvino")
         core = _core()
         self._tensor = ov.Tensor
+        payload = ort.resolve_payload(payload)
         model = _with_constants(core.read_model(payload, b""), ort.lifted_names(payload), weights)
         self.compiled = core.compile_model(model, "CPU", compile_config(precision))
         del model  # the compiled model keeps its own (reordered) weights
@@ -369,7 +370,7 @@ def compile_function(func: relay.Function, precision: str = "f32") -> "tvm.runti
     _require(precision)
     func = function_of(func)
     # Lifted weights stay graph inputs in the ONNX model: OpenVINO reads no external data from memory.
-    return TOOLCHAINS[precision].build_module(func, ort.to_payload(func, externalize=False))
+    return TOOLCHAINS[precision].build_module(func, ort.payload_of(func, externalize=False))
 
 
 def partition_for(mod: tvm.IRModule, params=None, precision: str = "f32") -> tvm.IRModule:
@@ -419,7 +420,7 @@ def _collage_toolchain(precision: str) -> OpenVinoToolchain:
     return OpenVinoToolchain(
         spec.toolchain, spec.compiler, pattern_table=spec.compiler, combine=True, max_depth=4,
         requires=REQUIRED_MODULES, precision=precision,
-        exact=None if precision == "f32" else PRECISIONS["f32"].toolchain,
+        exact=None if precision == "f32" else PRECISIONS["f32"].toolchain, runs_onnx_file=precision == "f32",
         description=f"OpenVINO (CPU, {precision} inference precision), graph style",
     )
 

@@ -28,6 +28,7 @@ runs (faster alone, but they then compete with TVM's threads in a mixed model).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 from typing import Dict, List, Tuple
@@ -145,6 +146,7 @@ class _Session:
 
     def __init__(self, payload: bytes, weights: List[np.ndarray] = ()):
         ort = importlib.import_module("onnxruntime")
+        payload = resolve_payload(payload)
         metadata = _metadata(payload)
         options = _session_options(int(metadata.get(ACTIVATION_KEY, 0)))
         names = metadata[LIFTED_KEY].split(",") if metadata.get(LIFTED_KEY) else []
@@ -259,6 +261,72 @@ def to_payload(func: relay.Function, externalize: bool = True) -> bytes:
     return model.SerializeToString()
 
 
+#: Attributes of a partition that runs the user's own ONNX file instead of an export of its body: the
+#: file's absolute path, and its SHA-256 when Collage timed it (a changed file is an error, not a
+#: silently different model).
+FILE_ATTR, FILE_SHA_ATTR = "tcutils.onnx_file", "tcutils.onnx_sha256"
+
+#: First line of a payload that names an ONNX file instead of holding a model.
+_FILE_MAGIC = b"tcutils-onnx-file\n"
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 of the file at ``path`` (hex), read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_payload(path: str, sha256: str) -> bytes:
+    """A payload naming the ONNX file ``path`` with its expected SHA-256 (read when the partition first
+    runs: a model of hundreds of megabytes is not copied into the module).
+
+    Examples
+    --------
+    >>> file_payload("/models/m.onnx", "ab").splitlines()[1:]
+    [b'/models/m.onnx', b'ab']
+    """
+    return _FILE_MAGIC + f"{path}\n{sha256}".encode()
+
+
+def resolve_payload(payload: bytes) -> bytes:
+    """The ONNX model bytes of ``payload``: itself, or the file it names (checked against its SHA-256).
+
+    Examples
+    --------
+    >>> resolve_payload(b"model bytes")
+    b'model bytes'
+    >>> resolve_payload(file_payload("/no/such/model.onnx", "ab"))
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: the partition runs the ONNX file /no/such/model.onnx, which is not there
+    """
+    if not payload.startswith(_FILE_MAGIC):
+        return payload
+    path, sha256 = payload[len(_FILE_MAGIC):].decode().split("\n")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"the partition runs the ONNX file {path}, which is not there")
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"the ONNX file {path} changed since Collage timed it (SHA-256 {sha256[:12]}...): "
+                         "run Collage on it again")
+    return data
+
+
+def payload_of(func: relay.Function, externalize: bool = True) -> bytes:
+    """What a partition runs: the user's ONNX file where the function names one (:data:`FILE_ATTR`,
+    checked now against :data:`FILE_SHA_ATTR`), else the export of its body (:func:`to_payload`)."""
+    attrs = func.attrs if func.attrs is not None else {}
+    if FILE_ATTR not in attrs:
+        return to_payload(func, externalize)
+    path, sha256 = str(attrs[FILE_ATTR]), str(attrs[FILE_SHA_ATTR])
+    resolve_payload(file_payload(path, sha256))  # fail at build time, not at the first run
+    return file_payload(path, sha256)
+
+
 def _typed(func: relay.Function) -> relay.Function:
     try:
         func.body.checked_type  # noqa: B018  (raises when untyped)
@@ -305,7 +373,7 @@ def compile_function(func: relay.Function) -> "tvm.runtime.Module":
     """
     _require()
     func = function_of(func)
-    return TOOLCHAIN.build_module(func, to_payload(func))
+    return TOOLCHAIN.build_module(func, payload_of(func))
 
 
 def partition_for(mod: tvm.IRModule, params=None) -> tvm.IRModule:

@@ -11,7 +11,7 @@ slow for this use, and calls into it where it is right:
 * opset 17, so that ``Softmax`` means Relay's softmax on any axis and
   ``LayerNormalization`` exists; TVM's opset-11 converters for ``Squeeze``,
   ``Unsqueeze``, ``bias_add`` and ``ReduceSum`` do not apply there;
-* average pooling keeps ``count_include_pad``; ``tanh``, ``erf``,
+* average pooling keeps ``count_include_pad``; ``tanh``, ``erf``, ``lrn``,
   ``batch_matmul``, ``matmul``, ``layer_norm``, ``variance`` and the other
   rows of :data:`CONVERTERS` that TVM lacks are added;
 * composite functions (as made by ``relay.transform.MergeComposite``) are
@@ -606,6 +606,18 @@ def _dequantize(graph, call, ins):
     return graph.node("DequantizeLinear", [ins[0], *_qdq_inputs(graph, params, dtype)], **_qdq_attrs(params))
 
 
+def _lrn(graph, call, ins):
+    # Relay's and ONNX's LRN are one formula: x / (bias + alpha / size * sum of squares in the window)^beta.
+    attrs = call.attrs
+    return graph.node("LRN", ins[:1], size=int(attrs.size), alpha=float(attrs.alpha), beta=float(attrs.beta),
+                      bias=float(attrs.bias))
+
+
+def _lrn_ok(call: relay.Call) -> bool:
+    # ONNX's LRN windows the channels of an (N, C, ...) tensor: axis 1 only.
+    return _channel_axis(call) and len(call.args[0].checked_type.shape) >= 3
+
+
 def _leaky_relu(graph, call, ins):
     return graph.node("LeakyRelu", ins[:1], alpha=float(call.attrs.alpha))
 
@@ -661,6 +673,7 @@ CONVERTERS: Dict[str, OpRule] = {
     # Inference: dropout is the identity (its mask result is never produced).
     "nn.dropout": OpRule(_unary("Identity")),
     "nn.leaky_relu": OpRule(_leaky_relu),
+    "nn.lrn": OpRule(_lrn, _lrn_ok),
     "nn.conv2d": OpRule(_conv2d, _conv2d_ok),
     "nn.dense": OpRule(_dense, _same_out_dtype),
     "nn.matmul": OpRule(_matmul_like, _same_out_dtype),
