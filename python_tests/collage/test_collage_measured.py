@@ -381,7 +381,10 @@ def test_cache_tags_are_computed_once_per_toolchain_and_keys_do_not_change(monke
 
 def test_tvm_costs_measured_with_tiles_off_are_not_reused_with_them_on(monkeypatch):
     from tvm_tcutils.collage import toolchains
+    from tvm_tcutils.collage.toolchains.base import TILES_ENV
     from tvm_tcutils.dotprod import amx
+
+    assert TILES_ENV == amx.ENV  # named twice (capabilities do not import each other): the same variable
 
     tvm_chain, ort_chain = toolchains.known()["tvm"], toolchains.known()["ort"]
     monkeypatch.delenv(amx.ENV, raising=False)

@@ -109,6 +109,10 @@ _CPUID_CODE = bytes.fromhex("53" "89f8" "89f1" "4989d0" "0fa2" "418900" "4189580
 #: CPUID leaf of the tile palettes.
 TILE_LEAF = 0x1D
 
+#: The palette the kernels configure and its geometry: tile registers, rows a tile, bytes a row. The
+#: ISA row (:data:`~.isa.x86_amx.X86_AMX`) takes its geometry from here (this module imports no ISA).
+PALETTE, TILES, ROWS, ROW_BYTES = 1, 8, 16, 64
+
 
 @functools.lru_cache(maxsize=None)
 def _cpuid_function():
@@ -145,8 +149,8 @@ def cpuid(leaf: int, subleaf: int = 0) -> Optional[Tuple[int, int, int, int]]:
 
 def palette_problem(query: Callable[[int, int], Optional[Tuple[int, int, int, int]]] = cpuid) -> str:
     """Why the CPU's tile palettes (CPUID leaf 0x1D, from ``query``) cannot hold the kernels' tiles, or
-    ``""``: the kernels configure palette :attr:`~.isa.x86_amx.TileISA.palette` with its registers of
-    ``rows x row_bytes``, and some hypervisors report AMX with no palette behind it. ``""`` too where
+    ``""``: the kernels configure palette :data:`PALETTE` with :data:`TILES` registers of
+    :data:`ROWS` x :data:`ROW_BYTES`, and some hypervisors report AMX with no palette behind it. ``""`` too where
     CPUID cannot be asked (the permission request still decides).
 
     Examples
@@ -157,21 +161,19 @@ def palette_problem(query: Callable[[int, int], Optional[Tuple[int, int, int, in
     >>> palette_problem(lambda leaf, sub: good[leaf] if leaf == 0 else good[(leaf, sub)])
     ''
     """
-    from .isa.x86_amx import X86_AMX  # the kernels' geometry (the ISA row imports this module lazily)
-
     highest = query(0, 0)
     if highest is None:
         return ""
     if highest[0] < TILE_LEAF:
         return f"CPUID reports no tile leaf 0x{TILE_LEAF:X} (highest leaf 0x{highest[0]:X})"
     palettes = query(TILE_LEAF, 0)[0]
-    if palettes < X86_AMX.palette:
-        return f"CPUID leaf 0x{TILE_LEAF:X} lists no tile palette {X86_AMX.palette} (its highest is {palettes})"
-    eax, ebx, ecx, _ = query(TILE_LEAF, X86_AMX.palette)
+    if palettes < PALETTE:
+        return f"CPUID leaf 0x{TILE_LEAF:X} lists no tile palette {PALETTE} (its highest is {palettes})"
+    eax, ebx, ecx, _ = query(TILE_LEAF, PALETTE)
     row_bytes, names, rows = ebx & 0xFFFF, ebx >> 16, ecx & 0xFFFF
-    if row_bytes < X86_AMX.row_bytes or names < X86_AMX.tiles or rows < X86_AMX.rows:
-        return (f"tile palette {X86_AMX.palette} has {names} tiles of {rows} x {row_bytes} bytes; the kernels "
-                f"need {X86_AMX.tiles} of {X86_AMX.rows} x {X86_AMX.row_bytes}")
+    if row_bytes < ROW_BYTES or names < TILES or rows < ROWS:
+        return (f"tile palette {PALETTE} has {names} tiles of {rows} x {row_bytes} bytes; the kernels "
+                f"need {TILES} of {ROWS} x {ROW_BYTES}")
     return ""
 
 

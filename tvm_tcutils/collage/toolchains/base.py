@@ -48,6 +48,10 @@ def fast_math_nodes(graph, mask: int) -> int:
 #: tile features a generic CPU model hid; ``TCUTILS_AMX`` in TVM's tags).
 COST_REVISION = 6
 
+#: The environment variable that turns the package's AMX tile kernels off (``dotprod.amx.ENV``; named
+#: here, not imported: capabilities do not import each other).
+TILES_ENV = "TCUTILS_AMX"
+
 @dataclasses.dataclass(frozen=True)
 class Toolchain:
     """A toolchain Collage can give partitions to.
@@ -231,9 +235,7 @@ class Toolchain:
             except (ImportError, AttributeError):  # not installed, or a module without a version
                 versions.append(module)
         if self.is_tvm:  # the same target builds tile or vector kernels as the environment says
-            from ...dotprod.amx import ENV as TILES
-
-            versions += [f"{TILES}={os.environ[TILES]}"] if os.environ.get(TILES) else []
+            versions += [f"{TILES_ENV}={os.environ[TILES_ENV]}"] if os.environ.get(TILES_ENV) else []
         return "/".join([self.name, self.compiler or "tvm", tvm.__version__, f"r{COST_REVISION}", *versions,
                          _thread_settings()])
 

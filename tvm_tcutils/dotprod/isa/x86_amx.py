@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Tuple
 
+from .. import amx as _machine  # palette 1's geometry (the machine's side imports no ISA)
 from .base import DotVariant, target_has
 from .x86_vnni import X86_VNNI
 
@@ -120,9 +121,8 @@ class TileISA:
 def _supports(target) -> bool:
     if not target_has(target, "amx-tile", "amx-int8"):
         return False
-    from .. import amx  # the machine's side: a host with the engine must also grant the tile state
-
-    return amx.allowed_for(target)
+    # The machine's side: a host with the engine must also grant the tile state.
+    return _machine.allowed_for(target)
 
 
 X86_AMX = TileISA(
@@ -134,4 +134,5 @@ X86_AMX = TileISA(
         DotVariant("int8", "uint8", "llvm.x86.tdpbsud"),
     ),
     supports=_supports,
+    rows=_machine.ROWS, row_bytes=_machine.ROW_BYTES, tiles=_machine.TILES, palette=_machine.PALETTE,
 )
