@@ -145,10 +145,11 @@ def onnx_file(name: str, value) -> str:
     """
     existing_file(name, value)
     import onnx
+    from google.protobuf.message import DecodeError
 
     try:
         onnx.load(os.fspath(value), load_external_data=False)
-    except Exception as err:  # protobuf's DecodeError and friends: the message names no argument
+    except (DecodeError, OSError, ValueError) as err:  # their messages name no argument
         raise ValueError(f"{name}: {os.fspath(value)!r} is not an ONNX model ({type(err).__name__}: {err})") from None
     return os.path.abspath(value)
 

@@ -9,9 +9,10 @@ runtime, an AutoTVM measuring server or an RPC session then work without this pa
 
 Here the package decides at build time: on a host whose CPU has the tile engine, kernels are built for
 it only where CPUID lists the tile palette the kernels configure and the request succeeds (a hypervisor
-may report AMX with no palette, or not enable its state, which the kernel then refuses); otherwise the target's 4-way dot-product kernels are built, with one warning. A
-host without the engine builds what the target names (cross-compilation). ``TCUTILS_AMX=0`` turns the
-tile kernels off, as ``ONEDNN_MAX_CPU_ISA`` does for oneDNN.
+may report AMX with no palette, or not enable its state, which the kernel then refuses); otherwise the
+target's 4-way dot-product kernels are built, with one warning. A host without the engine builds what
+the target names (cross-compilation). ``TCUTILS_AMX=0`` turns the tile kernels off, as
+``ONEDNN_MAX_CPU_ISA`` does for oneDNN.
 """
 from __future__ import annotations
 
