@@ -790,11 +790,15 @@ def original_modules(prepared: tvm.IRModule, path: str, toolchains: Sequence[Too
     chains = [tc for tc in toolchains if tc.runs_onnx_file and tc.buildable()]
     if not chains:
         return {}
+    import hashlib
+
     import onnx
 
-    from .toolchains.ort import FILE_ATTR, FILE_SHA_ATTR, file_sha256
+    from .toolchains.ort import FILE_ATTR, FILE_SHA_ATTR
 
-    graph = onnx.load(path, load_external_data=False).graph
+    with open(path, "rb") as fh:  # read once: parsed for its inputs, hashed for the partition
+        data = fh.read()
+    graph = onnx.load_model_from_string(data).graph
     initializers = {init.name for init in graph.initializer}
     inputs = [value for value in graph.input if value.name not in initializers]
     names = [value.name for value in inputs]
@@ -816,7 +820,7 @@ def original_modules(prepared: tvm.IRModule, path: str, toolchains: Sequence[Too
                        [(v.name, [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]) for v in inputs],
                        [(p.name_hint, [int(d) for d in p.checked_type.shape]) for p in main.params])
         return {}
-    sha256 = file_sha256(path)
+    sha256 = hashlib.sha256(data).hexdigest()
     out = {}
     for tc in chains:
         symbol = f"{tc.compiler}_file"

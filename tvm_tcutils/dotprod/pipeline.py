@@ -136,6 +136,17 @@ def prefetch_intrinsic_id() -> int:
     return tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.prefetch")
 
 
+#: ``llvm.prefetch``'s arguments after the address: read, keep in every cache level (``prefetcht0``),
+#: data cache.
+PREFETCH_TO_L1 = (0, 3, 1)
+
+
+def prefetch_call(element: tir.BufferLoad) -> tir.Call:
+    """A call of ``llvm.prefetch`` (:data:`PREFETCH_TO_L1`) for the line holding ``element``."""
+    return tir.call_llvm_intrin("int32", prefetch_intrinsic_id(), tir.const(len(PREFETCH_TO_L1) + 1, "uint32"),
+                                tir.address_of(element), *[tir.const(value, "int32") for value in PREFETCH_TO_L1])
+
+
 def _plain(stmt: tir.Stmt) -> bool:
     bad: list = []
 

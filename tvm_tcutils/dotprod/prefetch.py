@@ -47,7 +47,6 @@ MIN_BYTES = 192 * 1024
 #: until measured.
 MEASURED_ISAS = frozenset({"x86_vnni", "x86_avx2"})
 
-_PREFETCH_ARGS = (0, 3, 1)  # llvm.prefetch(address, read, keep in all cache levels, data cache)
 
 
 def _weight_load(call: tir.Call) -> Optional[tir.BufferLoad]:
@@ -212,15 +211,11 @@ def _prefetched(loop: tir.For, min_bytes: int) -> Optional[tir.For]:
         slot = slot * inner.extent.value + (inner.loop_var - inner.min)
     flat = tir.decl_buffer(weights.shape, weights.dtype, name=weights.name + "_prefetched", data=weights.data)
     last = tir.IntImm(dtype, weights.shape[0].value - 1)
-    intrinsic = pipeline.prefetch_intrinsic_id()
     steps = LINE // element
     prefetches = []
     for k in range(per_slot):
         address = first + (tir.truncdiv(p, rows) + 1) * stride + (slot * per_slot + k) * steps
-        call = tir.call_llvm_intrin("int32", intrinsic, tir.const(len(_PREFETCH_ARGS) + 1, "uint32"),
-                                    tir.address_of(tir.BufferLoad(flat, [tir.Min(address, last)])),
-                                    *[tir.const(value, "int32") for value in _PREFETCH_ARGS])
-        prefetches.append(tir.Evaluate(call))
+        prefetches.append(tir.Evaluate(pipeline.prefetch_call(tir.BufferLoad(flat, [tir.Min(address, last)]))))
     target = chain[-1]
     carrier = tir.For(target.loop_var, target.min, target.extent, target.kind,
                       tir.SeqStmt(prefetches + [target.body]), target.thread_binding, target.annotations)

@@ -270,15 +270,6 @@ FILE_ATTR, FILE_SHA_ATTR = "tcutils.onnx_file", "tcutils.onnx_sha256"
 _FILE_MAGIC = b"tcutils-onnx-file\n"
 
 
-def file_sha256(path: str) -> str:
-    """The SHA-256 of the file at ``path`` (hex), read in blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def file_payload(path: str, sha256: str) -> bytes:
     """A payload naming the ONNX file ``path`` with its expected SHA-256 (read when the partition first
     runs: a model of hundreds of megabytes is not copied into the module).
@@ -305,7 +296,7 @@ def resolve_payload(payload: bytes) -> bytes:
     """
     if not payload.startswith(_FILE_MAGIC):
         return payload
-    path, sha256 = payload[len(_FILE_MAGIC):].decode().split("\n")
+    path, sha256 = payload[len(_FILE_MAGIC):].decode().rsplit("\n", 1)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"the partition runs the ONNX file {path}, which is not there")
     with open(path, "rb") as fh:

@@ -27,6 +27,7 @@ from tvm import tir
 from ..amx import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA, in_reference_form, reference_tiles
 from ..isa.base import DotVariant
 from ..isa.x86_amx import CONFIG, LOAD, SAVE_CONFIG, STORE, ZERO, TileISA
+from ..pipeline import prefetch_call
 
 __all__ = ["Tiles", "TileMemory", "config_words", "matrix", "vnni_block", "run_steps", "reference_tiles",
            "in_reference_form"]
@@ -66,10 +67,6 @@ class TileMemory:
     element: Callable[[tir.PrimExpr, tir.PrimExpr], Tuple[tir.Buffer, list]]
 
 
-#: llvm.prefetch(address, read, keep in every cache level (prefetcht0), data cache).
-_PREFETCH_TO_L1 = (0, 3, 1)
-
-
 def _call(name: str, *args) -> tir.PrimExpr:
     # The tile intrinsics return nothing; TVM takes any return type for a non-overloaded intrinsic.
     return tir.call_llvm_intrin("int32", name, tir.const(0, "uint32"), *args)
@@ -87,7 +84,9 @@ class Tiles:
     """A tile program being written into an IR builder ``ib`` for ``isa`` and one dtype ``variant``;
     ``shapes[t] = (rows, bytes per row)`` of each tile register used."""
 
-    def __init__(self, ib, isa: TileISA, variant: DotVariant, shapes: Sequence[Tuple[int, int]]):
+    def __init__(self, ib, isa: TileISA, variant: DotVariant, shapes: Sequence[Tuple[int, int]],
+                 ask_state: bool = True):
+        # ask_state=False where the program asked for the tile state already (a SavedConfig first).
         self.ib, self.isa, self.variant, self.shapes = ib, isa, variant, list(shapes)
         self.reference = in_reference_form()
         words = config_words(isa, self.shapes)
@@ -96,7 +95,8 @@ class Tiles:
             self.acc = ib.allocate("int32", n * isa.rows * isa.columns, name="tile_acc", scope="global")
             self.bytes = ib.allocate("int8", n * isa.rows * isa.row_bytes, name="tile_bytes", scope="global")
             return
-        request_tile_state(ib)
+        if ask_state:
+            request_tile_state(ib)
         cfg = ib.allocate("uint64", 8, name="tile_config", scope="local")
         for i, word in enumerate(words):
             cfg[i] = tir.const(word, "uint64")
@@ -157,10 +157,7 @@ class Tiles:
         if self.reference:
             return
         for r in range(rows):
-            buf, idx = memory.element(r, 0)
-            self.ib.emit(tir.call_llvm_intrin(
-                "int32", "llvm.prefetch", tir.const(4, "uint32"), tir.address_of(tir.BufferLoad(buf, idx)),
-                *[tir.const(value, "int32") for value in _PREFETCH_TO_L1]))
+            self.ib.emit(prefetch_call(tir.BufferLoad(*memory.element(r, 0))))
 
     def store(self, t: int, memory: TileMemory) -> None:
         """``memory`` (int32) := tile ``t``'s configured rows x bytes."""
@@ -343,7 +340,7 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
     for rows, count, first in ((tile_rows[:tile_a], full, None), (tail_rows, 1 if tail_rows else 0, full * tile_a)):
         if not count:
             continue
-        tiles = Tiles(ib, isa, variant, shapes(rows))
+        tiles = Tiles(ib, isa, variant, shapes(rows), ask_state=False)  # the SavedConfig asked
         with ib.for_range(0, groups, name="strip") as strip:
             column = strip * tile_b * lanes
             if single:
