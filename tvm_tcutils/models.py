@@ -542,10 +542,14 @@ class _OnnxGraph(OnnxGraph):
         return self.model(max_ir_version=8)
 
     # -- layers ---------------------------------------------------------------
-    def resnet_stem(self) -> str:
+    def resnet_stem(self, channels: int = 64) -> str:
         """ResNet's 7x7 stride-2 conv (64 channels) with ReLU, then a 3x3 stride-2 max pool."""
-        return self.node("MaxPool", [self.node("Relu", [self.conv("input", 3, 64, 7, stride=2)])],
-                         kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+        return self.max_pool(self.node("Relu", [self.conv("input", 3, channels, 7, stride=2)]), 3, 2)
+
+    def max_pool(self, x: str, kernel: int, stride: int) -> str:
+        """A ``kernel`` x ``kernel`` max pool, padded to keep ``ceil(size / stride)``."""
+        return self.node("MaxPool", [x], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                         pads=[kernel // 2] * 4)
 
     def classifier(self, x: str, channels: int, classes: int = 1000) -> str:
         """Global average pool, flatten, and a fully connected layer to ``classes`` logits."""
@@ -643,34 +647,39 @@ def resnet50_onnx(batch: int = 1, seed: int = 0):
     return g.finish("resnet50", (batch, 3, 224, 224), logits, (batch, 1000))
 
 
-def resnet18_onnx(batch: int = 1, seed: int = 0):
+def resnet18_onnx(batch: int = 1, seed: int = 0, size: int = 224, width: int = 64):
     """ResNet-18 v1 as an ONNX graph: basic blocks of two 3x3 convolutions (batch norm folded).
 
-    The second convolution of each block is scaled down as in :func:`resnet50_onnx`.
+    The second convolution of each block is scaled down as in :func:`resnet50_onnx`. ``size`` (the
+    image's side) and ``width`` (the first stage's channels) make smaller networks of the same shape.
 
     Examples
     --------
     >>> model = resnet18_onnx()
     >>> sum(n.op_type == "Conv" for n in model.graph.node)
     20
+    >>> [d.dim_value for d in resnet18_onnx(size=64, width=16).graph.input[0].type.tensor_type.shape.dim]
+    [1, 3, 64, 64]
     """
     g = _OnnxGraph(seed)
-    x = g.resnet_stem()
-    cin = 64
-    for stage, width in enumerate((64, 128, 256, 512)):
+    x = g.resnet_stem(width)
+    cin = width
+    for stage, channels in enumerate(width * k for k in (1, 2, 4, 8)):
         for block in range(2):
             stride = 2 if block == 0 and stage > 0 else 1
-            y = g.node("Relu", [g.conv(x, cin, width, 3, stride=stride)])
-            y = g.conv(y, width, width, 3, scale=0.2)
-            shortcut = g.conv(x, cin, width, 1, stride=stride) if stride != 1 or cin != width else x
+            y = g.node("Relu", [g.conv(x, cin, channels, 3, stride=stride)])
+            y = g.conv(y, channels, channels, 3, scale=0.2)
+            shortcut = g.conv(x, cin, channels, 1, stride=stride) if stride != 1 or cin != channels else x
             x = g.node("Relu", [g.node("Add", [y, shortcut])])
-            cin = width
+            cin = channels
     logits = g.classifier(x, cin)
-    return g.finish("resnet18", (batch, 3, 224, 224), logits, (batch, 1000))
+    return g.finish("resnet18", (batch, 3, size, size), logits, (batch, 1000))
 
 
-def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
-    """MobileNet-v2 (width 1.0) as an ONNX graph: inverted residuals with ReLU6 (Clip).
+def mobilenet_v2_onnx(batch: int = 1, seed: int = 0, size: int = 224, width: float = 1.0):
+    """MobileNet-v2 as an ONNX graph: inverted residuals with ReLU6 (Clip), depthwise 3x3 convolutions.
+
+    ``size`` is the image's side and ``width`` the width multiplier (channels rounded to multiples of 8).
 
     Examples
     --------
@@ -683,11 +692,15 @@ def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
     def relu6(t):
         return g.node("Clip", [t, g.scalar(0.0), g.scalar(6.0)])
 
-    x = relu6(g.conv("input", 3, 32, 3, stride=2))
-    cin = 32
+    def channels(c):
+        return max(8, int(c * width + 4) // 8 * 8)
+
+    cin = channels(32)
+    x = relu6(g.conv("input", 3, cin, 3, stride=2))
     for expand, cout, repeats, first_stride in (
         (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)
     ):
+        cout = channels(cout)
         for index in range(repeats):
             stride = first_stride if index == 0 else 1
             hidden = cin * expand
@@ -696,9 +709,37 @@ def mobilenet_v2_onnx(batch: int = 1, seed: int = 0):
             y = g.conv(y, hidden, cout, 1, scale=0.5)
             x = g.node("Add", [x, y]) if stride == 1 and cin == cout else y
             cin = cout
-    x = relu6(g.conv(x, cin, 1280, 1))
-    logits = g.classifier(x, 1280)
-    return g.finish("mobilenet_v2", (batch, 3, 224, 224), logits, (batch, 1000))
+    last = max(1280, channels(1280)) if width > 1.0 else 1280
+    x = relu6(g.conv(x, cin, last, 1))
+    logits = g.classifier(x, last)
+    return g.finish("mobilenet_v2", (batch, 3, size, size), logits, (batch, 1000))
+
+
+def inception_onnx(batch: int = 1, seed: int = 0, size: int = 64, width: int = 16, blocks: int = 2):
+    """An Inception-v1-style network as an ONNX graph: a stem, then ``blocks`` inception blocks (four
+    branches: 1x1; 1x1 then 3x3; 1x1 then 5x5; 3x3 max pool then 1x1; concatenated on channels), each
+    followed by a 3x3 stride-2 max pool, and the classifier.
+
+    Examples
+    --------
+    >>> model = inception_onnx()
+    >>> sum(n.op_type == "Concat" for n in model.graph.node), sum(n.op_type == "MaxPool" for n in model.graph.node)
+    (2, 5)
+    """
+    g = _OnnxGraph(seed)
+    x = g.resnet_stem(width)
+    cin = width
+    for _ in range(blocks):
+        def branch(t, cout, kernel):
+            return g.node("Relu", [g.conv(t, cin, cout, kernel) if kernel == 1 else g.conv(
+                g.node("Relu", [g.conv(t, cin, cin // 2, 1)]), cin // 2, cout, kernel)])
+
+        parts = [branch(x, width, 1), branch(x, 2 * width, 3), branch(x, width // 2, 5),
+                 g.node("Relu", [g.conv(g.max_pool(x, 3, 1), cin, width // 2, 1)])]
+        x = g.max_pool(g.node("Concat", parts, axis=1), 3, 2)
+        cin = 4 * width
+    logits = g.classifier(x, cin)
+    return g.finish("inception", (batch, 3, size, size), logits, (batch, 1000))
 
 
 def bert_base_onnx(batch: int = 1, seq: int = 128, seed: int = 0):

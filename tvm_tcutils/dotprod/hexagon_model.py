@@ -28,6 +28,7 @@ True
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -554,9 +555,17 @@ def _link(tools: Dict[str, str], objects: List[str], binary: str) -> None:
 
 
 def x86_reference(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None,
-                  inputs: Optional[Mapping[str, np.ndarray]] = None) -> List[np.ndarray]:
-    """The reference :func:`run_model`'s outputs are compared to: the same module built for plain x86
-    ``llvm`` (TVM's own lowering) and run by TVM's graph executor.
+                  inputs: Optional[Mapping[str, np.ndarray]] = None,
+                  target: Union[None, str, "tvm.target.Target"] = None) -> List[np.ndarray]:
+    """The reference :func:`run_model`'s outputs are compared to: the same integer graph built for plain
+    x86 ``llvm`` (TVM's own lowering) and run by TVM's graph executor.
+
+    "The same graph" means the one the Hexagon build computes: its quantized ops are legalized first
+    under the Hexagon ``target`` (:func:`check_target`, default :data:`DEFAULT_TARGET`), where the
+    package's QNN rules apply (a QDQ region as the integer ops ``to_integer`` makes, a requantize as
+    onnxruntime rounds it), and only then built for x86. Built for plain ``llvm`` directly, those ops
+    would get TVM's own lowering instead (a float fake-quantized conv, a fixed-point requantize rounding
+    half up): a different model, one quantization step apart here and there.
 
     Examples
     --------
@@ -567,16 +576,30 @@ def x86_reference(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None,
     """
     from tvm.contrib import graph_executor
 
+    graph = _hexagon_legalized(_own_copy(mod), params, check_target(target))
     with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(mod, target="llvm", params=params)
+        lib = relay.build(graph, target="llvm")
     runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     runner.set_input(**dict(inputs or {}))
     runner.run()
     return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
 
 
+def _hexagon_legalized(mod: tvm.IRModule, params: Optional[Mapping[str, Any]],
+                       target: "tvm.target.Target") -> tvm.IRModule:
+    """``mod`` (the caller's own copy) with ``params`` bound and its QNN ops legalized as ``relay.build``
+    legalizes them for ``target``: TVM's first pass, which the package's rules take part in."""
+    if params:
+        bound = {name: tvm.nd.array(_as_array(value, f"params[{name!r}]")) for name, value in params.items()}
+        mod = tvm.IRModule.from_expr(relay.build_module.bind_params_by_name(mod["main"], bound))
+    with target, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential([relay.transform.InferType(), relay.qnn.transform.Legalize(),
+                                         relay.transform.InferType()])(mod)
+
+
 def run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None, inputs: Inputs = (),
-              timeout: float = 600, target: Union[None, str, "tvm.target.Target"] = None) -> List[np.ndarray]:
+              timeout: float = 600, target: Union[None, str, "tvm.target.Target"] = None,
+              per_node: bool = False) -> Union[List[np.ndarray], Tuple[List[np.ndarray], "NodeReport"]]:
     """Build an integer Relay model for Hexagon and run it under qemu-hexagon.
 
     Parameters
@@ -592,11 +615,17 @@ def run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None, inp
         Seconds the emulated run may take.
     target : str or tvm.target.Target, optional
         A C-source Hexagon target (:func:`check_target`); default :data:`DEFAULT_TARGET`.
+    per_node : bool
+        Also record the nodes' values on Hexagon and on the x86 build of the same graph and
+        find the first node that differs (:func:`differential_run`, ``nodes="auto"``).
 
     Returns
     -------
     list of numpy.ndarray
         The model's outputs, in the graph executor's order.
+    NodeReport
+        With ``per_node`` only (then the two are returned as a tuple): its ``summary()`` names the
+        first node that differs, or says that none did.
 
     Raises
     ------
@@ -617,6 +646,11 @@ def run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None, inp
     [array([[2, 2, 2],
            [2, 2, 2]], dtype=int32)]
     """
+    if not isinstance(per_node, bool):
+        raise TypeError(f"per_node must be a bool, got {type(per_node).__name__}")
+    if per_node:
+        report = differential_run(mod, params, inputs, timeout, target)
+        return report.outputs, report
     return _run_model(mod, params, inputs, timeout, target)
 
 
@@ -649,12 +683,10 @@ class Instrument:
         pass
 
 
-def _run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]], inputs: Inputs, timeout: float,
-               target: Union[None, str, "tvm.target.Target"],
-               instrument: Optional[Instrument] = None, hexagon_key: bool = True) -> List[np.ndarray]:
-    """:func:`run_model`, with an optional :class:`Instrument` watching the emulated run
-    (``hexagon_key``: see :func:`check_target`)."""
-    # Every argument and tool is checked before the build, the longest step but the run.
+def _checked(mod: tvm.IRModule, params: Optional[Mapping[str, Any]], inputs: Inputs, timeout: float,
+             target: Union[None, str, "tvm.target.Target"], hexagon_key: bool = True):
+    """``(target, own copy of mod, params, inputs)``, every argument and tool checked: before the build,
+    the longest step but the run."""
     target = check_target(target, hexagon_key)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -663,6 +695,15 @@ def _run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]], inputs: I
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"Hexagon emulation needs {', '.join(missing)} (apt-get install qemu-user clang-16 lld-16)")
+    return target, mod, params, inputs
+
+
+def _run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]], inputs: Inputs, timeout: float,
+               target: Union[None, str, "tvm.target.Target"],
+               instrument: Optional[Instrument] = None, hexagon_key: bool = True) -> List[np.ndarray]:
+    """:func:`run_model`, with an optional :class:`Instrument` watching the emulated run
+    (``hexagon_key``: see :func:`check_target`)."""
+    target, mod, params, inputs = _checked(mod, params, inputs, timeout, target, hexagon_key)
     problem = instrument.tools_missing() if instrument is not None else None
     if problem:
         raise RuntimeError(problem)
@@ -718,3 +759,246 @@ def _run_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]], inputs: I
                                      offset=offset).reshape(shape).copy())
         offset += size
     return outputs
+
+
+# ---------------------------------------------------------------- the per-node differential run
+# A whole-model comparison (run_model against x86_reference) says *that* an output differs; this says
+# *where*. ``main`` gets extra outputs ("taps"): the values of chosen Relay calls, in the layout the model
+# computes them in. Both builds of that same graph run once, and each tap is compared bit for bit, in the
+# order the calls are computed. Tapping a value makes both builds store it, which may split a fused
+# kernel: so by default the layer boundaries (8-bit tensors, stored by every build anyway) are tapped
+# first, then every call from the last boundary that agreed to the first one that did not.
+
+#: What :func:`differential_run` records: ``"boundaries"`` the 8-bit tensors between layers,
+#: ``"all"`` every tensor a call computes, ``"auto"`` boundaries, then every call up to the
+#: first boundary that differs.
+NODE_CHOICES = ("auto", "boundaries", "all")
+
+#: Dtypes of the tensors that pass between an integer model's layers (stored by every build).
+BOUNDARY_DTYPES = frozenset({"int8", "uint8"})
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeDifference:
+    """One recorded call whose value differs between the two builds.
+
+    Attributes
+    ----------
+    index : int
+        The call's position among ``main``'s calls in the order they are computed (post-order).
+    op : str
+        The operator (or ``"function"`` for a call of a Relay function).
+    name : str
+        The model's own name for the node where the importer kept one (the ONNX node name), else "".
+    shape : tuple of int
+    dtype : str
+    count : int
+        Elements that differ bit for bit.
+    size : int
+        Elements in all.
+    largest : float
+        The largest absolute difference (NaN where a value is not a number).
+    """
+
+    index: int
+    op: str
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    count: int
+    size: int
+    largest: float
+
+    def line(self) -> str:
+        """The difference in one line.
+
+        Examples
+        --------
+        >>> NodeDifference(41, "qnn.requantize", "conv3", (1, 64, 7, 7), "uint8", 2, 3136, 1.0).line()
+        'node #41 qnn.requantize (conv3) (1, 64, 7, 7) uint8: 2 of 3136 elements differ, by up to 1'
+        """
+        named = f" ({self.name})" if self.name else ""
+        return (f"node #{self.index} {self.op}{named} {self.shape} {self.dtype}: {self.count} of {self.size} "
+                f"elements differ, by up to {self.largest:g}")
+
+
+@dataclasses.dataclass
+class NodeReport:
+    """What :func:`differential_run` found.
+
+    Attributes
+    ----------
+    outputs : list of numpy.ndarray
+        The model's outputs on emulated Hexagon (with no taps: the build as :func:`run_model` makes it).
+    outputs_equal : bool
+        Those outputs equal the x86 build's bit for bit.
+    recorded : int
+        Calls compared (all passes together; a call is counted once).
+    calls : int
+        Calls ``main`` has.
+    differences : list of NodeDifference
+        Every recorded call that differs, in the order computed.
+    """
+
+    outputs: List[np.ndarray]
+    outputs_equal: bool
+    recorded: int
+    calls: int
+    differences: List[NodeDifference]
+
+    @property
+    def first(self) -> Optional[NodeDifference]:
+        """The first recorded call that differs (None when all agree)."""
+        return self.differences[0] if self.differences else None
+
+    def summary(self) -> str:
+        """One line: the first node that differs, or that none did.
+
+        Examples
+        --------
+        >>> NodeReport([], True, 12, 40, []).summary()
+        'Hexagon and x86 agree bit for bit on the outputs and on all 12 recorded of 40 nodes'
+        >>> diff = NodeDifference(3, "clip", "", (8,), "int32", 1, 8, 2.0)
+        >>> NodeReport([], False, 12, 40, [diff]).summary()
+        'first node that differs between Hexagon and x86: node #3 clip (8,) int32: 1 of 8 elements differ, by up to 2'
+        """
+        if self.first is not None:
+            return f"first node that differs between Hexagon and x86: {self.first.line()}"
+        outputs = "on the outputs" if self.outputs_equal else "on none of the recorded nodes, but the OUTPUTS DIFFER,"
+        return f"Hexagon and x86 agree bit for bit {outputs} and on all {self.recorded} recorded of {self.calls} nodes"
+
+
+def model_calls(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None) -> List[relay.Call]:
+    """``main``'s calls that compute a tensor from the model's inputs, in the order computed.
+
+    Calls on parameters alone (weight transforms the build folds) are left out.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(4,), dtype="int32")
+    >>> w = relay.var("w", shape=(4,), dtype="int32")
+    >>> mod = tvm.IRModule.from_expr(relay.Function([x, w], relay.clip(x + relay.abs(w), 0, 9)))
+    >>> [c.op.name for c in model_calls(mod, {"w": np.ones(4, "int32")})]
+    ['add', 'clip']
+    """
+    typed = relay.transform.InferType()(mod)
+    constant = set(params or ())
+    calls: List[relay.Call] = []
+
+    def visit(node):
+        if isinstance(node, relay.Call) and isinstance(node.checked_type, relay.TensorType):
+            if any(v.name_hint not in constant for v in relay.analysis.free_vars(node)):
+                calls.append(node)
+
+    relay.analysis.post_order_visit(typed["main"].body, visit)
+    return calls
+
+
+def _op_name(call: relay.Call) -> str:
+    return call.op.name if isinstance(call.op, tvm.ir.Op) else "function"
+
+
+def _node_name(call: relay.Call) -> str:
+    span = call.span
+    return str(span.source_name.name) if span is not None and span.source_name is not None else ""
+
+
+def _tapped(mod: tvm.IRModule, taps: Sequence[relay.Call]) -> Tuple[tvm.IRModule, int]:
+    """``mod`` whose ``main`` also returns ``taps``; and how many outputs it had before them."""
+    main = relay.transform.InferType()(mod)["main"]
+    body = main.body
+    outputs = list(body.fields) if isinstance(body, relay.Tuple) else [body]
+    func = relay.Function(main.params, relay.Tuple(outputs + list(taps)), None, main.type_params, main.attrs)
+    return tvm.IRModule.from_expr(func), len(outputs)
+
+
+def _differs(got: np.ndarray, want: np.ndarray) -> Tuple[int, float]:
+    """Elements that differ bit for bit, and the largest absolute difference."""
+    width = f"u{got.dtype.itemsize}"
+    unequal = got.view(width) != want.view(width)
+    count = int(np.count_nonzero(unequal))
+    if not count:
+        return 0, 0.0
+    gap = np.abs(got[unequal].astype(np.float64) - want[unequal].astype(np.float64))
+    return count, float(np.nanmax(gap)) if np.isfinite(gap).any() else float("nan")
+
+
+def _compare(mod, params, inputs, timeout, target, calls, indices) -> Tuple[List[np.ndarray], bool, list]:
+    """Run both builds of ``mod`` tapped at ``calls[i]`` for ``i`` in ``indices``: (Hexagon outputs,
+    outputs equal, [(index, NodeDifference or None)])."""
+    tapped, n_out = _tapped(mod, [calls[i] for i in indices])
+    hexagon = _run_model(tapped, params, inputs, timeout, target)
+    x86 = x86_reference(tapped, params, inputs, target)
+    if len(hexagon) != len(x86) or len(hexagon) != n_out + len(indices):
+        raise RuntimeError(f"the tapped builds returned {len(hexagon)} (Hexagon) and {len(x86)} (x86) outputs, "
+                           f"expected {n_out + len(indices)}")
+    equal = all(_differs(h, x)[0] == 0 for h, x in zip(hexagon[:n_out], x86[:n_out]))
+    found = []
+    for index, got, want in zip(indices, hexagon[n_out:], x86[n_out:]):
+        count, largest = _differs(got, want)
+        call = calls[index]
+        found.append((index, None if not count else NodeDifference(
+            index, _op_name(call), _node_name(call), tuple(got.shape), str(got.dtype), count, int(got.size), largest)))
+    return hexagon[:n_out], equal, found
+
+
+def differential_run(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None,
+                     inputs: Inputs = (), timeout: float = 600,
+                     target: Union[None, str, "tvm.target.Target"] = None, nodes: str = "auto") -> NodeReport:
+    """Run an integer model on emulated Hexagon and on x86 recording its nodes' values; find the first that differs.
+
+    Parameters
+    ----------
+    mod, params, inputs, timeout, target
+        As :func:`run_model` takes them (``mod`` is not modified;
+        ``timeout`` is per emulated run).
+    nodes : str
+        Which calls to record, one of :data:`NODE_CHOICES`.
+
+    Returns
+    -------
+    NodeReport
+        Its :meth:`~NodeReport.summary` names the first differing node in one line.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad argument (before any build), naming it and what it takes.
+    RuntimeError
+        As :func:`run_model`.
+
+    Examples
+    --------
+    Skipped by the doctest run (it needs qemu-user, clang-16 and lld-16);
+    ``python_tests/dotprod/test_hexagon_model.py`` runs it.
+
+    >>> x = relay.var("x", shape=(2, 3), dtype="int32")
+    >>> mod = tvm.IRModule.from_expr(relay.Function([x], relay.clip(x * relay.const(2), 0, 5)))
+    >>> differential_run(mod, inputs=[np.ones((2, 3), "int32")]).summary()  # doctest: +SKIP
+    'Hexagon and x86 agree bit for bit on the outputs and on all 2 recorded of 2 nodes'
+    """
+    if nodes not in NODE_CHOICES:
+        raise ValueError(f"nodes must be one of {NODE_CHOICES}, got {nodes!r}")
+    target, mod, params, inputs = _checked(mod, params, inputs, timeout, target)
+    mod = relay.transform.InferType()(mod)
+    calls = model_calls(mod, params)
+    if nodes == "all":
+        first_pass = list(range(len(calls)))
+    else:
+        first_pass = [i for i, c in enumerate(calls) if str(c.checked_type.dtype) in BOUNDARY_DTYPES]
+    # The model's own outputs come from a build without taps: the one run_model makes.
+    outputs = _run_model(mod, params, inputs, timeout, target)
+    outputs_equal = all(_differs(h, x)[0] == 0
+                        for h, x in zip(outputs, x86_reference(mod, params, inputs, target)))
+    _, _, found = _compare(mod, params, inputs, timeout, target, calls, first_pass)
+    recorded = {index: diff for index, diff in found}
+    if nodes == "auto":
+        bad = [index for index, diff in found if diff is not None]
+        if bad or not outputs_equal:
+            stop = bad[0] if bad else len(calls) - 1
+            start = max([index for index, diff in found if diff is None and index < stop], default=-1)
+            inner = [i for i in range(start + 1, stop + 1) if i not in recorded]
+            if inner:
+                recorded.update(_compare(mod, params, inputs, timeout, target, calls, inner)[2])
+    differences = [recorded[i] for i in sorted(recorded) if recorded[i] is not None]
+    return NodeReport(outputs, outputs_equal, len(recorded), len(calls), differences)

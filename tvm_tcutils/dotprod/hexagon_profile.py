@@ -755,7 +755,7 @@ def compare_builds(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None
     if plain:
         baseline = profile_model(mod, params, inputs, timeout=timeout, target=target, package_schedules=False)
     checked_params, named = hexagon_model._check_arrays(mod, params, inputs)
-    x86 = hexagon_model.x86_reference(mod, checked_params, named)
+    x86 = hexagon_model.x86_reference(mod, checked_params, named, target)
     return Comparison(package, baseline, bit_equal(package.outputs, x86),
                       None if baseline is None else bit_equal(package.outputs, baseline.outputs))
 
