@@ -50,6 +50,10 @@ def hooks() -> List[registry.Hook]:
         registry.op_attr(
             "qnn.quantize", "FTVMQnnLegalize", qdq.legalize_quantize, targets=strategy.TARGET_KEYS,
             description="a QDQ region as the integer ops to_integer makes (plain relay.build, dotprod.qdq)"),
+        # Before TVM's Hexagon legalization, which pads a depthwise conv's channels into an invalid grouped one.
+        registry.op_attr(
+            "qnn.conv2d", "FTVMQnnLegalize", qdq.legalize_grouped_conv2d, targets=(qdq.PADDING_KEY,),
+            description="a grouped (depthwise) qnn.conv2d left unpadded on Hexagon (TVM's padding breaks it)"),
         # QOperator files' per-channel kernel zero points that are all equal (0): a scalar, no data sums.
         *[registry.op_attr(
             op, "FTVMQnnLegalize", qdq.legalize_uniform_zero_point, targets=strategy.TARGET_KEYS,

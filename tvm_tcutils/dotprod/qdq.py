@@ -712,11 +712,9 @@ def legalize_uniform_zero_point(attrs, inputs, types) -> Optional[relay.Expr]:
     """
     if getattr(_LEGALIZING, "active", False) or not rewrites_for(tvm.target.Target.current(allow_none=True)):
         return None
-    zero = _const(inputs[3])
-    if zero is None or zero.size < 2 or not np.all(zero == zero.reshape(-1)[0]):
+    args = _uniform_zero_point(inputs)
+    if args is None:
         return None
-    args = list(inputs)
-    args[3] = relay.const(zero.reshape(-1)[0].astype(zero.dtype))
     names = [f"tcutils_zp_arg{k}" for k in range(len(args))]
     # Only the call's own inputs become variables of the region to legalize.
     bound = {relay.var(name, type_annotation=t): arg for name, t, arg in zip(names, types, args)
@@ -725,6 +723,51 @@ def legalize_uniform_zero_point(attrs, inputs, types) -> Optional[relay.Expr]:
     call_args = [arg if isinstance(arg, relay.Constant) else next(params) for arg in args]
     op = tvm.ir.Op.get("qnn.conv2d" if hasattr(attrs, "kernel_layout") else "qnn.dense")
     return _legalized(relay.Call(op, call_args, attrs), bound)
+
+
+def _uniform_zero_point(inputs) -> Optional[list]:
+    """``inputs`` of a ``qnn.conv2d`` / ``qnn.dense`` with its constant per-channel kernel zero point of equal
+    values as that scalar; None where it is no such vector."""
+    zero = _const(inputs[3])
+    if zero is None or zero.size < 2 or not np.all(zero == zero.reshape(-1)[0]):
+        return None
+    args = list(inputs)
+    args[3] = relay.const(zero.reshape(-1)[0].astype(zero.dtype))
+    return args
+
+
+#: Target key whose TVM ``qnn.conv2d`` legalization pads every NCHW conv's channels for ``vrmpy``.
+PADDING_KEY = "hexagon"
+
+
+def legalize_grouped_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
+    """``FTVMQnnLegalize`` of ``qnn.conv2d`` on Hexagon targets: a grouped (depthwise) conv left unpadded.
+
+    TVM 0.19's Hexagon legalization pads the output channels of every NCHW ``qnn.conv2d`` to a multiple of
+    32 (the input channels to 4) for ``vrmpy``, groups or not: a depthwise conv of 8 channels gets a kernel
+    of 32 output channels in 8 groups, which no strategy takes ("Unsupported group_conv2d layout NCHW"), so
+    no QDQ MobileNet built for Hexagon. A grouped conv is no ``vrmpy`` product: it is returned as it is (a
+    per-channel kernel zero point of equal values as the scalar), and TVM's canonical form lowers it for any
+    channel count. None (the other handlers, then TVM's) for ungrouped convs and other targets; also while
+    a QDQ region is legalized (:func:`_legalized`), since TVM's padding is what this keeps away.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(1, 8, 6, 6), dtype="uint8")
+    >>> w = relay.const(np.ones((8, 1, 3, 3), "int8"))
+    >>> conv = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(np.zeros(8, "int32")), relay.const(0.1),
+    ...                            relay.const(np.full(8, 0.2, "float32")), kernel_size=(3, 3), channels=8, groups=8)
+    >>> call = relay.transform.InferType()(tvm.IRModule.from_expr(conv))["main"].body
+    >>> types = [a.checked_type for a in call.args] + [call.checked_type]
+    >>> with tvm.target.Target("c -keys=hexagon,cpu -mcpu=hexagonv66"):
+    ...     legal = legalize_grouped_conv2d(call.attrs, call.args, types)
+    >>> legal.op.name, legal.args[1].data.shape, legal.args[3].data.shape
+    ('qnn.conv2d', (8, 1, 3, 3), ())
+    """
+    target = tvm.target.Target.current(allow_none=True)
+    if int(attrs.groups) == 1 or target is None or PADDING_KEY not in target.keys:
+        return None
+    return relay.Call(tvm.ir.Op.get("qnn.conv2d"), _uniform_zero_point(inputs) or list(inputs), attrs)
 
 
 def legalize_requantize(attrs, inputs, types) -> Optional[relay.Expr]:
