@@ -137,29 +137,38 @@ def test_qnn_u8_i8_cnn_bit_exact_against_x86():
 
 
 def test_params_tuple_outputs_rounding_and_division():
-    """Weights given as params, a tuple of outputs, the runner's own float rounding and integer division."""
+    """Weights given as params, a tuple of outputs, the runner's own float rounding, square root (NaNs as
+    x86 makes them) and integer division."""
     _require_emulator()
     rng = np.random.default_rng(4)
     x = relay.var("x", shape=(2, 8), dtype="int8")
     w = relay.var("w", shape=(40, 8), dtype="int8")
     f = relay.var("f", shape=(12,), dtype="float32")
+    r = relay.var("r", shape=(64,), dtype="float32")
     d = relay.var("d", shape=(2, 8), dtype="int32")
     wide = relay.cast(x, "int32")
-    compared = [relay.nn.dense(x, w, out_dtype="int32"), relay.round(f), relay.floor(f), relay.ceil(f)]
+    compared = [relay.nn.dense(x, w, out_dtype="int32"), relay.round(f), relay.floor(f), relay.ceil(f),
+                relay.sqrt(f), relay.sqrt(r),
+                # Float division (the runner's, correctly rounded): overflow, subnormal results, NaN.
+                relay.divide(r, relay.reverse(r, axis=0)), relay.divide(f, relay.const(7.0, "float32")),
+                relay.divide(f, relay.reverse(f, axis=0))]
     # Divisions by tensors: Hexagon has no divide instruction, these call the runner's helpers.
     divisions = [relay.floor_divide(wide * relay.const(1000), d), relay.floor_mod(wide, d),
                  relay.divide(relay.left_shift(relay.cast(wide, "int64"), relay.const(33, "int64")),
                               relay.cast(d, "int64"))]
-    mod = tvm.IRModule.from_expr(relay.Function([x, w, f, d], relay.Tuple(compared + divisions)))
+    mod = tvm.IRModule.from_expr(relay.Function([x, w, f, r, d], relay.Tuple(compared + divisions)))
     params = {"w": rng.integers(-128, 128, (40, 8)).astype("int8")}
     halves = np.array([0.5, 1.5, 2.5, -0.5, -2.5, 0.49999997, -0.49999997, 8388607.5, -8388607.5, 3e9, -0.0, 7.25],
                       "float32")
-    inputs = {"x": rng.integers(-128, 128, (2, 8)).astype("int8"), "f": halves,
+    # Square roots of any float: subnormals, both ends of the range, ties of no kind (sqrtf rounds exactly).
+    roots = np.concatenate([rng.integers(1, 0x7F800000, 56, dtype=np.uint32),
+                            [1, 0x7FFFFF, 0x800000, 0x7F7FFFFF, 0x3F800000, 0x3F800001, 0x40000000, 0x80000000]])
+    inputs = {"x": rng.integers(-128, 128, (2, 8)).astype("int8"), "f": halves, "r": roots.astype(np.uint32).view("float32"),
               "d": rng.choice([-7, -3, 5, 9, 1000003], (2, 8)).astype("int32")}
     out = hexagon_model.run_model(mod, params, inputs, timeout=120)
     assert len(out) == len(compared + divisions)
-    x86 = tvm.IRModule.from_expr(relay.Function([x, w, f], relay.Tuple(compared)))
-    ref = _x86(x86, {"x": inputs["x"], "f": halves}, params)
+    x86 = tvm.IRModule.from_expr(relay.Function([x, w, f, r], relay.Tuple(compared)))
+    ref = _x86(x86, {"x": inputs["x"], "f": halves, "r": inputs["r"]}, params)
     for got, want in zip(out, ref):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"), want.view(f"u{want.dtype.itemsize}"))

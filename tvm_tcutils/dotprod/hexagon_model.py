@@ -59,8 +59,9 @@ MARK_SYMBOL = "tcu_mark"
 _NOP = "__nop"
 
 #: Math functions generated C may call that the runner defines (single precision, exact for
-#: every input, with the semantics the x86 LLVM build has: ``roundf`` rounds halves away from 0).
-MATH_FUNCTIONS = ("roundf", "truncf", "floorf", "ceilf", "fabsf")
+#: every input, with the semantics the x86 LLVM build has: ``roundf`` rounds halves away from 0,
+#: ``sqrtf`` is correctly rounded as ``sqrtss`` is, NaNs as x86 makes them).
+MATH_FUNCTIONS = ("roundf", "truncf", "floorf", "ceilf", "fabsf", "sqrtf")
 
 #: Freestanding math and Hexagon's integer-division helpers (the chip has no divide
 #: instruction and no compiler-rt for Hexagon is installed, so clang's calls land here).
@@ -85,6 +86,33 @@ float roundf(float x) {
 }
 float floorf(float x) { float t = truncf(x); return t > x ? t - 1.0f : t; }
 float ceilf(float x) { float t = truncf(x); return t < x ? t + 1.0f : t; }
+/* Correctly rounded (to nearest even), digit by digit on the integer significand: HVX v66 has no
+   square root, and a Newton step from an estimate is not exact in its last bit. */
+float sqrtf(float x) {
+  tcu_f32 v = {x};
+  uint32_t u = v.u, m, sig;
+  int32_t e, exponent;
+  uint64_t rest, root = 0, bit = (uint64_t)1 << 62;
+  if ((u & 0x7fffffffu) == 0 || u == 0x7f800000u) return x;        /* +-0, +inf */
+  if ((u & 0x7fffffffu) > 0x7f800000u) { v.u = u | 0x400000u; return v.f; }  /* NaN, quieted */
+  if (u >> 31) { v.u = 0xffc00000u; return v.f; }                   /* x86's default NaN */
+  if (u >> 23) { e = (int32_t)(u >> 23) - 127; m = (u & 0x7fffffu) | 0x800000u; }
+  else { e = -126; m = u; while (m < 0x800000u) { m <<= 1; e--; } }  /* subnormal */
+  if (e & 1) { m <<= 1; e--; }
+  /* x = m 2^(e-23) = (m 2^25) 2^(e-48), e even: root = floor(sqrt(m 2^25)) has 25 bits. */
+  rest = (uint64_t)m << 25;
+  while (bit > rest) bit >>= 2;
+  while (bit) {
+    if (rest >= root + bit) { rest -= root + bit; root = (root >> 1) + bit; } else root >>= 1;
+    bit >>= 2;
+  }
+  sig = (uint32_t)(root >> 1);
+  exponent = (e - 48) / 2 + 151;
+  if ((root & 1) && (rest != 0 || (sig & 1))) sig++;
+  if (sig >> 24) { sig >>= 1; exponent++; }
+  v.u = ((uint32_t)exponent << 23) | (sig & 0x7fffffu);
+  return v.f;
+}
 static uint64_t tcu_udivmod(uint64_t n, uint64_t d, uint64_t* rem) {
   uint64_t q = 0, r = 0;
   for (int i = 63; i >= 0; i--) {
@@ -108,6 +136,44 @@ int32_t __hexagon_divsi3(int32_t n, int32_t d) { return (int32_t)tcu_sdivmod(n, 
 int32_t __hexagon_modsi3(int32_t n, int32_t d) { int64_t r; tcu_sdivmod(n, d, &r); return (int32_t)r; }
 uint32_t __hexagon_udivsi3(uint32_t n, uint32_t d) { return (uint32_t)tcu_udivmod(n, d, 0); }
 uint32_t __hexagon_umodsi3(uint32_t n, uint32_t d) { uint64_t r; tcu_udivmod(n, d, &r); return (uint32_t)r; }
+/* |x| = m 2^(e-23), m in [2^23, 2^24), for a finite non-zero |x|'s bits. */
+static uint32_t tcu_unpack(uint32_t bits, int32_t* e) {
+  uint32_t m;
+  if (bits >> 23) { *e = (int32_t)(bits >> 23) - 127; return (bits & 0x7fffffu) | 0x800000u; }
+  *e = -126; m = bits;
+  while (m < 0x800000u) { m <<= 1; (*e)--; }
+  return m;
+}
+/* Float division, correctly rounded as divss (no float divide on the chip): a long division of the
+   significands, then round to nearest even, subnormal results included. */
+float __hexagon_divsf3(float a, float b) {
+  tcu_f32 va = {a}, vb = {b}, r;
+  uint32_t sign = (va.u ^ vb.u) & 0x80000000u, aa = va.u & 0x7fffffffu, ab = vb.u & 0x7fffffffu, sig;
+  int32_t ea, eb, shift, biased;
+  uint64_t q, rest, dropped;
+  if (aa > 0x7f800000u) { r.u = va.u | 0x400000u; return r.f; }  /* NaN operands, quieted, a first */
+  if (ab > 0x7f800000u) { r.u = vb.u | 0x400000u; return r.f; }
+  if (aa == 0x7f800000u) { r.u = ab == 0x7f800000u ? 0xffc00000u : sign | 0x7f800000u; return r.f; }
+  if (ab == 0x7f800000u) { r.u = sign; return r.f; }
+  if (ab == 0) { r.u = aa == 0 ? 0xffc00000u : sign | 0x7f800000u; return r.f; }
+  if (aa == 0) { r.u = sign; return r.f; }
+  q = tcu_udivmod((uint64_t)tcu_unpack(aa, &ea) << 31, tcu_unpack(ab, &eb), &rest);
+  /* a / b = (q + rest / mb) 2^(ea - eb - 31), q of 31 or 32 bits: 24 of them kept. */
+  shift = (q >> 31) ? 8 : 7;
+  biased = ea - eb - 31 + shift + 23 + 127;
+  if (biased >= 255) { r.u = sign | 0x7f800000u; return r.f; }
+  if (biased <= 0) { shift += 1 - biased; biased = 0; }  /* a subnormal result keeps fewer bits */
+  if (shift > 40) shift = 40;
+  sig = (uint32_t)(q >> shift);
+  dropped = q & (((uint64_t)1 << shift) - 1);
+  if ((dropped >> (shift - 1)) & 1) {  /* half an ulp or more: up, unless an exact tie and sig even */
+    if ((dropped & (((uint64_t)1 << (shift - 1)) - 1)) || rest || (sig & 1)) sig++;
+  }
+  if (biased == 0) { r.u = sign | sig; return r.f; }  /* a carry into 2^23 is the smallest normal */
+  if (sig >> 24) { sig >>= 1; biased++; }
+  r.u = biased >= 255 ? sign | 0x7f800000u : sign | ((uint32_t)biased << 23) | (sig & 0x7fffffu);
+  return r.f;
+}
 static void tcu_fail(const char* func) { tcu_say(func); tcu_exit(4); }
 """
 
