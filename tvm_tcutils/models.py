@@ -676,10 +676,11 @@ def resnet18_onnx(batch: int = 1, seed: int = 0, size: int = 224, width: int = 6
     return g.finish("resnet18", (batch, 3, size, size), logits, (batch, 1000))
 
 
-def mobilenet_v2_onnx(batch: int = 1, seed: int = 0, size: int = 224, width: float = 1.0):
+def mobilenet_v2_onnx(batch: int = 1, seed: int = 0, size: int = 224, width: float = 1.0, stages: int = 7):
     """MobileNet-v2 as an ONNX graph: inverted residuals with ReLU6 (Clip), depthwise 3x3 convolutions.
 
-    ``size`` is the image's side and ``width`` the width multiplier (channels rounded to multiples of 8).
+    ``size`` is the image's side, ``width`` the width multiplier (channels rounded to multiples of 8) and
+    ``stages`` how many of the seven stages of inverted residuals are kept (the network's head follows them).
 
     Examples
     --------
@@ -699,7 +700,7 @@ def mobilenet_v2_onnx(batch: int = 1, seed: int = 0, size: int = 224, width: flo
     x = relu6(g.conv("input", 3, cin, 3, stride=2))
     for expand, cout, repeats, first_stride in (
         (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)
-    ):
+    )[:stages]:
         cout = channels(cout)
         for index in range(repeats):
             stride = first_stride if index == 0 else 1

@@ -10,7 +10,9 @@ import pytest
 import tvm
 from tvm import relay
 
+from tvm_tcutils import models
 from tvm_tcutils.dotprod import hexagon_model
+from tvm_tcutils.dotprod.hexagon_profile import bit_equal
 from tvm_tcutils.dotprod.isa import HEXAGON_HVX, for_target
 from tvm_tcutils.dotprod.quantize import quantize_int8
 from tvm_tcutils.dotprod.topi.intrinsics import dot_product_intrin, target_mode
@@ -18,6 +20,41 @@ from test_hexagon import _require_emulator
 
 def _x86(mod, inputs, params=None):
     return hexagon_model.x86_reference(mod, params, inputs)
+
+
+def _assert_bit_exact(mod, params, inputs, timeout: float = 300):
+    """The model on emulated Hexagon against the x86 build of its graph; where they differ, the failure
+    names the first node that does (the per-node differential run)."""
+    out = hexagon_model.run_model(mod, params, inputs, timeout=timeout)
+    ref = _x86(mod, inputs, params)
+    if not bit_equal(out, ref):
+        pytest.fail(hexagon_model.differential_run(mod, params, inputs, timeout=timeout).summary())
+    return out, ref
+
+
+def _qdq_import(model, tmp_path, samples: int = 2):
+    """``model`` (ONNX, float input "input") quantized by onnxruntime's quantize_static (QDQ, u8 activations,
+    s8 per-channel weights), imported into Relay as a user loads it; and one input."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from tvm_tcutils.dotprod.quantize import ort_quantize
+
+    shape = tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+    rng = np.random.default_rng(7)
+    path = ort_quantize(model, str(tmp_path / "model-qdq.onnx"),
+                        [{"input": rng.standard_normal(shape).astype("float32")} for _ in range(samples)])
+    mod, params = relay.frontend.from_onnx(onnx.load(path), {"input": shape})
+    return mod, params, {"input": rng.standard_normal(shape).astype("float32")}
+
+
+def _out_of_range_cast():
+    """int8 -> float -> int32 by a cast out of int32's range: x86 gives INT_MIN, Hexagon saturates."""
+    x = relay.var("x", shape=(2, 8), dtype="int8")
+    shifted = relay.cast(relay.add(relay.cast(x, "int32"), relay.const(1)), "int8")
+    huge = relay.cast(relay.multiply(relay.cast(shifted, "float32"), relay.const(3e9, "float32")), "int32")
+    out = relay.cast(relay.clip(relay.right_shift(huge, relay.const(24)), -128, 127), "int8")
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.add(out, relay.const(1, "int8"))))
+    return mod, {"x": np.arange(-8, 8, dtype="int8").reshape(2, 8)}
 
 
 def _float_cnn(seed: int = 0):
@@ -184,9 +221,125 @@ def test_operator_without_c_form_fails_before_compiling():
     _require_emulator()
     x = relay.var("x", shape=(4,), dtype="float32")
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.exp(x)))
-    with pytest.raises(RuntimeError, match=r"lacks: expf \(called by tvmgen_default_fused_exp\)"):
+    with pytest.raises(RuntimeError, match=r"for operator exp \(expf, called by tvmgen_default_fused_exp\)"):
         hexagon_model.run_model(mod, inputs={"x": np.zeros(4, "float32")})
     # One TVM's C backend cannot print at all.
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.trunc(x)))
     with pytest.raises(RuntimeError, match=r"relay.build for c .* failed .*Unresolved call Op\(tir.trunc\)"):
         hexagon_model.run_model(mod, inputs={"x": np.zeros(4, "float32")})
+
+
+# ---------------------------------------------------------------- the per-node differential run
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"nodes": "layers"}, ValueError, r"nodes must be one of \('auto', 'boundaries', 'all'\), got 'layers'"),
+    ({"timeout": 0}, ValueError, "timeout must be a positive number"),
+    ({"target": "llvm"}, ValueError, "target must be a C-source Hexagon target"),
+])
+def test_differential_run_bad_arguments_fail_before_building(kwargs, error, message, monkeypatch):
+    monkeypatch.setattr(hexagon_model, "_build_c", lambda *a, **k: pytest.fail("built before checking"))
+    mod, inputs = _out_of_range_cast()
+    with pytest.raises(error, match=message):
+        hexagon_model.differential_run(mod, None, inputs, **kwargs)
+    with pytest.raises(TypeError, match="per_node must be a bool, got str"):
+        hexagon_model.run_model(mod, None, inputs, per_node="yes")
+
+
+def test_differential_run_names_the_first_node_that_differs():
+    _require_emulator()
+    mod, inputs = _out_of_range_cast()
+    before = tvm.ir.save_json(mod)
+    outputs, report = hexagon_model.run_model(mod, None, inputs, per_node=True, timeout=120)
+    assert tvm.ir.save_json(mod) == before
+    np.testing.assert_array_equal(outputs[0], hexagon_model.run_model(mod, None, inputs, timeout=120)[0])
+    assert not report.outputs_equal and report.calls == 10
+    # The boundaries (8-bit tensors) say the fifth call's region; every call there is then recorded.
+    first = report.first
+    assert (first.index, first.op, first.dtype, first.shape, first.count, first.size) == (5, "cast", "int32", (2, 8), 8, 16)
+    assert first.largest == 2.0 ** 32 - 1  # INT_MIN against INT_MAX
+    assert [d.index for d in report.differences] == [5, 6, 7, 8, 9]
+    summary = report.summary()
+    assert "\n" not in summary and summary.startswith("first node that differs between Hexagon and x86: node #5 cast")
+    # Boundaries only: the first 8-bit tensor that differs, not its cause.
+    boundaries = hexagon_model.differential_run(mod, None, inputs, timeout=120, nodes="boundaries")
+    assert boundaries.first.index == 8 and boundaries.first.dtype == "int8" and boundaries.recorded == 3
+
+
+# ---------------------------------------------------------------- the families users put on a DSP
+def test_qdq_resnet18_file_as_loaded_bit_exact(tmp_path):
+    """Issue 63's case, narrower: a ResNet-18 (basic blocks, global average pool, Gemm) on 224 x 224 images
+    quantized by onnxruntime, run as loaded. The x86 reference once built TVM's float lowering of the QDQ
+    ops (the Hexagon build their integer form): 55 of these 1000 logits came out a quantization step apart."""
+    _require_emulator()
+    mod, params, inputs = _qdq_import(models.resnet18_onnx(size=224, width=8), tmp_path)
+    out, _ = _assert_bit_exact(mod, params, inputs)
+    assert np.unique(out[0]).size > 20
+
+
+def test_qdq_mobilenet_v2_depthwise_bit_exact(tmp_path):
+    """Depthwise convs (groups = channels, 8 and 48 of them, not multiples of 32), ReLU6 clips and a residual
+    add from a QDQ file: TVM's Hexagon legalization once padded the depthwise convs' output channels into an
+    invalid grouped conv ("Unsupported group_conv2d layout NCHW"). MobileNet-v2's first two stages."""
+    _require_emulator()
+    mod, params, inputs = _qdq_import(models.mobilenet_v2_onnx(size=32, width=0.35, stages=2), tmp_path)
+    out, _ = _assert_bit_exact(mod, params, inputs)
+    assert np.unique(out[0]).size > 20
+
+
+def test_qdq_encoder_layer_bit_exact(tmp_path, small_bert_onnx):
+    """A quantized encoder layer: dense, batch_matmul of activations, softmax, layer norm (its sqrt and float
+    division are the runner's, correctly rounded) and GELU, from onnxruntime's QDQ file."""
+    _require_emulator()
+    model, _, _ = small_bert_onnx
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from tvm_tcutils.dotprod.quantize import ort_quantize
+
+    rng = np.random.default_rng(8)
+    shape = (1, 16, 32)
+    path = ort_quantize(model, str(tmp_path / "encoder-qdq.onnx"),
+                        [{"input": rng.standard_normal(shape).astype("float32")} for _ in range(2)])
+    mod, params = relay.frontend.from_onnx(onnx.load(path), {"input": shape})
+    out, _ = _assert_bit_exact(mod, params, {"input": rng.standard_normal(shape).astype("float32")})
+    assert np.unique(out[0]).size > 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [
+    lambda: models.resnet18_onnx(),                       # the issue's size: 224 x 224, 64-512 channels
+    lambda: models.mobilenet_v2_onnx(size=96),
+    lambda: models.inception_onnx(size=64, width=16),      # concat of four branches, max pools
+], ids=["resnet18-224", "mobilenet-v2-96", "inception-64"])
+def test_qdq_families_full_size_bit_exact(tmp_path, build):
+    _require_emulator()
+    mod, params, inputs = _qdq_import(build(), tmp_path)
+    _assert_bit_exact(mod, params, inputs, timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [
+    lambda: models.resnet18_onnx(size=64, width=16),
+    lambda: models.mobilenet_v2_onnx(size=64, width=0.5),
+    lambda: models.inception_onnx(size=64, width=16),
+], ids=["resnet18", "mobilenet-v2", "inception"])
+def test_relay_quantize_families_bit_exact(build):
+    """The same families through relay.quantize (weights He-initialised, batch norm folded as exporters do)."""
+    _require_emulator()
+    model = build()
+    shape = tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+    mod, params = relay.frontend.from_onnx(model, {"input": shape})
+    data = np.random.default_rng(9).standard_normal(shape).astype("float32")
+    _assert_bit_exact(quantize_int8(mod, params), None, {"input": data}, timeout=900)
+
+
+def test_relay_quantize_encoder_names_the_operators_without_c_form(small_bert_onnx):
+    """relay.quantize leaves an encoder's softmax and GELU in float: exp and erf, which no exact C form here
+    has, are named in one line before anything is compiled."""
+    _require_emulator()
+    _, mod, params = small_bert_onnx
+    with pytest.raises(RuntimeError) as err:
+        hexagon_model.run_model(quantize_int8(mod, params), None,
+                                {"input": np.zeros((1, 16, 32), "float32")}, timeout=120)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("no C form on emulated Hexagon for operator erf (erff")
+    assert "operator exp (expf, called by tvmgen_default_fused_nn_softmax" in message
+

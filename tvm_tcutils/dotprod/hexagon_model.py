@@ -453,16 +453,27 @@ def external_calls(source: str) -> Dict[str, List[str]]:
     return callers
 
 
+def _operator_of(function: str) -> str:
+    """The Relay operator a C math function computes: C names single-precision ones ``<op>f``.
+
+    Examples
+    --------
+    >>> _operator_of("erff"), _operator_of("expf"), _operator_of("tcu_x")
+    ('erf', 'exp', 'tcu_x')
+    """
+    return function[:-1] if function.endswith("f") and not function.startswith("tcu_") else function
+
+
 def _check_externals(source: str) -> None:
     provided = _RUNTIME_NAMES | set(re.findall(r"\b(tcu_\w+)\(", helpers_source()))
     unknown = {name: funcs for name, funcs in external_calls(source).items() if name not in provided}
     if unknown:
-        detail = "; ".join(f"{name} (called by {', '.join(sorted(set(funcs)))})"
+        detail = "; ".join(f"operator {_operator_of(name)} ({name}, called by {', '.join(sorted(set(funcs)))})"
                            for name, funcs in sorted(unknown.items()))
         raise RuntimeError(
-            f"the model calls functions the freestanding Hexagon runner lacks: {detail}. It defines "
-            f"{', '.join(MATH_FUNCTIONS)} and the HVX helpers; an operator needing others (exp, log, "
-            f"division in float...) has no C form here"
+            f"no C form on emulated Hexagon for {detail}: the freestanding runner defines "
+            f"{', '.join(MATH_FUNCTIONS)}, float division and the HVX helpers, and no other math function "
+            f"exact as x86's (a quantizer's file has these ops in their integer forms)"
         )
 
 
