@@ -77,7 +77,7 @@ def test_bench_emulate_profiles_hexagon_bit_exactly(tmp_path):
 
     if hexagon_profile.missing_profile_tools():
         pytest.skip(f"needs {hexagon_profile.missing_profile_tools()} (scripts/test.sh installs them)")
-    proc = run_cli("bench", "mlp", "--target", "hexagon", "--emulate", cwd=str(tmp_path))
+    proc = run_cli("bench", "mlp", "--target", "hexagon", "--emulate", "--per-node", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "quantize_int8" in out and "final softmax stripped" in out
@@ -87,4 +87,7 @@ def test_bench_emulate_profiles_hexagon_bit_exactly(tmp_path):
     assert macs == 784 * 128 + 128 * 64 + 64 * 10 and ideal == -(-macs // 128)
     assert ideal <= vrmpy < 1.1 * ideal and 2 * packets < plain_packets
     assert "bit-identical to the x86 build and to the plain build" in " ".join(out.split())
+    # The per-node run: one line, every 8-bit boundary and output equal.
+    per_node = next(line for line in out.splitlines() if line.startswith("per node (auto, "))
+    assert "Hexagon and x86 agree bit for bit on the outputs and on all" in per_node
     assert os.listdir(tmp_path) == []

@@ -91,6 +91,9 @@ IN_PROCESS = [
     ("emulate-dtype", ["bench", "mlp", "--emulate", "--dtype", "float32"], "--dtype 'float32': --emulate runs"),
     ("emulate-plot", ["bench", "mlp", "--emulate", "--plot", "x.png"], "--plot cannot be used with --emulate"),
     ("emulate-timeout", ["bench", "mlp", "--emulate", "--timeout", "0"], "--timeout"),
+    ("per-node-alone", ["bench", "mlp", "--per-node"], "--per-node needs --emulate"),
+    ("per-node-choice", ["bench", "mlp", "--emulate", "--target", "hexagon", "--per-node", "most"],
+     "--per-node 'most': it names the nodes to record; choose from auto, boundaries, all"),
 ]
 
 

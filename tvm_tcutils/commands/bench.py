@@ -25,12 +25,19 @@ CHECKS = (
 _NOT_EMULATED = (("--plot", "plot"), ("--log", "log"), ("--time-budget", "time_budget"),
                  ("--rpc-tracker", "rpc_tracker"), ("--rpc-key", "rpc_key"))
 
+def _node_choice(value: str, option: str, args: argparse.Namespace) -> None:
+    from ..dotprod.hexagon_model import NODE_CHOICES  # with --emulate only: the CLI starts without TVM's C route
+
+    checks.one_of(NODE_CHOICES, why="it names the nodes to record")(value, option, args)
+
+
 #: Checked before any work with ``--emulate``.
 EMULATE_CHECKS = (
     *checks.MODEL_CHECKS,
     checks.Check("--target", "target", checks.emulated_hexagon_target),
     checks.Check("--dtype", "dtype", checks.one_of(("int8",), why="--emulate runs integer models")),
     checks.Check("--timeout", "timeout", checks.positive),
+    checks.Check("--per-node", "per_node", lambda value, option, args: _node_choice(value, option, args)),
     *(checks.Check(option, dest, checks.not_with("--emulate")) for option, dest in _NOT_EMULATED),
 )
 
@@ -57,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "bit for bit against the x86 build")
     parser.add_argument("--timeout", type=float, default=3000, metavar="SECONDS",
                         help="with --emulate: seconds each emulated run may take (default %(default)s)")
+    parser.add_argument("--per-node", nargs="?", const="auto", default=None, metavar="NODES",
+                        help="with --emulate: also record the nodes' values on Hexagon and x86 and name the first "
+                             "node that differs (NODES: auto (default), boundaries or all; see "
+                             "dotprod.hexagon_model.differential_run)")
     cli.add_rpc_arguments(parser)
 
 
@@ -67,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.emulate:
         return _emulate(args)
+    if args.per_node is not None:
+        raise cli.CommandError("--per-node needs --emulate (it compares an emulated Hexagon run with x86 "
+                               "node by node)")
     checks.validate(args, CHECKS)
     remote = cli.rpc_backend(args)
     target = args.target or host_target()  # code for another CPU may not run here (SIGILL)
@@ -142,4 +156,13 @@ def _emulate(args: argparse.Namespace) -> int:
                                               plain=not args.no_baseline)
     print(hexagon_profile.format_table(compared.package, compared.plain))
     print(f"{args.model} on emulated {target} ({time.time() - start:.0f} s):\n{compared.summary()}")
+    if args.per_node is not None:
+        from ..dotprod import hexagon_model
+
+        start = time.time()
+        report = hexagon_model.differential_run(mod, params, inputs, timeout=args.timeout, target=target,
+                                                nodes=args.per_node)
+        print(f"per node ({args.per_node}, {time.time() - start:.0f} s): {report.summary()}")
+    elif not compared.equals_x86:
+        print("rerun with --per-node to name the first node that differs")
     return 0 if compared.bit_exact else 1
