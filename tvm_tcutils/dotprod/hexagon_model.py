@@ -662,13 +662,27 @@ def x86_reference(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None,
     return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
 
 
+def bound_params(mod: tvm.IRModule, params: Optional[Mapping[str, Any]]) -> tvm.IRModule:
+    """``mod`` with ``params`` bound as constants (``mod`` itself without any).
+
+    Examples
+    --------
+    >>> x, w = relay.var("x", shape=(2,)), relay.var("w", shape=(2,))
+    >>> mod = tvm.IRModule.from_expr(relay.Function([x, w], x + w))
+    >>> [p.name_hint for p in bound_params(mod, {"w": np.ones(2, "float32")})["main"].params]
+    ['x']
+    """
+    if not params:
+        return mod
+    bound = {name: tvm.nd.array(_as_array(value, f"params[{name!r}]")) for name, value in params.items()}
+    return tvm.IRModule.from_expr(relay.build_module.bind_params_by_name(mod["main"], bound))
+
+
 def _hexagon_legalized(mod: tvm.IRModule, params: Optional[Mapping[str, Any]],
                        target: "tvm.target.Target") -> tvm.IRModule:
     """``mod`` (the caller's own copy) with ``params`` bound and its QNN ops legalized as ``relay.build``
     legalizes them for ``target``: TVM's first pass, which the package's rules take part in."""
-    if params:
-        bound = {name: tvm.nd.array(_as_array(value, f"params[{name!r}]")) for name, value in params.items()}
-        mod = tvm.IRModule.from_expr(relay.build_module.bind_params_by_name(mod["main"], bound))
+    mod = bound_params(mod, params)
     with target, tvm.transform.PassContext(opt_level=3):
         return tvm.transform.Sequential([relay.transform.InferType(), relay.qnn.transform.Legalize(),
                                          relay.transform.InferType()])(mod)

@@ -43,7 +43,7 @@ import numpy as np
 from .._tvm import hexagon_emulator, tvm
 from tvm import relay
 
-from . import hexagon_model
+from . import hexagon_model, qdq
 from .hexagon import missing_tools
 
 #: Byte multiply-accumulates of one HVX 128B ``vrmpy``: 32 lanes of 4-byte dot products.
@@ -533,7 +533,11 @@ def profile_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None,
         relay_func = counter.functions.get(func)
         nodes.append(NodeProfile(func, macs(relay_func) if relay_func is not None else 0,
                                  counter.marks[index + 1] - counter.marks[index]))
-    return Profile(outputs, counter.total, nodes, macs(mod["main"]))
+    # The model's own MACs: a QDQ file's products are float until its regions are made integer (as the
+    # build makes them, less the channel padding TVM's legalization adds).
+    model = qdq.to_integer(relay.transform.InferType()(hexagon_model.bound_params(hexagon_model._own_copy(mod),
+                                                                                    params)))
+    return Profile(outputs, counter.total, nodes, macs(model["main"]))
 
 
 def _heavy(name: str) -> bool:
@@ -643,8 +647,11 @@ def strip_final_softmax(mod: tvm.IRModule) -> "tuple[tvm.IRModule, bool]":
 def integer_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None):
     """``(mod, params, notes)``: a model made integer the way it can run on emulated Hexagon.
 
-    A quantizer's file (``qnn`` ops: a QDQ import) has its fake-quantized regions made integer
-    by :func:`tvm_tcutils.dotprod.qdq.to_integer` (its weights bound first); a float model is
+    A quantizer's file (``qnn`` ops: a QDQ import) has its weights bound and its fake-quantized
+    regions made integer as ``relay.build`` makes them for a Hexagon target
+    (:func:`tvm_tcutils.dotprod.qdq.prepare_for_target`: with the package's hooks installed the build's
+    legalization does it, with the fast forms of an encoder's softmax, GELU and layer norm that
+    :func:`~tvm_tcutils.dotprod.qdq.to_integer` alone does not write); a float model is
     quantized by :func:`tvm_tcutils.dotprod.quantize.quantize_int8` (weights bound, params
     ``None``). A final softmax is stripped first (:func:`strip_final_softmax`). ``notes`` say
     what was done, for reports. ``mod`` is not changed.
@@ -656,7 +663,6 @@ def integer_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None)
     >>> qparams is None, notes[0]
     (True, 'a float model: quantized by relay.quantize (dotprod.quantize.quantize_int8)')
     """
-    from . import qdq
     from .quantize import is_quantized, quantize_int8
 
     mod, stripped = strip_final_softmax(relay.transform.InferType()(mod))
@@ -664,8 +670,9 @@ def integer_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None)
         if params:
             bound = relay.build_module.bind_params_by_name(mod["main"], dict(params))
             mod = relay.transform.InferType()(tvm.IRModule.from_expr(bound))
-        mod, params = qdq.to_integer(mod), None
-        notes = ["a quantizer's int8 file: its QDQ regions made integer (dotprod.qdq.to_integer)"]
+        mod, params = qdq.prepare_for_target(mod, hexagon_model.DEFAULT_TARGET), None
+        notes = ["a quantizer's int8 file: its QDQ regions made integer as relay.build makes them for Hexagon "
+                 "(dotprod.qdq)"]
     else:
         mod, params = quantize_int8(mod, params), None
         notes = ["a float model: quantized by relay.quantize (dotprod.quantize.quantize_int8)"]
