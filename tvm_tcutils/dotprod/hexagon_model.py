@@ -952,11 +952,17 @@ class NodeReport:
         >>> diff = NodeDifference(3, "clip", "", (8,), "int32", 1, 8, 2.0)
         >>> NodeReport([], False, 12, 40, [diff]).summary()
         'first node that differs between Hexagon and x86: node #3 clip (8,) int32: 1 of 8 elements differ, by up to 2'
+        >>> print(NodeReport([], False, 12, 40, []).summary())  # doctest: +NORMALIZE_WHITESPACE
+        the outputs differ between Hexagon and x86, but none of the 12 recorded of 40 nodes does
+        (nodes='all' records every node)
         """
         if self.first is not None:
             return f"first node that differs between Hexagon and x86: {self.first.line()}"
-        outputs = "on the outputs" if self.outputs_equal else "on none of the recorded nodes, but the OUTPUTS DIFFER,"
-        return f"Hexagon and x86 agree bit for bit {outputs} and on all {self.recorded} recorded of {self.calls} nodes"
+        if not self.outputs_equal:
+            return (f"the outputs differ between Hexagon and x86, but none of the {self.recorded} recorded of "
+                    f"{self.calls} nodes does (nodes='all' records every node)")
+        return (f"Hexagon and x86 agree bit for bit on the outputs and on all {self.recorded} recorded of "
+                f"{self.calls} nodes")
 
 
 def model_calls(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None) -> List[relay.Call]:
