@@ -12,7 +12,7 @@ from tvm import relay
 
 from tvm_tcutils import models
 from tvm_tcutils.dotprod import hexagon_model
-from tvm_tcutils.dotprod.hexagon_profile import bit_equal
+from tvm_tcutils.dotprod.hexagon_model import bit_equal
 from tvm_tcutils.dotprod.isa import HEXAGON_HVX, for_target
 from tvm_tcutils.dotprod.quantize import quantize_int8
 from tvm_tcutils.dotprod.topi.intrinsics import dot_product_intrin, target_mode

@@ -25,6 +25,7 @@ CHECKS = (
 _NOT_EMULATED = (("--plot", "plot"), ("--log", "log"), ("--time-budget", "time_budget"),
                  ("--rpc-tracker", "rpc_tracker"), ("--rpc-key", "rpc_key"))
 
+
 def _node_choice(value: str, option: str, args: argparse.Namespace) -> None:
     from ..dotprod.hexagon_model import NODE_CHOICES  # with --emulate only: the CLI starts without TVM's C route
 
@@ -37,7 +38,7 @@ EMULATE_CHECKS = (
     checks.Check("--target", "target", checks.emulated_hexagon_target),
     checks.Check("--dtype", "dtype", checks.one_of(("int8",), why="--emulate runs integer models")),
     checks.Check("--timeout", "timeout", checks.positive),
-    checks.Check("--per-node", "per_node", lambda value, option, args: _node_choice(value, option, args)),
+    checks.Check("--per-node", "per_node", _node_choice),
     *(checks.Check(option, dest, checks.not_with("--emulate")) for option, dest in _NOT_EMULATED),
 )
 

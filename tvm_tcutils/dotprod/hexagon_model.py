@@ -86,6 +86,14 @@ float roundf(float x) {
 }
 float floorf(float x) { float t = truncf(x); return t > x ? t - 1.0f : t; }
 float ceilf(float x) { float t = truncf(x); return t < x ? t + 1.0f : t; }
+/* |x| = m 2^(e-23), m in [2^23, 2^24), for a finite non-zero |x|'s bits. */
+static uint32_t tcu_unpack(uint32_t bits, int32_t* e) {
+  uint32_t m;
+  if (bits >> 23) { *e = (int32_t)(bits >> 23) - 127; return (bits & 0x7fffffu) | 0x800000u; }
+  *e = -126; m = bits;
+  while (m < 0x800000u) { m <<= 1; (*e)--; }
+  return m;
+}
 /* Correctly rounded (to nearest even), digit by digit on the integer significand: HVX v66 has no
    square root, and a Newton step from an estimate is not exact in its last bit. */
 float sqrtf(float x) {
@@ -96,8 +104,7 @@ float sqrtf(float x) {
   if ((u & 0x7fffffffu) == 0 || u == 0x7f800000u) return x;        /* +-0, +inf */
   if ((u & 0x7fffffffu) > 0x7f800000u) { v.u = u | 0x400000u; return v.f; }  /* NaN, quieted */
   if (u >> 31) { v.u = 0xffc00000u; return v.f; }                   /* x86's default NaN */
-  if (u >> 23) { e = (int32_t)(u >> 23) - 127; m = (u & 0x7fffffu) | 0x800000u; }
-  else { e = -126; m = u; while (m < 0x800000u) { m <<= 1; e--; } }  /* subnormal */
+  m = tcu_unpack(u, &e);
   if (e & 1) { m <<= 1; e--; }
   /* x = m 2^(e-23) = (m 2^25) 2^(e-48), e even: root = floor(sqrt(m 2^25)) has 25 bits. */
   rest = (uint64_t)m << 25;
@@ -136,14 +143,6 @@ int32_t __hexagon_divsi3(int32_t n, int32_t d) { return (int32_t)tcu_sdivmod(n, 
 int32_t __hexagon_modsi3(int32_t n, int32_t d) { int64_t r; tcu_sdivmod(n, d, &r); return (int32_t)r; }
 uint32_t __hexagon_udivsi3(uint32_t n, uint32_t d) { return (uint32_t)tcu_udivmod(n, d, 0); }
 uint32_t __hexagon_umodsi3(uint32_t n, uint32_t d) { uint64_t r; tcu_udivmod(n, d, &r); return (uint32_t)r; }
-/* |x| = m 2^(e-23), m in [2^23, 2^24), for a finite non-zero |x|'s bits. */
-static uint32_t tcu_unpack(uint32_t bits, int32_t* e) {
-  uint32_t m;
-  if (bits >> 23) { *e = (int32_t)(bits >> 23) - 127; return (bits & 0x7fffffu) | 0x800000u; }
-  *e = -126; m = bits;
-  while (m < 0x800000u) { m <<= 1; (*e)--; }
-  return m;
-}
 /* Float division, correctly rounded as divss (no float divide on the chip): a long division of the
    significands, then round to nearest even, subnormal results included. */
 float __hexagon_divsf3(float a, float b) {
@@ -1009,6 +1008,23 @@ def _tapped(mod: tvm.IRModule, taps: Sequence[relay.Call]) -> Tuple[tvm.IRModule
     return tvm.IRModule.from_expr(func), len(outputs)
 
 
+def bit_equal(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray]) -> bool:
+    """Whether two lists of arrays are equal bit for bit (a NaN equals the same NaN; -0.0 is not 0.0).
+
+    Examples
+    --------
+    >>> bit_equal([np.array([0.0], "float32")], [np.array([-0.0], "float32")])
+    False
+    >>> bit_equal([np.arange(3)], [np.arange(3)])
+    True
+    """
+    if len(outputs) != len(references):
+        return False
+    return all(a.shape == b.shape and a.dtype == b.dtype
+               and np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}"))
+               for a, b in zip(outputs, references))
+
+
 def _differs(got: np.ndarray, want: np.ndarray) -> Tuple[int, float]:
     """Elements that differ bit for bit, and the largest absolute difference."""
     width = f"u{got.dtype.itemsize}"
@@ -1020,23 +1036,22 @@ def _differs(got: np.ndarray, want: np.ndarray) -> Tuple[int, float]:
     return count, float(np.nanmax(gap)) if np.isfinite(gap).any() else float("nan")
 
 
-def _compare(mod, params, inputs, timeout, target, calls, indices) -> Tuple[List[np.ndarray], bool, list]:
-    """Run both builds of ``mod`` tapped at ``calls[i]`` for ``i`` in ``indices``: (Hexagon outputs,
-    outputs equal, [(index, NodeDifference or None)])."""
+def _compare(mod, params, inputs, timeout, target, calls, indices) -> List[Tuple[int, Optional[NodeDifference]]]:
+    """Run both builds of ``mod`` tapped at ``calls[i]`` for ``i`` in ``indices``: ``[(index, NodeDifference
+    or None)]``."""
     tapped, n_out = _tapped(mod, [calls[i] for i in indices])
     hexagon = _run_model(tapped, params, inputs, timeout, target)
     x86 = x86_reference(tapped, params, inputs, target)
     if len(hexagon) != len(x86) or len(hexagon) != n_out + len(indices):
         raise RuntimeError(f"the tapped builds returned {len(hexagon)} (Hexagon) and {len(x86)} (x86) outputs, "
                            f"expected {n_out + len(indices)}")
-    equal = all(_differs(h, x)[0] == 0 for h, x in zip(hexagon[:n_out], x86[:n_out]))
     found = []
     for index, got, want in zip(indices, hexagon[n_out:], x86[n_out:]):
         count, largest = _differs(got, want)
         call = calls[index]
         found.append((index, None if not count else NodeDifference(
             index, _op_name(call), _node_name(call), tuple(got.shape), str(got.dtype), count, int(got.size), largest)))
-    return hexagon[:n_out], equal, found
+    return found
 
 
 def differential_run(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None,
@@ -1085,9 +1100,8 @@ def differential_run(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = No
         first_pass = [i for i, c in enumerate(calls) if str(c.checked_type.dtype) in BOUNDARY_DTYPES]
     # The model's own outputs come from a build without taps: the one run_model makes.
     outputs = _run_model(mod, params, inputs, timeout, target)
-    outputs_equal = all(_differs(h, x)[0] == 0
-                        for h, x in zip(outputs, x86_reference(mod, params, inputs, target)))
-    _, _, found = _compare(mod, params, inputs, timeout, target, calls, first_pass)
+    outputs_equal = bit_equal(outputs, x86_reference(mod, params, inputs, target))
+    found = _compare(mod, params, inputs, timeout, target, calls, first_pass)
     recorded = {index: diff for index, diff in found}
     if nodes == "auto":
         bad = [index for index, diff in found if diff is not None]
@@ -1096,6 +1110,6 @@ def differential_run(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = No
             start = max([index for index, diff in found if diff is None and index < stop], default=-1)
             inner = [i for i in range(start + 1, stop + 1) if i not in recorded]
             if inner:
-                recorded.update(_compare(mod, params, inputs, timeout, target, calls, inner)[2])
+                recorded.update(_compare(mod, params, inputs, timeout, target, calls, inner))
     differences = [recorded[i] for i in sorted(recorded) if recorded[i] is not None]
     return NodeReport(outputs, outputs_equal, len(recorded), len(calls), differences)

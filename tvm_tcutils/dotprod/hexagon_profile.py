@@ -44,6 +44,7 @@ from .._tvm import hexagon_emulator, tvm
 from tvm import relay
 
 from . import hexagon_model, qdq
+from .hexagon_model import bit_equal
 from .hexagon import missing_tools
 
 #: Byte multiply-accumulates of one HVX 128B ``vrmpy``: 32 lanes of 4-byte dot products.
@@ -667,9 +668,7 @@ def integer_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None)
 
     mod, stripped = strip_final_softmax(relay.transform.InferType()(mod))
     if is_quantized(mod):
-        if params:
-            bound = relay.build_module.bind_params_by_name(mod["main"], dict(params))
-            mod = relay.transform.InferType()(tvm.IRModule.from_expr(bound))
+        mod = relay.transform.InferType()(hexagon_model.bound_params(mod, params))
         mod, params = qdq.prepare_for_target(mod, hexagon_model.DEFAULT_TARGET), None
         notes = ["a quantizer's int8 file: its QDQ regions made integer as relay.build makes them for Hexagon "
                  "(dotprod.qdq)"]
@@ -679,23 +678,6 @@ def integer_model(mod: tvm.IRModule, params: Optional[Mapping[str, Any]] = None)
     if stripped:
         notes.append("final softmax stripped (its float exp has no bit-exact C form in the freestanding runner)")
     return mod, params, notes
-
-
-def bit_equal(outputs: Sequence[np.ndarray], references: Sequence[np.ndarray]) -> bool:
-    """Whether two lists of arrays are equal bit for bit (a NaN equals the same NaN; -0.0 is not 0.0).
-
-    Examples
-    --------
-    >>> bit_equal([np.array([0.0], "float32")], [np.array([-0.0], "float32")])
-    False
-    >>> bit_equal([np.arange(3)], [np.arange(3)])
-    True
-    """
-    if len(outputs) != len(references):
-        return False
-    return all(a.shape == b.shape and a.dtype == b.dtype
-               and np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}"))
-               for a, b in zip(outputs, references))
 
 
 @dataclasses.dataclass
