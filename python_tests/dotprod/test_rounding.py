@@ -100,3 +100,92 @@ def test_residual_conv_bit_identical_through_the_build_hook():
     _, args, schedule = _residual_conv(target)
     _, asm = codegen_and_hook_builds(schedule, args, target, RNG)
     assert "vrndscaleps" not in asm[0] and "vrndscaleps" in asm[1]
+
+
+def _narrowing_kernel(dtype: str, offset: int, vectorized: bool):
+    """``dtype(reinterpret_int32(x + S1) + (offset - bits(S1)))`` (S1: the 128-shifted constant)."""
+    x = te.placeholder(VALUES.shape, "float32", "x")
+    shift = rounding.SHIFTS[1]
+    y = te.compute(x.shape, lambda i: (tir.reinterpret("int32", x[i] + tir.const(shift, "float32"))
+                                       + tir.const(offset - _bits(shift), "int32")).astype(dtype), name="y")
+    schedule = te.create_schedule(y.op)
+    if vectorized:
+        _, inner = schedule[y].split(y.op.axis[0], LANES)
+        schedule[y].vectorize(inner)
+    return tvm.lower(schedule, [x, y])
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("offset", [0, 256, -128, 3])
+@pytest.mark.parametrize("vectorized", [True, False])
+def test_direct_narrowing_keeps_every_8bit_value(dtype, offset, vectorized):
+    mod = _narrowing_kernel(dtype, offset, vectorized)
+    func, count = rounding.narrow_directly(mod["main"])
+    assert count == 1 and str(rounding.SHIFTS[1]) not in func.script()
+
+    def run(module):
+        with tvm_codegen():
+            built = tvm.build(module, target=tvm_tcutils.host_target())
+        out = tvm.nd.empty(VALUES.shape, dtype)
+        built(tvm.nd.array(VALUES), out)
+        return out.numpy()
+
+    after = run(tvm.IRModule({"main": func}))
+    np.testing.assert_array_equal(after, run(mod))
+    expected = ((np.rint(VALUES).astype(np.int64) + offset) & 0xFF).astype(np.uint8).view(dtype)
+    np.testing.assert_array_equal(after, expected)
+
+
+def test_narrowing_leaves_float_casts_and_the_first_shift_alone():
+    x = te.placeholder((LANES,), "float32", "x")
+    for name, (shift, dtype) in {"float": (rounding.SHIFTS[1], "float32"), "first": (rounding.SHIFTS[0], "uint8"),
+                                 "int16": (rounding.SHIFTS[1], "int16")}.items():
+        y = te.compute(x.shape, lambda i: (tir.reinterpret("int32", x[i] + tir.const(shift, "float32"))
+                                           - tir.const(_bits(shift), "int32")).astype(dtype), name="y")
+        func = tvm.lower(te.create_schedule(y.op), [x, y])["main"]
+        assert rounding.narrow_directly(func) == (func, 0), name
+
+
+AMX_TARGET = "llvm -mcpu=sapphirerapids"
+
+
+def _tile_conv_with_both_roundings():
+    """An AMX conv whose epilogue rounds back to float (a QDQ residual add) and then to 8 bits with the
+    128-shifted constant, as the QDQ legalization writes a zero point of 0."""
+    from tvm import autotvm
+    from tvm_tcutils.dotprod.topi.conv2d_amx import conv2d_nchwc_amx, schedule_conv2d_nchwc_amx
+
+    data = te.placeholder((1, 1, 4, 32, 64), "uint8", "data")
+    kernel = te.placeholder((1, 1, 1, 1, 16, 64, 4), "int8", "kernel")
+    other = te.placeholder((1, 1, 4, 32, 64), "uint8", "other")
+    shifts = rounding.SHIFTS
+
+    def bit_round(value, shift, offset):
+        return tir.reinterpret("int32", value + tir.const(shift, "float32")) + tir.const(offset - _bits(shift), "int32")
+
+    with tvm.target.Target(AMX_TARGET):
+        cfg = autotvm.get_config()
+        conv = conv2d_nchwc_amx(cfg, data, kernel, 1, 0, 1, "NCHW64c", "NCHW64c")
+
+        def epilogue(*i):
+            value = te.max(te.min(conv(*i).astype("float32") * tir.const(3e-4, "float32"), 127.0), -128.0)
+            value = bit_round(value, shifts[0], 0).astype("float32") * 0.5 + other(*i).astype("float32") * 0.25
+            return bit_round(te.max(te.min(value, 255.0), 0.0), shifts[1], 0).astype("uint8")
+
+        out = te.compute(conv.shape, epilogue, name="requantized", tag="elemwise")
+        schedule = schedule_conv2d_nchwc_amx(cfg, [out])
+    return tvm.lower(schedule, [data, kernel, other, out])
+
+
+def test_tile_kernels_round_with_nearbyint_and_narrow_directly_on_tile_targets():
+    mod = _tile_conv_with_both_roundings()
+    assert rounding.pipeline.product_isas(mod["main"].body) == frozenset({"x86_amx"})
+    func, rounded = rounding.round_to_float(mod["main"])
+    assert rounded == 1 and rounding.narrow_directly(func)[1] == 1
+    on_tiles = rounding.rounding_module(mod, AMX_TARGET)["main"].script()
+    assert "nearbyint" in on_tiles and str(rounding.SHIFTS[1]) not in on_tiles
+    # Without a tile engine in the target only the rounding back to float changes.
+    elsewhere = rounding.rounding_module(mod, "llvm -mcpu=znver4")["main"].script()
+    assert "nearbyint" in elsewhere and str(rounding.SHIFTS[1]) in elsewhere
+    asm = tvm.build(mod, target=AMX_TARGET).get_source("asm")
+    assert "vrndscaleps" in asm and "tdpbusd" in asm

@@ -84,4 +84,4 @@ def _build_llvm(mod, target):
         raise RuntimeError(f"{BUILD_LLVM}: the code generator the package wrapped is gone")
     # Prefetches and rounding first: the pipelined kernels' unrolled bodies are slow to analyse; the
     # pipelining carries the hints along with the product steps.
-    return build(pipeline.pipeline_module(rounding.rounding_module(prefetch.prefetch_module(mod))), target)
+    return build(pipeline.pipeline_module(rounding.rounding_module(prefetch.prefetch_module(mod), target)), target)

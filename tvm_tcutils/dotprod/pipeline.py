@@ -38,12 +38,15 @@ from .._tvm import tvm
 from tvm import tir
 from tvm.tir import stmt_functor
 
-from .isa import ISAS, RANGE_ISAS
+from .isa import ISAS, RANGE_ISAS, TILE_ISAS
 
 logger = logging.getLogger("tvm_tcutils.dotprod.pipeline")
 
 #: The ISA of each dot-product instruction's LLVM intrinsic: a reduction nest must use one of them.
 DOT_INTRINSICS = {v.intrinsic: isa for isa in ISAS + RANGE_ISAS for v in isa.variants if v.intrinsic}
+
+#: The tile engines' product intrinsics (:data:`~.isa.TILE_ISAS`): calls with effects, so not pipelined.
+TILE_INTRINSICS = {v.intrinsic: isa for isa in TILE_ISAS for v in isa.variants}
 
 #: Unrolled product steps (statements of the reduction nest) a pipelined loop may have: the 1x1 convs
 #: with up to 256 input channels. Past it the epilogue is a small share of the tile's time (a 3x3 conv
@@ -81,12 +84,14 @@ def _visit(stmt: tir.Stmt, kind) -> list:
 
 @functools.lru_cache(maxsize=None)
 def _intrinsic_ids() -> Dict[int, str]:
-    """LLVM's id of each of :data:`DOT_INTRINSICS` (what lowered TIR calls hold), looked up once."""
-    return {tvm.target.codegen.llvm_lookup_intrinsic_id(name): name for name in DOT_INTRINSICS}
+    """LLVM's id of each of :data:`DOT_INTRINSICS` and :data:`TILE_INTRINSICS` (what lowered TIR calls
+    hold), looked up once."""
+    return {tvm.target.codegen.llvm_lookup_intrinsic_id(name): name for name in {**DOT_INTRINSICS, **TILE_INTRINSICS}}
 
 
 def intrinsic_name(call: tir.Call) -> str:
-    """The LLVM intrinsic ``call`` (a ``tir.call_llvm_pure_intrin``) calls, by name or by lowered id."""
+    """The LLVM intrinsic ``call`` (a ``tir.call_llvm_pure_intrin`` or ``call_llvm_intrin``) calls, by name
+    or by lowered id (those of the product intrinsics only)."""
     name = call.args[0] if call.args else None
     if isinstance(name, tir.StringImm):
         return name.value
@@ -112,6 +117,24 @@ def dot_calls(stmt: tir.Stmt) -> List[tir.Call]:
 def call_isa(call: tir.Call):
     """The ISA whose dot-product intrinsic ``call`` (one of :func:`dot_calls`) calls."""
     return DOT_INTRINSICS[intrinsic_name(call)]
+
+
+def product_isas(stmt: tir.Stmt) -> frozenset:
+    """Names of the ISAs whose product instructions ``stmt`` calls: dot-product steps and tile products.
+
+    Examples
+    --------
+    >>> product_isas(tir.Evaluate(0))
+    frozenset()
+    """
+    effects = tvm.ir.Op.get("tir.call_llvm_intrin")
+    names = {call_isa(call).name for call in dot_calls(stmt)}
+
+    def post(call):
+        if call.op.same_as(effects) and intrinsic_name(call) in TILE_INTRINSICS:
+            names.add(TILE_INTRINSICS[intrinsic_name(call)].name)
+    stmt_functor.ir_transform(stmt, None, post, ["tir.Call"])
+    return frozenset(names)
 
 
 def _dot_isa(stmt: tir.Stmt):

@@ -15,6 +15,12 @@ constant ``c`` into ``nearbyint(x) + (c + bits(S))`` (the add left out when it i
 wherever the bit form is exact. Measured among a 1x1 conv's products with 64 input channels
 (``scripts/probe_epilogue_overlap.py``, Zen 4): the residual epilogue went from 1.25-1.39x to
 1.16-1.32x the products' time. Only functions whose products use an ISA of :data:`MEASURED_ISAS` change.
+
+The 8-bit results take the second shift (``1.5 * 2**23 + 128``) where their offset is a multiple of 256
+(:func:`tvm_tcutils.fast_forms.rounded_int32`: on Zen 4 LLVM's narrowing store, ``vpmovdb`` to memory,
+was slower than narrowing in a register and adding 128 there). On targets with a tile engine (Intel
+Xeons) :func:`narrow_directly` gives them the first shift back, whose offset add LLVM drops: one
+instruction less per 16 outputs.
 """
 from __future__ import annotations
 
@@ -26,16 +32,18 @@ from tvm import tir
 from tvm.tir import stmt_functor
 
 from ..fast_forms import ROUNDING_SHIFTS, float_bits
-from . import pipeline
+from . import isa, pipeline
 
 logger = logging.getLogger("tvm_tcutils.dotprod.rounding")
 
 #: The rounding shifts of :func:`tvm_tcutils.fast_forms.rounded_int32`.
 SHIFTS = ROUNDING_SHIFTS
 
-#: ISAs whose kernels were measured faster with ``nearbyint`` (AVX-512 VNNI, ``vrndscaleps``, on Zen 4).
-#: AVX2 and SSE kernels (``vroundps`` / ``roundps``) and HVX (no single instruction) keep the bit form.
-MEASURED_ISAS = frozenset({"x86_vnni"})
+#: ISAs whose kernels were measured faster with ``nearbyint``: AVX-512 VNNI (``vrndscaleps``, on Zen 4)
+#: and the AMX tile kernels, whose epilogues are AVX-512 too (Emerald Rapids: ResNet-50 QDQ x1.02 end
+#: to end, ``scripts/probe_epilogue_forms.py``). AVX2 and SSE kernels (``vroundps`` / ``roundps``) and HVX
+#: (no single instruction) keep the bit form.
+MEASURED_ISAS = frozenset({"x86_vnni", "x86_amx"})
 
 
 def _constant(expr: tir.PrimExpr) -> Optional[float]:
@@ -45,9 +53,9 @@ def _constant(expr: tir.PrimExpr) -> Optional[float]:
     return expr.value if isinstance(expr, (tir.IntImm, tir.FloatImm)) else None
 
 
-def _bit_rounding(expr: tir.PrimExpr) -> Optional[Tuple[tir.PrimExpr, int]]:
-    """``(x, k)`` of ``reinterpret_int32(x + S) + c`` (or ``- c``) with ``k = c + bits(S)``, i.e. the value
-    ``round_half_even(x) + k``; else None."""
+def _bit_rounding(expr: tir.PrimExpr) -> Optional[Tuple[tir.PrimExpr, int, float]]:
+    """``(x, k, S)`` of ``reinterpret_int32(x + S) + c`` (or ``- c``) with ``k = c + bits(S)``, i.e. the
+    value ``round_half_even(x) + k``; else None."""
     if isinstance(expr, (tir.Add, tir.Sub)):
         offset, bits = _constant(expr.b), expr.a
         if offset is not None and isinstance(expr, tir.Sub):
@@ -63,7 +71,7 @@ def _bit_rounding(expr: tir.PrimExpr) -> Optional[Tuple[tir.PrimExpr, int]]:
     shift = _constant(shifted.b)
     if shift not in SHIFTS:
         return None
-    return shifted.a, int(offset) + float_bits(shift)
+    return shifted.a, int(offset) + float_bits(shift), shift
 
 
 def round_to_float(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
@@ -89,7 +97,7 @@ def round_to_float(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
         parts = _bit_rounding(cast.value)
         if parts is None or parts[0].dtype != cast.dtype:
             return None
-        value, offset = parts
+        value, offset, _ = parts
         count[0] += 1
         rounded = tir.call_llvm_pure_intrin(cast.dtype, nearbyint, tir.const(1, "uint32"), value)
         return rounded if offset == 0 else rounded + tir.const(float(offset), cast.dtype)
@@ -98,14 +106,60 @@ def round_to_float(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
     return (func.with_body(body), count[0]) if count[0] else (func, 0)
 
 
+def narrow_directly(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
+    """``(func, count)``: each 8-bit cast of a bit-form rounding with the second shift of :data:`SHIFTS`
+    rewritten to the first (its constant adjusted): the same value wherever the bit form is exact.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te
+    >>> x = te.placeholder((16,), name="x")
+    >>> y = te.compute((16,), lambda i: (tvm.tir.reinterpret("int32", x[i] + tvm.tir.const(SHIFTS[1], "float32"))
+    ...                                  - float_bits(SHIFTS[1])).astype("uint8"), name="y")
+    >>> func, count = narrow_directly(tvm.lower(te.create_schedule(y.op), [x, y])["main"])
+    >>> count, str(float(SHIFTS[0])) in func.script()
+    (1, True)
+    """
+    count = [0]
+
+    def post(cast):
+        dtype = tvm.DataType(cast.dtype)
+        if dtype.bits != 8 or dtype.type_code not in (tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT):
+            return None
+        parts = _bit_rounding(cast.value)
+        if parts is None or parts[2] != SHIFTS[1]:
+            return None
+        value, offset, _ = parts
+        count[0] += 1
+        lanes = tvm.DataType(value.dtype).lanes
+        bits = tir.reinterpret(f"int32x{lanes}" if lanes > 1 else "int32",
+                               value + tir.const(SHIFTS[0], value.dtype))
+        return (bits + tir.const(offset - float_bits(SHIFTS[0]), bits.dtype)).astype(cast.dtype)
+
+    body = stmt_functor.ir_transform(func.body, None, post, ["tir.Cast"])
+    return (func.with_body(body), count[0]) if count[0] else (func, 0)
+
+
 def _measured(func: tir.PrimFunc) -> bool:
-    calls = pipeline.dot_calls(func.body)
-    return bool(calls) and all(pipeline.call_isa(call).name in MEASURED_ISAS for call in calls)
+    isas = pipeline.product_isas(func.body)
+    return bool(isas) and isas <= MEASURED_ISAS
 
 
-def rounding_module(mod: tvm.IRModule) -> tvm.IRModule:
-    """:func:`round_to_float` on each dot-product function of ``mod`` whose ISA is in :data:`MEASURED_ISAS`
-    (the module itself when nothing changes).
+def _rewrite(func: tir.PrimFunc, narrow: bool) -> Tuple[tir.PrimFunc, int]:
+    if not _measured(func):
+        return func, 0
+    func, rounded = round_to_float(func)
+    narrowed = 0
+    if narrow:
+        func, narrowed = narrow_directly(func)
+    return func, rounded + narrowed
+
+
+def rounding_module(mod: tvm.IRModule, target=None) -> tvm.IRModule:
+    """:func:`round_to_float` on each product function of ``mod`` whose ISAs are in :data:`MEASURED_ISAS`
+    (dot-product steps or tiles), and :func:`narrow_directly` too where ``target`` has a tile engine (the
+    module itself when nothing changes).
 
     Examples
     --------
@@ -120,5 +174,6 @@ def rounding_module(mod: tvm.IRModule) -> tvm.IRModule:
     >>> rounding_module(mod).same_as(mod), round_to_float(mod["main"])[1]
     (True, 1)
     """
-    return pipeline.rewrite_functions(mod, lambda func: round_to_float(func) if _measured(func) else (func, 0),
-                                      logger, "rounded %d values back to float with llvm.nearbyint")
+    narrow = target is not None and isa.tile_isa(tvm.target.Target(target)) is not None
+    return pipeline.rewrite_functions(mod, lambda func: _rewrite(func, narrow), logger,
+                                      "rewrote %d roundings (llvm.nearbyint, direct 8-bit narrowing)")

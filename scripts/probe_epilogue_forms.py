@@ -1,0 +1,99 @@
+#!/usr/bin/env python
+"""Which rounding forms the int8 kernels' epilogues should use on this CPU: whole models, in turns.
+
+The evidence behind ``tvm_tcutils.dotprod.rounding``'s choices. Each zoo model's onnxruntime-quantized
+QDQ file is built for ``host_target()`` three times, differing only in the rewrites of the final TIR:
+
+* ``vnni-only``: ``llvm.nearbyint`` in the VNNI kernels only, 8-bit results with the 128-shifted
+  constant (the package before the tile kernels had the rewrites);
+* ``nearbyint``: also in the tile (AMX) kernels;
+* ``package``: what the package does now (also :func:`~tvm_tcutils.dotprod.rounding.narrow_directly`
+  where the target has a tile engine).
+
+All three must give bit-identical outputs (checked first); then they are timed in turns in one process
+at one thread (``--rounds``), each a median of runs, and each is divided by ``vnni-only`` with a
+bootstrap interval (below 1: faster). On a CPU without a tile engine the three build the same code.
+
+    PYTHONPATH=. python scripts/probe_epilogue_forms.py --models resnet-50-onnx resnet-18-onnx \
+        --rounds 15 --json docs/benchmarks/data/probe_epilogue_forms.json
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+os.environ["TVM_NUM_THREADS"] = "1"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
+from tvm_tcutils._tvm import tvm  # noqa: E402
+from tvm import relay  # noqa: E402
+from tvm.contrib import graph_executor  # noqa: E402
+from tvm_tcutils.bench.competitors import compare, python_call, ratios  # noqa: E402
+from tvm_tcutils.bench.int8_models import feed_of, model_files  # noqa: E402
+from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.dotprod import rounding  # noqa: E402
+
+VARIANTS = ("vnni-only", "nearbyint", "package")
+
+
+@contextlib.contextmanager
+def variant(name: str):
+    """The rounding rewrites as ``name`` has them, for the builds inside."""
+    saved = rounding.MEASURED_ISAS, rounding.narrow_directly
+    if name in ("vnni-only", "nearbyint"):
+        rounding.narrow_directly = lambda func: (func, 0)
+    if name == "vnni-only":
+        rounding.MEASURED_ISAS = frozenset({"x86_vnni"})
+    try:
+        yield
+    finally:
+        rounding.MEASURED_ISAS, rounding.narrow_directly = saved
+
+
+def built(path: str, feed, name: str):
+    mod, params = tvm_tcutils.load_model(path)
+    with variant(name), tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=tvm_tcutils.host_target(), params=params)
+    module = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    module.set_input(**feed)
+    return module
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet-50-onnx"], help="zoo names (their QDQ files)")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds of turns")
+    add_json_argument(parser, __file__)
+    args = parser.parse_args(argv)
+    if args.rounds < 2:
+        parser.error(f"--rounds must be >= 2, got {args.rounds}")
+    results = Results(__file__, argv, rounds=args.rounds, threads=1, variants=list(VARIANTS),
+                      target=str(tvm_tcutils.host_target()))
+    for model in args.models:
+        path = model_files(model, ["qdq"])["qdq"]
+        feed = feed_of(path)
+        modules = {name: built(path, feed, name) for name in VARIANTS}
+        outputs = {}
+        for name, module in modules.items():
+            module.run()
+            outputs[name] = module.get_output(0).numpy()
+        for name in VARIANTS[1:]:
+            if not np.array_equal(outputs[name], outputs[VARIANTS[0]]):
+                raise SystemExit(f"{model}: {name} differs from {VARIANTS[0]}: the rewrites changed values")
+        timings = compare({name: python_call(module.run, repeat=5, min_ms=100.0)
+                           for name, module in modules.items()}, rounds=args.rounds)
+        for name, r in ratios(timings, VARIANTS[0]).items():
+            print(f"{model:18s} {name:10s} {timings[name].median_ms:7.3f} ms  vs {VARIANTS[0]} {r}")
+            results.add(model=model, variant=name, median_ms=timings[name].median_ms,
+                        samples_ms=list(timings[name].samples_ms), ratio=r.value, low=r.low, high=r.high)
+    results.write(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
