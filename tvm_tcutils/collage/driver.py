@@ -489,7 +489,7 @@ class _Partitioner:
             else:
                 start = time.perf_counter()
                 # A toolchain none of whose candidates could be measured (it crashed or hung each time)
-                # is not built whole here, in this process.
+                # is not built whole for the final comparison.
                 runnable = [tc for tc in self.toolchains if tc.is_tvm or any(
                     c.toolchain == tc.name and math.isfinite(x) for c, x in zip(cands, costs))]
                 # A remote timer holds one server for the whole comparison (its modules side by side).
@@ -533,8 +533,8 @@ class _Partitioner:
         """The final comparison (:func:`~.validate.final_comparison`) of the mix and each of ``toolchains``
         alone: ``(FinalAnswer or None, {single's name: module}, [singles the mix is structurally])``.
 
-        The comparison builds in this process (the mix was built and timed in a worker by validation;
-        ``toolchains`` are those with candidates that built and ran in a worker). With an error
+        A measuring estimator's sampler builds and times each module in a fresh process of its own
+        (``toolchains`` are those with candidates that built and ran in a worker). With an error
         budget (``check``), a lossy toolchain alone over the budget does not compete (its error
         goes into ``errors``)."""
         singles = single_toolchain_modules(prepared, toolchains)

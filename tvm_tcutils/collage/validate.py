@@ -470,11 +470,11 @@ def in_process_sampler(target: Optional[str] = None, tuning_log: Optional[str] =
 def whole_model_sampler(timer) -> Optional[Callable[[tvm.IRModule], Callable[[], float]]]:
     """How the final comparison samples whole modules, given validation's :class:`WholeModelTimer`.
 
-    A timer with its own ``sampler(mod)`` method (a test's, or one that does
-    not time on this CPU) is used as is; one with a ``target`` (a measuring
-    estimator's, :class:`~.cost.workers.PooledWholeModelTimer`) gives
-    :func:`in_process_sampler` for its target and tuning log; other timers
-    give None (no final comparison).
+    A timer with its own ``sampler(mod)`` method is used as is: a measuring
+    estimator's (:class:`~.cost.workers.PooledWholeModelTimer`: each module
+    in a fresh process of its own), a remote one's, a test's; one with only
+    a ``target`` gives :func:`in_process_sampler` for its target and tuning
+    log; other timers give None (no final comparison).
 
     Examples
     --------

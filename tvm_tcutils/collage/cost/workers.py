@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -290,8 +291,50 @@ def time_wholes(mod_jsons: Sequence[str], target: str, repeat: int, warmup: int,
     return {"ms_list": [t.median_ms for t in timings]}
 
 
+#: The module a resident worker built (:func:`build_resident`), kept between its tasks.
+_resident: Dict[str, object] = {}
+
+
+def build_resident(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
+                   tuning_log: Optional[str] = None, constants: Optional[str] = None) -> dict:
+    """Build a saved module, run it ``warmup`` times and keep it in this worker for ``sample`` tasks
+    (:class:`IsolatedModule`): ``{"ms": 0.0}``.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    >>> build_resident(text, "llvm", 2, 1, 1)["ms"], sample_resident()["ms"] > 0
+    (0.0, True)
+    """
+    from ...measure import Timer
+
+    _resident.clear()  # one module a worker: the previous one's executor and sessions go first
+    mods = _load([mod_json], constants)
+    timer = Timer(mods[0], None, target, repeat=repeat, warmup=0, min_repeat_ms=min_repeat_ms,
+                  tuning_log=tuning_log)
+    mods.clear()
+    for _ in range(max(warmup, 0)):
+        timer.runner.run()
+    _resident["timer"] = timer
+    return {"ms": 0.0}
+
+
+def sample_resident() -> dict:
+    """One sample of the module :func:`build_resident` built in this worker: ``{"ms": median}``."""
+    timer = _resident.get("timer")
+    if timer is None:
+        raise RuntimeError("no module was built in this worker")
+    return {"ms": timer.sample()}
+
+
 #: Task kinds a worker runs.
-TASKS: Dict[str, Callable[..., dict]] = {"candidate": time_candidate, "wholes": time_wholes}
+TASKS: Dict[str, Callable[..., dict]] = {"candidate": time_candidate, "wholes": time_wholes,
+                                         "resident": build_resident, "sample": sample_resident}
+
+#: Task kinds whose toolchain states must outlive the task (the resident module's sessions).
+KEEP_STATES = frozenset({"resident", "sample"})
 
 
 def run_task(task: Task) -> dict:
@@ -317,7 +360,8 @@ def run_task(task: Task) -> dict:
             try:
                 result = TASKS[kind](**arguments)  # what it built is released when it returns, before the turn ends
             finally:
-                forget_sessions()
+                if kind not in KEEP_STATES:
+                    forget_sessions()
     except EXPECTED_FAILURES as err:  # a failed build or run costs this task only
         return {"ms": math.inf, "error": f"{type(err).__name__}: {error_line(err)}"}
     return dict(result, seconds=time.perf_counter() - start)
@@ -604,6 +648,52 @@ class WorkerPool:
         self._workers = []
 
 
+class IsolatedModule:
+    """A whole module built, warmed up and timed sample by sample in a fresh worker process of its own.
+
+    How the final comparison times each contender (:meth:`PooledWholeModelTimer.sampler`): as users run
+    them, every runtime alone in its process, so that no contender is timed in a process that a search,
+    or another contender, has loaded (onnxruntime measured 40-60 % slower inside a whole Collage run
+    than in a process of its own: docs/benchmarks/collage.md). The worker dies with :meth:`close`, when
+    the object is collected, or with its parent.
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> isolated = IsolatedModule(tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x)))),
+    ...                           "llvm", repeat=2, warmup=1, min_repeat_ms=1)
+    >>> isolated.sample() > 0, isolated.pid != os.getpid()
+    (True, True)
+    >>> isolated.close()
+    """
+
+    def __init__(self, mod_json: str, target: str, repeat: int = 10, warmup: int = 2,
+                 min_repeat_ms: int = WHOLE_MODEL_MIN_REPEAT_MS, tuning_log: Optional[str] = None,
+                 constants: Optional[str] = None, imports: Sequence[str] = (), timeout: float = 600.0):
+        # Never recycled: its memory is the module it keeps.
+        self.pool = WorkerPool(1, timeout, imports, recycle_bytes=0)
+        self._finalizer = weakref.finalize(self, self.pool.close)
+        [result] = self.pool.run([("resident", dict(mod_json=mod_json, target=target, repeat=repeat,
+                                                    warmup=warmup, min_repeat_ms=min_repeat_ms,
+                                                    tuning_log=tuning_log, constants=constants))])
+        if result.get("error"):
+            self.close()
+            raise RuntimeError(f"could not be built in its own process: {result['error']}")
+        self.pid = self.pool._workers[0].process.pid
+
+    def sample(self) -> float:
+        """One sample (ms): the median of the worker's timed runs; raises ``RuntimeError`` if it failed."""
+        [result] = self.pool.run([("sample", {})])
+        if result.get("error"):
+            raise RuntimeError(f"failed in its own process: {result['error']}")
+        return float(result["ms"])
+
+    def close(self) -> None:
+        """Stop the worker (and free the module it holds)."""
+        self._finalizer()
+
+
 class PooledWholeModelTimer:
     """Times whole modules in a :class:`WorkerPool`'s worker: the whole-model timer of validation.
 
@@ -636,6 +726,15 @@ class PooledWholeModelTimer:
                  tuning_log: Optional[str] = None, constants: Optional[SharedConstants] = None):
         self.pool, self.target, self.repeat, self.warmup, self.tuning_log = pool, target, repeat, warmup, tuning_log
         self.constants = constants
+
+    def sampler(self, mod: tvm.IRModule) -> Callable[[], float]:
+        """``mod`` built in a worker of its own (:class:`IsolatedModule`): its sample function, for the
+        final comparison (:func:`~tvm_tcutils.collage.validate.whole_model_sampler` takes it). The worker
+        lives as long as the function."""
+        dumps = self.constants.dumps if self.constants else tvm.ir.save_json
+        return IsolatedModule(dumps(mod), self.target, max(self.repeat, 10), self.warmup, WHOLE_MODEL_MIN_REPEAT_MS,
+                              self.tuning_log, self.constants.directory if self.constants else None,
+                              self.pool.imports, max(self.pool.timeout, 60.0)).sample
 
     def time(self, mod: tvm.IRModule) -> Optional[float]:
         """Latency (ms) of one whole module, ``inf`` if it fails; None if it could not be measured."""
