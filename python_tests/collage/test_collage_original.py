@@ -121,3 +121,25 @@ def test_the_report_names_the_operators_a_runtime_cannot_take(tmp_path):
     lrn = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.nn.lrn(relay.exp(x)))))
     assert partition(lrn, None, ["tvm", "ort"], MockCostEstimator({"tvm": 1.0, "ort": 0.5}),
                      progress=False).unreachable == {}
+
+
+def test_the_runtime_on_the_file_is_timed_in_a_process_of_its_own(tmp_path):
+    from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator
+    from tvm_tcutils.collage.toolchains.packed_call import LIFT_MIN_BYTES
+
+    # A weight large enough to be lifted out of a candidate's payload: the file's runtime takes none.
+    x = relay.var("x", shape=(1, 256))
+    w = relay.const(np.random.default_rng(1).standard_normal((LIFT_MIN_BYTES // 1024, 256)).astype("float32"))
+    func = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.tanh(relay.nn.dense(x, w)))))
+    path = str(tmp_path / "dense.onnx")
+    with open(path, "wb") as fh:
+        fh.write(relay_to_onnx.to_onnx(func["main"]).SerializeToString())
+    mod, params = load_model(path)
+    est = MeasuredCostEstimator(cache_dir=str(tmp_path / "costs"), repeat=2, progress=False)
+    try:
+        result = partition(mod, params, ["tvm", "ort"], est, original=path, compare_budget_s=5.0)
+    finally:
+        est.close()
+    name = f"ort{ON_THE_FILE}"
+    assert result.final.timings[name].samples_ms, result.final.reason
+    assert all(t.samples_ms for t in result.final.timings.values()), result.final.timings

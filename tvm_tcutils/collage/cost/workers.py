@@ -310,8 +310,11 @@ def build_resident(mod_json: str, target: str, repeat: int, warmup: int, min_rep
     """
     from ...measure import Timer
 
+    from tvm import relay
+
     _resident.clear()  # one module a worker: the previous one's executor and sessions go first
-    mods = _load([mod_json], constants)
+    # Not lifted (:func:`_load`): a runtime on the user's file takes no weights from the module.
+    mods = [relay.transform.InferType()(mod) for mod in load_modules([mod_json], constants)]
     timer = Timer(mods[0], None, target, repeat=repeat, warmup=0, min_repeat_ms=min_repeat_ms,
                   tuning_log=tuning_log)
     mods.clear()
