@@ -13,7 +13,10 @@ tasks of 224 pixels x 64 channels; 2 x 2 tiles a step) runs in five forms:
 * ``pipelined``: a step's tile program, then the previous step's epilogue (two buffers), so the tile
   engine and the vector units have independent work side by side;
 * ``epilogue``: the epilogues alone (over the same task buffers);
-* ``tiles``: the tile programs alone.
+* ``tiles``: the tile programs alone;
+* ``step_calls``: ``step`` as a kernel of one tile program per step would run it (each step stores the
+  caller's tile configuration, loads its own and the step's weight tiles, and loads the caller's back);
+* ``pixel_calls``: the same per 32 pixels x 64 channels (both strips a call).
 
 Times are TSC ticks per conv, best of 5 (``--tsc-ghz`` prints microseconds too). Needs a CPU with
 AMX-INT8 and clang or gcc with ``-mamx-int8``.
@@ -34,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 
 #: The forms, in the order the program runs them (its mode numbers).
-VARIANTS = ("task", "step", "pipelined", "epilogue", "tiles")
+VARIANTS = ("task", "step", "pipelined", "epilogue", "tiles", "step_calls", "pixel_calls")
 
 PROGRAM = r"""
 #include <immintrin.h>
@@ -56,6 +59,7 @@ static uint8_t OUT[BLOCKS][PIX * 64] __attribute__((aligned(64)));
 static int32_t BIAS[BLOCKS][64] __attribute__((aligned(64)));
 static float SCALE[BLOCKS][64] __attribute__((aligned(64)));
 static int32_t TASKBUF[TASK * 64] __attribute__((aligned(64)));        /* a task's int32 (57 KB) */
+static cfg_t CFG;
 static int32_t STEPBUF[2][32 * 64] __attribute__((aligned(64)));       /* a step's, two of them */
 
 /* The residual requantize of 16 outputs (channels c0.., one pixel), as the package's kernels compute it. */
@@ -114,6 +118,28 @@ static void run(int mode) {
             step_epilogue(STEPBUF[0], block, strip, t0 + p);
           }
         }
+      } else if (mode == 5) {
+        for (int strip = 0; strip < 2; strip++) {
+          for (int p = 0; p < TASK; p += 32) {
+            cfg_t saved; _tile_storeconfig(&saved); _tile_loadconfig(&CFG);
+            weights(block, strip);
+            tile_step(block, strip, t0 + p, STEPBUF[0], 128);
+            _tile_loadconfig(&saved);
+            step_epilogue(STEPBUF[0], block, strip, t0 + p);
+          }
+        }
+      } else if (mode == 6) {
+        /* 64 channels a call: both strips of a 32-pixel step, then its epilogue over 64 channels */
+        for (int p = 0; p < TASK; p += 32) {
+          cfg_t saved; _tile_storeconfig(&saved); _tile_loadconfig(&CFG);
+          for (int strip = 0; strip < 2; strip++) {
+            weights(block, strip);
+            tile_step(block, strip, t0 + p, STEPBUF[0] + strip * 32, 256);
+          }
+          _tile_loadconfig(&saved);
+          for (int q = 0; q < 32; q++)
+            for (int c = 0; c < 64; c += 16) epilogue16(STEPBUF[0] + q * 64 + c, block, c, t0 + p + q);
+        }
       } else {
         for (int strip = 0; strip < 2; strip++) {
           weights(block, strip);
@@ -140,9 +166,10 @@ int main(int argc, char** argv) {
   }
   cfg_t cfg; memset(&cfg, 0, sizeof cfg); cfg.palette = 1;
   for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+  CFG = cfg;
   _tile_loadconfig(&cfg);
   uint64_t check = 0;
-  for (int mode = 0; mode < 5; mode++) {
+  for (int mode = 0; mode < 7; mode++) {
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) {
       run(mode);
@@ -154,7 +181,7 @@ int main(int argc, char** argv) {
     uint64_t sum = 0;
     for (int b = 0; b < BLOCKS; b++) for (int i = 0; i < PIX * 64; i++) sum = sum * 31 + OUT[b][i];
     if (mode == 0) check = sum;
-    printf("%d %.1f %d\n", mode, best, mode < 3 ? sum == check : 1);
+    printf("%d %.1f %d\n", mode, best, (mode < 3 || mode > 4) ? sum == check : 1);
   }
   _tile_release();
   return 0;

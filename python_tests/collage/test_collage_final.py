@@ -262,3 +262,20 @@ def test_time_budget_during_validation_keeps_the_best_timed_so_far():
 def test_partition_bad_progress_budget_confidence(mlp_model, kwargs, error, message):
     with pytest.raises(error, match=message):
         partition(*mlp_model, "tvm", MockCostEstimator({"tvm": 1.0}), **kwargs)
+
+
+def test_final_comparison_lets_a_sampler_build_all_modules_its_own_way():
+    from tvm_tcutils.collage.validate import final_comparison
+
+    class Builder:
+        def __call__(self, module):
+            raise AssertionError("build_all builds them")
+
+        def build_all(self, modules):
+            return {name: (RuntimeError("does not build") if value == "broken" else (lambda v=value: float(v)))
+                    for name, value in modules.items()}
+
+    modules = {"collage": 1.0, "a alone": 2.0, "b alone": "broken"}
+    out = final_comparison(modules, "collage", Builder(), min_rounds=2, max_rounds=2)
+    assert list(out.timings) == list(modules) and out.answer == "collage"
+    assert out.timings["b alone"].samples_ms == () and out.timings["a alone"].median_ms == 2.0

@@ -443,8 +443,8 @@ def test_an_isolated_module_that_fails_to_build_or_dies_raises_runtime_error():
     x = relay.var("x", shape=(relay.Any(), 16))  # the graph executor cannot build it (an error, not a crash)
     dynamic = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
     with pytest.raises(RuntimeError, match="could not be built in its own process"):
-        IsolatedModule(tvm.ir.save_json(dynamic), "llvm", repeat=2, warmup=0, min_repeat_ms=1)
-    good = IsolatedModule(tvm.ir.save_json(two_layer_net(0)), "llvm", repeat=2, warmup=0, min_repeat_ms=1)
+        IsolatedModule(tvm.ir.save_json(dynamic), "llvm", repeat=2, warmup=0, min_repeat_ms=1).build()
+    good = IsolatedModule(tvm.ir.save_json(two_layer_net(0)), "llvm", repeat=2, warmup=0, min_repeat_ms=1).build()
     try:
         assert good.sample() > 0
         os.kill(good.pid, 9)
@@ -452,3 +452,16 @@ def test_an_isolated_module_that_fails_to_build_or_dies_raises_runtime_error():
             good.sample()
     finally:
         good.close()
+
+
+def test_isolated_builds_at_once_keep_their_workers_after_the_building_threads_end(monkeypatch):
+    # A worker dies with the thread that started it (PR_SET_PDEATHSIG): build_all starts them all in the
+    # caller's thread, and only waits for the builds in its threads. Started in those threads, every worker
+    # died when the builds ended (BERT-base: "killed by signal 9", then broken pipes).
+    from tvm_tcutils.collage.cost.workers import IsolatedSampler
+
+    monkeypatch.setattr(IsolatedSampler, "build_workers", 2)
+    modules = {name: two_layer_net(seed) for seed, name in enumerate(["a", "b", "c"])}
+    built = IsolatedSampler("llvm", repeat=2, warmup=1).build_all(modules)
+    assert list(built) == ["a", "b", "c"]
+    assert all(sample() > 0 and sample() > 0 for sample in built.values())

@@ -497,10 +497,13 @@ def final_comparison(modules: Mapping[str, tvm.IRModule], mix: Optional[str] = "
 
     ``modules`` maps competitor names to whole partitioned modules (the mix
     under ``mix``); ``sampler(module)`` builds one and returns its sample
-    function (default :func:`in_process_sampler` for this CPU). A module that
-    fails to build is left out, with a warning, and gets an empty timing.
-    ``on_round(done, cap)`` is called after each round (progress). The
-    benchmark scripts call this same function.
+    function (default :func:`in_process_sampler` for this CPU). A sampler with
+    a ``build_all(modules)`` method (name -> sample function, or the exception
+    its build raised) builds them all its own way, for example several at
+    once in processes of their own; every build ends before the first sample.
+    A module that fails to build is left out, with a warning, and gets an
+    empty timing. ``on_round(done, cap)`` is called after each round
+    (progress). The benchmark scripts call this same function.
 
     Examples
     --------
@@ -513,13 +516,23 @@ def final_comparison(modules: Mapping[str, tvm.IRModule], mix: Optional[str] = "
     ('tvm alone', 1)
     """
     sampler = sampler or in_process_sampler()
+    build_all = getattr(sampler, "build_all", None)
+    if build_all is not None:
+        built = build_all(modules)
+    else:
+        built = {}
+        for name, module in modules.items():
+            try:
+                built[name] = sampler(module)
+            except (tvm.TVMError, RuntimeError, ValueError) as err:
+                built[name] = err
     timers: Dict[str, Callable[[], float]] = {}
-    for name, module in modules.items():
-        try:
-            timers[name] = sampler(module)
-        except (tvm.TVMError, RuntimeError, ValueError) as err:
-            logger.warning("final comparison: %s could not be built: %s", name, error_line(err))
-            timers[name] = _unbuildable(name, err)
+    for name in modules:
+        timer = built[name]
+        if isinstance(timer, BaseException):
+            logger.warning("final comparison: %s could not be built: %s", name, error_line(timer))
+            timer = _unbuildable(name, timer)
+        timers[name] = timer
     return final_answer(timers, mix, confidence, budget_s, min_rounds, max_rounds, on_round=on_round)
 
 

@@ -36,6 +36,7 @@ candidate at ``inf``.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import fcntl
 import logging
@@ -49,7 +50,7 @@ import time
 import traceback
 import weakref
 from multiprocessing.connection import Connection, wait
-from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ..._tvm import tvm
 from ...measure import WHOLE_MODEL_MIN_REPEAT_MS
@@ -359,7 +360,10 @@ def run_task(task: Task) -> dict:
     # side by side, and a state made from one could outlive it: they copy.
     packed_call.BORROW_LIFTED = _in_worker and kind == "candidate"
     try:
-        with heavy_turn(texts, arguments.get("constants")):
+        # A resident build holds its module until the comparison ends, and the comparison bounds how many
+        # build at once (build_workers): no turns, which would serialize them.
+        turn = heavy_turn(texts, arguments.get("constants")) if kind not in KEEP_STATES else contextlib.nullcontext()
+        with turn:
             try:
                 result = TASKS[kind](**arguments)  # what it built is released when it returns, before the turn ends
             finally:
@@ -537,6 +541,13 @@ class WorkerPool:
         self.recycled = 0
         self._workers: List[_Worker] = []
 
+    def start(self) -> None:
+        """Start the workers now, in the calling thread (they die with the thread that started them:
+        :func:`tvm_tcutils.processes.die_with_parent`), so that :meth:`run` may then be called from
+        another thread."""
+        while len(self._workers) < self.size:
+            self._workers.append(self._spawn())
+
     def _spawn(self) -> _Worker:
         worker = _Worker(self.imports)
         worker.deadline = time.monotonic() + self.START_TIMEOUT
@@ -654,11 +665,12 @@ class WorkerPool:
 class IsolatedModule:
     """A whole module built, warmed up and timed sample by sample in a fresh worker process of its own.
 
-    How the final comparison times each contender (:meth:`PooledWholeModelTimer.sampler`): as users run
-    them, every runtime alone in its process, so that no contender is timed in a process that a search,
-    or another contender, has loaded (onnxruntime measured 40-60 % slower inside a whole Collage run
-    than in a process of its own: docs/benchmarks/collage.md). The worker dies with :meth:`close`, when
-    the object is collected, or with its parent.
+    How the final comparison times each contender (:class:`IsolatedSampler`): as users run them, every
+    runtime alone in its process, so that no contender is timed in a process that a search, or another
+    contender, has loaded (onnxruntime measured 40-60 % slower inside a whole Collage run than in a
+    process of its own: docs/benchmarks/collage.md). The worker starts in the constructor's thread (it
+    dies with that thread); :meth:`build` may run in another. It ends with :meth:`close`, when the object
+    is collected, or with its parent.
 
     Examples
     --------
@@ -666,7 +678,7 @@ class IsolatedModule:
     >>> x = relay.var("x", shape=(4,))
     >>> isolated = IsolatedModule(tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x)))),
     ...                           "llvm", repeat=2, warmup=1, min_repeat_ms=1)
-    >>> isolated.sample() > 0, isolated.pid != os.getpid()
+    >>> isolated.build().sample() > 0, isolated.pid != os.getpid()
     (True, True)
     >>> isolated.close()
     """
@@ -677,16 +689,24 @@ class IsolatedModule:
         # Never recycled: its memory is the module it keeps.
         self.pool = WorkerPool(1, timeout, imports, recycle_bytes=0)
         self._finalizer = weakref.finalize(self, self.pool.close)
-        [result] = self.pool.run([("resident", dict(mod_json=mod_json, target=target, repeat=repeat,
-                                                    warmup=warmup, min_repeat_ms=min_repeat_ms,
-                                                    tuning_log=tuning_log, constants=constants))])
-        if result.get("error"):
-            self.close()
-            raise RuntimeError(f"could not be built in its own process: {result['error']}")
+        self.pool.start()
         self.pid = self.pool._workers[0].process.pid
+        self._task = ("resident", dict(mod_json=mod_json, target=target, repeat=repeat, warmup=warmup,
+                                       min_repeat_ms=min_repeat_ms, tuning_log=tuning_log, constants=constants))
+
+    def build(self) -> "IsolatedModule":
+        """Build the module in the worker (once); raises ``RuntimeError`` (the worker stopped) if it fails."""
+        if self._task is not None:
+            task, self._task = self._task, None
+            [result] = self.pool.run([task])
+            if result.get("error"):
+                self.close()
+                raise RuntimeError(f"could not be built in its own process: {result['error']}")
+        return self
 
     def sample(self) -> float:
         """One sample (ms): the median of the worker's timed runs; raises ``RuntimeError`` if it failed."""
+        self.build()
         [result] = self.pool.run([("sample", {})])
         if result.get("error"):
             raise RuntimeError(f"failed in its own process: {result['error']}")
@@ -695,6 +715,56 @@ class IsolatedModule:
     def close(self) -> None:
         """Stop the worker (and free the module it holds)."""
         self._finalizer()
+
+
+class IsolatedSampler:
+    """The final comparison's sampler for a measuring estimator: each module in an :class:`IsolatedModule`.
+
+    ``sampler(mod)`` builds one and returns its sample function; :meth:`build_all` (what
+    :func:`~tvm_tcutils.collage.validate.final_comparison` calls) starts every worker in this thread and
+    builds :attr:`build_workers` modules at once (nothing is timed while they build).
+
+    Examples
+    --------
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(4,))
+    >>> mod = tvm.IRModule.from_expr(relay.Function([x], relay.exp(x)))
+    >>> sampler = IsolatedSampler("llvm", repeat=2, warmup=1)
+    >>> built = sampler.build_all({"a": mod, "b": mod})
+    >>> sorted(built), built["a"]() > 0
+    (['a', 'b'], True)
+    """
+
+    #: Modules built at once, each in its own worker: two halve the building time on 2 cores, and each
+    #: more adds a build's memory to the peak.
+    build_workers = min(2, len(os.sched_getaffinity(0)))
+
+    def __init__(self, target: str, repeat: int = 10, warmup: int = 2, tuning_log: Optional[str] = None,
+                 constants: Optional[SharedConstants] = None, imports: Sequence[str] = (), timeout: float = 600.0):
+        self.target, self.repeat, self.warmup, self.tuning_log = target, repeat, warmup, tuning_log
+        self.constants, self.imports, self.timeout = constants, tuple(imports), timeout
+
+    def _isolated(self, mod: tvm.IRModule) -> IsolatedModule:
+        text = self.constants.dumps(mod) if self.constants else tvm.ir.save_json(mod)
+        return IsolatedModule(text, self.target, max(self.repeat, 10), self.warmup, WHOLE_MODEL_MIN_REPEAT_MS,
+                              self.tuning_log, self.constants.directory if self.constants else None,
+                              self.imports, self.timeout)
+
+    def __call__(self, mod: tvm.IRModule) -> Callable[[], float]:
+        return self._isolated(mod).build().sample
+
+    def build_all(self, modules: Mapping[str, tvm.IRModule]) -> Dict[str, object]:
+        """``{name: sample function, or the RuntimeError its build raised}`` for every module."""
+        isolated = {name: self._isolated(mod) for name, mod in modules.items()}  # workers start here
+
+        def build(name: str):
+            try:
+                return name, isolated[name].build().sample
+            except RuntimeError as err:
+                return name, err
+
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(self.build_workers, len(isolated)))) as builders:
+            return dict(builders.map(build, list(isolated)))
 
 
 class PooledWholeModelTimer:
@@ -729,15 +799,10 @@ class PooledWholeModelTimer:
                  tuning_log: Optional[str] = None, constants: Optional[SharedConstants] = None):
         self.pool, self.target, self.repeat, self.warmup, self.tuning_log = pool, target, repeat, warmup, tuning_log
         self.constants = constants
-
-    def sampler(self, mod: tvm.IRModule) -> Callable[[], float]:
-        """``mod`` built in a worker of its own (:class:`IsolatedModule`): its sample function, for the
-        final comparison (:func:`~tvm_tcutils.collage.validate.whole_model_sampler` takes it). The worker
-        lives as long as the function."""
-        dumps = self.constants.dumps if self.constants else tvm.ir.save_json
-        return IsolatedModule(dumps(mod), self.target, max(self.repeat, 10), self.warmup, WHOLE_MODEL_MIN_REPEAT_MS,
-                              self.tuning_log, self.constants.directory if self.constants else None,
-                              self.pool.imports, max(self.pool.timeout, 60.0)).sample
+        #: How the final comparison times whole modules (:func:`~tvm_tcutils.collage.validate.whole_model_sampler`
+        #: takes it): each in a worker of its own.
+        self.sampler = IsolatedSampler(target, repeat, warmup, tuning_log, constants, pool.imports,
+                                       max(pool.timeout, 60.0))
 
     def time(self, mod: tvm.IRModule) -> Optional[float]:
         """Latency (ms) of one whole module, ``inf`` if it fails; None if it could not be measured."""
