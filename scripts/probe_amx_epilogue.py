@@ -16,7 +16,10 @@ tasks of 224 pixels x 64 channels; 2 x 2 tiles a step) runs in five forms:
 * ``tiles``: the tile programs alone;
 * ``step_calls``: ``step`` as a kernel of one tile program per step would run it (each step stores the
   caller's tile configuration, loads its own and the step's weight tiles, and loads the caller's back);
-* ``pixel_calls``: the same per 32 pixels x 64 channels (both strips a call).
+* ``pixel_calls``: the same per 32 pixels x 64 channels (both strips a call);
+* ``tasks_configured``: ``task`` with the kernel's configuration per task (stored, loaded, loaded back):
+  the kernel's form exactly; ``half_tasks_configured``: the same with tasks of 112 pixels (the last step
+  of each 16 pixels over, recomputed by the next task).
 
 Times are TSC ticks per conv, best of 5 (``--tsc-ghz`` prints microseconds too). Needs a CPU with
 AMX-INT8 and clang or gcc with ``-mamx-int8``.
@@ -25,19 +28,17 @@ AMX-INT8 and clang or gcc with ``-mamx-int8``.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.bench.amx_probe import probe_arguments, probe_rows  # noqa: E402
+from tvm_tcutils.bench.results import Results  # noqa: E402
 
 #: The forms, in the order the program runs them (its mode numbers).
-VARIANTS = ("task", "step", "pipelined", "epilogue", "tiles", "step_calls", "pixel_calls")
+VARIANTS = ("task", "step", "pipelined", "epilogue", "tiles", "step_calls", "pixel_calls", "half_tasks_configured",
+            "tasks_configured")
 
 PROGRAM = r"""
 #include <immintrin.h>
@@ -128,6 +129,19 @@ static void run(int mode) {
             step_epilogue(STEPBUF[0], block, strip, t0 + p);
           }
         }
+      } else if (mode == 7 || mode == 8) {
+        /* the kernel's form with its per-task configuration: tasks of 112 (7) or 224 (8) pixels */
+        int task = mode == 7 ? 112 : TASK;
+        for (int h = 0; h < TASK; h += task) {
+          cfg_t saved; _tile_storeconfig(&saved); _tile_loadconfig(&CFG);
+          for (int strip = 0; strip < 2; strip++) {
+            weights(block, strip);
+            for (int p = 0; p < task; p += 32) tile_step(block, strip, t0 + h + p, TASKBUF + p * 64 + strip * 32, 256);
+          }
+          _tile_loadconfig(&saved);
+          for (int p = 0; p < task; p++)
+            for (int c = 0; c < 64; c += 16) epilogue16(TASKBUF + p * 64 + c, block, c, t0 + h + p);
+        }
       } else if (mode == 6) {
         /* 64 channels a call: both strips of a 32-pixel step, then its epilogue over 64 channels */
         for (int p = 0; p < TASK; p += 32) {
@@ -169,7 +183,7 @@ int main(int argc, char** argv) {
   CFG = cfg;
   _tile_loadconfig(&cfg);
   uint64_t check = 0;
-  for (int mode = 0; mode < 7; mode++) {
+  for (int mode = 0; mode < 9; mode++) {
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) {
       run(mode);
@@ -190,28 +204,8 @@ int main(int argc, char** argv) {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=200, help="convs per timing")
-    parser.add_argument("--tsc-ghz", type=float, default=None,
-                        help="time-stamp counter frequency, to print microseconds too (/proc/cpuinfo's MHz in a VM)")
-    add_json_argument(parser, __file__)
-    args = parser.parse_args(argv)
-    if args.iterations < 1:
-        raise SystemExit("--iterations must be at least 1")
-    compiler = shutil.which("clang-16") or shutil.which("clang") or shutil.which("gcc")
-    if compiler is None:
-        raise SystemExit("no C compiler (clang-16, clang or gcc) on PATH")
-    with open("/proc/cpuinfo") as info:
-        if "amx_int8" not in info.read():
-            raise SystemExit("this CPU has no AMX-INT8 (amx_int8 in /proc/cpuinfo): the probe runs tile code")
-    with tempfile.TemporaryDirectory() as work:
-        source, binary = os.path.join(work, "probe.c"), os.path.join(work, "probe")
-        with open(source, "w") as handle:
-            handle.write(PROGRAM)
-        subprocess.run([compiler, "-O2", "-mamx-tile", "-mamx-int8", "-mavx512f", "-mavx512bw", "-o", binary,
-                        source], check=True, capture_output=True)
-        lines = subprocess.run([binary, str(args.iterations)], check=True, capture_output=True, text=True).stdout
-    rows = [line.split() for line in lines.splitlines()]
+    args = probe_arguments(__doc__.splitlines()[0], __file__, 200, "convs", argv)
+    rows = probe_rows(PROGRAM, args.iterations, ["-mavx512bw"])
     ticks = {VARIANTS[int(mode)]: float(value) for mode, value, _ in rows}
     same = {VARIANTS[int(mode)]: flag == "1" for mode, _, flag in rows}
     if not all(same.values()):

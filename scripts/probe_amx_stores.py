@@ -19,16 +19,13 @@ Needs a CPU with AMX-INT8 (``amx_int8`` in /proc/cpuinfo) and clang or gcc with 
 """
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.bench.amx_probe import probe_arguments, probe_rows  # noqa: E402
+from tvm_tcutils.bench.results import Results  # noqa: E402
 
 #: The variants, in the order the program runs them (its mode numbers).
 VARIANTS = ("kernel", "prefetchw", "streamed", "l1_output", "products")
@@ -102,28 +99,10 @@ int main(int argc, char** argv) {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=2000, help="256 x 64 x 256 products per timing")
-    parser.add_argument("--tsc-ghz", type=float, default=None,
-                        help="time-stamp counter frequency, to print ns as well (/proc/cpuinfo's MHz in a VM)")
-    add_json_argument(parser, __file__)
-    args = parser.parse_args(argv)
-    if args.iterations < 1:
-        raise SystemExit("--iterations must be at least 1")
-    compiler = shutil.which("clang-16") or shutil.which("clang") or shutil.which("gcc")
-    if compiler is None:
-        raise SystemExit("no C compiler (clang-16, clang or gcc) on PATH")
-    with open("/proc/cpuinfo") as info:
-        if "amx_int8" not in info.read():
-            raise SystemExit("this CPU has no AMX-INT8 (amx_int8 in /proc/cpuinfo): the probe runs tile code")
-    with tempfile.TemporaryDirectory() as work:
-        source, binary = os.path.join(work, "probe.c"), os.path.join(work, "probe")
-        with open(source, "w") as handle:
-            handle.write(PROGRAM.replace("#include <unistd.h>", "#include <unistd.h>\n#include <stdlib.h>"))
-        subprocess.run([compiler, "-O2", "-mamx-tile", "-mamx-int8", "-mavx512f", "-mprfchw", "-o", binary, source],
-                       check=True, capture_output=True)
-        lines = subprocess.run([binary, str(args.iterations)], check=True, capture_output=True, text=True).stdout
-    ticks = {VARIANTS[int(mode)]: float(value) for mode, value in (line.split() for line in lines.splitlines())}
+    args = probe_arguments(__doc__.splitlines()[0], __file__, 2000, "256 x 64 x 256 products", argv)
+    program = PROGRAM.replace("#include <unistd.h>", "#include <unistd.h>\n#include <stdlib.h>")
+    rows = probe_rows(program, args.iterations, ["-mprfchw"])
+    ticks = {VARIANTS[int(mode)]: float(value) for mode, value in rows}
     results = Results(__file__, argv, iterations=args.iterations, tsc_ghz=args.tsc_ghz, product="256x64x256 u8 x u8",
                       tile_bytes=1024)
     base = ticks["kernel"]

@@ -89,18 +89,28 @@ def round_to_float(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
     (1, False)
     """
     nearbyint = tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.nearbyint")
-    count = [0]
 
-    def post(cast):
+    def rewrite(cast):
         if tvm.DataType(cast.dtype).type_code != tvm.DataTypeCode.FLOAT or tvm.DataType(cast.dtype).bits != 32:
             return None
         parts = _bit_rounding(cast.value)
         if parts is None or parts[0].dtype != cast.dtype:
             return None
         value, offset, _ = parts
-        count[0] += 1
         rounded = tir.call_llvm_pure_intrin(cast.dtype, nearbyint, tir.const(1, "uint32"), value)
         return rounded if offset == 0 else rounded + tir.const(float(offset), cast.dtype)
+
+    return _rewrite_casts(func, rewrite)
+
+
+def _rewrite_casts(func: tir.PrimFunc, rewrite) -> Tuple[tir.PrimFunc, int]:
+    """``(func, count)`` with each cast for which ``rewrite(cast)`` gives an expression replaced by it."""
+    count = [0]
+
+    def post(cast):
+        new = rewrite(cast)
+        count[0] += new is not None
+        return new
 
     body = stmt_functor.ir_transform(func.body, None, post, ["tir.Cast"])
     return (func.with_body(body), count[0]) if count[0] else (func, 0)
@@ -112,18 +122,16 @@ def narrow_directly(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
 
     Examples
     --------
-    >>> import tvm
-    >>> from tvm import te
-    >>> x = te.placeholder((16,), name="x")
-    >>> y = te.compute((16,), lambda i: (tvm.tir.reinterpret("int32", x[i] + tvm.tir.const(SHIFTS[1], "float32"))
-    ...                                  - float_bits(SHIFTS[1])).astype("uint8"), name="y")
-    >>> func, count = narrow_directly(tvm.lower(te.create_schedule(y.op), [x, y])["main"])
+    An 8-bit store of ``round(v)`` with a zero point of 0, as the QDQ legalization writes it:
+
+    >>> v = tvm.tir.Var("v", "float32")
+    >>> bits = tvm.tir.reinterpret("int32", v + tvm.tir.const(SHIFTS[1], "float32"))
+    >>> store = tvm.tir.Evaluate((bits - float_bits(SHIFTS[1])).astype("uint8"))
+    >>> func, count = narrow_directly(tvm.tir.PrimFunc([v], store))
     >>> count, str(float(SHIFTS[0])) in func.script()
     (1, True)
     """
-    count = [0]
-
-    def post(cast):
+    def rewrite(cast):
         dtype = tvm.DataType(cast.dtype)
         if dtype.bits != 8 or dtype.type_code not in (tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT):
             return None
@@ -131,14 +139,12 @@ def narrow_directly(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
         if parts is None or parts[2] != SHIFTS[1]:
             return None
         value, offset, _ = parts
-        count[0] += 1
         lanes = tvm.DataType(value.dtype).lanes
         bits = tir.reinterpret(f"int32x{lanes}" if lanes > 1 else "int32",
                                value + tir.const(SHIFTS[0], value.dtype))
         return (bits + tir.const(offset - float_bits(SHIFTS[0]), bits.dtype)).astype(cast.dtype)
 
-    body = stmt_functor.ir_transform(func.body, None, post, ["tir.Cast"])
-    return (func.with_body(body), count[0]) if count[0] else (func, 0)
+    return _rewrite_casts(func, rewrite)
 
 
 def _measured(func: tir.PrimFunc) -> bool:
