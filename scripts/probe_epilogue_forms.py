@@ -1,18 +1,21 @@
 #!/usr/bin/env python
-"""Which rounding forms the int8 kernels' epilogues should use on this CPU: whole models, in turns.
+"""Which epilogue forms the int8 kernels should use on this CPU: whole models, in turns.
 
-The evidence behind ``tvm_tcutils.dotprod.rounding``'s choices. Each zoo model's onnxruntime-quantized
-QDQ file is built for ``host_target()`` three times, differing only in the rewrites of the final TIR:
+The evidence behind ``tvm_tcutils.dotprod.rounding``'s choices and ``dotprod.tile_epilogue``. Each zoo
+model's onnxruntime-quantized QDQ file is built for ``host_target()`` four times, differing only in the
+rewrites of the final TIR:
 
 * ``vnni-only``: ``llvm.nearbyint`` in the VNNI kernels only, 8-bit results with the 128-shifted
-  constant (the package before the tile kernels had the rewrites);
+  constant, each tile conv's epilogue after its whole tile program (the package before these rewrites);
 * ``nearbyint``: also in the tile (AMX) kernels;
-* ``package``: what the package does now (also :func:`~tvm_tcutils.dotprod.rounding.narrow_directly`
-  where the target has a tile engine).
+* ``narrowed``: also :func:`~tvm_tcutils.dotprod.rounding.narrow_directly` where the target has a tile
+  engine;
+* ``package``: what the package does now (also each flat tile conv's epilogue step by step inside its
+  program, :mod:`tvm_tcutils.dotprod.tile_epilogue`).
 
-All three must give bit-identical outputs (checked first); then they are timed in turns in one process
-at one thread (``--rounds``), each a median of runs, and each is divided by ``vnni-only`` with a
-bootstrap interval (below 1: faster). On a CPU without a tile engine the three build the same code.
+All must give bit-identical outputs (checked first); then they are timed in turns in one process at one
+thread (``--rounds``), each a median of runs, and each is divided by ``vnni-only`` with a bootstrap
+interval (below 1: faster). On a CPU without a tile engine they build the same code.
 
     PYTHONPATH=. python scripts/probe_epilogue_forms.py --models resnet-50-onnx resnet-18-onnx \
         --rounds 15 --json docs/benchmarks/data/probe_epilogue_forms.json
@@ -36,15 +39,17 @@ from tvm.contrib import graph_executor  # noqa: E402
 from tvm_tcutils.bench.competitors import compare, python_call, ratios  # noqa: E402
 from tvm_tcutils.bench.int8_models import feed_of, model_files  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
-from tvm_tcutils.dotprod import rounding  # noqa: E402
+from tvm_tcutils.dotprod import rounding, tile_epilogue  # noqa: E402
 
-VARIANTS = ("vnni-only", "nearbyint", "package")
+VARIANTS = ("vnni-only", "nearbyint", "narrowed", "package")
 
 
 @contextlib.contextmanager
 def variant(name: str):
     """The rounding rewrites as ``name`` has them, for the builds inside."""
-    saved = rounding.MEASURED_ISAS, rounding.narrow_directly
+    saved = rounding.MEASURED_ISAS, rounding.narrow_directly, tile_epilogue.interleave_module
+    if name != "package":
+        tile_epilogue.interleave_module = lambda mod: mod
     if name in ("vnni-only", "nearbyint"):
         rounding.narrow_directly = lambda func: (func, 0)
     if name == "vnni-only":
@@ -52,7 +57,7 @@ def variant(name: str):
     try:
         yield
     finally:
-        rounding.MEASURED_ISAS, rounding.narrow_directly = saved
+        rounding.MEASURED_ISAS, rounding.narrow_directly, tile_epilogue.interleave_module = saved
 
 
 def built(path: str, feed, name: str):

@@ -21,7 +21,7 @@ from typing import List
 from .._tvm import tvm
 from .. import fast_forms, registry
 from ..prebuild import PREBUILD_FUNC  # (mod, target) -> mod, applied before builds and task extraction
-from . import pipeline, prefetch, qdq, rounding, strategy
+from . import pipeline, prefetch, qdq, rounding, strategy, tile_epilogue
 
 #: TVM's code generator for CPU targets, which :func:`_build_llvm` delegates to.
 BUILD_LLVM = "target.build.llvm"
@@ -84,4 +84,5 @@ def _build_llvm(mod, target):
         raise RuntimeError(f"{BUILD_LLVM}: the code generator the package wrapped is gone")
     # Prefetches and rounding first: the pipelined kernels' unrolled bodies are slow to analyse; the
     # pipelining carries the hints along with the product steps.
+    mod = tile_epilogue.interleave_module(mod)
     return build(pipeline.pipeline_module(rounding.rounding_module(prefetch.prefetch_module(mod), target)), target)

@@ -15,7 +15,7 @@ Requires input and output channels in whole 64-channel blocks, no dilation and a
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from ..._tvm import tvm  # noqa: F401  (TVM checked first)
 from tvm import te, topi
@@ -283,7 +283,8 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
                               element=element)
 
         run_steps(ib, isa, variant, tile_rows, (ic_chunks, k_h, k_w), tile_a, tile_b, groups, quads,
-                  data=pixels, weights=lambda col, ic, kh, kw: weights(ic, kh, kw, col), outputs=outputs)
+                  data=pixels, weights=lambda col, ic, kh, kw: weights(ic, kh, kw, col), outputs=outputs,
+                  mark_steps=flat)
         return ib.get()
 
     return te.decl_tensor_intrin(c.op, program, binds=binds)
@@ -320,14 +321,20 @@ def schedule_conv2d_nchwc_amx(cfg, outs):
     intrin = row_intrin(isa, get_const_tuple(data.shape), get_const_tuple(kernel.shape), strides,
                         int(conv.shape[3]), cfg["tile_a"].val, cfg["tile_b"].val, str(data.dtype),
                         str(kernel.dtype), rows)
-    _row_tasks(s, outs, conv, isa, intrin, rows)
+    steps = None
+    if rows > 1 and is_flat(int(kernel.shape[2]), int(kernel.shape[3]), strides, 0):
+        steps = (isa.rows * cfg["tile_a"].val, isa.columns * cfg["tile_b"].val)
+    _row_tasks(s, outs, conv, isa, intrin, rows, steps)
     return s
 
 
-def _row_tasks(s: te.Schedule, outs, conv: te.Tensor, isa: TileISA, intrin, rows: int = 1) -> None:
+def _row_tasks(s: te.Schedule, outs, conv: te.Tensor, isa: TileISA, intrin, rows: int = 1,
+               steps: Optional[Tuple[int, int]] = None) -> None:
     """One parallel task per image, output block and ``rows`` output rows, running the tile program
     ``intrin`` over them (tensorized at the rows, or at the row's pixels for one row), with the elementwise
-    ops between ``conv`` and ``outs[0]`` inlined into a vectorized pass over the task's rows."""
+    ops between ``conv`` and ``outs[0]`` inlined into a vectorized pass over the task's rows. ``steps``
+    (pixels, channels) of a flat task in whole steps: that pass runs strip by strip and step by step, in
+    the tile program's order, so that :mod:`..tile_epilogue` can move each step's share into the program."""
     out = outs[0]
     inline_between(s, outs, conv)
     if get_const_tuple(out.shape) != get_const_tuple(conv.shape):
@@ -338,7 +345,14 @@ def _row_tasks(s: te.Schedule, outs, conv: te.Tensor, isa: TileISA, intrin, rows
     s[out].parallel(task)
     if out.op != conv.op:
         s[conv].compute_at(s[out], task)
-        s[out].vectorize(s[out].split(oci, factor=isa.columns)[1])
+        if steps is not None:
+            pixel_o, pixel_i = s[out].split(s[out].fuse(y_i, x), factor=steps[0])
+            strip, channel = s[out].split(oci, factor=steps[1])
+            lanes_o, lanes = s[out].split(channel, factor=isa.columns)
+            s[out].reorder(strip, pixel_o, pixel_i, lanes_o, lanes)
+            s[out].vectorize(lanes)
+        else:
+            s[out].vectorize(s[out].split(oci, factor=isa.columns)[1])
         s[conv].tensorize(s[conv].op.axis[2 if rows > 1 else 3], intrin)
     else:
         s[conv].tensorize(y_i if rows > 1 else x, intrin)

@@ -259,10 +259,15 @@ class SavedConfig:
             self.ib.emit(_call(CONFIG, self._address()))
 
 
+#: Attribute keys around each whole step's tile stores (values: its strip, its step), where
+#: :mod:`tvm_tcutils.dotprod.tile_epilogue` runs the step's share of the epilogue; ignored elsewhere.
+STEP_STRIP, STEP_INDEX = "tcutils_tile_step_strip", "tcutils_tile_step_index"
+
+
 def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], reduction: Sequence[int],
               tile_a: int, tile_b: int, groups: int, weight_rows: int,
               data: Callable[..., TileMemory], weights: Callable[..., TileMemory],
-              outputs: Callable[..., TileMemory]) -> None:
+              outputs: Callable[..., TileMemory], mark_steps: bool = False) -> None:
     """Write one task's tile program: ``groups`` strips of ``tile_b`` weight tiles by data tiles whose rows
     are ``tile_rows`` (tile ``g`` has ``tile_rows[g]``), in steps of ``tile_a`` data tiles; each step zeroes
     its accumulators, sums every point of the ``reduction`` loops (their extents) and stores once.
@@ -274,7 +279,9 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
     weights serve every step while in L1. The tiles left after whole steps of equal tiles (fewer, or a
     last one of fewer rows) run with a second configuration. A reduction of one point (one tile of
     depth) loads a strip's weight tiles once, before its steps; a longer one asks the L1 cache for the
-    weight tiles ``isa.prefetch_ahead`` points ahead at each point.
+    weight tiles ``isa.prefetch_ahead`` points ahead at each point. ``mark_steps``: the stores of each
+    step (the tail's last) sit in attributes :data:`STEP_STRIP` / :data:`STEP_INDEX` (where the epilogue of
+    the step's outputs may run).
     """
     data_reg, weight_reg = tile_a * tile_b, tile_a * tile_b + tile_a
     lanes = isa.columns
@@ -315,7 +322,7 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
         with ib.for_range(0, reduction[len(ks)], name=f"r{len(ks)}") as var:
             reduce_loops(body, ks + (var,))
 
-    def steps(tiles: Tiles, g0, count: int, column) -> None:
+    def steps(tiles: Tiles, g0, count: int, column, mark=None) -> None:
         for t in range(count * tile_b):
             tiles.zero(t)
 
@@ -332,9 +339,13 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
                     tiles.multiply(i * tile_b + j, data_reg + i, weight_reg + j)
 
         reduce_loops(products)
-        for i in range(count):
-            for j in range(tile_b):
-                tiles.store(i * tile_b + j, outputs(g0 + i, column + j * lanes))
+        with ib.new_scope():
+            if mark is not None:
+                ib.scope_attr(tir.StringImm(STEP_STRIP), STEP_STRIP, mark[0])
+                ib.scope_attr(tir.StringImm(STEP_INDEX), STEP_INDEX, mark[1])
+            for i in range(count):
+                for j in range(tile_b):
+                    tiles.store(i * tile_b + j, outputs(g0 + i, column + j * lanes))
 
     caller = SavedConfig(ib)
     for rows, count, first in ((tile_rows[:tile_a], full, None), (tail_rows, 1 if tail_rows else 0, full * tile_a)):
@@ -347,7 +358,7 @@ def run_steps(ib, isa: TileISA, variant: DotVariant, tile_rows: Sequence[int], r
                 load_weights(tiles, column, (0,) * len(reduction))
             if first is None:
                 with ib.for_range(0, full, name="step") as step:
-                    steps(tiles, step * tile_a, tile_a, column)
+                    steps(tiles, step * tile_a, tile_a, column, (strip, step) if mark_steps else None)
             else:
-                steps(tiles, first, len(rows), column)
+                steps(tiles, first, len(rows), column, (strip, full) if mark_steps else None)
     caller.restore()
