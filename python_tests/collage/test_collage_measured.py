@@ -410,33 +410,6 @@ def test_a_bug_in_the_worker_stops_the_run_instead_of_costing_inf():
     assert failed["ms"] == math.inf and failed["error"]
 
 
-def test_the_final_comparison_times_each_contender_in_a_process_of_its_own(monkeypatch, tmp_path):
-    from tvm_tcutils.collage.cost import workers
-
-    isolated = []  # (pid, pool): not the modules themselves, whose collection stops their workers
-
-    class Recorded(workers.IsolatedModule):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            isolated.append((self.pid, self.pool))
-
-    monkeypatch.setattr(workers, "IsolatedModule", Recorded)
-    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False)
-    try:
-        result = partition(two_layer_net(0), None, "tvm,blas", est, compare_budget_s=5.0)
-    finally:
-        est.close()
-    compared = [name for name, timing in result.final.timings.items() if timing.samples_ms]
-    assert len(compared) >= 2 and len(isolated) == len(result.final.timings)
-    pids = {pid for pid, _ in isolated}
-    assert len(pids) == len(isolated) and os.getpid() not in pids
-    # Each worker goes when its sample function does (the comparison dropped them).
-    import gc
-
-    gc.collect()
-    assert all(not pool._workers for _, pool in isolated)
-
-
 def test_an_isolated_module_that_fails_to_build_or_dies_raises_runtime_error():
     from tvm_tcutils.collage.cost.workers import IsolatedModule
 

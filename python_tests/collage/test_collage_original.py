@@ -123,9 +123,21 @@ def test_the_report_names_the_operators_a_runtime_cannot_take(tmp_path):
                      progress=False).unreachable == {}
 
 
-def test_the_runtime_on_the_file_is_timed_in_a_process_of_its_own(tmp_path):
+def test_every_contender_and_the_file_is_timed_in_a_process_of_its_own(tmp_path, monkeypatch):
+    import gc
+
+    from tvm_tcutils.collage.cost import workers
     from tvm_tcutils.collage.cost.measured import MeasuredCostEstimator
     from tvm_tcutils.collage.toolchains.packed_call import LIFT_MIN_BYTES
+
+    isolated = []  # (pid, pool): not the modules themselves, whose collection stops their workers
+
+    class Recorded(workers.IsolatedModule):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            isolated.append((self.pid, self.pool))
+
+    monkeypatch.setattr(workers, "IsolatedModule", Recorded)
 
     # A weight large enough to be lifted out of a candidate's payload: the file's runtime takes none.
     x = relay.var("x", shape=(1, 256))
@@ -143,3 +155,8 @@ def test_the_runtime_on_the_file_is_timed_in_a_process_of_its_own(tmp_path):
     name = f"ort{ON_THE_FILE}"
     assert result.final.timings[name].samples_ms, result.final.reason
     assert all(t.samples_ms for t in result.final.timings.values()), result.final.timings
+    # One worker of its own per contender, none of them this process; each gone with the comparison.
+    pids = {pid for pid, _ in isolated}
+    assert len(isolated) == len(result.final.timings) == len(pids) and os.getpid() not in pids
+    gc.collect()
+    assert all(not pool._workers for _, pool in isolated)
