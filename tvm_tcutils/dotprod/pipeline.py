@@ -310,20 +310,36 @@ def pipeline_epilogues(func: tir.PrimFunc, max_steps: int = MAX_STEPS) -> Tuple[
     """
     if not bool(func.attrs and func.attrs.get("tir.noalias", False)):
         return func, 0
-    changed = [0]
+    # The unrolled copies repeat the reduction's let-bound variables: each gets its own (ssa).
+    return rewrite_nodes(func, lambda node: _pipelined(node, max_steps), ["tir.For"], ssa=True)
+
+
+def rewrite_nodes(func: tir.PrimFunc, rewrite: Callable[[tir.Node], Optional[tir.Node]], kinds: List[str],
+                  ssa: bool = False) -> Tuple[tir.PrimFunc, int]:
+    """``(func, count)``: each node of ``kinds`` in ``func`` (innermost first) for which ``rewrite(node)``
+    gives another replaced by it (``func`` itself when none is); ``ssa``: a rewrite that copies statements
+    then has each copy's variables renamed (``tir.transform.ConvertSSA``).
+
+    Examples
+    --------
+    >>> x = tvm.tir.Var("x", "int32")
+    >>> func = tvm.tir.PrimFunc([x], tvm.tir.Evaluate(x + 1))
+    >>> rewrite_nodes(func, lambda add: add.a * 2, ["tir.Add"])[1]
+    1
+    """
+    count = [0]
 
     def post(node):
-        new = _pipelined(node, max_steps)
-        if new is not None:
-            changed[0] += 1
+        new = rewrite(node)
+        count[0] += new is not None
         return new
 
-    body = stmt_functor.ir_transform(func.body, None, post, ["tir.For"])
-    if not changed[0]:
+    body = stmt_functor.ir_transform(func.body, None, post, kinds)
+    if not count[0]:
         return func, 0
-    # The unrolled copies repeat the reduction's let-bound variables: give each its own.
-    module = tvm.tir.transform.ConvertSSA()(tvm.IRModule({"main": func.with_body(body)}))
-    return module["main"], changed[0]
+    if not ssa:
+        return func.with_body(body), count[0]
+    return tvm.tir.transform.ConvertSSA()(tvm.IRModule({"main": func.with_body(body)}))["main"], count[0]
 
 
 def pipeline_module(mod: tvm.IRModule, max_steps: int = MAX_STEPS) -> tvm.IRModule:

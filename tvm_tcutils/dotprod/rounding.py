@@ -29,7 +29,6 @@ from typing import Optional, Tuple
 
 from .._tvm import tvm
 from tvm import tir
-from tvm.tir import stmt_functor
 
 from ..fast_forms import ROUNDING_SHIFTS, float_bits
 from . import isa, pipeline
@@ -40,9 +39,10 @@ logger = logging.getLogger("tvm_tcutils.dotprod.rounding")
 SHIFTS = ROUNDING_SHIFTS
 
 #: ISAs whose kernels were measured faster with ``nearbyint``: AVX-512 VNNI (``vrndscaleps``, on Zen 4)
-#: and the AMX tile kernels, whose epilogues are AVX-512 too (Emerald Rapids: ResNet-50 QDQ x1.02 end
-#: to end, ``scripts/probe_epilogue_forms.py``). AVX2 and SSE kernels (``vroundps`` / ``roundps``) and HVX
-#: (no single instruction) keep the bit form.
+#: and the AMX tile kernels, whose epilogues are AVX-512 too (Emerald Rapids, whole models,
+#: ``scripts/probe_epilogue_forms.py``: ResNet-18 x0.994 [0.991, 0.999], MobileNet-v2 x0.988, ResNet-50
+#: level within its noise). AVX2 and SSE kernels (``vroundps`` / ``roundps``) and HVX (no single
+#: instruction) keep the bit form.
 MEASURED_ISAS = frozenset({"x86_vnni", "x86_amx"})
 
 
@@ -100,20 +100,7 @@ def round_to_float(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
         rounded = tir.call_llvm_pure_intrin(cast.dtype, nearbyint, tir.const(1, "uint32"), value)
         return rounded if offset == 0 else rounded + tir.const(float(offset), cast.dtype)
 
-    return _rewrite_casts(func, rewrite)
-
-
-def _rewrite_casts(func: tir.PrimFunc, rewrite) -> Tuple[tir.PrimFunc, int]:
-    """``(func, count)`` with each cast for which ``rewrite(cast)`` gives an expression replaced by it."""
-    count = [0]
-
-    def post(cast):
-        new = rewrite(cast)
-        count[0] += new is not None
-        return new
-
-    body = stmt_functor.ir_transform(func.body, None, post, ["tir.Cast"])
-    return (func.with_body(body), count[0]) if count[0] else (func, 0)
+    return pipeline.rewrite_nodes(func, rewrite, ["tir.Cast"])
 
 
 def narrow_directly(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
@@ -144,7 +131,7 @@ def narrow_directly(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
                                value + tir.const(SHIFTS[0], value.dtype))
         return (bits + tir.const(offset - float_bits(SHIFTS[0]), bits.dtype)).astype(cast.dtype)
 
-    return _rewrite_casts(func, rewrite)
+    return pipeline.rewrite_nodes(func, rewrite, ["tir.Cast"])
 
 
 def _measured(func: tir.PrimFunc) -> bool:

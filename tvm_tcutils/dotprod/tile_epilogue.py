@@ -130,21 +130,8 @@ def interleave(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
     """
     if not _marked(func.body):
         return func, 0
-    count = [0]
-
-    def post(seq):
-        new = _interleave_seq(seq)
-        if new is None:
-            return None
-        count[0] += 1
-        return new
-
-    body = stmt_functor.ir_transform(func.body, None, post, ["tir.SeqStmt"])
-    if not count[0]:
-        return func, 0
-    # A program with a tail step holds two copies of the share: each needs loop variables of its own.
-    ssa = tvm.tir.transform.ConvertSSA()(tvm.IRModule({"main": func.with_body(body)}))
-    return ssa["main"], count[0]
+    # A program with a tail step holds two copies of the share: each needs loop variables of its own (ssa).
+    return pipeline.rewrite_nodes(func, _interleave_seq, ["tir.SeqStmt"], ssa=True)
 
 
 def interleave_module(mod: tvm.IRModule) -> tvm.IRModule:

@@ -221,13 +221,14 @@ def heavy_turn(mod_jsons: Sequence[str], directory: Optional[str], limit: int = 
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _load(mod_jsons: Sequence[str], constants: Optional[str] = None) -> List[tvm.IRModule]:
+def _load(mod_jsons: Sequence[str], constants: Optional[str] = None, lift: bool = True) -> List[tvm.IRModule]:
     from tvm import relay
 
     from ..toolchains.packed_call import lift_constants
 
     # Lifted, the large weights of ONNX Runtime / OpenVINO partitions stay out of their compiled payloads.
-    return [lift_constants(relay.transform.InferType()(mod)) for mod in load_modules(mod_jsons, constants)]
+    typed = [relay.transform.InferType()(mod) for mod in load_modules(mod_jsons, constants)]
+    return [lift_constants(mod) for mod in typed] if lift else typed
 
 
 def time_candidate(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
@@ -311,11 +312,9 @@ def build_resident(mod_json: str, target: str, repeat: int, warmup: int, min_rep
     """
     from ...measure import Timer
 
-    from tvm import relay
-
     _resident.clear()  # one module a worker: the previous one's executor and sessions go first
-    # Not lifted (:func:`_load`): a runtime on the user's file takes no weights from the module.
-    mods = [relay.transform.InferType()(mod) for mod in load_modules([mod_json], constants)]
+    # Not lifted: a runtime on the user's file takes no weights from the module.
+    mods = _load([mod_json], constants, lift=False)
     timer = Timer(mods[0], None, target, repeat=repeat, warmup=0, min_repeat_ms=min_repeat_ms,
                   tuning_log=tuning_log)
     mods.clear()

@@ -333,8 +333,9 @@ def _row_tasks(s: te.Schedule, outs, conv: te.Tensor, isa: TileISA, intrin, rows
     """One parallel task per image, output block and ``rows`` output rows, running the tile program
     ``intrin`` over them (tensorized at the rows, or at the row's pixels for one row), with the elementwise
     ops between ``conv`` and ``outs[0]`` inlined into a vectorized pass over the task's rows. ``steps``
-    (pixels, channels) of a flat task in whole steps: that pass runs strip by strip and step by step, in
-    the tile program's order, so that :mod:`..tile_epilogue` can move each step's share into the program."""
+    (pixels, channels of one step) of a flat task: that pass runs strip by strip and step by step (the
+    last step maybe partial), in the tile program's order, so that :mod:`..tile_epilogue` can move each
+    step's share into the program."""
     out = outs[0]
     inline_between(s, outs, conv)
     if get_const_tuple(out.shape) != get_const_tuple(conv.shape):
