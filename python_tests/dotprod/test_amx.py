@@ -327,6 +327,16 @@ def _conv_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.n
     return out
 
 
+def _requantized_reference(exact: np.ndarray, rng) -> tuple:
+    """``(uint8 result, [bias, scale])``: an ``NCHW64c`` int32 conv output as :func:`requantized` ends it,
+    with random per-channel inputs."""
+    blocks = exact.shape[1]
+    bias = rng.integers(-3000, 3000, (blocks, 64)).astype("int32")
+    scale = rng.uniform(1e-4, 5e-4, (blocks, 64)).astype("float32")
+    value = (exact + bias[None, :, None, None, :]).astype(np.float32) * scale[None, :, None, None, :]
+    return np.clip(np.rint(value), 0, 255).astype("uint8"), [bias, scale]
+
+
 def _conv(target: str, shape, reference: bool, epilogue: bool = False, seed: int = 0):
     c, h, wd, o, k, stride, pad = shape
     data = te.placeholder((1, c // 64, h, wd, 64), "uint8", name="data")
@@ -347,11 +357,8 @@ def _conv(target: str, shape, reference: bool, epilogue: bool = False, seed: int
     exact = _conv_reference(x, w, stride, pad)
     expected = exact.reshape(1, o // 64, 64, *exact.shape[2:]).transpose(0, 1, 3, 4, 2)
     if epilogue:
-        bias = rng.integers(-3000, 3000, (o // 64, 64)).astype("int32")
-        scale = rng.uniform(1e-4, 5e-4, (o // 64, 64)).astype("float32")
-        inputs += [bias, scale]
-        value = (expected + bias[None, :, None, None, :]).astype(np.float32) * scale[None, :, None, None, :]
-        expected = np.clip(np.rint(value), 0, 255).astype("uint8")
+        expected, extra = _requantized_reference(expected, rng)
+        inputs += extra
     result = tvm.nd.empty([int(d) for d in out.shape], out.dtype)
     func(*[tvm.nd.array(v) for v in inputs], result)
     return func, result.numpy(), expected
@@ -438,7 +445,7 @@ def test_a_tuned_vnni_record_does_not_take_a_tile_dense_back(tmp_path):
 STEM_SHAPES = [(13, 29, 64, 7, 2), (10, 40, 128, 3, 1)]
 
 
-def _stem(target: str, shape, reference: bool, seed: int = 0):
+def _stem(target: str, shape, reference: bool, seed: int = 0, epilogue: bool = False):
     from tvm_tcutils.dotprod.topi.conv2d_amx import conv2d_stem_amx, schedule_conv2d_stem_amx
 
     h, w, o, k, s = shape
@@ -449,7 +456,11 @@ def _stem(target: str, shape, reference: bool, seed: int = 0):
     with (reference_tiles() if reference else contextlib.nullcontext()), tvm.target.Target(target):
         cfg = autotvm.get_config()
         out = conv2d_stem_amx(cfg, data, kernel, s, 0, 1, "NHWC", "OHW64oI", "NCHW64c")
-        func = tvm.build(schedule_conv2d_stem_amx(cfg, [out]), [data, kernel, out], target)
+        args = [data, kernel]
+        if epilogue:
+            out = requantized(out, (1, 4))
+            args += list(out.op.input_tensors[1:])
+        func = tvm.build(schedule_conv2d_stem_amx(cfg, [out]), args + [out], target)
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, (1, 3, h, w)).astype("uint8")
     wt = rng.integers(-128, 128, (o, 3, k, k)).astype("int8")
@@ -458,10 +469,14 @@ def _stem(target: str, shape, reference: bool, seed: int = 0):
     taps = np.zeros((o, k, 16, 4), "int8")
     taps[:, :, :k, :3] = wt.transpose(0, 2, 3, 1)
     blocked = taps.reshape(o // 64, 64, k, 16, 4).transpose(0, 2, 3, 1, 4).copy()
-    result = tvm.nd.empty([int(d) for d in out.shape], "int32")
-    func(tvm.nd.array(image), tvm.nd.array(blocked), result)
     exact = _conv_reference(x, wt, s, 0)
-    return func, result.numpy(), exact.reshape(1, o // 64, 64, oh, ow).transpose(0, 1, 3, 4, 2)
+    expected, inputs = exact.reshape(1, o // 64, 64, oh, ow).transpose(0, 1, 3, 4, 2), [image, blocked]
+    if epilogue:
+        expected, extra = _requantized_reference(expected, rng)
+        inputs += extra
+    result = tvm.nd.empty([int(d) for d in out.shape], out.dtype)
+    func(*[tvm.nd.array(v) for v in inputs], result)
+    return func, result.numpy(), expected
 
 
 @pytest.mark.parametrize("shape", STEM_SHAPES, ids=lambda s: "{}x{}-o{}-k{}s{}".format(*s))

@@ -1,6 +1,7 @@
-"""A flat AMX conv's epilogue moved into its tile program step by step (dotprod.tile_epilogue): the same
-values in both forms of the tiles, every flat task shape (whole steps, a tail step, one step), and only
-flat convs change."""
+"""An AMX conv's epilogue moved into its tile program step by step (dotprod.tile_epilogue): the same
+values in both forms of the tiles, for every kind of task (flat runs of pixels, one row, stacked short
+rows, the RGB stem) and task shape (whole steps, a tail step, one step); a conv without an epilogue keeps
+its program as it is."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,16 +13,23 @@ from tvm import autotvm, te
 from tvm_tcutils.dotprod import tile_epilogue
 from tvm_tcutils.dotprod.topi.common import requantized
 from tvm_tcutils.dotprod.topi.conv2d_amx import conv2d_nchwc_amx, schedule_conv2d_nchwc_amx
-from tvm_tcutils.dotprod.topi.tiles import STEP_STRIP, reference_tiles
+from tvm_tcutils.dotprod.topi.tiles import reference_tiles
 
 from conftest import amx_runs_here, host_dot_target, with_mattr
-from test_amx import AMX_TARGET, _conv
+from test_amx import AMX_TARGET, _conv, _stem
 
-#: (C, H, W, O, k, stride, pad): 224-pixel tasks in whole steps (ResNet-50's 56 x 56), a whole image with a
-#: tail step (28 x 28: 24 steps and one tile), a tail of a partial tile (14 x 14), a 7 x 7 plane (one step
-#: and a tail of 17 pixels), two 64-channel output blocks; a 3x3 conv (not flat: left alone).
+#: (C, H, W, O, k, stride, pad). Flat: 224-pixel tasks in whole steps (ResNet-50's 56 x 56), a whole image
+#: with a tail step (28 x 28: 24 steps and one tile), a tail of a partial tile (14 x 14), a 7 x 7 plane (one
+#: step and a tail of 17 pixels), two 64-channel output blocks. One row a task: a 3x3 conv on 56-pixel rows
+#: (a step and a tail of a tile and a half), a strided 3x3 and a strided 1x1 (rows read at stride 2), odd
+#: rows (11 pixels, one partial tile). Stacked rows: 3x3 convs on 14 x 14 and 7 x 7 planes (tasks of whole
+#: steps of rows; a tail row).
 SHAPES = [(64, 56, 56, 128, 1, 1, 0), (128, 28, 28, 64, 1, 1, 0), (64, 14, 14, 128, 1, 1, 0),
-          (128, 7, 7, 128, 1, 1, 0), (64, 6, 20, 128, 1, 1, 0)]
+          (128, 7, 7, 128, 1, 1, 0), (64, 6, 20, 128, 1, 1, 0),
+          (64, 56, 56, 64, 3, 1, 1), (128, 28, 28, 128, 3, 2, 1), (64, 20, 20, 128, 1, 2, 0),
+          (64, 13, 11, 64, 3, 1, 1),
+          (256, 14, 14, 128, 3, 1, 1), (128, 7, 7, 128, 3, 1, 1)]
+SHAPE_IDS = ["c{}-{}x{}-o{}-k{}s{}p{}".format(*s) for s in SHAPES]
 
 
 def _lowered(shape, reference: bool = False) -> tvm.IRModule:
@@ -35,22 +43,31 @@ def _lowered(shape, reference: bool = False) -> tvm.IRModule:
         return tvm.lower(schedule_conv2d_nchwc_amx(cfg, [out]), [data, kernel, *out.op.input_tensors[1:], out])
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "c{}-{}x{}-o{}".format(*s))
-def test_a_flat_convs_epilogue_moves_into_its_program(shape):
-    func, count = tile_epilogue.interleave(_lowered(shape)["main"])
-    assert count == 1
-    # Every step's stores are followed by its share: the epilogue reads the int32 buffer only there.
+def _moved_into_program(func: tvm.tir.PrimFunc) -> bool:
+    """Whether every step's stores are followed by its share: the epilogue reads the int32 buffer only
+    inside the program, and no loop runs after it."""
     text = func.script()
     program_end = text.rindex("llvm.x86.ldtilecfg")  # the caller's configuration back, after the program
-    assert "requantized" in text[:program_end] and "for " not in text[program_end:]
+    return "requantized" in text[:program_end] and "for " not in text[program_end:]
 
 
-def test_a_conv_that_is_not_flat_keeps_its_epilogue_after_the_program():
-    func = _lowered((64, 8, 8, 64, 3, 1, 1))["main"]
-    assert tile_epilogue.interleave(func) == (func, 0) and STEP_STRIP not in func.script()
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_a_convs_epilogue_moves_into_its_program(shape):
+    func, count = tile_epilogue.interleave(_lowered(shape)["main"])
+    assert count == 1 and _moved_into_program(func)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "c{}-{}x{}-o{}".format(*s))
+def test_a_conv_without_an_epilogue_keeps_its_program():
+    data = te.placeholder((1, 1, 8, 40, 64), "uint8", name="data")
+    kernel = te.placeholder((2, 1, 3, 3, 16, 64, 4), "int8", name="kernel")
+    with tvm.target.Target(AMX_TARGET):
+        cfg = autotvm.get_config()
+        out = conv2d_nchwc_amx(cfg, data, kernel, 1, 1, 1, "NCHW64c", "NCHW64c")
+        func = tvm.lower(schedule_conv2d_nchwc_amx(cfg, [out]), [data, kernel, out])["main"]
+    assert tile_epilogue.interleave(func) == (func, 0)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_reference_form_with_the_moved_epilogue_is_bit_exact(shape, monkeypatch):
     moved = []
     original = tile_epilogue.interleave
@@ -62,8 +79,31 @@ def test_reference_form_with_the_moved_epilogue_is_bit_exact(shape, monkeypatch)
     assert np.unique(got).size > 50
 
 
-@pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: "c{}-{}x{}-o{}".format(*s))
+@pytest.mark.parametrize("shape", [SHAPES[i] for i in (0, 1, 5, 9)], ids=[SHAPE_IDS[i] for i in (0, 1, 5, 9)])
 def test_real_tiles_with_the_moved_epilogue_are_bit_exact_where_the_cpu_has_amx(shape):
     func, got, expected = _conv(amx_runs_here(), shape, reference=False, epilogue=True, seed=6)
+    assert "tdpbusd" in func.get_source("asm")
+    np.testing.assert_array_equal(got, expected)
+
+
+#: A 7x7 RGB stem at stride 2 on 28-pixel rows (a step and a tail), two output blocks; a 3x3 one on 38-pixel rows.
+STEM_SHAPES = [(13, 61, 128, 7, 2), (6, 40, 64, 3, 1)]
+
+
+@pytest.mark.parametrize("shape", STEM_SHAPES, ids=lambda s: "{}x{}-o{}-k{}s{}".format(*s))
+def test_reference_stem_with_the_moved_epilogue_is_bit_exact(shape, monkeypatch):
+    moved = []
+    original = tile_epilogue.interleave
+    monkeypatch.setattr(tile_epilogue, "interleave", lambda f: (lambda r: (moved.append(r[1]), r)[1])(original(f)))
+    _, got, expected = _stem(with_mattr(host_dot_target(), "+amx-tile", "+amx-int8"), shape, reference=True,
+                             seed=7, epilogue=True)
+    assert sum(moved) == 1
+    np.testing.assert_array_equal(got, expected)
+    assert np.unique(got).size > 50
+
+
+@pytest.mark.parametrize("shape", STEM_SHAPES[:1], ids=lambda s: "{}x{}-o{}-k{}s{}".format(*s))
+def test_real_stem_with_the_moved_epilogue_is_bit_exact_where_the_cpu_has_amx(shape):
+    func, got, expected = _stem(amx_runs_here(), shape, reference=False, seed=8, epilogue=True)
     assert "tdpbusd" in func.get_source("asm")
     np.testing.assert_array_equal(got, expected)

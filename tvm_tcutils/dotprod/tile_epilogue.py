@@ -1,4 +1,4 @@
-"""A flat AMX conv's epilogue step by step inside its tile program, while each step's outputs are in L1.
+"""An AMX conv's epilogue step by step inside its tile program, while each step's outputs are in L1.
 
 The tile conv (:mod:`.topi.conv2d_amx`) runs a task's whole tile program -- strips of channels, steps of
 pixels, each step ending in its accumulators' tile stores -- and then the elementwise epilogue fused after
@@ -7,11 +7,13 @@ of int32 there, more than L1 holds, so the epilogue reads back from L2 what the 
 tile engine and the vector units never work side by side. Measured on a C replica of ResNet-50's 56 x 56
 residual conv (``scripts/probe_amx_epilogue.py``, Emerald Rapids): each step's epilogue right after its
 stores takes x0.80 of the kernel's time; a tile program per step instead (its own tile configuration) was
-x1.27 slower.
+x1.27 slower. Tasks whose outputs fit L1 (one row of a 3x3 conv, stacked 7 x 7 rows, the stem's rows) gain
+from the overlap alone: ResNet-18, whose convs are nearly all of those, x0.94 of the whole-program form
+(``scripts/probe_epilogue_forms.py``).
 
-For a flat conv in whole steps the schedule orders the epilogue's loops as the tile program's (strip,
-step, then the step's pixels and channels) and the program marks each step's stores with its strip and
-step (:data:`~.topi.tiles.STEP_STRIP`, :data:`~.topi.tiles.STEP_INDEX`). :func:`interleave` then moves the
+The schedule orders the epilogue's loops as the tile program's (strip, step, then the step's pixels and
+channels) and the program marks each step's stores with its strip and step
+(:data:`~.topi.tiles.STEP_STRIP`, :data:`~.topi.tiles.STEP_INDEX`). :func:`interleave` then moves the
 epilogue's iteration ``(strip, step)`` to right after that step's stores and drops the epilogue loop: the
 same statements on the same values (each reads only what its step stored), in another order. It runs in
 ``target.build.llvm`` (:mod:`.hooks`) on the final TIR and leaves every function it does not recognise as

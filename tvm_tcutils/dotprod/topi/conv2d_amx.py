@@ -8,7 +8,8 @@ bytes at a 256-byte pitch), output ``NCHW64c`` (an accumulator tile is 16 pixels
 ``16 * tile_b`` channels, steps of ``16 * tile_a`` pixels (the rest of the row with a second tile
 configuration of fewer rows), each step's accumulators summed over every input block and kernel tap
 before one store. Padding is a stage of its own (zeros the tiles read as they are). Elementwise ops
-after it (requantize, a residual add) run over the task's row while it is in cache.
+after it (requantize, a residual add) run step by step inside the task's tile program, each step's share
+after its stores (:mod:`..tile_epilogue`).
 
 Requires input and output channels in whole 64-channel blocks, no dilation and a native dtype pair
 (:func:`applicable`); other convs keep the dot-product kernels.
@@ -284,7 +285,7 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
 
         run_steps(ib, isa, variant, tile_rows, (ic_chunks, k_h, k_w), tile_a, tile_b, groups, quads,
                   data=pixels, weights=lambda col, ic, kh, kw: weights(ic, kh, kw, col), outputs=outputs,
-                  mark_steps=flat)
+                  mark_steps=True)
         return ib.get()
 
     return te.decl_tensor_intrin(c.op, program, binds=binds)
@@ -321,11 +322,15 @@ def schedule_conv2d_nchwc_amx(cfg, outs):
     intrin = row_intrin(isa, get_const_tuple(data.shape), get_const_tuple(kernel.shape), strides,
                         int(conv.shape[3]), cfg["tile_a"].val, cfg["tile_b"].val, str(data.dtype),
                         str(kernel.dtype), rows)
-    steps = None
-    if rows > 1 and is_flat(int(kernel.shape[2]), int(kernel.shape[3]), strides, 0):
-        steps = (isa.rows * cfg["tile_a"].val, isa.columns * cfg["tile_b"].val)
-    _row_tasks(s, outs, conv, isa, intrin, rows, steps)
+    # Stacked rows (one tile a row) step by whole rows; flat and one-row tasks by whole tiles.
+    stacked = rows > 1 and not is_flat(int(kernel.shape[2]), int(kernel.shape[3]), strides, 0)
+    _row_tasks(s, outs, conv, isa, intrin, rows, _step_extents(isa, cfg, int(conv.shape[3]) if stacked else isa.rows))
     return s
+
+
+def _step_extents(isa: TileISA, cfg, tile_pixels: int) -> Tuple[int, int]:
+    """``(pixels, channels)`` of one step of a task's tile program whose data tiles hold ``tile_pixels``."""
+    return tile_pixels * cfg["tile_a"].val, isa.columns * cfg["tile_b"].val
 
 
 def _row_tasks(s: te.Schedule, outs, conv: te.Tensor, isa: TileISA, intrin, rows: int = 1,
@@ -333,7 +338,7 @@ def _row_tasks(s: te.Schedule, outs, conv: te.Tensor, isa: TileISA, intrin, rows
     """One parallel task per image, output block and ``rows`` output rows, running the tile program
     ``intrin`` over them (tensorized at the rows, or at the row's pixels for one row), with the elementwise
     ops between ``conv`` and ``outs[0]`` inlined into a vectorized pass over the task's rows. ``steps``
-    (pixels, channels of one step) of a flat task: that pass runs strip by strip and step by step (the
+    (pixels, channels of one step of the program): that pass runs strip by strip and step by step (the
     last step maybe partial), in the tile program's order, so that :mod:`..tile_epilogue` can move each
     step's share into the program."""
     out = outs[0]
@@ -525,7 +530,7 @@ def stem_intrin(isa: TileISA, k_h: int, stride_w: int, out_w: int, tile_a: int, 
                 stride=block * 4, element=lambda r, col: (c_buf, [0, 0, 0, g * isa.rows + r, oc0 + col]))
 
         run_steps(ib, isa, variant, tile_rows, (k_h,), tile_a, tile_b, groups, taps, data=pixels,
-                  weights=lambda col, kh: weights(kh, col), outputs=outputs)
+                  weights=lambda col, kh: weights(kh, col), outputs=outputs, mark_steps=True)
         return ib.get()
 
     return te.decl_tensor_intrin(c.op, program, binds=binds)
@@ -553,5 +558,5 @@ def schedule_conv2d_stem_amx(cfg, outs):
     stride_w = _stride_of(conv.op.body[0].source[0].a.value.indices[2])
     intrin = stem_intrin(isa, int(kernel.shape[1]), stride_w, int(conv.shape[3]), cfg["tile_a"].val,
                          cfg["tile_b"].val, str(data.dtype), str(kernel.dtype))
-    _row_tasks(s, outs, conv, isa, intrin)
+    _row_tasks(s, outs, conv, isa, intrin, steps=_step_extents(isa, cfg, isa.rows))
     return s
