@@ -6,7 +6,9 @@ ratios come from ``scripts/bench_int8_models.py``). The model's onnxruntime-quan
 as ``bench_int8_models.py`` caches it) runs in both, one thread each, in alternating rounds:
 
 * tvm-tcutils: each fused kernel run on its own, ``HOT_NUMBER`` times in a row (TVM's debug executor,
-  ``run_individual``: its inputs and weights in cache);
+  ``run_individual``: its inputs and weights in cache), or with ``--in-run`` inside whole runs (the debug
+  executor's profiler, each kernel's median over ``--runs`` runs: weights and activations where a real run
+  leaves them, as OpenVINO's side is);
 * OpenVINO: every node's time inside whole inferences (``PERF_COUNT``, the executable graph's
   ``execTimeMcs``), averaged over ``--runs`` inferences per round.
 
@@ -51,9 +53,16 @@ def _shape_key(shape) -> str:
     return "x".join(str(d) for d in dims[1:]) if len(dims) >= 2 else str(dims)
 
 
-def tvm_profile(path: str, feed, dump_root: str):
-    """``([(kind, shape key)] of each fused kernel, a function returning their seconds, hot)``; the debug
-    executor writes under ``dump_root`` (left to itself it leaves a temporary folder behind)."""
+def in_run_seconds(module, runs: int):
+    """Seconds of each fused kernel (graph order) inside whole runs: medians over ``runs`` profiled runs."""
+    samples = [[call["Duration (us)"].microseconds * 1e-6 for call in module.profile().calls] for _ in range(runs)]
+    return [float(np.median(column)) for column in zip(*samples)]
+
+
+def tvm_profile(path: str, feed, dump_root: str, in_run: int = 0):
+    """``([(kind, shape key)] of each fused kernel, a function returning their seconds)``: hot, or inside
+    ``in_run`` whole runs where it is not 0; the debug executor writes under ``dump_root`` (left to itself
+    it leaves a temporary folder behind)."""
     mod, params = tvm_tcutils.load_model(path)
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=tvm_tcutils.host_target(), params=params)
@@ -67,7 +76,8 @@ def tvm_profile(path: str, feed, dump_root: str):
     ops = [(i, node) for i, node in enumerate(graph["nodes"]) if node["op"] == "tvm_op"]
 
     return [("conv" if "conv2d" in node["attrs"]["func_name"] else "other", _shape_key(shapes[offsets[i]]))
-            for i, node in ops], lambda: hot_kernel_seconds(module, graph_json, HOT_NUMBER)
+            for i, node in ops], (lambda: in_run_seconds(module, in_run)) if in_run else (
+                lambda: hot_kernel_seconds(module, graph_json, HOT_NUMBER))
 
 
 def openvino_profile(path: str, feed, runs: int):
@@ -110,6 +120,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="resnet-18-onnx", help="zoo name (its QDQ file) or a QDQ .onnx file")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of both profiles (median)")
     parser.add_argument("--runs", type=int, default=100, help="OpenVINO inferences per round")
+    parser.add_argument("--in-run", action="store_true",
+                        help="tcutils' kernels timed inside whole runs (--runs of them a round), not hot")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.runs < 1:
@@ -118,7 +130,7 @@ def main(argv=None) -> int:
     feed = feed_of(path)
     samples = {"tcutils": [], "OpenVINO": []}
     with tempfile.TemporaryDirectory(prefix="tcutils_profile_") as dump_root:
-        kernels, tvm_run = tvm_profile(path, feed, dump_root)
+        kernels, tvm_run = tvm_profile(path, feed, dump_root, args.runs if args.in_run else 0)
         ov_run = openvino_profile(path, feed, args.runs)
         for _ in range(args.rounds):  # alternating: both see the same machine state
             samples["OpenVINO"].append(grouped(ov_run()))
@@ -131,8 +143,9 @@ def main(argv=None) -> int:
             table.setdefault(key, {})[runtime] = (max(counts), float(np.median([r.get(key, (0, 0.0))[1]
                                                                                   for r in rounds])))
     results = Results(__file__, argv, model=args.model, path=path, rounds=args.rounds, runs=args.runs,
-                      hot_number=HOT_NUMBER, threads=1)
-    print(f"{args.model} QDQ, 1 thread, us (median of {args.rounds} rounds); ratio = OpenVINO / tcutils")
+                      hot_number=0 if args.in_run else HOT_NUMBER, in_run=args.in_run, threads=1)
+    print(f"{args.model} QDQ, 1 thread, us (median of {args.rounds} rounds; tcutils "
+          f"{'inside whole runs' if args.in_run else 'hot'}); ratio = OpenVINO / tcutils")
     totals = collections.defaultdict(float)
     for (kind, shape), cells in sorted(table.items(), key=lambda item: (item[0][0], -item[1].get(
             "tcutils", (0, 0.0))[1])):

@@ -101,6 +101,23 @@ def is_flat(k_h: int, k_w: int, strides, padding) -> bool:
     return k_h == k_w == 1 and tuple(pair(strides)) == (1, 1) and not any(get_pad_tuple(padding, (1, 1)))
 
 
+def tile_pixels(isa: TileISA, run: int) -> int:
+    """Pixels a data tile holds in a run of ``run`` pixels (a row, a flat task, a stem row): the run in
+    equal tiles of at most ``isa.rows`` where it divides so, else ``isa.rows`` (a last tile partial).
+
+    Equal tiles need no second tile configuration for a tail of fewer rows, and a tile product's time
+    goes with its rows: ResNet's 56-pixel rows as 4 x 14, not 16 + 16 + 16 + 8.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
+    >>> [tile_pixels(X86_AMX, n) for n in (56, 28, 112, 224, 49, 40, 11)]
+    [14, 14, 16, 16, 16, 16, 11]
+    """
+    tiles = -(-run // isa.rows)
+    return run // tiles if run % tiles == 0 else isa.rows
+
+
 def stacked_rows(out_h: int, tile_a: int) -> int:
     """Untuned output rows a task of short rows (at most 16 pixels, one tile each) takes: the fewest
     that fill whole steps of ``tile_a`` rows, else the fewest that fill one step, else all.
@@ -237,7 +254,8 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
         tile_rows = [out_w] * rows
     else:
         run = out_w * rows if flat else out_w
-        tile_rows = [min(isa.rows, run - start) for start in range(0, run, isa.rows)]
+        per_tile = tile_pixels(isa, run)
+        tile_rows = [min(per_tile, run - start) for start in range(0, run, per_tile)]
     groups = block // (lanes * tile_b)
 
     def program(ins, outs):
@@ -252,12 +270,12 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
                 row, col = g * stride_h + kh, kw
                 element = lambda r, ch: (d_buf, [0, ic, row, r * stride_w + kw, ch])  # noqa: E731
             elif flat:
-                row, col = 0, g * isa.rows
-                element = lambda r, ch: (d_buf, [0, ic, (g * isa.rows + r) // in_w,  # noqa: E731
-                                                 (g * isa.rows + r) % in_w, ch])
+                row, col = 0, g * per_tile
+                element = lambda r, ch: (d_buf, [0, ic, (g * per_tile + r) // in_w,  # noqa: E731
+                                                 (g * per_tile + r) % in_w, ch])
             else:
-                row, col = kh, g * isa.rows * stride_w + kw
-                element = lambda r, ch: (d_buf, [0, ic, kh, (g * isa.rows + r) * stride_w + kw, ch])  # noqa: E731
+                row, col = kh, g * per_tile * stride_w + kw
+                element = lambda r, ch: (d_buf, [0, ic, kh, (g * per_tile + r) * stride_w + kw, ch])  # noqa: E731
             return TileMemory(
                 pointer=lambda access: d_buf.access_ptr(
                     access, offset=ic * d_buf.strides[1] + row * d_buf.strides[2] + col * d_col),
@@ -277,9 +295,9 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
                 offset = g * c_buf.strides[2] + oc0
                 element = lambda r, col: (c_buf, [0, 0, g, r, oc0 + col])  # noqa: E731
             else:  # flat or one row: the run's pixels follow each other
-                offset = g * isa.rows * c_col + oc0
-                element = lambda r, col: (c_buf, [0, 0, (g * isa.rows + r) // out_w,  # noqa: E731
-                                                  (g * isa.rows + r) % out_w, oc0 + col])
+                offset = g * per_tile * c_col + oc0
+                element = lambda r, col: (c_buf, [0, 0, (g * per_tile + r) // out_w,  # noqa: E731
+                                                  (g * per_tile + r) % out_w, oc0 + col])
             return TileMemory(pointer=lambda access: c_buf.access_ptr(access, offset=offset), stride=c_col * 4,
                               element=element)
 
@@ -323,8 +341,10 @@ def schedule_conv2d_nchwc_amx(cfg, outs):
                         int(conv.shape[3]), cfg["tile_a"].val, cfg["tile_b"].val, str(data.dtype),
                         str(kernel.dtype), rows)
     # Stacked rows (one tile a row) step by whole rows; flat and one-row tasks by whole tiles.
-    stacked = rows > 1 and not is_flat(int(kernel.shape[2]), int(kernel.shape[3]), strides, 0)
-    _row_tasks(s, outs, conv, isa, intrin, rows, _step_extents(isa, cfg, int(conv.shape[3]) if stacked else isa.rows))
+    out_w = int(conv.shape[3])
+    flat = rows > 1 and is_flat(int(kernel.shape[2]), int(kernel.shape[3]), strides, 0)
+    per_tile = out_w if rows > 1 and not flat else tile_pixels(isa, out_w * rows if flat else out_w)
+    _row_tasks(s, outs, conv, isa, intrin, rows, _step_extents(isa, cfg, per_tile))
     return s
 
 
@@ -501,7 +521,8 @@ def stem_intrin(isa: TileISA, k_h: int, stride_w: int, out_w: int, tile_a: int, 
         c: tvm.tir.decl_buffer(c.shape, c.dtype, name="c_buf", offset_factor=1,
                                strides=[te.var("c_n"), te.var("c_c"), te.var("c_h"), block, 1]),
     }
-    tile_rows = [min(isa.rows, out_w - start) for start in range(0, out_w, isa.rows)]
+    per_tile = tile_pixels(isa, out_w)
+    tile_rows = [min(per_tile, out_w - start) for start in range(0, out_w, per_tile)]
     groups = block // (lanes * tile_b)
 
     def program(ins, outs):
@@ -513,9 +534,9 @@ def stem_intrin(isa: TileISA, k_h: int, stride_w: int, out_w: int, tile_a: int, 
             # Output pixels 16g...: rows of 64 bytes from each one's first input pixel, stride * 4 apart.
             return TileMemory(
                 pointer=lambda access: d_buf.access_ptr(
-                    access, offset=kh * d_buf.strides[1] + g * isa.rows * stride_w * STEM_CHANNELS),
+                    access, offset=kh * d_buf.strides[1] + g * per_tile * stride_w * STEM_CHANNELS),
                 stride=stride_w * STEM_CHANNELS,
-                element=lambda r, b: (d_buf, [0, kh, (g * isa.rows + r) * stride_w + b // STEM_CHANNELS,
+                element=lambda r, b: (d_buf, [0, kh, (g * per_tile + r) * stride_w + b // STEM_CHANNELS,
                                               b % STEM_CHANNELS]))
 
         def weights(kh, oc0) -> TileMemory:
@@ -526,8 +547,8 @@ def stem_intrin(isa: TileISA, k_h: int, stride_w: int, out_w: int, tile_a: int, 
 
         def outputs(g, oc0) -> TileMemory:
             return TileMemory(
-                pointer=lambda access: c_buf.access_ptr(access, offset=g * isa.rows * block + oc0),
-                stride=block * 4, element=lambda r, col: (c_buf, [0, 0, 0, g * isa.rows + r, oc0 + col]))
+                pointer=lambda access: c_buf.access_ptr(access, offset=g * per_tile * block + oc0),
+                stride=block * 4, element=lambda r, col: (c_buf, [0, 0, 0, g * per_tile + r, oc0 + col]))
 
         run_steps(ib, isa, variant, tile_rows, (k_h,), tile_a, tile_b, groups, taps, data=pixels,
                   weights=lambda col, kh: weights(kh, col), outputs=outputs, mark_steps=True)
@@ -558,5 +579,5 @@ def schedule_conv2d_stem_amx(cfg, outs):
     stride_w = _stride_of(conv.op.body[0].source[0].a.value.indices[2])
     intrin = stem_intrin(isa, int(kernel.shape[1]), stride_w, int(conv.shape[3]), cfg["tile_a"].val,
                          cfg["tile_b"].val, str(data.dtype), str(kernel.dtype))
-    _row_tasks(s, outs, conv, isa, intrin, steps=_step_extents(isa, cfg, isa.rows))
+    _row_tasks(s, outs, conv, isa, intrin, steps=_step_extents(isa, cfg, tile_pixels(isa, int(conv.shape[3]))))
     return s
