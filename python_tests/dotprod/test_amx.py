@@ -309,9 +309,12 @@ def test_relay_batch_matmul_of_activations_goes_to_tiles():
 
 #: (channels, height, width, out channels, kernel, stride, pad): a 3x3 row under one step (8 pixels), a
 #: flat 1x1 (its 6 rows of 20 one run of 120 pixels: steps and a tail), a strided 3x3 to 128 channels, a
-#: strided 1x1 across a wide row (a step and a tail), a flat 1x1 over a 7x7 plane (49 pixels: 32 + 16 + 1).
+#: strided 1x1 across a wide row (a step and a tail), a flat 1x1 over a 7x7 plane (49 pixels: 32 + 16 + 1);
+#: short rows at stride 1 as one wide run (wide_run): a 3x3 conv's 7x7 plane (4 tiles of 16 for 7 rows, a
+#: row of zeros added under the image), an unpadded 3x3 (a padding stage for that row alone), a 5x5.
 CONV_SHAPES = [(64, 8, 8, 64, 3, 1, 1), (128, 6, 20, 64, 1, 1, 0), (64, 9, 11, 128, 3, 2, 1),
-               (128, 4, 40, 64, 1, 2, 0), (128, 7, 7, 128, 1, 1, 0)]
+               (128, 4, 40, 64, 1, 2, 0), (128, 7, 7, 128, 1, 1, 0),
+               (128, 7, 7, 128, 3, 1, 1), (64, 5, 9, 64, 3, 1, 0), (64, 6, 6, 64, 5, 1, 2)]
 
 
 def _conv_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
@@ -366,15 +369,32 @@ def _conv(target: str, shape, reference: bool, epilogue: bool = False, seed: int
 
 @pytest.mark.parametrize("shape", CONV_SHAPES, ids=lambda s: "c{}-{}x{}-o{}-k{}s{}p{}".format(*s))
 def test_reference_form_conv2d_is_bit_exact(reference_target, shape):
-    _, got, expected = _conv(reference_target, shape, reference=True, epilogue=shape[1] in (7, 8))
+    _, got, expected = _conv(reference_target, shape, reference=True, epilogue=shape[1] in (5, 7, 8))
     np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("shape", CONV_SHAPES, ids=lambda s: "c{}-{}x{}-o{}-k{}s{}p{}".format(*s))
 def test_real_conv2d_is_bit_exact_where_the_cpu_has_amx(shape):
-    func, got, expected = _conv(amx_runs_here(), shape, reference=False, epilogue=shape[1] in (7, 8), seed=4)
+    func, got, expected = _conv(amx_runs_here(), shape, reference=False, epilogue=shape[1] in (5, 7, 8), seed=4)
     assert "tdpbusd" in func.get_source("asm")
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("shape, wide", [((128, 7, 7, 128, 3, 1, 1), True), ((64, 5, 9, 64, 3, 1, 0), True),
+                                         ((256, 14, 14, 128, 3, 1, 1), False), ((64, 9, 11, 128, 3, 2, 1), False)])
+def test_short_rows_at_stride_one_run_wide(shape, wide):
+    c, h, w, o, k, stride, pad = shape
+    data = te.placeholder((1, c // 64, h, w, 64), "uint8", name="data")
+    kernel = te.placeholder((o // 64, c // 64, k, k, 16, 64, 4), "int8", name="kernel")
+    with tvm.target.Target(AMX_TARGET):
+        cfg = autotvm.get_config()
+        out = conv2d_nchwc_amx(cfg, data, kernel, stride, pad, 1, "NCHW64c", "NCHW64c")
+        text = tvm.lower(schedule_conv2d_nchwc_amx(cfg, [out]), [data, kernel, out]).script()
+    padded = out.op.input_tensors[0]
+    assert ("wide_run" in text) == wide
+    # The wide task's last tile reads a row past the plane: the padding stage adds it under the image.
+    rows_past = int(padded.shape[2]) - (h + 2 * pad) if padded.op.name == "data_pad" else 0
+    assert rows_past == (1 if wide else 0)
 
 
 def test_conv_machine_code_configures_each_row_task():

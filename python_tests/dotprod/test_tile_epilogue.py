@@ -21,14 +21,14 @@ from test_amx import AMX_TARGET, _conv, _stem
 #: (C, H, W, O, k, stride, pad). Flat: 224-pixel tasks in whole steps (ResNet-50's 56 x 56), a whole image
 #: with a tail step (28 x 28: 24 steps and one tile), a tail of a partial tile (14 x 14), a 7 x 7 plane (one
 #: step and a tail of 17 pixels), two 64-channel output blocks. One row a task: a 3x3 conv on 56-pixel rows
-#: (a step and a tail of a tile and a half), a strided 3x3 and a strided 1x1 (rows read at stride 2), odd
-#: rows (11 pixels, one partial tile). Stacked rows: 3x3 convs on 14 x 14 and 7 x 7 planes (tasks of whole
-#: steps of rows; a tail row).
+#: (4 equal tiles of 14: two steps), a strided 3x3 and a strided 1x1 (rows read at stride 2), odd rows (21
+#: pixels: a tile and a partial one). Stacked rows: 3x3 convs on 14 x 14 and 8 x 8 planes (tasks of whole
+#: steps of rows; 7 x 7 planes run wide, their epilogue after the program: test_amx).
 SHAPES = [(64, 56, 56, 128, 1, 1, 0), (128, 28, 28, 64, 1, 1, 0), (64, 14, 14, 128, 1, 1, 0),
           (128, 7, 7, 128, 1, 1, 0), (64, 6, 20, 128, 1, 1, 0),
           (64, 56, 56, 64, 3, 1, 1), (128, 28, 28, 128, 3, 2, 1), (64, 20, 20, 128, 1, 2, 0),
-          (64, 13, 11, 64, 3, 1, 1),
-          (256, 14, 14, 128, 3, 1, 1), (128, 7, 7, 128, 3, 1, 1)]
+          (64, 6, 21, 64, 3, 1, 1),
+          (256, 14, 14, 128, 3, 1, 1), (128, 8, 8, 128, 3, 1, 1)]
 SHAPE_IDS = ["c{}-{}x{}-o{}-k{}s{}p{}".format(*s) for s in SHAPES]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple
 
 from ..._tvm import tvm  # noqa: F401  (TVM checked first)
-from tvm import te, topi
+from tvm import te, tir, topi
 from tvm.autotvm.task.space import OtherOptionEntity
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
@@ -132,6 +132,49 @@ def stacked_rows(out_h: int, tile_a: int) -> int:
                 next((r for r in divisors if r >= tile_a), out_h))
 
 
+def wide_run(isa: TileISA, rows: int, out_w: int, k_w: int, strides) -> Tuple[int, int]:
+    """``(tiles, pixels a tile)`` of a task of ``rows`` short output rows read as one *wide* run, or
+    ``(0, 0)`` where stacking the rows (one tile each) needs no more tiles.
+
+    At stride 1 output pixel ``(y, x)`` reads the padded data at ``(y + kh) * pitch + x + kw`` (``pitch``
+    the padded width ``out_w + k_w - 1``): over ``p = y * pitch + x`` a run of consecutive pixels, every
+    tap a fixed offset. The task computes the run's ``(rows - 1) * pitch + out_w`` pixels in equal tiles
+    and drops the ``k_w - 1`` it computes past each row's end. A 7 x 7 plane of a 3x3 conv is 61 pixels,
+    4 tiles of 16 instead of 7 tiles of 7 rows: fewer tile products, and each weight tile loaded serves
+    more of them.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
+    >>> wide_run(X86_AMX, 7, 7, 3, 1), wide_run(X86_AMX, 2, 14, 3, 1), wide_run(X86_AMX, 7, 7, 3, 2)
+    ((4, 16), (0, 0), (0, 0))
+    """
+    if tuple(pair(strides)) != (1, 1) or rows < 2 or out_w > isa.rows:
+        return 0, 0
+    run = (rows - 1) * (out_w + k_w - 1) + out_w
+    tiles = -(-run // isa.rows)
+    return (tiles, -(-run // tiles)) if tiles < rows else (0, 0)
+
+
+def wide_rows_past(isa: TileISA, rows: int, out_w: int, k_h: int, k_w: int, strides) -> int:
+    """Rows of zeros a wide task (:func:`wide_run`) reads past its data's last row: its last tile's
+    pixels past the run, at the last tap. The padding stage adds them under the image, so that the
+    bottom task stays inside the data.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
+    >>> wide_rows_past(X86_AMX, 7, 7, 3, 3, 1), wide_rows_past(X86_AMX, 2, 14, 3, 3, 1)
+    (1, 0)
+    """
+    tiles, per_tile = wide_run(isa, rows, out_w, k_w, strides)
+    if not tiles:
+        return 0
+    pitch = out_w + k_w - 1
+    last_read = tiles * per_tile - 1 + (k_h - 1) * pitch + k_w - 1
+    return max(0, -(-(last_read + 1) // pitch) - (rows - 1 + k_h))
+
+
 def _define_knobs(cfg, isa: TileISA, out_h: int, out_w: int, blocks: int, flat: bool) -> None:
     stacked = not flat and out_w <= isa.rows
     pixels = out_h * out_w if flat else out_h * isa.rows if stacked else out_w
@@ -180,6 +223,9 @@ def conv2d_nchwc_amx(cfg, data, kernel, strides, padding, dilation, layout, out_
     if out_h < 1 or out_w < 1:
         raise ValueError(f"empty conv2d output ({out_h}x{out_w}) for input {in_h}x{in_w}")
     _define_knobs(cfg, isa, out_h, out_w, block // isa.columns, is_flat(k_h, k_w, strides, padding))
+    rows = getattr(cfg["rows"], "val", None)  # None: a tuning space, not one configuration
+    if rows is not None:
+        pad_b += wide_rows_past(isa, rows, out_w, k_h, k_w, strides)
     if pad_t or pad_l or pad_b or pad_r:
         data = topi.nn.pad(data, [0, 0, pad_t, pad_l, 0], [0, 0, pad_b, pad_r, 0], name="data_pad")
     r_ic = te.reduce_axis((0, ic_chunks), name="ic_outer")
@@ -209,7 +255,10 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
       cut into tiles of 16;
     * one row (``rows == 1``): the row cut into tiles of 16 pixels at the horizontal stride;
     * stacked rows (``rows > 1``, a row of at most 16 pixels): one tile a row, so that each weight tile
-      loaded serves ``tile_a`` rows (7x7 and 14x14 planes: rows of 7 or 14 pixels).
+      loaded serves ``tile_a`` rows (14x14 planes: rows of 14 pixels);
+    * a wide run (:func:`wide_run`: short rows at stride 1 where it takes fewer tiles than stacking, a
+      7x7 plane): the rows one run at the padded data's pitch, stored to a scratch of the run's pixels
+      and copied to the task's rows without the pixels past each row's end.
 
     Steps of ``tile_a`` pixel tiles share each weight tile; the tiles left after the whole steps (fewer,
     or a last one of fewer rows) run with a second tile configuration."""
@@ -219,8 +268,9 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
     stride_h, stride_w = pair(strides)
     in_w = (out_w - 1) * stride_w + k_w
     flat = rows > 1 and is_flat(k_h, k_w, strides, 0)
-    stacked = rows > 1 and not flat
-    if stacked and out_w > isa.rows:
+    wide_tiles, wide_pixels = (0, 0) if flat else wide_run(isa, rows, out_w, k_w, strides)
+    stacked = rows > 1 and not flat and not wide_tiles
+    if rows > 1 and not flat and out_w > isa.rows:
         raise ValueError(f"stacked rows need rows of at most {isa.rows} pixels, got {out_w}")
     d = te.placeholder((1, ic_chunks, (rows - 1) * stride_h + k_h, in_w, block), data_dtype, name="d")
     w = te.placeholder((1, ic_chunks, k_h, k_w, quads, block, isa.reduce), kernel_dtype, name="w")
@@ -237,8 +287,8 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
             axis=[r_ic, r_kh, r_kw, r_icf, r_ics]),
         name="c",
     )
-    # A flat task's rows must follow each other in memory: its row pitch is fixed to a row's bytes.
-    d_h = in_w * block if flat else te.var("d_h")
+    # A flat or wide task's rows must follow each other in memory: its row pitch is fixed to a row's bytes.
+    d_h = in_w * block if flat or wide_tiles else te.var("d_h")
     c_h = out_w * block if flat else te.var("c_h")
     binds = {
         d: tvm.tir.decl_buffer(d.shape, d.dtype, name="d_buf", offset_factor=1,
@@ -252,6 +302,9 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
     # Rows of each pixel tile (static), and how many lead in whole steps of equal tiles.
     if stacked:
         tile_rows = [out_w] * rows
+    elif wide_tiles:
+        tile_rows, per_tile = [wide_pixels] * wide_tiles, wide_pixels
+        last_row = (rows - 1) * stride_h + k_h - 1  # the reference form reads no further
     else:
         run = out_w * rows if flat else out_w
         per_tile = tile_pixels(isa, run)
@@ -264,9 +317,18 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
         ib = tvm.tir.ir_builder.create()
         d_col, w_quad, c_col = d_buf.strides[3], w_buf.strides[4], c_buf.strides[3]
 
+        if wide_tiles:
+            scratch = ib.allocate(c_buf.dtype, wide_tiles * wide_pixels * block, name="wide_run", scope="local")
+
         def pixels(g, ic, kh, kw) -> TileMemory:
             # Pixel tile g: its first pixel's output row and column, and the data row / column it reads.
-            if stacked:
+            if wide_tiles:
+                row, col = 0, g * per_tile + kh * in_w + kw
+
+                def element(r, ch):
+                    flat_pixel = tir.min(g * per_tile + r + kh * in_w + kw, last_row * in_w + in_w - 1)
+                    return d_buf, [0, ic, flat_pixel // in_w, flat_pixel % in_w, ch]
+            elif stacked:
                 row, col = g * stride_h + kh, kw
                 element = lambda r, ch: (d_buf, [0, ic, row, r * stride_w + kw, ch])  # noqa: E731
             elif flat:
@@ -291,6 +353,11 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
             )
 
         def outputs(g, oc0) -> TileMemory:
+            if wide_tiles:
+                first = g * per_tile * block + oc0
+                return TileMemory(
+                    pointer=lambda access: tir.call_intrin("handle", "tir.address_of", scratch[first]),
+                    stride=block * 4, element=lambda r, col: (scratch._buffer, [first + r * block + col]))
             if stacked:
                 offset = g * c_buf.strides[2] + oc0
                 element = lambda r, col: (c_buf, [0, 0, g, r, oc0 + col])  # noqa: E731
@@ -303,7 +370,12 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
 
         run_steps(ib, isa, variant, tile_rows, (ic_chunks, k_h, k_w), tile_a, tile_b, groups, quads,
                   data=pixels, weights=lambda col, ic, kh, kw: weights(ic, kh, kw, col), outputs=outputs,
-                  mark_steps=True)
+                  mark_steps=not wide_tiles)
+        if wide_tiles:  # the run's pixels to the task's rows, less those past each row's end
+            with ib.for_range(0, rows, name="y") as y:
+                with ib.for_range(0, out_w, name="x") as x:
+                    with ib.for_range(0, block, name="ch", kind="vectorize") as ch:
+                        ib.emit(tir.BufferStore(c_buf, scratch[(y * in_w + x) * block + ch], [0, 0, y, x, ch]))
         return ib.get()
 
     return te.decl_tensor_intrin(c.op, program, binds=binds)
@@ -344,7 +416,9 @@ def schedule_conv2d_nchwc_amx(cfg, outs):
     out_w = int(conv.shape[3])
     flat = rows > 1 and is_flat(int(kernel.shape[2]), int(kernel.shape[3]), strides, 0)
     per_tile = out_w if rows > 1 and not flat else tile_pixels(isa, out_w * rows if flat else out_w)
-    _row_tasks(s, outs, conv, isa, intrin, rows, _step_extents(isa, cfg, per_tile))
+    # A wide task stores to its scratch: its epilogue runs after the program (its rows fit L1).
+    wide = not flat and wide_run(isa, rows, out_w, int(kernel.shape[3]), strides)[0]
+    _row_tasks(s, outs, conv, isa, intrin, rows, None if wide else _step_extents(isa, cfg, per_tile))
     return s
 
 
