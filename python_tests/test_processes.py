@@ -189,6 +189,48 @@ def test_kill_group_ends_a_worker_and_what_it_started():
         worker.stdout.close()
 
 
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def _eventually(check, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_hold_stops_a_worker_and_what_it_started_until_released():
+    code = LOAD + "print(subprocess.Popen(SLEEP).pid, flush=True); time.sleep(120)"
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              **processes.WORKER_POPEN_OPTIONS)
+    grandchild = _started([int(worker.stdout.readline())])
+    try:
+        processes.hold(worker)
+        assert _state(worker.pid) == "T"  # hold waited for it
+        assert _eventually(lambda: all(_state(pid) == "T" for pid in grandchild))  # the group's signal lands
+        processes.release(worker)
+        assert _eventually(lambda: all(_state(pid) != "T" for pid in [worker.pid, *grandchild]))
+    finally:
+        processes.kill_group(worker)
+        worker.wait()
+        _kill_all(grandchild)
+        worker.stdout.close()
+
+
+def test_hold_on_a_process_that_ended_raises_and_leaves_its_status():
+    worker = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], **processes.WORKER_POPEN_OPTIONS)
+    while processes._stat(worker.pid).state not in ("Z", "X"):
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError, match="ended instead of stopping"):
+        processes.hold(worker)
+    assert worker.wait(timeout=5) == 3
+    processes.release(worker)  # nothing to let run: no error
+
+
 @pytest.mark.timeout(120)
 def test_tuning_pool_workers_die_with_the_tuning_process_and_keep_their_time_limit():
     from tvm import autotvm

@@ -360,6 +360,41 @@ def kill_group(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         process.send_signal(sig)
 
 
+def hold(process: subprocess.Popen) -> None:
+    """Stop a child ``process`` (``SIGSTOP``; its whole group where it leads one, as workers started with
+    :data:`WORKER_POPEN_OPTIONS` do) and wait until every thread of it has stopped (the kernel's group stop),
+    so that none of its threads -- a runtime's spinning pool -- takes a core from a process being timed.
+
+    Raises
+    ------
+    RuntimeError
+        The process ended instead of stopping.
+
+    Examples
+    --------
+    >>> import subprocess, sys
+    >>> worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], **WORKER_POPEN_OPTIONS)
+    >>> hold(worker); _stat(worker.pid).state
+    'T'
+    >>> release(worker); kill_group(worker); worker.wait()
+    -9
+    """
+    leads = _LINUX and os.getpgid(process.pid) == process.pid
+    os.killpg(process.pid, signal.SIGSTOP) if leads else os.kill(process.pid, signal.SIGSTOP)
+    _, status = os.waitpid(process.pid, os.WUNTRACED)
+    if not os.WIFSTOPPED(status):
+        # The status was reaped here: give it to the Popen, which would wait for ever otherwise.
+        process.returncode = os.waitstatus_to_exitcode(status)
+        raise RuntimeError(f"process {process.pid} ended instead of stopping")
+
+
+def release(process: subprocess.Popen) -> None:
+    """Let a process :func:`hold` stopped run again (nothing where it has ended)."""
+    if process.poll() is None:
+        leads = _LINUX and os.getpgid(process.pid) == process.pid
+        os.killpg(process.pid, signal.SIGCONT) if leads else os.kill(process.pid, signal.SIGCONT)
+
+
 def _carriers(table: Mapping[int, ProcInfo], token: str, since: int) -> Dict[int, int]:
     """Processes started at or after ``since`` whose environment names ``token``: pid -> start."""
     key = f"{ENV_VAR}=".encode()

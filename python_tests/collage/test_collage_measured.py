@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -425,6 +426,28 @@ def test_an_isolated_module_that_fails_to_build_or_dies_raises_runtime_error():
             good.sample()
     finally:
         good.close()
+
+
+def test_an_isolated_module_is_stopped_between_its_samples_and_ends_when_closed():
+    # A contender's runtime threads spin after a run; stopped, they take no core from the one being timed.
+    from tvm_tcutils.collage.cost.workers import IsolatedModule
+
+    def state() -> str:
+        with open(f"/proc/{isolated.pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+
+    isolated = IsolatedModule(tvm.ir.save_json(two_layer_net(0)), "llvm", repeat=2, warmup=0, min_repeat_ms=1)
+    try:
+        assert state() != "T"  # building needs it running
+        isolated.build()
+        assert state() == "T"
+        assert isolated.sample() > 0 and state() == "T"
+        assert isolated.sample() > 0 and state() == "T"
+    finally:
+        started = time.monotonic()
+        isolated.close()
+    assert time.monotonic() - started < 5  # a stopped worker is let run to end as asked, not killed at a timeout
+    assert not os.path.exists(f"/proc/{isolated.pid}/stat") or state() in ("Z", "X")
 
 
 def test_isolated_builds_at_once_keep_their_workers_after_the_building_threads_end(monkeypatch):

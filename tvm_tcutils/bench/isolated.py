@@ -42,13 +42,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from typing import Callable, Dict, Mapping, Optional
 
 import numpy as np
+
+from ..processes import hold, release
 
 #: Contender kinds a worker can load.
 KINDS = ("tvm", "ort", "openvino")
@@ -110,11 +111,11 @@ class Isolated:
         self._stop()
 
     def _stop(self) -> None:
-        """Stop the worker and wait until every one of its threads has stopped (the kernel's group stop)."""
-        os.kill(self._process.pid, signal.SIGSTOP)
-        _, status = os.waitpid(self._process.pid, os.WUNTRACED)
-        if not os.WIFSTOPPED(status):
-            raise RuntimeError(f"{self.kind} worker for {self.path} ended instead of stopping")
+        """Stop the worker until its turn (:func:`~tvm_tcutils.processes.hold`)."""
+        try:
+            hold(self._process)
+        except RuntimeError:
+            raise RuntimeError(f"{self.kind} worker for {self.path} ended instead of stopping") from None
 
     def _reply(self, timeout_s: Optional[float] = None) -> dict:
         """The worker's next reply (other lines on its stdout are passed through to ours)."""
@@ -137,7 +138,7 @@ class Isolated:
 
     def __call__(self) -> float:
         """One sample (ms): the worker runs alone, then is stopped again."""
-        os.kill(self._process.pid, signal.SIGCONT)
+        release(self._process)
         try:
             self._process.stdin.write("time\n")
             self._process.stdin.flush()

@@ -54,7 +54,7 @@ from typing import Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Opt
 
 from ..._tvm import tvm
 from ...measure import WHOLE_MODEL_MIN_REPEAT_MS
-from ...processes import WORKER_POPEN_OPTIONS, die_with_parent, kill_group, unpin
+from ...processes import WORKER_POPEN_OPTIONS, die_with_parent, hold, kill_group, release, unpin
 from ..toolchains import packed_call
 from ..toolchains.packed_call import forget_sessions
 from .shared import PREFIX, SharedConstants, load_modules
@@ -687,26 +687,43 @@ class IsolatedModule:
                  constants: Optional[str] = None, imports: Sequence[str] = (), timeout: float = 600.0):
         # Never recycled: its memory is the module it keeps.
         self.pool = WorkerPool(1, timeout, imports, recycle_bytes=0)
-        self._finalizer = weakref.finalize(self, self.pool.close)
         self.pool.start()
-        self.pid = self.pool._workers[0].process.pid
+        self._process = self.pool._workers[0].process
+        self._finalizer = weakref.finalize(self, _end_isolated, self.pool, self._process)
+        self.pid = self._process.pid
         self._task = ("resident", dict(mod_json=mod_json, target=target, repeat=repeat, warmup=warmup,
                                        min_repeat_ms=min_repeat_ms, tuning_log=tuning_log, constants=constants))
 
     def build(self) -> "IsolatedModule":
-        """Build the module in the worker (once); raises ``RuntimeError`` (the worker stopped) if it fails."""
+        """Build the module in the worker (once), then stop the worker until its first sample; raises
+        ``RuntimeError`` (the worker ended) if it fails."""
         if self._task is not None:
             task, self._task = self._task, None
             [result] = self.pool.run([task])
             if result.get("error"):
                 self.close()
                 raise RuntimeError(f"could not be built in its own process: {result['error']}")
+            self._hold()
         return self
 
+    def _hold(self) -> None:
+        # Between its turns the worker is stopped: the threads of the runtime it holds (onnxruntime's and
+        # OpenVINO's spin after a run) take no core from the contender being timed.
+        try:
+            hold(self._process)
+        except RuntimeError:
+            pass  # ended: the next sample says so
+
     def sample(self) -> float:
-        """One sample (ms): the median of the worker's timed runs; raises ``RuntimeError`` if it failed."""
+        """One sample (ms): the median of the worker's timed runs, the worker running alone and stopped
+        again after it; raises ``RuntimeError`` if it failed."""
         self.build()
-        [result] = self.pool.run([("sample", {})])
+        release(self._process)
+        try:
+            [result] = self.pool.run([("sample", {})])
+        finally:
+            if self._process.poll() is None:
+                self._hold()
         if result.get("error"):
             raise RuntimeError(f"failed in its own process: {result['error']}")
         return float(result["ms"])
@@ -714,6 +731,12 @@ class IsolatedModule:
     def close(self) -> None:
         """Stop the worker (and free the module it holds)."""
         self._finalizer()
+
+
+def _end_isolated(pool: "WorkerPool", process: subprocess.Popen) -> None:
+    """An :class:`IsolatedModule`'s end: its stopped worker let run, so that it can end as asked."""
+    release(process)
+    pool.close()
 
 
 class IsolatedSampler:
