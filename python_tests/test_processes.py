@@ -174,19 +174,29 @@ def test_die_with_parent_when_the_parent_died_first():
     assert worker.returncode == -signal.SIGKILL
 
 
-@pytest.mark.timeout(60)
-def test_kill_group_ends_a_worker_and_what_it_started():
+@pytest.fixture
+def worker_and_child():
+    """``(worker, {its child's pid: start})``: a worker in its own group, as Collage's, that started a
+    process; both ended afterwards whatever the test did."""
     code = LOAD + "print(subprocess.Popen(SLEEP).pid, flush=True); time.sleep(120)"
     worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               **processes.WORKER_POPEN_OPTIONS)
     grandchild = _started([int(worker.stdout.readline())])
     try:
-        processes.kill_group(worker)
-        assert worker.wait(timeout=GRACE_S) == -signal.SIGKILL
-        assert _survivors(grandchild) == []
+        yield worker, grandchild
     finally:
+        processes.kill_group(worker)
+        worker.wait()
         _kill_all(grandchild)
         worker.stdout.close()
+
+
+@pytest.mark.timeout(60)
+def test_kill_group_ends_a_worker_and_what_it_started(worker_and_child):
+    worker, grandchild = worker_and_child
+    processes.kill_group(worker)
+    assert worker.wait(timeout=GRACE_S) == -signal.SIGKILL
+    assert _survivors(grandchild) == []
 
 
 def _state(pid: int) -> str:
@@ -203,22 +213,13 @@ def _eventually(check, seconds: float = 5.0) -> bool:
     return True
 
 
-def test_hold_stops_a_worker_and_what_it_started_until_released():
-    code = LOAD + "print(subprocess.Popen(SLEEP).pid, flush=True); time.sleep(120)"
-    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              **processes.WORKER_POPEN_OPTIONS)
-    grandchild = _started([int(worker.stdout.readline())])
-    try:
-        processes.hold(worker)
-        assert _state(worker.pid) == "T"  # hold waited for it
-        assert _eventually(lambda: all(_state(pid) == "T" for pid in grandchild))  # the group's signal lands
-        processes.release(worker)
-        assert _eventually(lambda: all(_state(pid) != "T" for pid in [worker.pid, *grandchild]))
-    finally:
-        processes.kill_group(worker)
-        worker.wait()
-        _kill_all(grandchild)
-        worker.stdout.close()
+def test_hold_stops_a_worker_and_what_it_started_until_released(worker_and_child):
+    worker, grandchild = worker_and_child
+    processes.hold(worker)
+    assert _state(worker.pid) == "T"  # hold waited for it
+    assert _eventually(lambda: all(_state(pid) == "T" for pid in grandchild))  # the group's signal lands
+    processes.release(worker)
+    assert _eventually(lambda: all(_state(pid) != "T" for pid in [worker.pid, *grandchild]))
 
 
 def test_hold_on_a_process_that_ended_raises_and_leaves_its_status():

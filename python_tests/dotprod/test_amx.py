@@ -340,6 +340,18 @@ def _requantized_reference(exact: np.ndarray, rng) -> tuple:
     return np.clip(np.rint(value), 0, 255).astype("uint8"), [bias, scale]
 
 
+def _ran(func, out: te.Tensor, inputs: list, exact: np.ndarray, epilogue_rng=None) -> tuple:
+    """``(func, its output, the expected output)``: ``func`` run on ``inputs`` (and, given the generator of
+    a requantize epilogue, its random bias and scale) against the ``NCHW64c`` int32 result ``exact``."""
+    expected = exact
+    if epilogue_rng is not None:
+        expected, extra = _requantized_reference(exact, epilogue_rng)
+        inputs = inputs + extra
+    result = tvm.nd.empty([int(d) for d in out.shape], out.dtype)
+    func(*[tvm.nd.array(v) for v in inputs], result)
+    return func, result.numpy(), expected
+
+
 def _conv(target: str, shape, reference: bool, epilogue: bool = False, seed: int = 0):
     c, h, wd, o, k, stride, pad = shape
     data = te.placeholder((1, c // 64, h, wd, 64), "uint8", name="data")
@@ -358,13 +370,8 @@ def _conv(target: str, shape, reference: bool, epilogue: bool = False, seed: int
     inputs = [x.reshape(1, c // 64, 64, h, wd).transpose(0, 1, 3, 4, 2).copy(),
               w.reshape(o // 64, 64, c // 64, 16, 4, k, k).transpose(0, 2, 5, 6, 3, 1, 4).copy()]
     exact = _conv_reference(x, w, stride, pad)
-    expected = exact.reshape(1, o // 64, 64, *exact.shape[2:]).transpose(0, 1, 3, 4, 2)
-    if epilogue:
-        expected, extra = _requantized_reference(expected, rng)
-        inputs += extra
-    result = tvm.nd.empty([int(d) for d in out.shape], out.dtype)
-    func(*[tvm.nd.array(v) for v in inputs], result)
-    return func, result.numpy(), expected
+    return _ran(func, out, inputs, exact.reshape(1, o // 64, 64, *exact.shape[2:]).transpose(0, 1, 3, 4, 2),
+                rng if epilogue else None)
 
 
 @pytest.mark.parametrize("shape", CONV_SHAPES, ids=lambda s: "c{}-{}x{}-o{}-k{}s{}p{}".format(*s))
@@ -490,13 +497,8 @@ def _stem(target: str, shape, reference: bool, seed: int = 0, epilogue: bool = F
     taps[:, :, :k, :3] = wt.transpose(0, 2, 3, 1)
     blocked = taps.reshape(o // 64, 64, k, 16, 4).transpose(0, 2, 3, 1, 4).copy()
     exact = _conv_reference(x, wt, s, 0)
-    expected, inputs = exact.reshape(1, o // 64, 64, oh, ow).transpose(0, 1, 3, 4, 2), [image, blocked]
-    if epilogue:
-        expected, extra = _requantized_reference(expected, rng)
-        inputs += extra
-    result = tvm.nd.empty([int(d) for d in out.shape], out.dtype)
-    func(*[tvm.nd.array(v) for v in inputs], result)
-    return func, result.numpy(), expected
+    return _ran(func, out, [image, blocked], exact.reshape(1, o // 64, 64, oh, ow).transpose(0, 1, 3, 4, 2),
+                rng if epilogue else None)
 
 
 @pytest.mark.parametrize("shape", STEM_SHAPES, ids=lambda s: "{}x{}-o{}-k{}s{}".format(*s))
