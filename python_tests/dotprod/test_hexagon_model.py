@@ -265,6 +265,7 @@ def test_differential_run_names_the_first_node_that_differs():
 
 
 # ---------------------------------------------------------------- the families users put on a DSP
+@pytest.mark.slow  # 33 s of emulation; the QDQ-file-as-loaded path stays in the default run (the two below)
 def test_qdq_resnet18_file_as_loaded_bit_exact(tmp_path):
     """Issue 63's case, narrower: a ResNet-18 (basic blocks, global average pool, Gemm) on 224 x 224 images
     quantized by onnxruntime, run as loaded. The x86 reference once built TVM's float lowering of the QDQ
