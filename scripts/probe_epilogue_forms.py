@@ -10,12 +10,15 @@ rewrites of the final TIR:
 * ``nearbyint``: also in the tile (AMX) kernels;
 * ``narrowed``: also :func:`~tvm_tcutils.dotprod.rounding.narrow_directly` where the target has a tile
   engine;
-* ``package``: what the package does now (also each flat tile conv's epilogue step by step inside its
+* ``package``: what the package does now (also each tile conv's epilogue step by step inside its
   program, :mod:`tvm_tcutils.dotprod.tile_epilogue`).
 
 All must give bit-identical outputs (checked first); then they are timed in turns in one process at one
 thread (``--rounds``), each a median of runs, and each is divided by ``vnni-only`` with a bootstrap
-interval (below 1: faster). On a CPU without a tile engine they build the same code.
+interval (below 1: faster). On a CPU without a tile engine they build the same code. Four builds in one
+process share its caches and allocator: on Emerald Rapids this probe said x0.935 for moving the non-flat
+convs' epilogues where the same builds in processes of their own, in turns, gave x0.98 -- confirm a
+decision with isolated processes (docs/benchmarks/dotprod.md, 2026-12-06).
 
     PYTHONPATH=. python scripts/probe_epilogue_forms.py --models resnet-50-onnx resnet-18-onnx \
         --rounds 15 --json docs/benchmarks/data/probe_epilogue_forms.json
