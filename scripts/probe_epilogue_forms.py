@@ -20,7 +20,7 @@ process share its caches and allocator: on Emerald Rapids this probe said x0.935
 convs' epilogues where the same builds in processes of their own, in turns, gave x0.98 -- confirm a
 decision with isolated processes (docs/benchmarks/dotprod.md, 2026-12-06).
 
-    PYTHONPATH=. python scripts/probe_epilogue_forms.py --models resnet-50-onnx resnet-18-onnx \
+    PYTHONPATH=. python scripts/probe_epilogue_forms.py --isolated --models resnet-50-onnx resnet-18-onnx \
         --rounds 15 --json docs/benchmarks/data/probe_epilogue_forms.json
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import os
 import sys
+import tempfile
 
 os.environ["TVM_NUM_THREADS"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,6 +42,7 @@ from tvm import relay  # noqa: E402
 from tvm.contrib import graph_executor  # noqa: E402
 from tvm_tcutils.bench.competitors import compare, python_call, ratios  # noqa: E402
 from tvm_tcutils.bench.int8_models import feed_of, model_files  # noqa: E402
+from tvm_tcutils.bench.isolated import Isolated  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod import rounding, tile_epilogue  # noqa: E402
 
@@ -63,38 +65,49 @@ def variant(name: str):
         rounding.MEASURED_ISAS, rounding.narrow_directly, tile_epilogue.interleave_module = saved
 
 
-def built(path: str, feed, name: str):
+def built(path: str, feed, name: str, folder: str):
+    """``(module with ``feed`` set, its exported library in ``folder``)`` of variant ``name``."""
     mod, params = tvm_tcutils.load_model(path)
     with variant(name), tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=tvm_tcutils.host_target(), params=params)
+    library = os.path.join(folder, f"{name}.so")
+    lib.export_library(library)
     module = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     module.set_input(**feed)
-    return module
+    return module, library
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet-50-onnx"], help="zoo names (their QDQ files)")
     parser.add_argument("--rounds", type=int, default=15, help="rounds of turns")
+    parser.add_argument("--isolated", action="store_true",
+                        help="time each build in a process of its own (tvm_tcutils.bench.isolated), not in this one")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error(f"--rounds must be >= 2, got {args.rounds}")
     results = Results(__file__, argv, rounds=args.rounds, threads=1, variants=list(VARIANTS),
-                      target=str(tvm_tcutils.host_target()))
+                      target=str(tvm_tcutils.host_target()), isolated=args.isolated)
     for model in args.models:
         path = model_files(model, ["qdq"])["qdq"]
         feed = feed_of(path)
-        modules = {name: built(path, feed, name) for name in VARIANTS}
-        outputs = {}
-        for name, module in modules.items():
-            module.run()
-            outputs[name] = module.get_output(0).numpy()
-        for name in VARIANTS[1:]:
-            if not np.array_equal(outputs[name], outputs[VARIANTS[0]]):
-                raise SystemExit(f"{model}: {name} differs from {VARIANTS[0]}: the rewrites changed values")
-        timings = compare({name: python_call(module.run, repeat=5, min_ms=100.0)
-                           for name, module in modules.items()}, rounds=args.rounds)
+        with tempfile.TemporaryDirectory(prefix="tcutils-forms-") as folder, contextlib.ExitStack() as workers:
+            modules = {name: built(path, feed, name, folder) for name in VARIANTS}
+            outputs = {}
+            for name, (module, _) in modules.items():
+                module.run()
+                outputs[name] = module.get_output(0).numpy()
+            for name in VARIANTS[1:]:
+                if not np.array_equal(outputs[name], outputs[VARIANTS[0]]):
+                    raise SystemExit(f"{model}: {name} differs from {VARIANTS[0]}: the rewrites changed values")
+            if args.isolated:  # each stopped while another runs; none shares this process's caches
+                timers = {name: workers.enter_context(Isolated("tvm", library, feed, threads=1, min_ms=100.0))
+                          for name, (_, library) in modules.items()}
+            else:
+                timers = {name: python_call(module.run, repeat=5, min_ms=100.0)
+                          for name, (module, _) in modules.items()}
+            timings = compare(timers, rounds=args.rounds)
         for name, r in ratios(timings, VARIANTS[0]).items():
             print(f"{model:18s} {name:10s} {timings[name].median_ms:7.3f} ms  vs {VARIANTS[0]} {r}")
             results.add(model=model, variant=name, median_ms=timings[name].median_ms,
