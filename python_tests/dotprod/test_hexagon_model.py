@@ -276,7 +276,7 @@ def test_qdq_resnet18_file_as_loaded_bit_exact(tmp_path):
     assert np.unique(out[0]).size > 20
 
 
-@pytest.mark.slow  # 17 s of emulation (the CI budget); the whole-model QDQ path stays in the default run (the encoder layer)
+@pytest.mark.slow  # 17 s of emulation (the CI budget)
 def test_qdq_mobilenet_v2_depthwise_bit_exact(tmp_path):
     """Depthwise convs (groups = channels, 8 and 48 of them, not multiples of 32), ReLU6 clips and a residual
     add from a QDQ file: TVM's Hexagon legalization once padded the depthwise convs' output channels into an
@@ -287,6 +287,7 @@ def test_qdq_mobilenet_v2_depthwise_bit_exact(tmp_path):
     assert np.unique(out[0]).size > 20
 
 
+@pytest.mark.slow  # 18 s of emulation (the CI budget); whole quantized models stay in the default run (the CNN above)
 def test_qdq_encoder_layer_bit_exact(tmp_path, small_bert_onnx):
     """A quantized encoder layer: dense, batch_matmul of activations, softmax, layer norm (its sqrt and float
     division are the runner's, correctly rounded) and GELU, from onnxruntime's QDQ file."""
