@@ -26,6 +26,7 @@ def test_bad_model_exits_nonzero_with_one_line(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # 18 s (the CI budget): every capability end to end; the other CLI tests keep each command
 def test_demo_runs_on_builtin_model():
     result = run_cli("demo", "mlp")
     assert result.returncode == 0, result.stderr

@@ -53,6 +53,7 @@ def test_zoo_models_load_and_type_check(name):
     assert params and all(isinstance(v, tvm.nd.NDArray) for v in params.values())
 
 
+@pytest.mark.slow  # 9 s (the CI budget)
 def test_realistic_weights_keep_activations_out_of_denormals(resnet18_model):
     mod, params = resnet18_model
     _, zoo_params = load_model("resnet-18", weights="zoo")

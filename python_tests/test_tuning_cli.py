@@ -67,6 +67,7 @@ def test_bad_arguments():
         measure.build(small_conv_net(), {}, "llvm", "/nonexistent/x.log")
 
 
+@pytest.mark.slow  # 12 s (the CI budget): tune runs through the tracker in test_rpc.py, logs in test_tuning_log.py
 def test_tune_and_bench_commands(tmp_path):
     target = host_dot_target()  # the commands' default target
     model, log = str(tmp_path / "net.json"), str(tmp_path / "net.log")

@@ -75,7 +75,9 @@ def _integer_products(lib) -> dict:
     return found
 
 
-@pytest.mark.parametrize("route, kinds", [("static", {"dense", "batch_matmul"}), ("dynamic", {"dense"})])
+# The dynamic route under -m slow (the CI budget): test_onnx_quantize_dynamic.py runs its integer ops against onnxruntime.
+@pytest.mark.parametrize("route, kinds", [("static", {"dense", "batch_matmul"}),
+                                         pytest.param("dynamic", {"dense"}, marks=pytest.mark.slow)])
 def test_quantized_encoder_runs_on_the_dot_product_and_matches_onnxruntime(encoder_files, route, kinds):
     from tvm_tcutils.dotprod.isa import for_target, tile_isa
 
