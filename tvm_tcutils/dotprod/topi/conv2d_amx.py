@@ -16,7 +16,7 @@ Requires input and output channels in whole 64-channel blocks, no dilation and a
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from ..._tvm import tvm  # noqa: F401  (TVM checked first)
 from tvm import te, tir, topi
@@ -175,6 +175,33 @@ def wide_rows_past(isa: TileISA, rows: int, out_w: int, k_h: int, k_w: int, stri
     return max(0, -(-(last_read + 1) // pitch) - (rows - 1 + k_h))
 
 
+def _run_tiles(isa: TileISA, run: int) -> List[int]:
+    """Rows of each data tile of a run of ``run`` pixels (:func:`tile_pixels` each, the last maybe fewer)."""
+    per_tile = tile_pixels(isa, run)
+    return [min(per_tile, run - start) for start in range(0, run, per_tile)]
+
+
+def task_tiles(isa: TileISA, rows: int, out_w: int, k_h: int, k_w: int, strides) -> Tuple[str, List[int]]:
+    """``(form, rows of each data tile)`` of a task of ``rows`` output rows of ``out_w`` pixels, the form one
+    of ``"flat"``, ``"row"``, ``"wide"`` and ``"stacked"`` (:func:`row_intrin`).
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_AMX
+    >>> task_tiles(X86_AMX, 1, 56, 3, 3, 1), task_tiles(X86_AMX, 7, 7, 3, 3, 1)
+    (('row', [14, 14, 14, 14]), ('wide', [16, 16, 16, 16]))
+    >>> task_tiles(X86_AMX, 2, 14, 3, 3, 1), task_tiles(X86_AMX, 4, 56, 1, 1, 1)[0]
+    (('stacked', [14, 14]), 'flat')
+    """
+    flat = rows > 1 and is_flat(k_h, k_w, strides, 0)
+    if flat or rows == 1:
+        return ("flat" if flat else "row"), _run_tiles(isa, out_w * rows)
+    if out_w > isa.rows:
+        raise ValueError(f"stacked rows need rows of at most {isa.rows} pixels, got {out_w}")
+    tiles, per_tile = wide_run(isa, rows, out_w, k_w, strides)
+    return ("wide", [per_tile] * tiles) if tiles else ("stacked", [out_w] * rows)
+
+
 def _define_knobs(cfg, isa: TileISA, out_h: int, out_w: int, blocks: int, flat: bool) -> None:
     stacked = not flat and out_w <= isa.rows
     pixels = out_h * out_w if flat else out_h * isa.rows if stacked else out_w
@@ -267,11 +294,9 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
     block, quads, lanes = isa.row_bytes, isa.row_bytes // isa.reduce, isa.columns
     stride_h, stride_w = pair(strides)
     in_w = (out_w - 1) * stride_w + k_w
-    flat = rows > 1 and is_flat(k_h, k_w, strides, 0)
-    wide_tiles, wide_pixels = (0, 0) if flat else wide_run(isa, rows, out_w, k_w, strides)
-    stacked = rows > 1 and not flat and not wide_tiles
-    if rows > 1 and not flat and out_w > isa.rows:
-        raise ValueError(f"stacked rows need rows of at most {isa.rows} pixels, got {out_w}")
+    form, tile_rows = task_tiles(isa, rows, out_w, k_h, k_w, strides)
+    flat, wide, stacked = form == "flat", form == "wide", form == "stacked"
+    per_tile = tile_rows[0]
     d = te.placeholder((1, ic_chunks, (rows - 1) * stride_h + k_h, in_w, block), data_dtype, name="d")
     w = te.placeholder((1, ic_chunks, k_h, k_w, quads, block, isa.reduce), kernel_dtype, name="w")
     r_ic = te.reduce_axis((0, ic_chunks), name="ic")
@@ -288,7 +313,7 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
         name="c",
     )
     # A flat or wide task's rows must follow each other in memory: its row pitch is fixed to a row's bytes.
-    d_h = in_w * block if flat or wide_tiles else te.var("d_h")
+    d_h = in_w * block if flat or wide else te.var("d_h")
     c_h = out_w * block if flat else te.var("c_h")
     binds = {
         d: tvm.tir.decl_buffer(d.shape, d.dtype, name="d_buf", offset_factor=1,
@@ -299,16 +324,7 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
         c: tvm.tir.decl_buffer(c.shape, c.dtype, name="c_buf", offset_factor=1,
                                strides=[te.var("c_n"), te.var("c_c"), c_h, block, 1]),
     }
-    # Rows of each pixel tile (static), and how many lead in whole steps of equal tiles.
-    if stacked:
-        tile_rows = [out_w] * rows
-    elif wide_tiles:
-        tile_rows, per_tile = [wide_pixels] * wide_tiles, wide_pixels
-        last_row = (rows - 1) * stride_h + k_h - 1  # the reference form reads no further
-    else:
-        run = out_w * rows if flat else out_w
-        per_tile = tile_pixels(isa, run)
-        tile_rows = [min(per_tile, run - start) for start in range(0, run, per_tile)]
+    last_row = (rows - 1) * stride_h + k_h - 1  # a wide task's reference form reads no further
     groups = block // (lanes * tile_b)
 
     def program(ins, outs):
@@ -317,12 +333,12 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
         ib = tvm.tir.ir_builder.create()
         d_col, w_quad, c_col = d_buf.strides[3], w_buf.strides[4], c_buf.strides[3]
 
-        if wide_tiles:
-            scratch = ib.allocate(c_buf.dtype, wide_tiles * wide_pixels * block, name="wide_run", scope="local")
+        if wide:
+            scratch = ib.allocate(c_buf.dtype, len(tile_rows) * per_tile * block, name="wide_run", scope="local")
 
         def pixels(g, ic, kh, kw) -> TileMemory:
             # Pixel tile g: its first pixel's output row and column, and the data row / column it reads.
-            if wide_tiles:
+            if wide:
                 row, col = 0, g * per_tile + kh * in_w + kw
 
                 def element(r, ch):
@@ -353,7 +369,7 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
             )
 
         def outputs(g, oc0) -> TileMemory:
-            if wide_tiles:
+            if wide:
                 first = g * per_tile * block + oc0
                 return TileMemory(
                     pointer=lambda access: tir.call_intrin("handle", "tir.address_of", scratch[first]),
@@ -370,8 +386,8 @@ def row_intrin(isa: TileISA, data_shape: Sequence[int], kernel_shape: Sequence[i
 
         run_steps(ib, isa, variant, tile_rows, (ic_chunks, k_h, k_w), tile_a, tile_b, groups, quads,
                   data=pixels, weights=lambda col, ic, kh, kw: weights(ic, kh, kw, col), outputs=outputs,
-                  mark_steps=not wide_tiles)
-        if wide_tiles:  # the run's pixels to the task's rows, less those past each row's end
+                  mark_steps=not wide)
+        if wide:  # the run's pixels to the task's rows, less those past each row's end
             with ib.for_range(0, rows, name="y") as y:
                 with ib.for_range(0, out_w, name="x") as x:
                     with ib.for_range(0, block, name="ch", kind="vectorize") as ch:
@@ -412,13 +428,10 @@ def schedule_conv2d_nchwc_amx(cfg, outs):
     intrin = row_intrin(isa, get_const_tuple(data.shape), get_const_tuple(kernel.shape), strides,
                         int(conv.shape[3]), cfg["tile_a"].val, cfg["tile_b"].val, str(data.dtype),
                         str(kernel.dtype), rows)
-    # Stacked rows (one tile a row) step by whole rows; flat and one-row tasks by whole tiles.
-    out_w = int(conv.shape[3])
-    flat = rows > 1 and is_flat(int(kernel.shape[2]), int(kernel.shape[3]), strides, 0)
-    per_tile = out_w if rows > 1 and not flat else tile_pixels(isa, out_w * rows if flat else out_w)
+    form, tile_rows = task_tiles(isa, rows, int(conv.shape[3]), int(kernel.shape[2]), int(kernel.shape[3]),
+                                 strides)
     # A wide task stores to its scratch: its epilogue runs after the program (its rows fit L1).
-    wide = not flat and wide_run(isa, rows, out_w, int(kernel.shape[3]), strides)[0]
-    _row_tasks(s, outs, conv, isa, intrin, rows, None if wide else _step_extents(isa, cfg, per_tile))
+    _row_tasks(s, outs, conv, isa, intrin, rows, None if form == "wide" else _step_extents(isa, cfg, tile_rows[0]))
     return s
 
 
@@ -595,8 +608,8 @@ def stem_intrin(isa: TileISA, k_h: int, stride_w: int, out_w: int, tile_a: int, 
         c: tvm.tir.decl_buffer(c.shape, c.dtype, name="c_buf", offset_factor=1,
                                strides=[te.var("c_n"), te.var("c_c"), te.var("c_h"), block, 1]),
     }
-    per_tile = tile_pixels(isa, out_w)
-    tile_rows = [min(per_tile, out_w - start) for start in range(0, out_w, per_tile)]
+    tile_rows = _run_tiles(isa, out_w)
+    per_tile = tile_rows[0]
     groups = block // (lanes * tile_b)
 
     def program(ins, outs):
@@ -653,5 +666,5 @@ def schedule_conv2d_stem_amx(cfg, outs):
     stride_w = _stride_of(conv.op.body[0].source[0].a.value.indices[2])
     intrin = stem_intrin(isa, int(kernel.shape[1]), stride_w, int(conv.shape[3]), cfg["tile_a"].val,
                          cfg["tile_b"].val, str(data.dtype), str(kernel.dtype))
-    _row_tasks(s, outs, conv, isa, intrin, steps=_step_extents(isa, cfg, tile_pixels(isa, int(conv.shape[3]))))
+    _row_tasks(s, outs, conv, isa, intrin, steps=_step_extents(isa, cfg, _run_tiles(isa, int(conv.shape[3]))[0]))
     return s
