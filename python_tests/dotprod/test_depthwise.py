@@ -104,33 +104,60 @@ def test_depthwise_applies_only_where_it_computes(case, args):
             depthwise_nchwc_dot(te.placeholder(args[1], "uint8"), te.placeholder(args[2], "int8"), 1, 0, 2)
 
 
-def _depthwise_model(channels=32, size=20, taps=3):
-    """A QNN depthwise conv (u8 data, i8 kernel, zero points 3 and 0) and a bias, as a QDQ MobileNet's."""
+def _depthwise_model(channels=32, size=20, taps=3, stride=1, padding=None, kernel_zero=0):
+    """A QNN depthwise conv (u8 data, i8 kernel, zero points 3 and ``kernel_zero``) and a bias, as a QDQ
+    MobileNet's."""
     data = relay.var("data", shape=(1, channels, size, size), dtype="uint8")
     kernel = relay.const(RNG.integers(-128, 128, (channels, 1, taps, taps)).astype("int8"))
-    conv = relay.qnn.op.conv2d(data, kernel, relay.const(3), relay.const(0), relay.const(0.02), relay.const(0.01),
-                               kernel_size=(taps, taps), channels=channels, groups=channels,
-                               padding=(taps // 2, taps // 2), out_dtype="int32")
+    conv = relay.qnn.op.conv2d(data, kernel, relay.const(3), relay.const(kernel_zero), relay.const(0.02),
+                               relay.const(0.01), kernel_size=(taps, taps), channels=channels, groups=channels,
+                               strides=(stride, stride), padding=padding or (taps // 2, taps // 2), out_dtype="int32")
     # int32 out with an elementwise epilogue: TVM's and the package's requantize round differently (the
     # package rounds as onnxruntime does), the sums must not.
     out = relay.add(conv, relay.const(RNG.integers(-1000, 1000, (1, channels, 1, 1)).astype("int32")))
     return tvm.IRModule.from_expr(relay.Function([data], out))
 
 
-@pytest.mark.parametrize("taps", [3, 5])
-def test_plain_relay_build_takes_it_for_a_quantized_depthwise_conv(taps):
+def _kernels(lib):
+    graph = json.loads(lib.get_graph_json())
+    shapes, rows = graph["attrs"]["shape"][1], graph["node_row_ptr"]
+    return [(n["attrs"]["func_name"], shapes[rows[i]]) for i, n in enumerate(graph["nodes"]) if n["op"] == "tvm_op"]
+
+
+# (channels, size, taps, stride, padding, kernel zero point, padded width the depthwise kernel reads or None
+# where the data keeps TVM's zero-point padding: the package's kernel does not take the conv, or its kernel
+# zero point is not 0).
+PADDED = {
+    "3x3": (32, 20, 3, 1, None, 0, 20 + 2 + 1),
+    "5x5": (32, 20, 5, 1, None, 0, 20 + 4 + 3),
+    "3x3_s2": (48, 21, 3, 2, None, 0, 21 + 2 + 1),
+    "3x3_asym": (16, 12, 3, 2, (0, 0, 1, 1), 0, 12 + 1 + 1),  # TF's "SAME" at stride 2
+    "24_channels": (24, 12, 3, 1, None, 0, None),
+    "kernel_zero_point": (32, 12, 3, 1, None, 2, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PADDED))
+def test_plain_relay_build_takes_it_for_a_quantized_depthwise_conv(case):
     import tvm_tcutils  # noqa: F401  (the hooks)
 
     target = dot_target("vnni")
-    mod = _depthwise_model(taps=taps)
+    channels, size, taps, stride, padding, kernel_zero, padded_width = PADDED[case]
+    mod = _depthwise_model(channels, size, taps, stride, padding, kernel_zero)
+    before = tvm.ir.load_json(tvm.ir.save_json(mod))
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=target)
-    # The package's kernel is the one that ran: its asm has the row's dot product.
-    kernels = [n["attrs"]["func_name"] for n in json.loads(lib.get_graph_json())["nodes"] if n["op"] == "tvm_op"]
-    depthwise = [name for name in kernels if "depthwise" in name]
+    assert tvm.ir.structural_equal(mod, before)  # the input module is not changed
+    kernels = _kernels(lib)
+    depthwise = [name for name, _ in kernels if "depthwise" in name]
     assert len(depthwise) == 1, kernels
-    assert "vpdpbusd" in lib.get_lib().get_source("asm")
-    x = RNG.integers(0, 256, (1, 32, 20, 20)).astype("uint8")
+    pads = [shape for name, shape in kernels if "pad" in name]
+    if padded_width is not None:
+        # The package's kernel: its asm has the row's dot product, and the zero-point padding is the only copy
+        # of the data: one pad kernel, as wide as the kernel's whole-quad rows read (qdq.legalize_depthwise_padding).
+        assert "vpdpbusd" in lib.get_lib().get_source("asm")
+        assert len(pads) == 1 and pads[0][3] == padded_width, kernels
+    x = RNG.integers(0, 256, (1, channels, size, size)).astype("uint8")
     runner = tvm.contrib.graph_executor.GraphModule(lib["default"](tvm.cpu()))
     runner.set_input("data", x)
     runner.run()

@@ -54,6 +54,11 @@ def hooks() -> List[registry.Hook]:
         registry.op_attr(
             "qnn.conv2d", "FTVMQnnLegalize", qdq.legalize_grouped_conv2d, targets=(qdq.PADDING_KEY,),
             description="a grouped (depthwise) qnn.conv2d left unpadded on Hexagon (TVM's padding breaks it)"),
+        # A padded depthwise conv's data copied once: the zero-point padding adds what the 4-tap rows read.
+        registry.op_attr(
+            "qnn.conv2d", "FTVMQnnLegalize", qdq.legalize_depthwise_padding, targets=strategy.TARGET_KEYS,
+            description="a padded u8 x i8 depthwise conv's zero-point padding widened for the depthwise kernel's "
+                        "whole-quad rows, its kernel given the zero taps (one copy of the data, not two)"),
         # QOperator files' per-channel kernel zero points that are all equal (0): a scalar, no data sums.
         *[registry.op_attr(
             op, "FTVMQnnLegalize", qdq.legalize_uniform_zero_point, targets=strategy.TARGET_KEYS,

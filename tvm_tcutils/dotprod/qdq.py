@@ -676,11 +676,12 @@ def _legalized(expr: relay.Expr, bound: Dict[relay.Var, relay.Expr]) -> Optional
     bound back: the pass does not visit what a handler returns, so a handler that makes new QNN ops
     legalizes them itself. The package's handlers step aside meanwhile (no recursion)."""
     region = tvm.IRModule.from_expr(relay.Function(list(bound), expr))
+    outer = getattr(_LEGALIZING, "active", False)
     _LEGALIZING.active = True
     try:
         region = relay.transform.Legalize("FTVMQnnLegalize")(relay.transform.InferType()(region))
     finally:
-        _LEGALIZING.active = False
+        _LEGALIZING.active = outer
     legal = region["main"]
     out = relay.bind(legal.body, dict(zip(legal.params, bound.values())))
     # The pass takes a call only (every region ends in one: a cast, clip, concatenate...).
@@ -734,6 +735,81 @@ def _uniform_zero_point(inputs) -> Optional[list]:
     args = list(inputs)
     args[3] = relay.const(zero.reshape(-1)[0].astype(zero.dtype))
     return args
+
+
+def legalize_depthwise_padding(attrs, inputs, types) -> Optional[relay.Expr]:
+    """``FTVMQnnLegalize`` of ``qnn.conv2d``: a padded u8 x i8 depthwise conv whose kernel rows the package's
+    depthwise kernel reads as whole quads (:mod:`.topi.depthwise`) gets its data padded once.
+
+    TVM's canonical form pads the data with the zero point in a kernel of its own, then the package's
+    depthwise kernel copied the padded data again, one pixel wider on the right, for its 4-tap rows (a 3x3
+    kernel read as 3 x 4 with a zero tap): two copies of every depthwise conv's input (MobileNet-v2: 16 of
+    them). Here the zero-point padding adds the pixels the quads read, and the kernel gets its zero taps
+    (``kernel_size`` widened to whole quads): the conv then reads the one padded copy as it is. The same
+    sums (the added taps are zero; the data's zero point times the kernel's sum is unchanged). For targets
+    :func:`rewrites_for` whose ISA the depthwise kernel takes, ``NCHW`` convs of a multiplier of 1, channels
+    a multiple of its 16 lanes, dilation 1, a kernel zero point of 0 and rows of fewer than 8 taps not
+    already whole quads; None (the other handlers, then TVM's) elsewhere.
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(1, 16, 8, 8), dtype="uint8")
+    >>> w = relay.const(np.ones((16, 1, 3, 3), "int8"))
+    >>> conv = relay.qnn.op.conv2d(x, w, relay.const(3), relay.const(0), relay.const(0.1), relay.const(0.2),
+    ...                            kernel_size=(3, 3), channels=16, groups=16, padding=(1, 1))
+    >>> call = relay.transform.InferType()(tvm.IRModule.from_expr(conv))["main"].body
+    >>> types = [a.checked_type for a in call.args] + [call.checked_type]
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     legal = legalize_depthwise_padding(call.attrs, call.args, types)
+    >>> [(c.op.name, [int(v) for v in c.attrs.kernel_size]) for c in calls(legal) if c.op.name == "qnn.conv2d"]
+    [('qnn.conv2d', [3, 4])]
+    """
+    from tvm.topi.nn.utils import get_pad_tuple
+
+    from .topi import depthwise  # TOPI modules import TVM's topi: only where a handler runs
+
+    # Also inside a QDQ region's legalization (:func:`_legalized`), where the region's convs are made; what
+    # this returns has no padding, so it does not come back here.
+    if not rewrites_for(tvm.target.Target.current(allow_none=True)):
+        return None
+    data_type, kernel_type = types[0], types[1]
+    if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW") or len(data_type.shape) != 4:
+        return None
+    try:
+        n, channels, height, width = (int(d) for d in data_type.shape)
+        kernel_shape = [int(d) for d in kernel_type.shape]
+    except TypeError:  # a dynamic dimension
+        return None
+    _, multiplier, k_h, k_w = kernel_shape
+    isa = for_target(tvm.target.Target.current(allow_none=True))
+    quads = -(-k_w // depthwise.QUAD)
+    extra = quads * depthwise.QUAD - k_w
+    top, left, bottom, right = get_pad_tuple(tuple(int(p) for p in attrs.padding), (k_h, k_w))
+    kernel_zero = _const(inputs[3])
+    if (int(attrs.groups) != channels or multiplier != 1 or not extra or not (top or left or bottom or right)
+            or kernel_zero is None or np.any(kernel_zero != 0) or isa is None or channels % isa.lanes):
+        return None
+    lanes = isa.lanes
+    if not depthwise.applicable(isa, (n, channels // lanes, height, width, lanes),
+                                (channels // lanes, 1, k_h, k_w + extra, 1, lanes), attrs.dilation,
+                                str(data_type.dtype), str(kernel_type.dtype), "int32"):
+        return None
+    # The call's inputs that are not closed expressions become variables of the region to legalize.
+    bound: Dict[relay.Var, relay.Expr] = {}
+    args = []
+    for k, (arg, arg_type) in enumerate(zip(inputs, types)):
+        if k == 0 or relay.analysis.free_vars(arg):
+            var = relay.var(f"tcutils_dw_arg{k}", type_annotation=arg_type)
+            bound[var], arg = arg, var
+        args.append(arg)
+    data, kernel, data_zero, _, data_scale, kernel_scale = args
+    padded = relay.nn.pad(data, ((0, 0), (0, 0), (top, bottom), (left, right + extra)), pad_value=data_zero)
+    kernel = relay.nn.pad(kernel, ((0, 0), (0, 0), (0, 0), (0, extra)))
+    new_attrs = {key: attrs[key] for key in attrs.keys()}
+    new_attrs.update(padding=(0, 0, 0, 0), kernel_size=(k_h, k_w + extra))
+    call = relay.qnn.op.conv2d(padded, kernel, data_zero, relay.const(0, "int32"), data_scale, kernel_scale,
+                               **new_attrs)
+    return _legalized(call, bound)
 
 
 #: Target key whose TVM ``qnn.conv2d`` legalization pads every NCHW conv's channels for ``vrmpy``.
