@@ -461,3 +461,43 @@ def test_isolated_builds_at_once_keep_their_workers_after_the_building_threads_e
     built = IsolatedSampler("llvm", repeat=2, warmup=1).build_all(modules)
     assert list(built) == ["a", "b", "c"]
     assert all(sample() > 0 and sample() > 0 for sample in built.values())
+
+
+def test_validations_whole_builds_are_taken_by_the_comparison_not_built_again(monkeypatch):
+    # BERT-base takes a minute or more a whole build: validation's mix, kept after its timing, is the
+    # comparison's contender as it is; a kept module the comparison does not time ends before its builds.
+    from tvm_tcutils.collage.cost import workers
+
+    started = []
+
+    class Recorded(workers.IsolatedModule):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(workers, "IsolatedModule", Recorded)
+    sampler = workers.IsolatedSampler("llvm", repeat=2, warmup=1)
+    mix, other, dropped = two_layer_net(0), two_layer_net(1), two_layer_net(2)
+    assert sampler.time(mix) > 0 and sampler.time(dropped) > 0
+    assert sampler.time(mix) > 0 and len(started) == 2  # timed again in the worker it was built in
+    kept_mix, kept_dropped = started
+    built = sampler.build_all({"collage": mix, "tvm alone": other})
+    assert len(started) == 3 and sampler.kept == {}
+    assert built["collage"].__self__ is kept_mix and built["tvm alone"].__self__ is started[2]
+    assert not kept_dropped.pool._workers  # ended: no contender of the comparison
+    assert all(sample() > 0 for sample in built.values())
+    # A module that cannot be built: inf, and nothing kept.
+    x = relay.var("x", shape=(relay.Any(), 16))
+    assert sampler.time(relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))) \
+        == math.inf and sampler.kept == {}
+    sampler.close()
+
+
+def test_whole_models_get_a_longer_timeout_than_candidates():
+    from tvm_tcutils.collage.cost.workers import WHOLE_MODEL_TIMEOUT_S, PooledWholeModelTimer, WorkerPool
+
+    pool = WorkerPool(1, timeout=120.0)
+    try:
+        assert PooledWholeModelTimer(pool, "llvm").sampler.timeout == WHOLE_MODEL_TIMEOUT_S > 120.0
+    finally:
+        pool.close()

@@ -155,8 +155,10 @@ def test_every_contender_and_the_file_is_timed_in_a_process_of_its_own(tmp_path,
     name = f"ort{ON_THE_FILE}"
     assert result.final.timings[name].samples_ms, result.final.reason
     assert all(t.samples_ms for t in result.final.timings.values()), result.final.timings
-    # One worker of its own per contender, none of them this process; each gone with the comparison.
+    # One worker of its own per contender (validation's mix timed in one more, which the comparison takes
+    # where the mix is one of its contenders), none of them this process; each gone with the comparison.
     pids = {pid for pid, _ in isolated}
-    assert len(isolated) == len(result.final.timings) == len(pids) and os.getpid() not in pids
+    assert len(result.final.timings) <= len(isolated) <= len(result.final.timings) + 1
+    assert len(pids) == len(isolated) and os.getpid() not in pids
     gc.collect()
     assert all(not pool._workers for _, pool in isolated)

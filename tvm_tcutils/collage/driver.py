@@ -499,6 +499,10 @@ class _Partitioner:
                                                          min(self.compare_budget_s, remaining), report,
                                                          check, errors)
                 seconds["compare"] = time.perf_counter() - start
+        # Validation's whole models that the comparison did not take (or all, without one) end here.
+        close_kept = getattr(timer, "close", None)
+        if callable(close_kept):
+            close_kept()
         if final is not None:
             answer = final.answer
             measured_ms = final.timings[final.answer].median_ms

@@ -39,6 +39,7 @@ import collections
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
 import logging
 import math
 import os
@@ -71,6 +72,12 @@ logger = logging.getLogger("tvm_tcutils.collage")
 class WorkerError(Exception):
     """A worker raised something other than a build or run failure: a bug, reported with its traceback."""
 
+
+#: Seconds a whole model's build and timing may take in a worker (validation, the final comparison), at
+#: least: the per-candidate timeout (``--timeout``, 120 s by default) is for operators and small
+#: subgraphs; a quantized BERT-base built whole took over 120 s on a 2-vCPU VM with a second build beside
+#: it, and a whole model that times out is left out of the comparison (the answer then a slower one).
+WHOLE_MODEL_TIMEOUT_S = 600.0
 
 #: Bytes of a worker's stdout and stderr kept (the last ones) for error messages.
 TAIL_BYTES = 64 * 1024
@@ -755,6 +762,14 @@ class IsolatedSampler:
     >>> built = sampler.build_all({"a": mod, "b": mod})
     >>> sorted(built), built["a"]() > 0
     (['a', 'b'], True)
+
+    :meth:`time` (validation's whole-model timings) keeps each module it built for :meth:`build_all`, so
+    that the final comparison does not build validation's mix again (BERT-base: a minute or more a build):
+
+    >>> sampler.time(mod) > 0, len(sampler.kept)
+    (True, 1)
+    >>> built = sampler.build_all({"a": mod}); len(sampler.kept)
+    0
     """
 
     #: Modules built at once, each in its own worker: two halve the building time on 2 cores, and each
@@ -762,22 +777,59 @@ class IsolatedSampler:
     build_workers = min(2, len(os.sched_getaffinity(0)))
 
     def __init__(self, target: str, repeat: int = 10, warmup: int = 2, tuning_log: Optional[str] = None,
-                 constants: Optional[SharedConstants] = None, imports: Sequence[str] = (), timeout: float = 600.0):
+                 constants: Optional[SharedConstants] = None, imports: Sequence[str] = (),
+                 timeout: float = WHOLE_MODEL_TIMEOUT_S):
         self.target, self.repeat, self.warmup, self.tuning_log = target, repeat, warmup, tuning_log
         self.constants, self.imports, self.timeout = constants, tuple(imports), timeout
+        #: Modules :meth:`time` built, by their text's digest: stopped workers until :meth:`build_all`
+        #: takes them or :meth:`close` ends them.
+        self.kept: Dict[str, IsolatedModule] = {}
 
-    def _isolated(self, mod: tvm.IRModule) -> IsolatedModule:
-        text = self.constants.dumps(mod) if self.constants else tvm.ir.save_json(mod)
+    def _text(self, mod: tvm.IRModule) -> str:
+        return self.constants.dumps(mod) if self.constants else tvm.ir.save_json(mod)
+
+    def _isolated(self, text: str) -> IsolatedModule:
         return IsolatedModule(text, self.target, max(self.repeat, 10), self.warmup, WHOLE_MODEL_MIN_REPEAT_MS,
                               self.tuning_log, self.constants.directory if self.constants else None,
                               self.imports, self.timeout)
 
     def __call__(self, mod: tvm.IRModule) -> Callable[[], float]:
-        return self._isolated(mod).build().sample
+        return self._isolated(self._text(mod)).build().sample
+
+    def time(self, mod: tvm.IRModule) -> float:
+        """One sample (ms) of ``mod`` built in a process of its own, ``inf`` where it could not be built or
+        run; the built module stays (stopped) for :meth:`build_all`."""
+        text = self._text(mod)
+        key = hashlib.sha256(text.encode()).hexdigest()
+        isolated = self.kept.get(key) or self._isolated(text)
+        try:
+            ms = isolated.build().sample()
+        except RuntimeError as err:
+            logger.warning("whole-model measurement failed: %s", err)
+            self.kept.pop(key, None)
+            isolated.close()
+            return math.inf
+        self.kept[key] = isolated
+        return ms
+
+    def close(self) -> None:
+        """End the workers of the modules :meth:`time` kept."""
+        kept, self.kept = self.kept, {}
+        for isolated in kept.values():
+            isolated.close()
 
     def build_all(self, modules: Mapping[str, tvm.IRModule]) -> Dict[str, object]:
-        """``{name: sample function, or the RuntimeError its build raised}`` for every module."""
-        isolated = {name: self._isolated(mod) for name, mod in modules.items()}  # workers start here
+        """``{name: sample function, or the RuntimeError its build raised}`` for every module: those
+        :meth:`time` built already as they are, the others built :attr:`build_workers` at once. Kept
+        modules none of ``modules`` is end here (their memory goes before the builds)."""
+        texts = {name: self._text(mod) for name, mod in modules.items()}
+        keys = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
+        kept, self.kept = self.kept, {}
+        for key in set(kept) - set(keys.values()):
+            kept.pop(key).close()
+        isolated = {}
+        for name, text in texts.items():  # new workers start here, in this thread
+            isolated[name] = kept.pop(keys[name], None) or self._isolated(text)
 
         def build(name: str):
             try:
@@ -824,12 +876,16 @@ class PooledWholeModelTimer:
         #: How the final comparison times whole modules (:func:`~tvm_tcutils.collage.validate.whole_model_sampler`
         #: takes it): each in a worker of its own.
         self.sampler = IsolatedSampler(target, repeat, warmup, tuning_log, constants, pool.imports,
-                                       max(pool.timeout, 60.0))
+                                       max(pool.timeout, WHOLE_MODEL_TIMEOUT_S))
 
     def time(self, mod: tvm.IRModule) -> Optional[float]:
-        """Latency (ms) of one whole module, ``inf`` if it fails; None if it could not be measured."""
-        times = self.time_side_by_side([mod], rounds=1)
-        return math.inf if times is None else times[0]
+        """Latency (ms) of one whole module, ``inf`` if it fails: built in a process of its own, which the
+        final comparison then times again without building it anew (:meth:`IsolatedSampler.time`)."""
+        return self.sampler.time(mod)
+
+    def close(self) -> None:
+        """End the workers of the modules :meth:`time` built that no comparison took."""
+        self.sampler.close()
 
     def time_side_by_side(self, mods: Sequence[tvm.IRModule], rounds: int = 5) -> Optional[List[float]]:
         """Latencies (ms) of modules timed in turns in one worker (``inf`` for failures); None if the worker failed."""
@@ -839,7 +895,7 @@ class PooledWholeModelTimer:
                                min_repeat_ms=WHOLE_MODEL_MIN_REPEAT_MS,
                                tuning_log=self.tuning_log, rounds=rounds,
                                constants=self.constants.directory if self.constants else None))
-        [result] = self.pool.run([task], timeout=max(self.pool.timeout, 60.0) * len(mods))
+        [result] = self.pool.run([task], timeout=max(self.pool.timeout, WHOLE_MODEL_TIMEOUT_S) * len(mods))
         if result.get("error"):
             logger.warning("whole-model measurement failed: %s", result["error"])
             return None
