@@ -7,6 +7,7 @@ the order of the imports is what is tested.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from conftest import run_python
@@ -148,3 +149,91 @@ def test_dropout_in_training_mode_is_refused():
 
     with pytest.raises(ValueError, match="training_mode=True is not an inference model"):
         relay.frontend.from_onnx(_dropout_model(True), freeze_params=True)
+
+
+def _qdq_attention_file(path) -> str:
+    """A QDQ file as quantizers write one: zero points cast, 3-D MatMuls whose batch shapes the importer
+    computes from constants (slices, maxima, concatenations)."""
+    import numpy as np
+
+    from tvm_tcutils.onnx_writer import OnnxGraph
+
+    rng = np.random.default_rng(5)
+    g = OnnxGraph("qdq_attention")
+    g.input("x", "float32", [2, 8, 16])
+
+    def qdq(name, scale, zero):
+        q = g.node("QuantizeLinear", [name, g.const(np.float32(scale), "s"), g.const(np.uint8(zero), "z")])
+        return g.node("DequantizeLinear", [q, g.const(np.float32(scale), "s"), g.const(np.uint8(zero), "z")])
+
+    w = g.node("DequantizeLinear", [g.const(rng.integers(-127, 128, (16, 16)).astype("int8"), "w"),
+                                    g.const(np.float32(0.02), "ws"), g.const(np.int8(0), "wz")])
+    q = qdq(g.node("MatMul", [qdq("x", 0.05, 120), w]), 0.1, 128)
+    k = qdq(g.node("Transpose", [q], perm=[0, 2, 1]), 0.1, 128)
+    g.output(g.node("MatMul", [q, k]), "float32", [2, 8, 8])
+    with open(path, "wb") as handle:
+        handle.write(g.model().SerializeToString())
+    return str(path)
+
+
+def test_load_model_folds_constants_in_numpy_to_the_same_module(tmp_path):
+    # TVM's importer compiles a kernel for each fold of a cast, slice or concatenation of constants (1,612
+    # for onnxruntime's QDQ BERT-base); load_model folds those in numpy: the same module, fewer builds.
+    import onnx
+    import tvm
+    from tvm import relay
+
+    import tvm_tcutils
+    from tvm_tcutils import _compat
+
+    path = _qdq_attention_file(tmp_path / "attention.onnx")
+    builds = []
+    build = tvm.get_global_func("relay.backend.build")
+
+    def counted(*args):
+        builds.append(1)
+        return build(*args)
+
+    tvm.register_func("relay.backend.build", counted, override=True)
+    try:
+        ours, _ = tvm_tcutils.load_model(path)
+        ours_builds = len(builds)
+        theirs, _ = relay.frontend.from_onnx(onnx.load(path), freeze_params=True)
+    finally:
+        tvm.register_func("relay.backend.build", build, override=True)
+    assert tvm.ir.structural_equal(ours, theirs, map_free_vars=True)
+    assert ours_builds < len(builds) - ours_builds, (ours_builds, len(builds))
+    from tvm.relay.frontend import onnx as frontend
+    assert frontend.fold_constant is not _compat.fold_constant_numpy_first  # TVM's again after the import
+
+
+@pytest.mark.parametrize("name, values, attrs", [
+    ("cast", [np.array([-128, 0, 127], "int8")], dict(dtype="int32")),
+    ("cast", [np.array([-1, 300], "int32")], dict(dtype="uint8")),  # wraps, as the kernel does
+    ("cast", [np.array([16777217], "int64")], dict(dtype="float32")),  # rounds to nearest
+    ("cast", [np.array([0.1], "float64")], dict(dtype="float32")),
+    ("strided_slice", [np.arange(24, dtype="int64").reshape(2, 3, 4)], dict(begin=[1, -2], end=[2, 3], strides=[1, 1],
+                                                                          axes=[0, 2])),
+    ("strided_slice", [np.arange(10, dtype="int64")], dict(begin=[8], end=[1], strides=[-3])),
+    ("concatenate", [np.array([1, 2], "int64"), np.array([3], "int64")], dict(axis=0)),
+    ("maximum", [np.array([1, 5], "int64"), np.array([4, 2], "int64")], {}),
+    ("minimum", [np.array([1.5, -0.0], "float32"), np.array([0.5, 0.0], "float32")], {}),
+])
+def test_numpy_folds_equal_tvms_fold(name, values, attrs):
+    import tvm
+    from tvm import relay
+
+    from tvm_tcutils._compat import fold_constant_numpy_first
+
+    consts = [relay.const(v, dtype=str(v.dtype)) for v in values]
+    if name == "concatenate":
+        expr = relay.concatenate(consts, **attrs)
+    elif name == "cast":
+        expr = relay.cast(consts[0], **attrs)
+    elif name == "strided_slice":
+        expr = relay.strided_slice(consts[0], **attrs)
+    else:
+        expr = getattr(relay, name)(*consts)
+    ours, theirs = fold_constant_numpy_first(expr), relay.transform.FoldConstantExpr(expr, tvm.IRModule())
+    assert isinstance(ours, relay.Constant) and ours.data.dtype == theirs.data.dtype
+    np.testing.assert_array_equal(ours.data.numpy(), theirs.data.numpy())

@@ -301,7 +301,7 @@ def _sidecar_params(path: str, recorded: Optional[str] = None) -> Params:
 
 
 def _load_onnx(path: str):
-    from ._compat import ensure_onnx_mapping, install_onnx_converters
+    from ._compat import ensure_onnx_mapping, install_onnx_converters, numpy_first_folding
 
     install_onnx_converters()  # import tvm_tcutils did it, unless only this module was loaded
 
@@ -319,7 +319,9 @@ def _load_onnx(path: str):
     except unreadable as err:
         raise ModelError(f"{path}: not a valid ONNX model ({_first_line(err)})") from None
     try:
-        return relay.frontend.from_onnx(model, freeze_params=True)
+        # The importer's constant folds in numpy where they are exact (a kernel build each otherwise).
+        with numpy_first_folding():
+            return relay.frontend.from_onnx(model, freeze_params=True)
     # A boundary: TVM's ONNX frontend fails on models it does not cover with any exception
     # type (OpNotImplemented, KeyError, AssertionError...). The user sees one line; the cause
     # stays chained for --debug.
