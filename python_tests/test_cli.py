@@ -73,6 +73,10 @@ def test_count_layers_tvm_numbering(capsys):
     assert len(rows) == 21
 
 
+# Under -m slow (the CI budget, 11 s): dotprod/test_hexagon_profile.py builds and profiles the same kind of
+# quantized MLP bit-exactly with its counts added up (test_both_builds_bit_exact_and_counts_add_up); the
+# CLI's --emulate and --per-node arguments are checked in test_cli_errors.py.
+@pytest.mark.slow
 def test_bench_emulate_profiles_hexagon_bit_exactly(tmp_path):
     from tvm_tcutils.dotprod import hexagon_profile
 

@@ -72,6 +72,11 @@ SLOW_SNIPPETS = {
     # BERT-tiny greedily partitioned to onnxruntime, built, exported (25 s): collage/test_ort_toolchain.py
     # (partition_for, relay.build, export_library and load, available()) and collage/test_relay_to_onnx.py.
     "docs/collage-toolchains.md-0": "collage/test_ort_toolchain.py",
+    # The MLP searched with tvm,ort,blas and validation, saved, loaded and built (15 s on a slow VM): the
+    # README's block right before it (README.md-2) makes the same partition / save_model / load_model /
+    # build_partitioned calls on the same model (without validation: collage/test_collage_driver.py and
+    # test_collage_final.py validate), and the estimators' constructors run in their own tests.
+    "docs/collage-search.md-0": "README.md-2",
 }
 
 

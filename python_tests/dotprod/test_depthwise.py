@@ -125,14 +125,13 @@ def _kernels(lib):
 
 
 # (channels, size, taps, stride, padding, kernel zero point, padded width the depthwise kernel reads or None
-# where the data keeps TVM's zero-point padding: the package's kernel does not take the conv, or its kernel
-# zero point is not 0).
+# where the data keeps TVM's zero-point padding: a kernel zero point that is not 0; channels the kernel does
+# not take are legalize_depthwise_padding's doctest's and test_depthwise_applies_only_where_it_computes').
 PADDED = {
     "3x3": (32, 20, 3, 1, None, 0, 20 + 2 + 1),
     "5x5": (32, 20, 5, 1, None, 0, 20 + 4 + 3),
     "3x3_s2": (48, 21, 3, 2, None, 0, 21 + 2 + 1),
     "3x3_asym": (16, 12, 3, 2, (0, 0, 1, 1), 0, 12 + 1 + 1),  # TF's "SAME" at stride 2
-    "24_channels": (24, 12, 3, 1, None, 0, None),
     "kernel_zero_point": (32, 12, 3, 1, None, 2, None),
 }
 
