@@ -106,6 +106,10 @@ def test_remote_timer_matches_local_outputs_and_removes_its_file(rpc_cluster):
     assert rpc_cluster.free() == 2  # back in the queue once the session ended
 
 
+# Under -m slow (the CI budget, 10 s): the tracker path stays covered by test_rpc_collage.py
+# (test_collage_command_through_the_tracker, test_measured_search_on_two_servers_matches_a_local_search) and
+# test_remote_timer_matches_local_outputs_and_removes_its_file above; tuning by test_tuning_runner.py.
+@pytest.mark.slow
 def test_tune_command_through_the_tracker(rpc_cluster, tmp_path):
     model, log = str(tmp_path / "dense.json"), str(tmp_path / "dense.log")
     save_model(model, tiny_dense(64))

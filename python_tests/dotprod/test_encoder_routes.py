@@ -76,7 +76,10 @@ def _integer_products(lib) -> dict:
 
 
 # The dynamic route under -m slow (the CI budget): test_onnx_quantize_dynamic.py runs its integer ops against onnxruntime.
-@pytest.mark.parametrize("route, kinds", [("static", {"dense", "batch_matmul"}),
+# The static route under -m slow too since session 43 (18 s on a slow VM): by default test_qdq.py's
+# test_matmul_of_activations runs a QDQ file's dense and batch_matmul (MatMul of activations) on the
+# dot-product kernels against onnxruntime, and test_fast_forms.py the encoder's softmax, GELU and layer norm.
+@pytest.mark.parametrize("route, kinds", [pytest.param("static", {"dense", "batch_matmul"}, marks=pytest.mark.slow),
                                          pytest.param("dynamic", {"dense"}, marks=pytest.mark.slow)])
 def test_quantized_encoder_runs_on_the_dot_product_and_matches_onnxruntime(encoder_files, route, kinds):
     from tvm_tcutils.dotprod.isa import for_target, tile_isa

@@ -32,7 +32,11 @@ from test_qdq import CONVS, SHAPE, _host_isa, _ort, _output_scales, small_cnn  #
 #: graph equal to the plain one; ``frozen`` (the frontend's constants) under -m slow: the same hook and the
 #: same assertions on a module whose constants need no folding (test_qdq.py's tuning-task test runs plain
 #: relay.build's pipeline on the frozen file by default).
-CASES = [("qdq_channel", "params"),
+# Every case under -m slow (the CI budget: 15 s on a slow VM): by default test_qdq.py's
+# test_plain_build_of_a_residual_block_equals_to_integer checks the same equality (plain relay.build of a
+# QDQ model = to_integer + relay.build) on a residual block, and test_qdq_convs_run_on_dot_product_schedules_
+# and_match builds the QDQ file with plain relay.build against onnxruntime.
+CASES = [pytest.param("qdq_channel", "params", marks=pytest.mark.slow),
          pytest.param("qdq_channel", "frozen", marks=pytest.mark.slow),
          pytest.param("qdq_tensor", "frozen", marks=pytest.mark.slow),  # per tensor: also in test_qdq.py
          pytest.param("qop_channel", "frozen", marks=pytest.mark.slow)]  # QOperator: also in test_qdq.py
