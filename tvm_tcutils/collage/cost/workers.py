@@ -788,6 +788,11 @@ class IsolatedSampler:
     def _text(self, mod: tvm.IRModule) -> str:
         return self.constants.dumps(mod) if self.constants else tvm.ir.save_json(mod)
 
+    @staticmethod
+    def _key(text: str) -> str:
+        """What :attr:`kept` files a module's text under."""
+        return hashlib.sha256(text.encode()).hexdigest()
+
     def _isolated(self, text: str) -> IsolatedModule:
         return IsolatedModule(text, self.target, max(self.repeat, 10), self.warmup, WHOLE_MODEL_MIN_REPEAT_MS,
                               self.tuning_log, self.constants.directory if self.constants else None,
@@ -800,7 +805,7 @@ class IsolatedSampler:
         """One sample (ms) of ``mod`` built in a process of its own, ``inf`` where it could not be built or
         run; the built module stays (stopped) for :meth:`build_all`."""
         text = self._text(mod)
-        key = hashlib.sha256(text.encode()).hexdigest()
+        key = self._key(text)
         isolated = self.kept.get(key) or self._isolated(text)
         try:
             ms = isolated.build().sample()
@@ -823,7 +828,7 @@ class IsolatedSampler:
         :meth:`time` built already as they are, the others built :attr:`build_workers` at once. Kept
         modules none of ``modules`` is end here (their memory goes before the builds)."""
         texts = {name: self._text(mod) for name, mod in modules.items()}
-        keys = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
+        keys = {name: self._key(text) for name, text in texts.items()}
         kept, self.kept = self.kept, {}
         for key in set(kept) - set(keys.values()):
             kept.pop(key).close()
