@@ -2,19 +2,21 @@
 """Which epilogue forms the int8 kernels should use on this CPU: whole models, in turns.
 
 The evidence behind ``tvm_tcutils.dotprod.rounding``'s choices and ``dotprod.tile_epilogue``. Each zoo
-model's onnxruntime-quantized QDQ file is built for ``host_target()`` four times, differing only in the
-rewrites of the final TIR:
+model's onnxruntime-quantized QDQ file is built for ``host_target()`` once per variant (``--variants``,
+all five by default), differing only in the rewrites of the final TIR:
 
 * ``vnni-only``: ``llvm.nearbyint`` in the VNNI kernels only, 8-bit results with the 128-shifted
   constant, each tile conv's epilogue after its whole tile program (the package before these rewrites);
 * ``nearbyint``: also in the tile (AMX) kernels;
 * ``narrowed``: also :func:`~tvm_tcutils.dotprod.rounding.narrow_directly` where the target has a tile
   engine;
-* ``package``: what the package does now (also each tile conv's epilogue step by step inside its
-  program, :mod:`tvm_tcutils.dotprod.tile_epilogue`).
+* ``moved``: also each tile conv's epilogue step by step inside its program
+  (:func:`tvm_tcutils.dotprod.tile_epilogue.interleave`);
+* ``package``: what the package does now (also each step's accumulators starting from the bias,
+  :func:`tvm_tcutils.dotprod.tile_epilogue.bias_into_tiles`).
 
 All must give bit-identical outputs (checked first); then they are timed in turns in one process at one
-thread (``--rounds``), each a median of runs, and each is divided by ``vnni-only`` with a bootstrap
+thread (``--rounds``), each a median of runs, and each is divided by the first variant with a bootstrap
 interval (below 1: faster). On a CPU without a tile engine they build the same code. Four builds in one
 process share its caches and allocator: on Emerald Rapids this probe said x0.935 for moving the non-flat
 convs' epilogues where the same builds in processes of their own, in turns, gave x0.98 -- confirm a
@@ -46,15 +48,18 @@ from tvm_tcutils.bench.isolated import Isolated  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod import rounding, tile_epilogue  # noqa: E402
 
-VARIANTS = ("vnni-only", "nearbyint", "narrowed", "package")
+VARIANTS = ("vnni-only", "nearbyint", "narrowed", "moved", "package")
 
 
 @contextlib.contextmanager
 def variant(name: str):
     """The rounding rewrites as ``name`` has them, for the builds inside."""
-    saved = rounding.MEASURED_ISAS, rounding.narrow_directly, tile_epilogue.interleave_module
-    if name != "package":
+    saved = (rounding.MEASURED_ISAS, rounding.narrow_directly, tile_epilogue.interleave_module,
+             tile_epilogue.bias_into_tiles)
+    if name not in ("moved", "package"):
         tile_epilogue.interleave_module = lambda mod: mod
+    if name == "moved":
+        tile_epilogue.bias_into_tiles = lambda func, lanes=16: (func, 0)
     if name in ("vnni-only", "nearbyint"):
         rounding.narrow_directly = lambda func: (func, 0)
     if name == "vnni-only":
@@ -62,7 +67,8 @@ def variant(name: str):
     try:
         yield
     finally:
-        rounding.MEASURED_ISAS, rounding.narrow_directly, tile_epilogue.interleave_module = saved
+        (rounding.MEASURED_ISAS, rounding.narrow_directly, tile_epilogue.interleave_module,
+         tile_epilogue.bias_into_tiles) = saved
 
 
 def built(path: str, feed, name: str, folder: str):
@@ -81,26 +87,31 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet-50-onnx"], help="zoo names (their QDQ files)")
     parser.add_argument("--rounds", type=int, default=15, help="rounds of turns")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                        help="forms to build (the first is the others' reference)")
     parser.add_argument("--isolated", action="store_true",
                         help="time each build in a process of its own (tvm_tcutils.bench.isolated), not in this one")
     add_json_argument(parser, __file__)
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error(f"--rounds must be >= 2, got {args.rounds}")
-    results = Results(__file__, argv, rounds=args.rounds, threads=1, variants=list(VARIANTS),
+    if len(set(args.variants)) < 2:
+        parser.error(f"--variants needs two different forms, got {args.variants}")
+    names = list(dict.fromkeys(args.variants))
+    results = Results(__file__, argv, rounds=args.rounds, threads=1, variants=names,
                       target=str(tvm_tcutils.host_target()), isolated=args.isolated)
     for model in args.models:
         path = model_files(model, ["qdq"])["qdq"]
         feed = feed_of(path)
         with tempfile.TemporaryDirectory(prefix="tcutils-forms-") as folder, contextlib.ExitStack() as workers:
-            modules = {name: built(path, feed, name, folder) for name in VARIANTS}
+            modules = {name: built(path, feed, name, folder) for name in names}
             outputs = {}
             for name, (module, _) in modules.items():
                 module.run()
                 outputs[name] = module.get_output(0).numpy()
-            for name in VARIANTS[1:]:
-                if not np.array_equal(outputs[name], outputs[VARIANTS[0]]):
-                    raise SystemExit(f"{model}: {name} differs from {VARIANTS[0]}: the rewrites changed values")
+            for name in names[1:]:
+                if not np.array_equal(outputs[name], outputs[names[0]]):
+                    raise SystemExit(f"{model}: {name} differs from {names[0]}: the rewrites changed values")
             if args.isolated:  # each stopped while another runs; none shares this process's caches
                 timers = {name: workers.enter_context(Isolated("tvm", library, feed, threads=1, min_ms=100.0))
                           for name, (_, library) in modules.items()}
@@ -108,8 +119,8 @@ def main(argv=None) -> int:
                 timers = {name: python_call(module.run, repeat=5, min_ms=100.0)
                           for name, (module, _) in modules.items()}
             timings = compare(timers, rounds=args.rounds)
-        for name, r in ratios(timings, VARIANTS[0]).items():
-            print(f"{model:18s} {name:10s} {timings[name].median_ms:7.3f} ms  vs {VARIANTS[0]} {r}")
+        for name, r in ratios(timings, names[0]).items():
+            print(f"{model:18s} {name:10s} {timings[name].median_ms:7.3f} ms  vs {names[0]} {r}")
             results.add(model=model, variant=name, median_ms=timings[name].median_ms,
                         samples_ms=list(timings[name].samples_ms), ratio=r.value, low=r.low, high=r.high)
     results.write(args.json)

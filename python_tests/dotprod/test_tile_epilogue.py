@@ -11,7 +11,7 @@ from tvm_tcutils._tvm import tvm
 from tvm import autotvm, te
 
 from tvm_tcutils.dotprod import tile_epilogue
-from tvm_tcutils.dotprod.topi.common import requantized
+from tvm_tcutils.dotprod.topi.common import REQUANTIZED, requantized
 from tvm_tcutils.dotprod.topi.conv2d_amx import conv2d_nchwc_amx, schedule_conv2d_nchwc_amx
 from tvm_tcutils.dotprod.topi.tiles import reference_tiles
 
@@ -79,11 +79,60 @@ def test_reference_form_with_the_moved_epilogue_is_bit_exact(shape, monkeypatch)
     assert np.unique(got).size > 50
 
 
-@pytest.mark.parametrize("shape", [SHAPES[i] for i in (0, 1, 5, 9)], ids=[SHAPE_IDS[i] for i in (0, 1, 5, 9)])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_real_tiles_with_the_moved_epilogue_are_bit_exact_where_the_cpu_has_amx(shape):
     func, got, expected = _conv(amx_runs_here(), shape, reference=False, epilogue=True, seed=6)
-    assert "tdpbusd" in func.get_source("asm")
+    asm = func.get_source("asm")
+    # The accumulators start from the bias (bias_into_tiles): no tile is zeroed.
+    assert "tdpbusd" in asm and "tilezero" not in asm
     np.testing.assert_array_equal(got, expected)
+
+
+def _bias_reads(func: tvm.tir.PrimFunc) -> tuple:
+    """``(vector reads of the bias, tile loads of it with a row stride of 0, tiles zeroed)``."""
+    bias = func.buffer_map[func.params[2]].data
+    text = func.script()
+    loads = []
+    tvm.tir.stmt_functor.post_order_visit(func.body, lambda n: loads.append(n) if isinstance(n, tvm.tir.BufferLoad)
+                                          and n.buffer.data.same_as(bias) and n.dtype != "int32" else None)
+    stride0 = [line for line in text.splitlines() if "tileloadd64" in line and "bias" in line
+               and line.rstrip().endswith("T.int64(0))")]
+    return len(loads), len(stride0), text.count("tilezero")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_the_bias_starts_the_accumulators(shape):
+    moved, _ = tile_epilogue.interleave(_lowered(shape)["main"])
+    vectors, tile_loads, zeroed = _bias_reads(moved)
+    assert vectors > 0 and tile_loads == 0 and zeroed > 0
+    func, steps = tile_epilogue.bias_into_tiles(moved)
+    # Every step's accumulators load the bias (a tail step too); the epilogue no longer reads it.
+    assert steps == (2 if _has_tail(moved) else 1)
+    assert _bias_reads(func) == (0, zeroed, 0)
+
+
+def _has_tail(func: tvm.tir.PrimFunc) -> bool:
+    return func.script().count("llvm.x86.ldtilecfg") > 2  # own configuration, a tail's, the caller's back
+
+
+def test_a_bias_read_outside_the_steps_keeps_the_zeroed_tiles():
+    # 7 x 7 planes run wide: their epilogue runs after the program, where no step maps onto its reads.
+    moved, count = tile_epilogue.interleave(_lowered((128, 7, 7, 128, 3, 1, 1))["main"])
+    assert count == 0
+    assert tile_epilogue.bias_into_tiles(moved) == (moved, 0)
+
+
+def test_a_conv_without_a_bias_keeps_the_zeroed_tiles():
+    data = te.placeholder((1, 1, 8, 40, 64), "uint8", name="data")
+    kernel = te.placeholder((2, 1, 3, 3, 16, 64, 4), "int8", name="kernel")
+    with tvm.target.Target(AMX_TARGET):
+        cfg = autotvm.get_config()
+        conv = conv2d_nchwc_amx(cfg, data, kernel, 1, 1, 1, "NCHW64c", "NCHW64c")
+        # A float epilogue that reads the int32 product without adding anything to it.
+        out = te.compute(conv.shape, lambda *i: conv(*i).astype("float32") * 0.5, name=REQUANTIZED, tag="elemwise")
+        func = tvm.lower(schedule_conv2d_nchwc_amx(cfg, [out]), [data, kernel, out])["main"]
+    moved, _ = tile_epilogue.interleave(func)
+    assert tile_epilogue.bias_into_tiles(moved) == (moved, 0)
 
 
 #: A 7x7 RGB stem at stride 2 on 28-pixel rows (a step and a tail), two output blocks; a 3x3 one on 38-pixel rows.
@@ -107,3 +156,13 @@ def test_real_stem_with_the_moved_epilogue_is_bit_exact_where_the_cpu_has_amx(sh
     func, got, expected = _stem(amx_runs_here(), shape, reference=False, seed=8, epilogue=True)
     assert "tdpbusd" in func.get_source("asm")
     np.testing.assert_array_equal(got, expected)
+
+
+def test_each_tile_starts_from_the_biases_of_its_columns():
+    # 14 x 14, 128 channels: strips of 2 x 16 channels, steps of 2 x 16 pixels; tiles (pixels, channels)
+    # (0, 0), (0, 16), (16, 0), (16, 16), then a tail step of one pixel tile.
+    func, _ = tile_epilogue.bias_into_tiles(tile_epilogue.interleave(_lowered(SHAPES[2])["main"])[0])
+    starts = [line.split("bias_1[")[1].split("]")[0] for line in func.script().splitlines()
+              if "tileloadd64" in line and "bias_1[" in line]
+    block = "i0_i1_fused_i2_outer_fused * 64 + strip * 32"
+    assert starts == [block, block + " + 16", block, block + " + 16", block, block + " + 16"]
