@@ -404,6 +404,17 @@ def test_short_rows_at_stride_one_run_wide(shape, wide):
     assert rows_past == (1 if wide else 0)
 
 
+@pytest.mark.parametrize("hw", [7, 14, 28])
+def test_flat_convs_read_their_data_unpadded(hw):
+    # A 1x1 conv's short rows run as one flat run that ends at the data's end: no padding stage (which
+    # would copy the whole input inside the conv's kernel).
+    data = te.placeholder((1, 2, hw, hw, 64), "uint8", name="data")
+    kernel = te.placeholder((2, 2, 1, 1, 16, 64, 4), "int8", name="kernel")
+    with tvm.target.Target(AMX_TARGET):
+        out = conv2d_nchwc_amx(autotvm.get_config(), data, kernel, 1, 0, 1, "NCHW64c", "NCHW64c")
+    assert out.op.input_tensors[0].same_as(data)
+
+
 def test_conv_machine_code_configures_each_row_task():
     data = te.placeholder((1, 2, 6, 40, 64), "uint8", name="data")  # 40 pixels: a 32-pixel step, an 8-pixel tail
     kernel = te.placeholder((1, 2, 1, 1, 16, 64, 4), "int8", name="kernel")

@@ -251,7 +251,9 @@ def conv2d_nchwc_amx(cfg, data, kernel, strides, padding, dilation, layout, out_
         raise ValueError(f"empty conv2d output ({out_h}x{out_w}) for input {in_h}x{in_w}")
     _define_knobs(cfg, isa, out_h, out_w, block // isa.columns, is_flat(k_h, k_w, strides, padding))
     rows = getattr(cfg["rows"], "val", None)  # None: a tuning space, not one configuration
-    if rows is not None:
+    if rows is not None and task_tiles(isa, rows, out_w, k_h, k_w, strides)[0] == "wide":
+        # Only a wide task reads past its rows; a flat one (a 1x1 conv's short rows, run as one) does not,
+        # and padding it would copy the whole input for nothing.
         pad_b += wide_rows_past(isa, rows, out_w, k_h, k_w, strides)
     if pad_t or pad_l or pad_b or pad_r:
         data = topi.nn.pad(data, [0, 0, pad_t, pad_l, 0], [0, 0, pad_b, pad_r, 0], name="data_pad")
