@@ -224,6 +224,46 @@ def test_each_toolchain_alone_is_timed_once_in_the_final_comparison():
     assert any(ln.startswith("crossings: 3 partition(s) outside tvm, 0.8 KB across the borders") for ln in lines)
 
 
+class Prebuilding(Sampling):
+    """A timer whose sampler records what the driver asks it to build early, and when."""
+
+    def __init__(self, estimator):
+        super().__init__(estimator)
+        self.calls = []
+        timer = self
+
+        class Sampler:
+            def __call__(self, mod):
+                return Sampling.sampler(timer, mod)
+
+            def prebuild(self, modules):
+                timer.calls.append(("prebuild", sorted(modules)))
+
+        self.sampler = Sampler()
+
+    def time(self, mod):
+        self.calls.append(("time", None))
+        return super().time(mod)
+
+
+class SamplingPrebuilt(FusingWholeModel):
+    def whole_model_timer(self):
+        self.timer = getattr(self, "timer", None) or Prebuilding(self)
+        return self.timer
+
+
+def test_the_comparisons_rivals_start_building_before_validation():
+    # The comparison's whole models build on the second core while validation builds its mixes.
+    est = SamplingPrebuilt(ISOLATED, {}, crossing_ms=0.0)
+    result = partition(elementwise_net(), None, TOOLCHAINS, est)
+    assert est.timer.calls[0] == ("prebuild", sorted(set(result.final.timings) - {"collage"}))
+    assert [kind for kind, _ in est.timer.calls[1:]] == ["time"] * len(result.trials)
+    # With an error budget the lossy rivals are checked first: nothing is built early.
+    est = SamplingPrebuilt(ISOLATED, {}, crossing_ms=0.0)
+    partition(elementwise_net(), None, TOOLCHAINS, est, error_budget=1.0, sample_inputs=INPUTS)
+    assert not any(kind == "prebuild" for kind, _ in est.timer.calls)
+
+
 def test_time_budget_during_estimation_returns_tvm_alone_marked_partial():
     mod = elementwise_net()
     updates = []

@@ -493,6 +493,52 @@ def test_validations_whole_builds_are_taken_by_the_comparison_not_built_again(mo
     sampler.close()
 
 
+def _dynamic_module() -> tvm.IRModule:
+    x = relay.var("x", shape=(relay.Any(), 16))  # the graph executor cannot build it
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+
+
+def test_the_comparisons_builds_start_early_and_are_taken_not_built_again(monkeypatch):
+    # BERT-base: the comparison's whole models (each toolchain alone, each runtime on the file) build on
+    # the second core while validation builds its mixes; time() and build_all() wait for them.
+    from tvm_tcutils.collage.cost import workers
+
+    started = []
+
+    class Recorded(workers.IsolatedModule):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(workers, "IsolatedModule", Recorded)
+    sampler = workers.IsolatedSampler("llvm", repeat=2, warmup=1)
+    alone, mix, dropped = two_layer_net(0), two_layer_net(1), two_layer_net(2)
+    sampler.prebuild({"tvm alone": alone, "dropped": dropped, "broken": _dynamic_module()})
+    sampler.prebuild({"tvm alone": alone})  # started already: not again
+    assert len(started) == 3 and len(sampler.building) == 3
+    assert sampler.time(alone) > 0 and len(started) == 3  # validation times the prebuilt one
+    assert sampler.time(mix) > 0 and len(started) == 4
+    built = sampler.build_all({"tvm alone": alone, "collage": mix, "broken": _dynamic_module()})
+    assert len(started) == 4 and sampler.building == {} and sampler.kept == {}
+    assert built["tvm alone"].__self__ is started[0] and built["collage"].__self__ is started[3]
+    assert isinstance(built["broken"], RuntimeError) and "could not be built" in str(built["broken"])
+    assert not started[1].pool._workers  # prebuilt, but no contender of the comparison: ended
+    assert all(built[name]() > 0 for name in ("tvm alone", "collage"))
+    for isolated in started:
+        isolated.close()
+
+
+def test_closing_the_sampler_ends_the_builds_it_started():
+    from tvm_tcutils.collage.cost import workers
+
+    sampler = workers.IsolatedSampler("llvm", repeat=2, warmup=1)
+    sampler.prebuild({"a": two_layer_net(0), "b": two_layer_net(1)})
+    running = [isolated for isolated, _ in sampler.building.values()]
+    sampler.close()
+    assert sampler.building == {} and sampler._prebuilder is None
+    assert all(not isolated.pool._workers for isolated in running)
+
+
 def test_whole_models_get_a_longer_timeout_than_candidates():
     from tvm_tcutils.collage.cost.workers import WHOLE_MODEL_TIMEOUT_S, PooledWholeModelTimer, WorkerPool
 

@@ -770,6 +770,14 @@ class IsolatedSampler:
     (True, 1)
     >>> built = sampler.build_all({"a": mod}); len(sampler.kept)
     0
+
+    :meth:`prebuild` starts the comparison's builds early, in a background thread, while validation builds
+    and times its mixes on the other core; :meth:`build_all` then waits for them instead of building:
+
+    >>> sampler.prebuild({"b": tvm.IRModule.from_expr(relay.Function([x], relay.sqrt(x)))}); len(sampler.building)
+    1
+    >>> sorted(sampler.build_all({"b": tvm.IRModule.from_expr(relay.Function([x], relay.sqrt(x)))})), sampler.building
+    (['b'], {})
     """
 
     #: Modules built at once, each in its own worker: two halve the building time on 2 cores, and each
@@ -784,6 +792,9 @@ class IsolatedSampler:
         #: Modules :meth:`time` built, by their text's digest: stopped workers until :meth:`build_all`
         #: takes them or :meth:`close` ends them.
         self.kept: Dict[str, IsolatedModule] = {}
+        #: Modules :meth:`prebuild` started, by their text's digest: (worker, its build's future).
+        self.building: Dict[str, Tuple[IsolatedModule, concurrent.futures.Future]] = {}
+        self._prebuilder: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     def _text(self, mod: tvm.IRModule) -> str:
         return self.constants.dumps(mod) if self.constants else tvm.ir.save_json(mod)
@@ -801,27 +812,62 @@ class IsolatedSampler:
     def __call__(self, mod: tvm.IRModule) -> Callable[[], float]:
         return self._isolated(self._text(mod)).build().sample
 
+    def prebuild(self, modules: Mapping[str, tvm.IRModule]) -> None:
+        """Start building ``modules`` (those not kept or building already) in the background, one at a time
+        in order, while the caller goes on; :meth:`time` and :meth:`build_all` take them when built, and
+        :meth:`close` ends those none took. The workers start here, in the caller's thread."""
+        for mod in modules.values():
+            text = self._text(mod)
+            key = self._key(text)
+            if key in self.kept or key in self.building:
+                continue
+            if self._prebuilder is None:
+                # One builder: the caller builds on the other core (2 cores: validation's mixes).
+                self._prebuilder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tcutils-prebuild")
+            isolated = self._isolated(text)
+            self.building[key] = (isolated, self._prebuilder.submit(isolated.build))
+
+    def _built_early(self, key: str) -> Optional[IsolatedModule]:
+        """The module :meth:`prebuild` started under ``key``, once built (raises its ``RuntimeError``), or
+        None when none was started."""
+        started = self.building.pop(key, None)
+        if started is None:
+            return None
+        isolated, future = started
+        future.result()
+        return isolated
+
+    def _end_prebuilder(self) -> None:
+        if self._prebuilder is not None and not self.building:
+            self._prebuilder.shutdown(wait=True)
+            self._prebuilder = None
+
     def time(self, mod: tvm.IRModule) -> float:
         """One sample (ms) of ``mod`` built in a process of its own, ``inf`` where it could not be built or
         run; the built module stays (stopped) for :meth:`build_all`."""
         text = self._text(mod)
         key = self._key(text)
-        isolated = self.kept.get(key) or self._isolated(text)
+        isolated = self.kept.get(key)
         try:
+            isolated = isolated or self._built_early(key) or self._isolated(text)
             ms = isolated.build().sample()
         except RuntimeError as err:
             logger.warning("whole-model measurement failed: %s", err)
             self.kept.pop(key, None)
-            isolated.close()
+            if isolated is not None:
+                isolated.close()
             return math.inf
         self.kept[key] = isolated
         return ms
 
     def close(self) -> None:
-        """End the workers of the modules :meth:`time` kept."""
+        """End the workers of the modules :meth:`time` kept and :meth:`prebuild` started (a build still
+        running ends with its worker)."""
         kept, self.kept = self.kept, {}
-        for isolated in kept.values():
+        building, self.building = self.building, {}
+        for isolated in list(kept.values()) + [isolated for isolated, _ in building.values()]:
             isolated.close()
+        self._end_prebuilder()
 
     def build_all(self, modules: Mapping[str, tvm.IRModule]) -> Dict[str, object]:
         """``{name: sample function, or the RuntimeError its build raised}`` for every module: those
@@ -832,18 +878,32 @@ class IsolatedSampler:
         kept, self.kept = self.kept, {}
         for key in set(kept) - set(keys.values()):
             kept.pop(key).close()
-        isolated = {}
+        for key in set(self.building) - set(keys.values()):
+            self.building.pop(key)[0].close()
+        isolated, early = {}, {}
         for name, text in texts.items():  # new workers start here, in this thread
-            isolated[name] = kept.pop(keys[name], None) or self._isolated(text)
+            started = self.building.pop(keys[name], None)
+            if started is not None:
+                early[name] = started
+            else:
+                isolated[name] = kept.pop(keys[name], None) or self._isolated(text)
 
         def build(name: str):
             try:
+                if name in early:  # built (or being built) by prebuild: wait for it
+                    early[name][1].result()
+                    return name, early[name][0].sample
                 return name, isolated[name].build().sample
             except RuntimeError as err:
                 return name, err
 
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(self.build_workers, len(isolated)))) as builders:
-            return dict(builders.map(build, list(isolated)))
+        order = list(isolated) + list(early)  # builds first: a builder waiting takes no core
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max(1, min(self.build_workers, len(order)))) as builders:
+                built = dict(builders.map(build, order))
+        finally:
+            self._end_prebuilder()
+        return {name: built[name] for name in modules}
 
 
 class PooledWholeModelTimer:
