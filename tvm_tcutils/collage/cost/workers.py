@@ -546,11 +546,15 @@ class WorkerPool:
         self.recycle_bytes = recycle_bytes
         self.recycled = 0
         self._workers: List[_Worker] = []
+        #: Set by :meth:`close`: a :meth:`run` in another thread then stops instead of replacing the
+        #: workers it lost (an :class:`IsolatedModule` closed while a background thread builds it).
+        self._closed = False
 
     def start(self) -> None:
         """Start the workers now, in the calling thread (they die with the thread that started them:
         :func:`tvm_tcutils.processes.die_with_parent`), so that :meth:`run` may then be called from
         another thread."""
+        self._closed = False
         while len(self._workers) < self.size:
             self._workers.append(self._spawn())
 
@@ -574,6 +578,7 @@ class WorkerPool:
             A worker raised something other than a build or run failure.
         """
         timeout = self.timeout if timeout is None else timeout
+        self._closed = False  # a pool closed before may run again; closed during this run, it stops
         limit = len(tasks) if hasattr(tasks, "__len__") else math.inf
         wanted = min(self.size, limit)
         source: Iterator[Task] = iter(tasks)
@@ -589,6 +594,8 @@ class WorkerPool:
                 on_result(index, result)
 
         while True:
+            if self._closed:
+                raise RuntimeError("the worker pool was closed while it ran a task")
             if not exhausted and len(self._workers) < min(self.size, limit):  # the size grew (new RPC servers)
                 self._workers.append(self._spawn())
             for worker in self._workers:
@@ -639,6 +646,8 @@ class WorkerPool:
                 task = worker.task
                 worker.stop(kill=True)
                 output = worker.output(500)
+                if self._closed:
+                    raise RuntimeError("the worker pool was closed while it ran a task")
                 self._workers[k] = self._spawn()
                 if task is not None:
                     tail = f"; its output ends: {output}" if output else ""
@@ -663,9 +672,10 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop every worker."""
-        for worker in self._workers:
+        self._closed = True
+        workers, self._workers = self._workers, []
+        for worker in workers:
             worker.stop(kill=worker.task is not None)
-        self._workers = []
 
 
 class IsolatedModule:
@@ -865,6 +875,8 @@ class IsolatedSampler:
         running ends with its worker)."""
         kept, self.kept = self.kept, {}
         building, self.building = self.building, {}
+        for _, future in building.values():
+            future.cancel()  # not started yet: never starts
         for isolated in list(kept.values()) + [isolated for isolated, _ in building.values()]:
             isolated.close()
         self._end_prebuilder()
@@ -879,7 +891,9 @@ class IsolatedSampler:
         for key in set(kept) - set(keys.values()):
             kept.pop(key).close()
         for key in set(self.building) - set(keys.values()):
-            self.building.pop(key)[0].close()
+            isolated, future = self.building.pop(key)
+            future.cancel()
+            isolated.close()
         isolated, early = {}, {}
         for name, text in texts.items():  # new workers start here, in this thread
             started = self.building.pop(keys[name], None)
