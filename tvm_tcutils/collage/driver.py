@@ -456,6 +456,10 @@ class _Partitioner:
             # The comparison's whole models build on the second core while validation builds its mixes on
             # the first (BERT-base: 2-4 minutes of builds less in all).
             prebuild(singles)
+            alone = f"{tvm_toolchain(by_name).name} alone"
+            if alone in singles and hasattr(timer, "time"):
+                # Built anyway: a re-searched mix estimated slower than it is not built (BERT-base: a minute).
+                validation.rival = (alone, lambda: timer.time(singles[alone]))
         rivals = ({}, {}) if comparing else (single_results, greedy)
         result = validation.run(result, self.validate_rounds, *rivals, retime=not comparing)
         if timer is not None:

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from .._tvm import tvm
 from ..measure import WHOLE_MODEL_MIN_REPEAT_MS, Interleaved, Ratio, Timer, Timing, error_line, interleave_until, ratio
@@ -141,6 +141,31 @@ class Validation:
         self.penalty = 0.0
         self._measured: Dict[frozenset, float] = {}
         self._labels: Dict[frozenset, str] = {}
+        #: ``(label, ms())``: a rival of every mix that the final comparison times anyway (TVM alone, built
+        #: beside validation), timed once on demand; a re-searched mix whose estimate, corrected by how
+        #: the first mix's estimate erred where it erred low, is above the rival's time is not built.
+        self.rival: Optional[Tuple[str, Callable[[], Optional[float]]]] = None
+        self._rival_ms: Optional[float] = None
+        #: Re-searched mixes :meth:`run` did not build: (label, estimated ms, the rival's ms).
+        self.skipped: List[Tuple[str, float, float]] = []
+
+    def _beaten(self, first: SearchResult, current: SearchResult, label: str) -> bool:
+        """Whether ``current`` (a re-searched mix) cannot beat :attr:`rival`: its estimate, scaled by the
+        first mix's measured / estimated time where that is below 1 (estimates run low there), is still
+        above the rival's measured time."""
+        if self.rival is None:
+            return False
+        if self._rival_ms is None:
+            ms = self.rival[1]()
+            self._rival_ms = ms if ms is not None and math.isfinite(ms) else math.inf
+        measured = self._measured.get(self._key(first))
+        scale = min(1.0, measured / first.cost) if measured and first.cost > 0 else 1.0
+        if current.cost * scale <= self._rival_ms:
+            return False
+        self.skipped.append((label, current.cost, self._rival_ms))
+        logger.info("validation: %s estimated %.3f ms: not built, %s measured %.3f ms", label, current.cost,
+                    self.rival[0], self._rival_ms)
+        return True
 
     def _external(self, cand: Candidate) -> bool:
         return not cand.host and not self.toolchains[cand.toolchain].is_tvm
@@ -208,7 +233,10 @@ class Validation:
             current = search_valid(self.graph, self.cands, costs, self.toolchains)
             if self._key(current) in self._measured:
                 break
-            self._time(current, f"collage, {penalty * 1e3:.0f} us per crossing")
+            label = f"collage, {penalty * 1e3:.0f} us per crossing"
+            if self._beaten(result, current, label):
+                break
+            self._time(current, label)
             tried.append(current)
         labelled = [(f"{name} alone" if self.toolchains[name].is_tvm else f"{name} + tvm", single)
                     for name, single in singles.items()]
