@@ -897,8 +897,10 @@ class IsolatedSampler:
         isolated, early = {}, {}
         for name, text in texts.items():  # new workers start here, in this thread
             started = self.building.pop(keys[name], None)
-            if started is not None:
-                early[name] = started
+            if started is not None and not started[1].cancel():
+                early[name] = started  # building: waited for
+            elif started is not None:
+                isolated[name] = started[0]  # still queued: built here, beside the others
             else:
                 isolated[name] = kept.pop(keys[name], None) or self._isolated(text)
 
