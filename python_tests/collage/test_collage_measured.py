@@ -560,6 +560,25 @@ def test_a_prebuild_still_queued_is_built_beside_the_others_not_waited_for(monke
         isolated.close()
 
 
+def test_a_module_outlined_again_is_the_kept_one():
+    # Two outlines of one partitioning serialize their shared nodes in different orders: the comparison's
+    # mix (BERT-base) did not match validation's by its JSON and was built a second time.
+    from tvm_tcutils.collage.cost import workers
+
+    x = relay.var("x", shape=(4,))
+    w = np.ones(4, "float32")
+    shared = relay.const(w)
+    first = tvm.IRModule.from_expr(relay.Function([x], relay.add(relay.multiply(x, shared), shared)))
+    again = tvm.IRModule.from_expr(relay.Function([x], relay.add(relay.multiply(x, relay.const(w)), relay.const(w))))
+    assert tvm.ir.save_json(first) != tvm.ir.save_json(again)
+    sampler = workers.IsolatedSampler("llvm", repeat=2, warmup=1)
+    assert sampler.time(first) > 0
+    [kept] = sampler.kept.values()
+    built = sampler.build_all({"collage": again})
+    assert built["collage"].__self__ is kept
+    kept.close()
+
+
 def test_closing_the_sampler_ends_the_builds_it_started():
     from tvm_tcutils.collage.cost import workers
 

@@ -39,7 +39,6 @@ import collections
 import concurrent.futures
 import contextlib
 import fcntl
-import hashlib
 import logging
 import math
 import os
@@ -756,6 +755,17 @@ def _end_isolated(pool: "WorkerPool", process: subprocess.Popen) -> None:
     pool.close()
 
 
+def _timed_build(isolated: IsolatedModule, name: str) -> IsolatedModule:
+    """``isolated.build()``, its seconds logged (where a search's whole-model time goes)."""
+    if isolated._task is None:  # built already
+        return isolated.build()
+    start = time.perf_counter()
+    try:
+        return isolated.build()
+    finally:
+        logger.info("whole model %s: built in %.1f s", name, time.perf_counter() - start)
+
+
 class IsolatedSampler:
     """The final comparison's sampler for a measuring estimator: each module in an :class:`IsolatedModule`.
 
@@ -810,9 +820,11 @@ class IsolatedSampler:
         return self.constants.dumps(mod) if self.constants else tvm.ir.save_json(mod)
 
     @staticmethod
-    def _key(text: str) -> str:
-        """What :attr:`kept` files a module's text under."""
-        return hashlib.sha256(text.encode()).hexdigest()
+    def _key(mod: tvm.IRModule) -> str:
+        """What :attr:`kept` and :attr:`building` file a module under: its structural hash. Not its JSON:
+        two outlines of one partitioning serialize their shared nodes in different orders (validation's
+        mix and the comparison's had different JSON, so the comparison built BERT-base's mix again)."""
+        return f"{tvm.ir.structural_hash(mod, map_free_vars=True):x}"
 
     def _isolated(self, text: str) -> IsolatedModule:
         return IsolatedModule(text, self.target, max(self.repeat, 10), self.warmup, WHOLE_MODEL_MIN_REPEAT_MS,
@@ -827,9 +839,8 @@ class IsolatedSampler:
         :attr:`build_workers` at a time in order, while the caller goes on; :meth:`time` and
         :meth:`build_all` take them when built, and :meth:`close` ends those none took. The workers start
         here, in the caller's thread."""
-        for mod in modules.values():
-            text = self._text(mod)
-            key = self._key(text)
+        for name, mod in modules.items():
+            key = self._key(mod)
             if key in self.kept or key in self.building:
                 continue
             if self._prebuilder is None:
@@ -837,8 +848,8 @@ class IsolatedSampler:
                 # other behind TVM alone, and the comparison waited for the last (344 s against 292).
                 self._prebuilder = concurrent.futures.ThreadPoolExecutor(
                     max(1, self.build_workers), thread_name_prefix="tcutils-prebuild")
-            isolated = self._isolated(text)
-            self.building[key] = (isolated, self._prebuilder.submit(isolated.build))
+            isolated = self._isolated(self._text(mod))
+            self.building[key] = (isolated, self._prebuilder.submit(_timed_build, isolated, name))
 
     def _built_early(self, key: str) -> Optional[IsolatedModule]:
         """The module :meth:`prebuild` started under ``key``, once built (raises its ``RuntimeError``), or
@@ -858,12 +869,11 @@ class IsolatedSampler:
     def time(self, mod: tvm.IRModule) -> float:
         """One sample (ms) of ``mod`` built in a process of its own, ``inf`` where it could not be built or
         run; the built module stays (stopped) for :meth:`build_all`."""
-        text = self._text(mod)
-        key = self._key(text)
+        key = self._key(mod)
         isolated = self.kept.get(key)
         try:
-            isolated = isolated or self._built_early(key) or self._isolated(text)
-            ms = isolated.build().sample()
+            isolated = isolated or self._built_early(key) or self._isolated(self._text(mod))
+            ms = _timed_build(isolated, "timed by validation").sample()
         except RuntimeError as err:
             logger.warning("whole-model measurement failed: %s", err)
             self.kept.pop(key, None)
@@ -888,8 +898,7 @@ class IsolatedSampler:
         """``{name: sample function, or the RuntimeError its build raised}`` for every module: those
         :meth:`time` built already as they are, the others built :attr:`build_workers` at once. Kept
         modules none of ``modules`` is end here (their memory goes before the builds)."""
-        texts = {name: self._text(mod) for name, mod in modules.items()}
-        keys = {name: self._key(text) for name, text in texts.items()}
+        keys = {name: self._key(mod) for name, mod in modules.items()}
         kept, self.kept = self.kept, {}
         for key in set(kept) - set(keys.values()):
             kept.pop(key).close()
@@ -898,21 +907,21 @@ class IsolatedSampler:
             future.cancel()
             isolated.close()
         isolated, early = {}, {}
-        for name, text in texts.items():  # new workers start here, in this thread
+        for name, mod in modules.items():  # new workers start here, in this thread
             started = self.building.pop(keys[name], None)
             if started is not None and not started[1].cancel():
                 early[name] = started  # building: waited for
             elif started is not None:
                 isolated[name] = started[0]  # still queued: built here, beside the others
             else:
-                isolated[name] = kept.pop(keys[name], None) or self._isolated(text)
+                isolated[name] = kept.pop(keys[name], None) or self._isolated(self._text(mod))
 
         def build(name: str):
             try:
                 if name in early:  # built (or being built) by prebuild: wait for it
                     early[name][1].result()
                     return name, early[name][0].sample
-                return name, isolated[name].build().sample
+                return name, _timed_build(isolated[name], name).sample
             except RuntimeError as err:
                 return name, err
 
