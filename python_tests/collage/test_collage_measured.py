@@ -463,9 +463,8 @@ def test_isolated_builds_at_once_keep_their_workers_after_the_building_threads_e
     assert all(sample() > 0 and sample() > 0 for sample in built.values())
 
 
-def test_validations_whole_builds_are_taken_by_the_comparison_not_built_again(monkeypatch):
-    # BERT-base takes a minute or more a whole build: validation's mix, kept after its timing, is the
-    # comparison's contender as it is; a kept module the comparison does not time ends before its builds.
+def _recording_sampler(monkeypatch):
+    """``(an IsolatedSampler, the list of every IsolatedModule it starts, in order)``."""
     from tvm_tcutils.collage.cost import workers
 
     started = []
@@ -476,7 +475,13 @@ def test_validations_whole_builds_are_taken_by_the_comparison_not_built_again(mo
             started.append(self)
 
     monkeypatch.setattr(workers, "IsolatedModule", Recorded)
-    sampler = workers.IsolatedSampler("llvm", repeat=2, warmup=1)
+    return workers.IsolatedSampler("llvm", repeat=2, warmup=1), started
+
+
+def test_validations_whole_builds_are_taken_by_the_comparison_not_built_again(monkeypatch):
+    # BERT-base takes a minute or more a whole build: validation's mix, kept after its timing, is the
+    # comparison's contender as it is; a kept module the comparison does not time ends before its builds.
+    sampler, started = _recording_sampler(monkeypatch)
     mix, other, dropped = two_layer_net(0), two_layer_net(1), two_layer_net(2)
     assert sampler.time(mix) > 0 and sampler.time(dropped) > 0
     assert sampler.time(mix) > 0 and len(started) == 2  # timed again in the worker it was built in
@@ -487,9 +492,7 @@ def test_validations_whole_builds_are_taken_by_the_comparison_not_built_again(mo
     assert not kept_dropped.pool._workers  # ended: no contender of the comparison
     assert all(sample() > 0 for sample in built.values())
     # A module that cannot be built: inf, and nothing kept.
-    x = relay.var("x", shape=(relay.Any(), 16))
-    assert sampler.time(relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))) \
-        == math.inf and sampler.kept == {}
+    assert sampler.time(_dynamic_module()) == math.inf and sampler.kept == {}
     sampler.close()
 
 
@@ -501,17 +504,7 @@ def _dynamic_module() -> tvm.IRModule:
 def test_the_comparisons_builds_start_early_and_are_taken_not_built_again(monkeypatch):
     # BERT-base: the comparison's whole models (each toolchain alone, each runtime on the file) build on
     # the second core while validation builds its mixes; time() and build_all() wait for them.
-    from tvm_tcutils.collage.cost import workers
-
-    started = []
-
-    class Recorded(workers.IsolatedModule):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            started.append(self)
-
-    monkeypatch.setattr(workers, "IsolatedModule", Recorded)
-    sampler = workers.IsolatedSampler("llvm", repeat=2, warmup=1)
+    sampler, started = _recording_sampler(monkeypatch)
     alone, mix, dropped = two_layer_net(0), two_layer_net(1), two_layer_net(2)
     sampler.prebuild({"tvm alone": alone, "dropped": dropped, "broken": _dynamic_module()})
     sampler.prebuild({"tvm alone": alone})  # started already: not again

@@ -57,13 +57,19 @@ def test_a_convs_epilogue_moves_into_its_program(shape):
     assert count == 1 and _moved_into_program(func)
 
 
-def test_a_conv_without_an_epilogue_keeps_its_program():
+def _lowered_3x3(epilogue=None) -> tvm.tir.PrimFunc:
+    """A 3x3 conv on 40-pixel rows, lowered for the real tiles, with ``epilogue(conv)`` after it if given."""
     data = te.placeholder((1, 1, 8, 40, 64), "uint8", name="data")
     kernel = te.placeholder((2, 1, 3, 3, 16, 64, 4), "int8", name="kernel")
     with tvm.target.Target(AMX_TARGET):
         cfg = autotvm.get_config()
         out = conv2d_nchwc_amx(cfg, data, kernel, 1, 1, 1, "NCHW64c", "NCHW64c")
-        func = tvm.lower(schedule_conv2d_nchwc_amx(cfg, [out]), [data, kernel, out])["main"]
+        out = epilogue(out) if epilogue else out
+        return tvm.lower(schedule_conv2d_nchwc_amx(cfg, [out]), [data, kernel, out])["main"]
+
+
+def test_a_conv_without_an_epilogue_keeps_its_program():
+    func = _lowered_3x3()
     assert tile_epilogue.interleave(func) == (func, 0)
 
 
@@ -123,14 +129,9 @@ def test_a_bias_read_outside_the_steps_keeps_the_zeroed_tiles():
 
 
 def test_a_conv_without_a_bias_keeps_the_zeroed_tiles():
-    data = te.placeholder((1, 1, 8, 40, 64), "uint8", name="data")
-    kernel = te.placeholder((2, 1, 3, 3, 16, 64, 4), "int8", name="kernel")
-    with tvm.target.Target(AMX_TARGET):
-        cfg = autotvm.get_config()
-        conv = conv2d_nchwc_amx(cfg, data, kernel, 1, 1, 1, "NCHW64c", "NCHW64c")
-        # A float epilogue that reads the int32 product without adding anything to it.
-        out = te.compute(conv.shape, lambda *i: conv(*i).astype("float32") * 0.5, name=REQUANTIZED, tag="elemwise")
-        func = tvm.lower(schedule_conv2d_nchwc_amx(cfg, [out]), [data, kernel, out])["main"]
+    # A float epilogue that reads the int32 product without adding anything to it.
+    func = _lowered_3x3(lambda conv: te.compute(conv.shape, lambda *i: conv(*i).astype("float32") * 0.5,
+                                                name=REQUANTIZED, tag="elemwise"))
     moved, _ = tile_epilogue.interleave(func)
     assert tile_epilogue.bias_into_tiles(moved) == (moved, 0)
 
