@@ -308,5 +308,5 @@ def test_validation_does_not_build_a_re_searched_mix_a_built_rival_beats(rival_m
     # (all TVM, about 9 ms) is built only when the rival does not beat its estimate.
     assert [label for label, _, _ in check.trials][:1] == ["collage"] and len(check.trials) == (2 if built else 1)
     assert asked == [1]
-    assert [(label.startswith("collage, 3000 us"), ms) for label, _, ms in check.skipped] == \
-        ([] if built else [(True, rival_ms)])
+    assert [(label.startswith("collage, 3000 us"), rival, ms) for label, _, rival, ms in check.skipped] == \
+        ([] if built else [(True, "tvm alone", rival_ms)])

@@ -321,3 +321,13 @@ def test_final_comparison_lets_a_sampler_build_all_modules_its_own_way():
     out = final_comparison(modules, "collage", Builder(), min_rounds=2, max_rounds=2)
     assert list(out.timings) == list(modules) and out.answer == "collage"
     assert out.timings["b alone"].samples_ms == () and out.timings["a alone"].median_ms == 2.0
+
+
+def test_the_report_names_a_re_searched_mix_validation_did_not_build():
+    import dataclasses
+
+    result = partition(elementwise_net(), None, TOOLCHAINS, SamplingFusing(ISOLATED, {}, crossing_ms=0.0))
+    assert result.not_built == [] and not any("was not built" in ln for ln in report_lines(result))
+    skipped = dataclasses.replace(result, not_built=[("collage, 300 us per crossing", 9.5, "tvm alone", 7.25)])
+    assert "validation: the re-searched mix (collage, 300 us per crossing) estimated 9.500 ms was not built: " \
+        "tvm alone measured 7.250 ms" in report_lines(skipped)

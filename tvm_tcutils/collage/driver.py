@@ -155,6 +155,9 @@ class CollageResult:
     #: Per toolchain other than TVM: operator name -> how many of the model's calls of it no candidate of
     #: that toolchain contains (what kept it from a region: an operator its rules or export do not take).
     unreachable: Dict[str, Dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: Re-searched mixes validation did not build, a rival the comparison builds anyway having measured
+    #: faster than their estimates: (label, estimated ms, the rival, its ms).
+    not_built: List = dataclasses.field(default_factory=list)
 
 
 def unreachable_ops(graph: IndexedGraph, cands: Sequence[Candidate],
@@ -525,7 +528,7 @@ class _Partitioner:
             result.chosen, prepared, measured_ms, validation.trials, validation.side_by_side,
             answer, final, counts, bool(partial), "; ".join(partial), not_compared, mix_partitions,
             validation.measured_of(result), self.error_budget, errors, steps,
-            unreachable_ops(graph, cands, self.toolchains))
+            unreachable_ops(graph, cands, self.toolchains), list(validation.skipped))
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
         return self.last_result

@@ -248,6 +248,8 @@ def report_lines(result: CollageResult, skipped: Optional[str] = None) -> List[s
     crossing = crossing_line(result.mix_partitions, result.mix_measured_ms, tvm_name)
     if crossing:
         lines += crossing.splitlines()
+    lines += [f"validation: the re-searched mix ({label}) estimated {_ms(estimated)} ms was not built: {rival} "
+              f"measured {_ms(ms)} ms" for label, estimated, rival, ms in result.not_built]
     lines += unreachable_lines(result)
     lines += _single_lines(result, skipped or result.not_compared)
     lines.append(answer_line(result, skipped))

@@ -146,8 +146,8 @@ class Validation:
         #: the first mix's estimate erred where it erred low, is above the rival's time is not built.
         self.rival: Optional[Tuple[str, Callable[[], Optional[float]]]] = None
         self._rival_ms: Optional[float] = None
-        #: Re-searched mixes :meth:`run` did not build: (label, estimated ms, the rival's ms).
-        self.skipped: List[Tuple[str, float, float]] = []
+        #: Re-searched mixes :meth:`run` did not build: (label, estimated ms, the rival, its ms).
+        self.skipped: List[Tuple[str, float, str, float]] = []
 
     def _beaten(self, first: SearchResult, current: SearchResult, label: str) -> bool:
         """Whether ``current`` (a re-searched mix) cannot beat :attr:`rival`: its estimate, scaled by the
@@ -162,7 +162,7 @@ class Validation:
         scale = min(1.0, measured / first.cost) if measured and first.cost > 0 else 1.0
         if current.cost * scale <= self._rival_ms:
             return False
-        self.skipped.append((label, current.cost, self._rival_ms))
+        self.skipped.append((label, current.cost, self.rival[0], self._rival_ms))
         logger.info("validation: %s estimated %.3f ms: not built, %s measured %.3f ms", label, current.cost,
                     self.rival[0], self._rival_ms)
         return True
