@@ -448,13 +448,14 @@ class _Partitioner:
         # partitionings) is timed there, side by side with the mix: timing those answers here as
         # well would build every whole model twice (and so would timing validation's mixes again
         # side by side: Inception-v1's mixes take 10-20 s each to build).
-        comparing = not self._not_compared(timer, whole_model_sampler(timer), partial, math.inf)
+        sampler = whole_model_sampler(timer)  # validate_rounds=0 (or a budget spent estimating): None
+        comparing = not self._not_compared(timer, sampler, partial, math.inf)
         # A toolchain none of whose candidates could be measured (it crashed or hung each time) is not
         # built whole for the final comparison.
         runnable = [tc for tc in self.toolchains if tc.is_tvm or any(
             c.toolchain == tc.name and math.isfinite(x) for c, x in zip(cands, costs))]
         singles = self._singles(prepared, runnable) if comparing else {}
-        prebuild = getattr(whole_model_sampler(timer), "prebuild", None)
+        prebuild = getattr(sampler, "prebuild", None)
         if comparing and callable(prebuild) and self.error_budget is None:
             # The comparison's whole models build on the second core while validation builds its mixes on
             # the first (BERT-base: 2-4 minutes of builds less in all).
@@ -495,8 +496,6 @@ class _Partitioner:
         mix_partitions = list(partitions)
         measured_ms = validation.measured_of(result)
         final, answer = None, "collage"
-        whole_timer = timer  # validate_rounds=0 (or a budget spent estimating): nothing is timed whole
-        sampler = whole_model_sampler(whole_timer)
         remaining = math.inf if deadline is None else deadline - time.perf_counter()
         not_compared = self._not_compared(timer, sampler, partial, remaining)
         if not not_compared:
@@ -506,7 +505,7 @@ class _Partitioner:
             else:
                 start = time.perf_counter()
                 # A remote timer holds one server for the whole comparison (its modules side by side).
-                session = getattr(whole_timer, "session", None)
+                session = getattr(timer, "session", None)
                 with session() if callable(session) else contextlib.nullcontext():
                     final, singles, same = self._compare(out, singles or self._singles(prepared, runnable),
                                                          runnable, sampler, min(self.compare_budget_s, remaining),

@@ -39,6 +39,7 @@ from tvm import tir
 from tvm.tir import stmt_functor
 
 from .isa import ISAS, RANGE_ISAS, TILE_ISAS
+from .isa.x86_amx import LOAD, STORE, ZERO
 
 logger = logging.getLogger("tvm_tcutils.dotprod.pipeline")
 
@@ -84,14 +85,15 @@ def _visit(stmt: tir.Stmt, kind) -> list:
 
 @functools.lru_cache(maxsize=None)
 def _intrinsic_ids() -> Dict[int, str]:
-    """LLVM's id of each of :data:`DOT_INTRINSICS` and :data:`TILE_INTRINSICS` (what lowered TIR calls
-    hold), looked up once."""
-    return {tvm.target.codegen.llvm_lookup_intrinsic_id(name): name for name in {**DOT_INTRINSICS, **TILE_INTRINSICS}}
+    """LLVM's id of each of :data:`DOT_INTRINSICS`, :data:`TILE_INTRINSICS` and the tile loads, stores and
+    zeroing (what lowered TIR calls hold), looked up once."""
+    names = {**DOT_INTRINSICS, **TILE_INTRINSICS}.keys() | {LOAD, STORE, ZERO}
+    return {tvm.target.codegen.llvm_lookup_intrinsic_id(name): name for name in names}
 
 
 def intrinsic_name(call: tir.Call) -> str:
     """The LLVM intrinsic ``call`` (a ``tir.call_llvm_pure_intrin`` or ``call_llvm_intrin``) calls, by name
-    or by lowered id (those of the product intrinsics only)."""
+    or by lowered id (those of :func:`_intrinsic_ids` only)."""
     name = call.args[0] if call.args else None
     if isinstance(name, tir.StringImm):
         return name.value

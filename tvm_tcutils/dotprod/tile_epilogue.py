@@ -27,7 +27,6 @@ residual epilogue (Emerald Rapids) 7.5 -> 6.9 cycles per 16 outputs, the plain r
 """
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -162,18 +161,10 @@ def interleave_module(mod: tvm.IRModule) -> tvm.IRModule:
 MAX_SHARE_POINTS = 1 << 16
 
 
-@functools.lru_cache(maxsize=None)
-def _tile_ids() -> Dict[str, int]:
-    return {name: tvm.target.codegen.llvm_lookup_intrinsic_id(name) for name in (LOAD, STORE, ZERO)}
-
-
-def _tile_call(stmt: tir.Stmt, name: str) -> Optional[tir.Call]:
-    """The tile intrinsic call ``name`` that ``stmt`` evaluates, else None."""
-    call = stmt.value if isinstance(stmt, tir.Evaluate) else None
-    if isinstance(call, tir.Call) and call.args and isinstance(call.args[0], tir.IntImm) \
-            and call.args[0].value == _tile_ids()[name]:
-        return call
-    return None
+def _tile_call(node, name: str) -> Optional[tir.Call]:
+    """The tile intrinsic call ``name`` that ``node`` is (a call) or evaluates (a statement), else None."""
+    call = node.value if isinstance(node, tir.Evaluate) else node
+    return call if isinstance(call, tir.Call) and pipeline.intrinsic_name(call) == name else None
 
 
 def _biased_load(add: tir.PrimExpr, product: Optional[tir.Var] = None):
@@ -219,14 +210,10 @@ class _Expander:
 def _share_reads(stmt: tir.Stmt, product: tir.Var):
     """``[(product load, bias load, [(loop var, extent)])]``: the biased reads of ``product`` under
     ``stmt`` with the serial loops around each, and the number of ``product`` loads under ``stmt``."""
-    reads, loads = [], [0]
-    stored = _store_pointer_loads(stmt)
+    reads = []
 
     def expr_visit(expr, loops):
         def post(node):
-            if isinstance(node, tir.BufferLoad) and node.buffer.data.same_as(product) \
-                    and node.handle.value not in stored:
-                loads[0] += 1
             found = _biased_load(node, product) if isinstance(node, tir.Add) else None
             if found is not None:
                 reads.append((*found, list(loops)))
@@ -254,11 +241,10 @@ def _share_reads(stmt: tir.Stmt, product: tir.Var):
                 expr_visit(index, loops)
         elif isinstance(node, tir.Evaluate):
             expr_visit(node.value, loops)
-        else:  # anything else (allocations, asserts): reads under it are not mapped
-            loads[0] += 1000000 * _product_loads(node, product)
+        # anything else (allocations, asserts): reads under it are not mapped, and so not among reads
 
     walk(stmt, [])
-    return reads, loads[0]
+    return reads, _product_loads(stmt, product)
 
 
 def _stored_at(store: tir.Call) -> Optional[Tuple[tir.Var, tir.PrimExpr]]:
@@ -337,8 +323,7 @@ def _step_plan(seq: tir.SeqStmt, expand: _Expander, lanes: int):
         return None
     stores: Dict[int, List[tir.Call]] = {}
     stmt_functor.post_order_visit(rest, lambda n: stores.setdefault(int(n.args[2]), []).append(n)
-                                  if isinstance(n, tir.Call) and n.args and isinstance(n.args[0], tir.IntImm)
-                                  and n.args[0].value == _tile_ids()[STORE] else None)
+                                  if isinstance(n, tir.Call) and _tile_call(n, STORE) is not None else None)
     if sorted(stores) != sorted(zeroed) or any(len(calls) != 1 for calls in stores.values()):
         return None
     targets = [_stored_at(calls[0]) for calls in stores.values()]
@@ -426,8 +411,7 @@ def _store_pointer_loads(stmt: tir.Stmt) -> set:
     found = set()
 
     def post(node):
-        if isinstance(node, tir.Call) and node.args and isinstance(node.args[0], tir.IntImm) \
-                and node.args[0].value == _tile_ids()[STORE] and isinstance(node.args[3], tir.Call) \
+        if isinstance(node, tir.Call) and _tile_call(node, STORE) is not None and isinstance(node.args[3], tir.Call) \
                 and node.args[3].args and isinstance(node.args[3].args[0], tir.BufferLoad):
             found.add(node.args[3].args[0].handle.value)
     stmt_functor.post_order_visit(stmt, post)

@@ -791,8 +791,8 @@ class IsolatedSampler:
     >>> built = sampler.build_all({"a": mod}); len(sampler.kept)
     0
 
-    :meth:`prebuild` starts the comparison's builds early, in a background thread, while validation builds
-    and times its mixes on the other core; :meth:`build_all` then waits for them instead of building:
+    :meth:`prebuild` starts the comparison's builds early, in background threads, while validation builds
+    and times its mixes; :meth:`build_all` then waits for them instead of building:
 
     >>> sampler.prebuild({"b": tvm.IRModule.from_expr(relay.Function([x], relay.sqrt(x)))}); len(sampler.building)
     1
@@ -809,10 +809,10 @@ class IsolatedSampler:
                  timeout: float = WHOLE_MODEL_TIMEOUT_S):
         self.target, self.repeat, self.warmup, self.tuning_log = target, repeat, warmup, tuning_log
         self.constants, self.imports, self.timeout = constants, tuple(imports), timeout
-        #: Modules :meth:`time` built, by their text's digest: stopped workers until :meth:`build_all`
-        #: takes them or :meth:`close` ends them.
+        #: Modules :meth:`time` built, by :meth:`_key`: stopped workers until :meth:`build_all` takes them
+        #: or :meth:`close` ends them.
         self.kept: Dict[str, IsolatedModule] = {}
-        #: Modules :meth:`prebuild` started, by their text's digest: (worker, its build's future).
+        #: Modules :meth:`prebuild` started, by :meth:`_key`: (worker, its build's future).
         self.building: Dict[str, Tuple[IsolatedModule, concurrent.futures.Future]] = {}
         self._prebuilder: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
