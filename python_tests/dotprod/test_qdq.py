@@ -364,7 +364,8 @@ def test_8_bit_results_are_narrowed_as_the_cpu_stores_them_fastest(outputs):
     # A truncating vpmovdb that writes memory is several times slower than vpmovdb to a register plus a
     # store on Zen 4; LLVM folds the store into it when the last add before the 8-bit cast is a multiple
     # of 256, which fast_forms.rounded_int32 avoids. On targets with a tile engine (Intel Xeons) the
-    # folded form is the faster one, and dotprod.rounding.narrow_directly gives it back.
+    # folded form is the faster one, and dotprod.rounding.narrow_directly gives it back; there runs of
+    # consecutive vectors narrow by the saturating packs instead (dotprod.rounding.narrow_by_packs).
     from tvm_tcutils.dotprod.isa import tile_isa
 
     isa = _host_isa()
@@ -372,11 +373,14 @@ def test_8_bit_results_are_narrowed_as_the_cpu_stores_them_fastest(outputs):
     if isa.name != "x86_vnni":
         pytest.skip(f"AVX-512 code only (host ISA {isa.name})")
     _, _, asm = outputs("qdq_channel", "package")
-    kernel, stores = None, {}
+    kernel, stores, packs = None, {}, {}
     for line in asm.split("\n"):
         if line.endswith(":") and not line.startswith("."):
             kernel = line                     # a kernel; its parallel lambdas follow it
         elif kernel and "conv2d_NCHWc" in kernel and re.match(r"\s+vpmovdb\s", line):
             stores.setdefault(kernel, []).append(bool(re.search(r", -?\d*\(%", line)))
-    assert len(stores) == CONVS, list(stores)
+        elif kernel and "conv2d_NCHWc" in kernel and re.match(r"\s+vpackuswb\s", line):
+            packs[kernel] = packs.get(kernel, 0) + 1
+    assert len(set(stores) | set(packs)) == CONVS, (list(stores), list(packs))
     assert all(all(to_memory) == direct and any(to_memory) == direct for to_memory in stores.values()), stores
+    assert bool(packs) == direct, packs

@@ -9,7 +9,8 @@ import tvm
 from tvm import te, tir
 
 import tvm_tcutils
-from conftest import ROUNDING_SHIFT, codegen_and_hook_builds, dot_target, requantized_conv, tvm_codegen
+from conftest import (ROUNDING_SHIFT, amx_runs_here, codegen_and_hook_builds, dot_target, host_cpu_has,
+                      requantized_conv, tvm_codegen)
 from tvm_tcutils.dotprod import rounding
 from tvm_tcutils.dotprod.topi.conv2d_nchwc import schedule_conv2d_nchwc_dot
 
@@ -189,3 +190,97 @@ def test_tile_kernels_round_with_nearbyint_and_narrow_directly_on_tile_targets()
     assert "nearbyint" in elsewhere and str(rounding.SHIFTS[1]) in elsewhere
     asm = tvm.build(mod, target=AMX_TARGET).get_source("asm")
     assert "vrndscaleps" in asm and "tdpbusd" in asm
+    # The 8-bit results of the tile targets' epilogues narrow by packs; elsewhere (or without AVX-512BW,
+    # which every CPU with tiles has) they do not.
+    assert "packuswb" in on_tiles and "packuswb" not in elsewhere
+    no_bw = rounding.rounding_module(mod, AMX_TARGET + " -mattr=-avx512bw")["main"].script()
+    assert "packuswb" not in no_bw and str(rounding.SHIFTS[1]) not in no_bw
+
+
+def test_tile_conv_through_the_build_hook_narrows_by_packs_bit_identically():
+    """The tile conv above built with the package's hook (every rewrite) and with TVM's generator: the
+    same bytes where AMX runs, and the machine code narrows with the packs, not ``vpmovdb``."""
+    mod = _tile_conv_with_both_roundings()
+    hooked = tvm.build(mod, target=AMX_TARGET)
+    asm = hooked.get_source("asm")
+    assert "vpackuswb" in asm and "vpackssdw" in asm and "vcvtps2dq" in asm and "vpmovdb" not in asm
+    amx_runs_here()
+    with tvm_codegen():
+        plain = tvm.build(mod, target=AMX_TARGET)
+    args = [RNG.integers(0, 256, (1, 1, 4, 32, 64)).astype("uint8"),
+            RNG.integers(-128, 128, (1, 1, 1, 1, 16, 64, 4)).astype("int8"),
+            RNG.integers(0, 256, (1, 1, 4, 32, 64)).astype("uint8")]
+    outs = []
+    for built in (plain, hooked):
+        out = tvm.nd.empty((1, 1, 4, 32, 64), "uint8")
+        built(*[tvm.nd.array(a) for a in args], out)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert len(np.unique(outs[1])) > 16  # not all saturated
+
+
+def _clamped_narrowing(vectors: int, dtype: str, low: float, high: float, offset: int, gaps: bool = False):
+    """Rows of ``vectors`` 16-lane stores of ``dtype(round(clamp(x, low, high)) + offset)`` (the first
+    shift's bit form, as :func:`rounding.narrow_directly` leaves it); ``gaps``: the innermost loop runs
+    over the rows, so its stores are a row apart."""
+    shape = (3, vectors * LANES)
+    x = te.placeholder(shape, "float32", "x")
+    shift = rounding.SHIFTS[0]
+
+    def byte(r, i):
+        clamped = te.max(te.min(x[r, i], tir.const(high, "float32")), tir.const(low, "float32"))
+        bits = tir.reinterpret("int32", clamped + tir.const(shift, "float32"))
+        return (bits + tir.const(offset - _bits(shift), "int32")).astype(dtype)
+
+    y = te.compute(shape, byte, name="y")
+    schedule = te.create_schedule(y.op)
+    outer, inner = schedule[y].split(y.op.axis[1], LANES)
+    if gaps:
+        schedule[y].reorder(outer, y.op.axis[0], inner)
+    schedule[y].vectorize(inner)
+    return tvm.lower(schedule, [x, y]), shape
+
+
+#: Loop extents (vectors per row) across the groups of 4 and 2 and an odd last vector.
+PACKED_EXTENTS = [2, 3, 4, 7, 8]
+
+
+@pytest.mark.parametrize("vectors", PACKED_EXTENTS)
+@pytest.mark.parametrize("dtype, low, high, offset", [("uint8", 0.0, 255.0, 0), ("int8", -128.0, 127.0, 0),
+                                                       ("uint8", -128.0, 127.0, 128), ("int8", -3.0, 252.0, -125)])
+def test_packed_narrowing_keeps_every_8bit_value(vectors, dtype, low, high, offset):
+    mod, shape = _clamped_narrowing(vectors, dtype, low, high, offset)
+    func, count = rounding.narrow_by_packs(mod["main"])
+    assert count == 1
+    script = func.script()
+    # One byte pack per group of 4 or 2 vectors; a last odd vector keeps its cast.
+    assert script.count("packuswb" if dtype == "uint8" else "packsswb") == vectors // 4 + vectors % 4 // 2
+    assert script.count(f"T.Cast(\"{dtype}x16\"") == vectors % 2
+    if not host_cpu_has("avx512bw"):
+        pytest.skip("this CPU has no avx512bw: the packed code cannot run here")
+    values = np.resize(np.concatenate([VALUES, [3e10, -3e10, np.float32(2**31), -np.float32(2**31)]]),
+                       shape).astype("float32")
+
+    def run(module):
+        with tvm_codegen():
+            built = tvm.build(module, target=tvm_tcutils.host_target())
+        out = tvm.nd.empty(shape, dtype)
+        built(tvm.nd.array(values), out)
+        return out.numpy()
+
+    after = run(tvm.IRModule({"main": func}))
+    np.testing.assert_array_equal(after, run(mod))
+    np.testing.assert_array_equal(after, (np.clip(np.rint(values), low, high) + offset).astype(dtype))
+
+
+def test_packed_narrowing_leaves_other_stores_alone():
+    cases = {
+        "clamp narrower than the type": _clamped_narrowing(2, "uint8", 0.0, 200.0, 0)[0],
+        "clamp shifted off the type's range": _clamped_narrowing(2, "uint8", 0.0, 255.0, 1)[0],
+        "stores a row apart": _clamped_narrowing(2, "uint8", 0.0, 255.0, 0, gaps=True)[0],
+        "too many vectors": _clamped_narrowing(rounding.MAX_PACKED_VECTORS + 1, "uint8", 0.0, 255.0, 0)[0],
+        "the second shift": _narrowing_kernel("uint8", 0, True),
+    }
+    for name, mod in cases.items():
+        func = mod["main"]
+        assert rounding.narrow_by_packs(func) == (func, 0), name

@@ -20,15 +20,17 @@ The 8-bit results take the second shift (``1.5 * 2**23 + 128``) where their offs
 (:func:`tvm_tcutils.fast_forms.rounded_int32`: on Zen 4 LLVM's narrowing store, ``vpmovdb`` to memory,
 was slower than narrowing in a register and adding 128 there). On targets with a tile engine (Intel
 Xeons) :func:`narrow_directly` gives them the first shift back, whose offset add LLVM drops: one
-instruction less per 16 outputs.
+instruction less per 16 outputs; :func:`narrow_by_packs` then stores runs of 2-4 such vectors at once
+through AVX-512BW's saturating packs, which do the clamp's work too.
 """
 from __future__ import annotations
 
 import logging
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .._tvm import tvm
 from tvm import tir
+from tvm.tir import stmt_functor
 
 from ..fast_forms import ROUNDING_SHIFTS, float_bits
 from . import isa, pipeline
@@ -134,25 +136,185 @@ def narrow_directly(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
     return pipeline.rewrite_nodes(func, rewrite, ["tir.Cast"])
 
 
+#: Lanes of one narrowed vector (a 512-bit register of int32).
+PACK_LANES = 16
+
+#: Most consecutive vectors a loop may store for :func:`narrow_by_packs` to unroll it: groups of four (a
+#: 64-byte store), then of two (32 bytes); a last odd one keeps its own narrowing.
+MAX_PACKED_VECTORS = 16
+
+#: The saturating packs of AVX-512BW and the rounding conversion, by output signedness.
+_PACK_INTRINSICS = {"dwords": "llvm.x86.avx512.packssdw.512", "uint8": "llvm.x86.avx512.packuswb.512",
+                    "int8": "llvm.x86.avx512.packsswb.512", "round": "llvm.x86.avx512.mask.cvtps2dq.512"}
+
+#: The 8-bit range each output type saturates to.
+_BYTE_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+def _element(dtype: str) -> str:
+    """The element type of a (vector) dtype string: ``uint8`` of ``uint8x16``."""
+    return str(dtype).split("x")[0]
+
+
+def _clamped(expr: tir.PrimExpr) -> Optional[Tuple[tir.PrimExpr, float, float]]:
+    """``(y, lo, hi)`` of ``max(min(y, hi), lo)`` or ``min(max(y, lo), hi)`` with constant bounds, else None."""
+    outer_kinds = {tir.Max: tir.Min, tir.Min: tir.Max}
+    inner_kind = outer_kinds.get(type(expr))
+    if inner_kind is None or not isinstance(expr.a, inner_kind):
+        return None
+    outer, inner = _constant(expr.b), _constant(expr.a.b)
+    if outer is None or inner is None:
+        return None
+    lo, hi = (outer, inner) if isinstance(expr, tir.Max) else (inner, outer)
+    return expr.a.a, lo, hi
+
+
+def _packable(store: tir.BufferStore) -> Optional[Tuple[tir.PrimExpr, float, int]]:
+    """``(y, hi, k)`` of a 16-lane 8-bit store of ``round(clamp(y, lo, hi)) + k`` (the bit form) whose
+    clamp is exactly the output type's range shifted by ``k``, so that saturating packs of
+    ``round(min(y, hi)) + k`` store the same bytes; else None."""
+    value = store.value
+    dtype = tvm.DataType(value.dtype)
+    if not isinstance(value, tir.Cast) or dtype.lanes != PACK_LANES or _element(value.dtype) not in _BYTE_RANGE \
+            or len(store.indices) != 1 or not isinstance(store.indices[0], tir.Ramp):
+        return None
+    parts = _bit_rounding(value.value)
+    clamp = parts and _clamped(parts[0])
+    if not clamp or tvm.DataType(clamp[0].dtype) != tvm.DataType(f"float32x{PACK_LANES}"):
+        return None
+    y, lo, hi = clamp
+    low, high = _BYTE_RANGE[_element(value.dtype)]
+    k = parts[1]
+    if lo != low - k or hi != high - k:
+        return None
+    return y, hi, k
+
+
+def _reads(expr: tir.PrimExpr, data: tir.Var) -> bool:
+    found = []
+    stmt_functor.post_order_visit(expr, lambda n: found.append(
+        isinstance(n, tir.BufferLoad) and n.buffer.data.same_as(data)))
+    return any(found)
+
+
+def _packs(words: List[tir.PrimExpr], byte: str) -> tir.PrimExpr:
+    """The bytes of 2 or 4 int32 vectors (``words``), saturated to ``byte`` by the packs, in order."""
+    ids = {name: tvm.target.codegen.llvm_lookup_intrinsic_id(intrinsic)
+           for name, intrinsic in _PACK_INTRINSICS.items()}
+    halves = [tir.call_llvm_pure_intrin(f"int16x{2 * PACK_LANES}", ids["dwords"], tir.const(0, "uint32"),
+                                        words[i], words[i + 1]) for i in range(0, len(words), 2)]
+    packed = tir.call_llvm_pure_intrin(f"{byte}x{4 * PACK_LANES}", ids[byte], tir.const(0, "uint32"),
+                                       halves[0], halves[-1])
+    # Each 128-bit lane of the packs holds 4 bytes of every vector in turn: byte b of vector j's
+    # quarter q sits at 16 q + 4 j + b.
+    order = [16 * (e // 4) + 4 * j + e % 4 for j in range(len(words)) for e in range(PACK_LANES)]
+    return tir.Shuffle([packed], [tir.const(i, "int32") for i in order])
+
+
+def _rounded_words(y: tir.PrimExpr, hi: float, k: int) -> tir.PrimExpr:
+    """``round(min(y, hi)) + k`` as int32 lanes (``vcvtps2dq``: the current mode, half to even)."""
+    rounded = tir.call_llvm_pure_intrin(
+        f"int32x{PACK_LANES}", tvm.target.codegen.llvm_lookup_intrinsic_id(_PACK_INTRINSICS["round"]),
+        tir.const(0, "uint32"), tir.Min(y, tir.Broadcast(tir.const(hi, "float32"), PACK_LANES)),
+        tir.Broadcast(tir.const(0, "int32"), PACK_LANES), tir.const(-1, "int16"), tir.const(4, "int32"))
+    return rounded if k == 0 else rounded + tir.Broadcast(tir.const(k, "int32"), PACK_LANES)
+
+
+def _packed_stores(loop: tir.For) -> Optional[tir.Stmt]:
+    """The stores of a loop of :func:`_packable` stores to consecutive 16-byte runs, unrolled as packed
+    groups of 4 and 2 vectors (a last odd vector as it was), else None."""
+    extent = _constant(loop.extent)
+    if extent is None or not 2 <= extent <= MAX_PACKED_VECTORS or _constant(loop.min) != 0 \
+            or loop.kind not in (tir.ForKind.SERIAL, tir.ForKind.UNROLLED):
+        return None
+    lets, body = [], loop.body
+    while isinstance(body, tir.LetStmt):
+        lets.append(body)
+        body = body.body
+    parts = _packable(body) if isinstance(body, tir.BufferStore) else None
+    if parts is None:
+        return None
+
+    def inline(expr, j=None):
+        for let in reversed(lets):
+            expr = stmt_functor.substitute(expr, {let.var: let.value})
+        return expr if j is None else stmt_functor.substitute(expr, {loop.loop_var: tir.const(j, loop.loop_var.dtype)})
+
+    y, hi, k = parts
+    if _constant(body.indices[0].stride) != 1 or _reads(inline(y), body.buffer.data):
+        return None
+    extent = int(extent)
+    analyzer = tvm.arith.Analyzer()
+    bases = [analyzer.simplify(inline(body.indices[0].base, j)) for j in range(extent)]
+    if not all(analyzer.can_prove_equal(b - bases[0], PACK_LANES * j) for j, b in enumerate(bases)):
+        return None
+    byte, stores, j = _element(body.value.dtype), [], 0
+    while j < extent:
+        group = 4 if extent - j >= 4 else 2 if extent - j >= 2 else 1
+        if group == 1:
+            stores.append(tir.BufferStore(body.buffer, inline(body.value, j), [inline(body.indices[0], j)]))
+        else:
+            words = [_rounded_words(inline(y, i), hi, k) for i in range(j, j + group)]
+            stores.append(tir.BufferStore(body.buffer, _packs(words, byte),
+                                          [tir.Ramp(bases[j], 1, group * PACK_LANES)]))
+        j += group
+    return tir.SeqStmt(stores) if len(stores) > 1 else stores[0]
+
+
+def narrow_by_packs(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
+    """``(func, count)``: each loop of 2 to :data:`MAX_PACKED_VECTORS` consecutive 16-lane 8-bit stores
+    of a clamped bit-form rounding unrolled into stores of 4 or 2 vectors at once: each vector rounded by
+    ``vcvtps2dq`` (half to even, the default mode) and narrowed by AVX-512BW's saturating packs and one
+    lane shuffle. The same bytes wherever the clamp is the output type's range: the packs saturate where
+    the clamp bounded, and ``min(y, hi)`` stays so that no value past the int32 range is converted.
+
+    Per pair of vectors that is 5 vector instructions against 10 (two clamps, the shift add and the
+    2-instruction ``vpmovdb`` each) on the two 512-bit ports the tile kernels' epilogues are bound by.
+    Whole models on Emerald Rapids, the same builds with and without it in turns (bit-identical):
+    ResNet-50 x0.969 [0.961, 0.974], ResNet-18 x0.978 [0.971, 0.985], MobileNet-v2 x0.954 [0.923,
+    0.960]. Applied on tile targets only, the ones measured (:func:`rounding_module`).
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te
+    >>> x = te.placeholder((32,), name="x")
+    >>> def byte(i):
+    ...     clamped = te.max(te.min(x[i], tvm.tir.const(255.0)), tvm.tir.const(0.0))
+    ...     bits = tvm.tir.reinterpret("int32", clamped + tvm.tir.const(SHIFTS[0], "float32"))
+    ...     return (bits - float_bits(SHIFTS[0])).astype("uint8")
+    >>> y = te.compute((32,), byte, name="y")
+    >>> s = te.create_schedule(y.op)
+    >>> outer, inner = s[y].split(y.op.axis[0], 16)
+    >>> s[y].vectorize(inner)
+    >>> func, count = narrow_by_packs(tvm.lower(s, [x, y])["main"])
+    >>> count, "packuswb" in func.script()
+    (1, True)
+    """
+    return pipeline.rewrite_nodes(func, _packed_stores, ["tir.For"])
+
+
 def _measured(func: tir.PrimFunc) -> bool:
     isas = pipeline.product_isas(func.body)
     return bool(isas) and isas <= MEASURED_ISAS
 
 
-def _rewrite(func: tir.PrimFunc, narrow: bool) -> Tuple[tir.PrimFunc, int]:
+def _rewrite(func: tir.PrimFunc, narrow: bool, packs: bool) -> Tuple[tir.PrimFunc, int]:
     if not _measured(func):
         return func, 0
     func, rounded = round_to_float(func)
-    narrowed = 0
+    narrowed = packed = 0
     if narrow:
         func, narrowed = narrow_directly(func)
-    return func, rounded + narrowed
+    if packs:
+        func, packed = narrow_by_packs(func)
+    return func, rounded + narrowed + packed
 
 
 def rounding_module(mod: tvm.IRModule, target=None) -> tvm.IRModule:
     """:func:`round_to_float` on each product function of ``mod`` whose ISAs are in :data:`MEASURED_ISAS`
-    (dot-product steps or tiles), and :func:`narrow_directly` too where ``target`` has a tile engine (the
-    module itself when nothing changes).
+    (dot-product steps or tiles), and :func:`narrow_directly` then :func:`narrow_by_packs` too where
+    ``target`` has a tile engine (the module itself when nothing changes).
 
     Examples
     --------
@@ -168,5 +330,7 @@ def rounding_module(mod: tvm.IRModule, target=None) -> tvm.IRModule:
     (True, 1)
     """
     narrow = target is not None and isa.tile_isa(tvm.target.Target(target)) is not None
-    return pipeline.rewrite_functions(mod, lambda func: _rewrite(func, narrow), logger,
-                                      "rewrote %d roundings (llvm.nearbyint, direct 8-bit narrowing)")
+    # Every CPU with tiles has AVX-512BW; a target that turned it off keeps the narrowing stores.
+    packs = narrow and bool(tvm.target.codegen.target_has_features(["avx512bw"], tvm.target.Target(target)))
+    return pipeline.rewrite_functions(mod, lambda func: _rewrite(func, narrow, packs), logger,
+                                      "rewrote %d roundings (llvm.nearbyint, direct or packed 8-bit narrowing)")
