@@ -3,7 +3,7 @@
 
 The evidence behind ``tvm_tcutils.dotprod.rounding``'s choices and ``dotprod.tile_epilogue``. Each zoo
 model's onnxruntime-quantized QDQ file is built for ``host_target()`` once per variant (``--variants``,
-all five by default), differing only in the rewrites of the final TIR:
+all six by default), differing only in the rewrites of the final TIR:
 
 * ``vnni-only``: ``llvm.nearbyint`` in the VNNI kernels only, 8-bit results with the 128-shifted
   constant, each tile conv's epilogue after its whole tile program (the package before these rewrites);
@@ -12,8 +12,10 @@ all five by default), differing only in the rewrites of the final TIR:
   engine;
 * ``moved``: also each tile conv's epilogue step by step inside its program
   (:func:`tvm_tcutils.dotprod.tile_epilogue.interleave`);
-* ``package``: what the package does now (also each step's accumulators starting from the bias,
-  :func:`tvm_tcutils.dotprod.tile_epilogue.bias_into_tiles`).
+* ``biased``: also each step's accumulators starting from the bias
+  (:func:`tvm_tcutils.dotprod.tile_epilogue.bias_into_tiles`);
+* ``package``: what the package does now (also runs of 8-bit vectors narrowed by the saturating packs,
+  :func:`tvm_tcutils.dotprod.rounding.narrow_by_packs`).
 
 All must give bit-identical outputs (checked first); then they are timed in turns in one process at one
 thread (``--rounds``), each a median of runs, and each is divided by the first variant with a bootstrap
@@ -48,15 +50,17 @@ from tvm_tcutils.bench.isolated import Isolated  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod import rounding, tile_epilogue  # noqa: E402
 
-VARIANTS = ("vnni-only", "nearbyint", "narrowed", "moved", "package")
+VARIANTS = ("vnni-only", "nearbyint", "narrowed", "moved", "biased", "package")
 
 
 @contextlib.contextmanager
 def variant(name: str):
     """The rounding rewrites as ``name`` has them, for the builds inside."""
-    saved = (rounding.MEASURED_ISAS, rounding.narrow_directly, tile_epilogue.interleave_module,
-             tile_epilogue.bias_into_tiles)
-    if name not in ("moved", "package"):
+    saved = (rounding.MEASURED_ISAS, rounding.narrow_directly, rounding.narrow_by_packs,
+             tile_epilogue.interleave_module, tile_epilogue.bias_into_tiles)
+    if name != "package":
+        rounding.narrow_by_packs = lambda func: (func, 0)
+    if name not in ("moved", "biased", "package"):
         tile_epilogue.interleave_module = lambda mod: mod
     if name == "moved":
         tile_epilogue.bias_into_tiles = lambda func, lanes=16: (func, 0)
@@ -67,8 +71,8 @@ def variant(name: str):
     try:
         yield
     finally:
-        (rounding.MEASURED_ISAS, rounding.narrow_directly, tile_epilogue.interleave_module,
-         tile_epilogue.bias_into_tiles) = saved
+        (rounding.MEASURED_ISAS, rounding.narrow_directly, rounding.narrow_by_packs,
+         tile_epilogue.interleave_module, tile_epilogue.bias_into_tiles) = saved
 
 
 def built(path: str, feed, name: str, folder: str):
