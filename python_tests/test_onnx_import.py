@@ -207,6 +207,11 @@ def test_load_model_folds_constants_in_numpy_to_the_same_module(tmp_path):
     assert frontend.fold_constant is not _compat.fold_constant_numpy_first  # TVM's again after the import
 
 
+#: Floats whose arithmetic rounds: tiny, huge, subnormal, signed zero, and random ones.
+_FLOATS = np.concatenate([[1e-38, 3e38, 1e-45, -0.0, 7.0, 1.0 / 3.0],
+                          np.random.default_rng(5).normal(0, 3, 10)]).astype("float32")
+
+
 @pytest.mark.parametrize("name, values, attrs", [
     ("cast", [np.array([-128, 0, 127], "int8")], dict(dtype="int32")),
     ("cast", [np.array([-1, 300], "int32")], dict(dtype="uint8")),  # wraps, as the kernel does
@@ -218,6 +223,15 @@ def test_load_model_folds_constants_in_numpy_to_the_same_module(tmp_path):
     ("concatenate", [np.array([1, 2], "int64"), np.array([3], "int64")], dict(axis=0)),
     ("maximum", [np.array([1, 5], "int64"), np.array([4, 2], "int64")], {}),
     ("minimum", [np.array([1.5, -0.0], "float32"), np.array([0.5, 0.0], "float32")], {}),
+    # A batch norm's scale and shift as SimplifyInference writes them, broadcast, with awkward values.
+    *[(op, [_FLOATS, np.array([[1e-5], [3.0], [-0.0]], "float32")], {})
+      for op in ("add", "subtract", "multiply", "divide")],
+    ("divide", [np.array(1.0, "float32"), _FLOATS], {}),
+    ("sqrt", [np.abs(_FLOATS)], {}),
+    ("sqrt", [np.array([-1.0, 0.0, 2.0], "float32")], {}),
+    ("negative", [_FLOATS], {}),
+    ("expand_dims", [_FLOATS], dict(axis=-1, num_newaxis=2)),
+    ("expand_dims", [np.array(2.0, "float32")], dict(axis=0, num_newaxis=1)),
 ])
 def test_numpy_folds_equal_tvms_fold(name, values, attrs):
     import tvm
@@ -232,8 +246,19 @@ def test_numpy_folds_equal_tvms_fold(name, values, attrs):
         expr = relay.cast(consts[0], **attrs)
     elif name == "strided_slice":
         expr = relay.strided_slice(consts[0], **attrs)
+    elif name == "expand_dims":
+        expr = relay.expand_dims(consts[0], **attrs)
     else:
         expr = getattr(relay, name)(*consts)
     ours, theirs = fold_constant_numpy_first(expr), relay.transform.FoldConstantExpr(expr, tvm.IRModule())
     assert isinstance(ours, relay.Constant) and ours.data.dtype == theirs.data.dtype
+    assert ours.data.shape == theirs.data.shape
     np.testing.assert_array_equal(ours.data.numpy(), theirs.data.numpy())
+
+
+def test_integer_arithmetic_is_left_to_tvms_fold():
+    # Integer division rounds toward zero in TVM and down in numpy; overflow is TVM's to define.
+    from tvm_tcutils._compat import NUMPY_FOLDS
+
+    values = [np.array([-7, 7], "int32"), np.array([2, 2], "int32")]
+    assert all(NUMPY_FOLDS[op](values, None) is None for op in ("add", "subtract", "multiply", "divide"))

@@ -209,15 +209,40 @@ def _strided_slice(value, attrs):
                                 str(attrs.slice_mode), ints(attrs.axes))
 
 
-#: Ops on constants that TVM's ONNX importer folds by compiling a kernel each (a QDQ file's zero-point
-#: casts, shape slices and concatenations: 540 LLVM builds for bert-tiny, 1,612 for BERT-base), and their
-#: exact numpy forms: ``(args' values, attrs) -> value``, or None to leave the call to TVM.
+def _float_op(op):
+    """``op`` on float32 values of one dtype (IEEE, correctly rounded in numpy as in the one-op kernel TVM
+    compiles to fold it, without fast math); None for other dtypes (integer division and overflow differ)."""
+    def fold(args, attrs):
+        if any(a.dtype != np.float32 for a in args):
+            return None
+        return np.asarray(op(*args), dtype=np.float32)
+    return fold
+
+
+def _expand_dims(value, attrs):
+    axis, count = int(attrs.axis), int(attrs.num_newaxis)
+    axis = axis if axis >= 0 else axis + value.ndim + 1
+    return value.reshape(value.shape[:axis] + (1,) * count + value.shape[axis:])
+
+
+#: Ops on constants that TVM folds by compiling a kernel each -- its ONNX importer (a QDQ file's zero-point
+#: casts, shape slices and concatenations: 540 LLVM builds for bert-tiny, 1,612 for BERT-base) and its
+#: ``FoldConstant`` after ``SimplifyInference`` (each batch norm's ``sqrt``, ``divide``, ``multiply``...:
+#: DenseNet-121's 120 took 56 s in Collage's preparation) -- and their exact numpy forms:
+#: ``(args' values, attrs) -> value``, or None to leave the call to TVM.
 NUMPY_FOLDS = {
     "cast": lambda args, attrs: _cast(args[0], attrs),
     "strided_slice": lambda args, attrs: _strided_slice(args[0], attrs),
     "concatenate": lambda args, attrs: np.concatenate(args, axis=int(attrs.axis)),
     "maximum": lambda args, attrs: np.maximum(*args) if args[0].dtype == args[1].dtype else None,
     "minimum": lambda args, attrs: np.minimum(*args) if args[0].dtype == args[1].dtype else None,
+    "add": _float_op(np.add),
+    "subtract": _float_op(np.subtract),
+    "multiply": _float_op(np.multiply),
+    "divide": _float_op(np.divide),
+    "negative": _float_op(np.negative),
+    "sqrt": _float_op(np.sqrt),
+    "expand_dims": lambda args, attrs: _expand_dims(args[0], attrs),
 }
 
 
@@ -235,14 +260,15 @@ def _constant_args(call):
     return [a.data.numpy() for a in args]
 
 
-def fold_constant_numpy_first(node, mod=None):
+def fold_constant_numpy_first(node, mod=None, *, whole: bool = False):
     """TVM's ``fold_constant`` as its ONNX importer calls it after each node, with the node's new calls of
     :data:`NUMPY_FOLDS` on constants folded in numpy first.
 
     TVM folds a call on constants by compiling it (LLVM) and running it: a scalar zero point's cast
     costs a kernel build. Those calls are folded here, exactly, without one; what remains (shapes of
     typed tensors, other ops) goes to TVM's fold as before, so the imported module is the same. Earlier
-    nodes are folded already (the importer tags each with a span after its fold; the walk stops there).
+    nodes are folded already (the importer tags each with a span after its fold; the walk stops there);
+    ``whole``: walk all of ``node`` (a model's body, every node tagged), as a pass before ``FoldConstant``.
 
     Examples
     --------
@@ -266,7 +292,7 @@ def fold_constant_numpy_first(node, mod=None):
             expr, expanded = stack.pop()
             if expr in done:
                 continue
-            tagged = expr is not node and getattr(expr, "span", None) is not None
+            tagged = not whole and expr is not node and getattr(expr, "span", None) is not None
             if tagged or not isinstance(expr, (relay.Call, relay.Tuple, relay.TupleGetItem)):
                 done[expr] = expr
                 continue

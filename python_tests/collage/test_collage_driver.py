@@ -310,3 +310,41 @@ def test_validation_does_not_build_a_re_searched_mix_a_built_rival_beats(rival_m
     assert asked == [1]
     assert [(label.startswith("collage, 3000 us"), rival, ms) for label, _, rival, ms in check.skipped] == \
         ([] if built else [(True, "tvm alone", rival_ms)])
+
+
+def _batch_norm_net(layers: int = 3):
+    """Convs each followed by a batch norm with its own statistics (what SimplifyInference unpacks)."""
+    rng = np.random.default_rng(3)
+    x = relay.var("x", shape=(1, 8, 8, 8))
+    y = x
+    for _ in range(layers):
+        const = lambda *shape: relay.const(rng.normal(0, 1, shape).astype("float32"))  # noqa: E731
+        y = relay.nn.conv2d(y, const(8, 8, 3, 3), padding=(1, 1))
+        variance = relay.const(np.abs(rng.normal(0, 1, 8)).astype("float32") + 1e-3)
+        y = relay.nn.batch_norm(y, const(8), const(8), const(8), variance)[0]
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+
+
+def test_prepare_folds_batch_norms_as_tvm_does_without_building_kernels():
+    """The prepared module equals TVM's own InferType, SimplifyInference, FoldConstant, and its batch
+    norms' constants fold in numpy: no kernel build for them (TVM builds one per folded call)."""
+    mod = _batch_norm_net()
+    builds = []
+    build = tvm.get_global_func("relay.backend.build")
+
+    def counted(*args):
+        builds.append(1)
+        return build(*args)
+
+    tvm.register_func("relay.backend.build", counted, override=True)
+    try:
+        prepared = prepare(mod)
+        ours = len(builds)
+        with tvm.transform.PassContext(opt_level=3):
+            oracle = tvm.transform.Sequential([relay.transform.InferType(), relay.transform.SimplifyInference(),
+                                               relay.transform.FoldConstant()])(mod)
+    finally:
+        tvm.register_func("relay.backend.build", build, override=True)
+    assert tvm.ir.structural_equal(prepared["main"], oracle["main"], map_free_vars=True)
+    assert ours == 0 and len(builds) > 0, (ours, len(builds))
+    assert "nn.batch_norm" in mod.astext()  # the input module is left as it was
