@@ -232,6 +232,24 @@ def small_bert_onnx():
     return model, relay.transform.InferType()(mod), params
 
 
+@contextlib.contextmanager
+def counted_relay_builds():
+    """Inside, each kernel build TVM's ``relay.backend.build`` does (``FoldConstant`` compiles one per folded
+    call) is counted in the yielded list; the function is TVM's again on leaving."""
+    builds: list = []
+    build = tvm.get_global_func("relay.backend.build")
+
+    def counted(*args):
+        builds.append(1)
+        return build(*args)
+
+    tvm.register_func("relay.backend.build", counted, override=True)
+    try:
+        yield builds
+    finally:
+        tvm.register_func("relay.backend.build", build, override=True)
+
+
 def host_cpu_has(*features: str) -> bool:
     """Whether this machine's CPU has all ``features`` (as LLVM reads CPUID: a VM may hide some)."""
     target = tvm.target.Target(tvm_tcutils.host_target())

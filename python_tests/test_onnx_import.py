@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run_python
+from conftest import counted_relay_builds, run_python
 
 pytest.importorskip("onnx")
 
@@ -187,20 +187,10 @@ def test_load_model_folds_constants_in_numpy_to_the_same_module(tmp_path):
     from tvm_tcutils import _compat
 
     path = _qdq_attention_file(tmp_path / "attention.onnx")
-    builds = []
-    build = tvm.get_global_func("relay.backend.build")
-
-    def counted(*args):
-        builds.append(1)
-        return build(*args)
-
-    tvm.register_func("relay.backend.build", counted, override=True)
-    try:
+    with counted_relay_builds() as builds:
         ours, _ = tvm_tcutils.load_model(path)
         ours_builds = len(builds)
         theirs, _ = relay.frontend.from_onnx(onnx.load(path), freeze_params=True)
-    finally:
-        tvm.register_func("relay.backend.build", build, override=True)
     assert tvm.ir.structural_equal(ours, theirs, map_free_vars=True)
     assert ours_builds < len(builds) - ours_builds, (ours_builds, len(builds))
     from tvm.relay.frontend import onnx as frontend

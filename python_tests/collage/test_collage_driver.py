@@ -20,6 +20,7 @@ from tvm_tcutils.collage import (  # noqa: E402
 )
 from tvm_tcutils.collage.driver import greedy_partition, prepare  # noqa: E402
 
+from conftest import counted_relay_builds  # noqa: E402
 from test_collage_rules import conv_bias_relu_net  # noqa: E402
 
 
@@ -329,22 +330,12 @@ def test_prepare_folds_batch_norms_as_tvm_does_without_building_kernels():
     """The prepared module equals TVM's own InferType, SimplifyInference, FoldConstant, and its batch
     norms' constants fold in numpy: no kernel build for them (TVM builds one per folded call)."""
     mod = _batch_norm_net()
-    builds = []
-    build = tvm.get_global_func("relay.backend.build")
-
-    def counted(*args):
-        builds.append(1)
-        return build(*args)
-
-    tvm.register_func("relay.backend.build", counted, override=True)
-    try:
+    with counted_relay_builds() as builds:
         prepared = prepare(mod)
         ours = len(builds)
         with tvm.transform.PassContext(opt_level=3):
             oracle = tvm.transform.Sequential([relay.transform.InferType(), relay.transform.SimplifyInference(),
                                                relay.transform.FoldConstant()])(mod)
-    finally:
-        tvm.register_func("relay.backend.build", build, override=True)
     assert tvm.ir.structural_equal(prepared["main"], oracle["main"], map_free_vars=True)
     assert ours == 0 and len(builds) > 0, (ours, len(builds))
     assert "nn.batch_norm" in mod.astext()  # the input module is left as it was
