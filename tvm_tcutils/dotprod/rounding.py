@@ -25,8 +25,9 @@ through AVX-512BW's saturating packs, which do the clamp's work too.
 """
 from __future__ import annotations
 
+import functools
 import logging
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .._tvm import tvm
 from tvm import tir
@@ -197,10 +198,16 @@ def _reads(expr: tir.PrimExpr, data: tir.Var) -> bool:
     return any(found)
 
 
+@functools.lru_cache(maxsize=None)
+def _pack_ids() -> Dict[str, int]:
+    """LLVM's id of each of :data:`_PACK_INTRINSICS`, looked up once."""
+    return {name: tvm.target.codegen.llvm_lookup_intrinsic_id(intrinsic)
+            for name, intrinsic in _PACK_INTRINSICS.items()}
+
+
 def _packs(words: List[tir.PrimExpr], byte: str) -> tir.PrimExpr:
     """The bytes of 2 or 4 int32 vectors (``words``), saturated to ``byte`` by the packs, in order."""
-    ids = {name: tvm.target.codegen.llvm_lookup_intrinsic_id(intrinsic)
-           for name, intrinsic in _PACK_INTRINSICS.items()}
+    ids = _pack_ids()
     halves = [tir.call_llvm_pure_intrin(f"int16x{2 * PACK_LANES}", ids["dwords"], tir.const(0, "uint32"),
                                         words[i], words[i + 1]) for i in range(0, len(words), 2)]
     packed = tir.call_llvm_pure_intrin(f"{byte}x{4 * PACK_LANES}", ids[byte], tir.const(0, "uint32"),
@@ -214,7 +221,7 @@ def _packs(words: List[tir.PrimExpr], byte: str) -> tir.PrimExpr:
 def _rounded_words(y: tir.PrimExpr, hi: float, k: int) -> tir.PrimExpr:
     """``round(min(y, hi)) + k`` as int32 lanes (``vcvtps2dq``: the current mode, half to even)."""
     rounded = tir.call_llvm_pure_intrin(
-        f"int32x{PACK_LANES}", tvm.target.codegen.llvm_lookup_intrinsic_id(_PACK_INTRINSICS["round"]),
+        f"int32x{PACK_LANES}", _pack_ids()["round"],
         tir.const(0, "uint32"), tir.Min(y, tir.Broadcast(tir.const(hi, "float32"), PACK_LANES)),
         tir.Broadcast(tir.const(0, "int32"), PACK_LANES), tir.const(-1, "int16"), tir.const(4, "int32"))
     return rounded if k == 0 else rounded + tir.Broadcast(tir.const(k, "int32"), PACK_LANES)
@@ -235,26 +242,30 @@ def _packed_stores(loop: tir.For) -> Optional[tir.Stmt]:
     if parts is None:
         return None
 
-    def inline(expr, j=None):
+    def inline(expr):
         for let in reversed(lets):
             expr = stmt_functor.substitute(expr, {let.var: let.value})
-        return expr if j is None else stmt_functor.substitute(expr, {loop.loop_var: tir.const(j, loop.loop_var.dtype)})
+        return expr
 
-    y, hi, k = parts
-    if _constant(body.indices[0].stride) != 1 or _reads(inline(y), body.buffer.data):
+    def at(expr, j: int):
+        return stmt_functor.substitute(expr, {loop.loop_var: tir.const(j, loop.loop_var.dtype)})
+
+    (y, hi, k), value, index = parts, inline(body.value), inline(body.indices[0])
+    y = inline(y)
+    if _constant(index.stride) != 1 or _reads(y, body.buffer.data):
         return None
     extent = int(extent)
     analyzer = tvm.arith.Analyzer()
-    bases = [analyzer.simplify(inline(body.indices[0].base, j)) for j in range(extent)]
+    bases = [analyzer.simplify(at(index.base, j)) for j in range(extent)]
     if not all(analyzer.can_prove_equal(b - bases[0], PACK_LANES * j) for j, b in enumerate(bases)):
         return None
     byte, stores, j = _element(body.value.dtype), [], 0
     while j < extent:
         group = 4 if extent - j >= 4 else 2 if extent - j >= 2 else 1
         if group == 1:
-            stores.append(tir.BufferStore(body.buffer, inline(body.value, j), [inline(body.indices[0], j)]))
+            stores.append(tir.BufferStore(body.buffer, at(value, j), [at(index, j)]))
         else:
-            words = [_rounded_words(inline(y, i), hi, k) for i in range(j, j + group)]
+            words = [_rounded_words(at(y, i), hi, k) for i in range(j, j + group)]
             stores.append(tir.BufferStore(body.buffer, _packs(words, byte),
                                           [tir.Ramp(bases[j], 1, group * PACK_LANES)]))
         j += group
