@@ -85,11 +85,16 @@ def test_dense_per_batch_refuses_a_block_that_does_not_divide_the_columns():
         dense_per_batch(relay.nn.batch_matmul(x, y), block=8)
 
 
-def test_quantized_models_attention_products_are_packed_denses_without_copy_kernels():
+@pytest.mark.parametrize("target", ["host", "llvm -mcpu=x86-64"])
+def test_quantized_models_attention_products_without_copy_kernels(target):
     # A quantized model's float products of activations (quantize_dynamic leaves attention's in float):
-    # plain relay.build gives one packed dense per head, each operand a field of one kernel's split.
+    # plain relay.build gives one kernel per product parallel over the heads where the target has vectors
+    # for it (tvm_tcutils.float_batch_matmul), else one packed dense per head, each operand a field of
+    # one kernel's split.
     from tvm_tcutils._tvm import host_target
+    from tvm_tcutils.float_batch_matmul import lanes
 
+    target = host_target() if target == "host" else target
     heads, seq, dim = 4, 32, 16
     qs = [relay.var(name, shape=(heads, seq, dim), dtype="int8") for name in "qkv"]
     # As quantize_dynamic's: integer products, rescaled in float (a static QDQ region's dequantized operands
@@ -99,11 +104,13 @@ def test_quantized_models_attention_products_are_packed_denses_without_copy_kern
     scores = relay.nn.softmax(relay.nn.batch_matmul(q, k), axis=-1)
     context = relay.nn.batch_matmul(scores, v, transpose_b=False)
     with tvm.transform.PassContext(opt_level=3):
-        lib = relay.build(tvm.IRModule.from_expr(relay.Function(qs, context)), target=host_target())
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function(qs, context)), target=target)
     kernels = [node["attrs"]["func_name"] for node in json.loads(lib.get_graph_json())["nodes"]
                if node["op"] == "tvm_op"]
-    assert not [name for name in kernels if "batch_matmul" in name], kernels
-    assert len([name for name in kernels if "dense_pack" in name]) == 2 * heads, kernels
+    assert not [name for name in kernels if "nn_batch_matmul" in name], kernels
+    one_kernel = lanes(tvm.target.Target(target)) is not None
+    assert len([name for name in kernels if "tcutils_float_batch_matmul" in name]) == (2 if one_kernel else 0)
+    assert len([name for name in kernels if "dense_pack" in name]) == (0 if one_kernel else 2 * heads), kernels
     # No kernel per head that only copies (squeeze, reshape or layout_transform of one field).
     assert not [name for name in kernels if name.endswith(("_squeeze", "_reshape", "_layout_transform"))
                 or "_squeeze_" in name or "_fused_layout_transform" in name], kernels
@@ -117,6 +124,34 @@ def test_quantized_models_attention_products_are_packed_denses_without_copy_kern
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     np.testing.assert_allclose(runner.get_output(0).numpy(), p @ fv, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("transposed", ["x", "y", "both"])
+def test_batch_matmul_legalization_takes_transposes_into_the_op(transposed):
+    # An ONNX Transpose before MatMul: the op reads the operand as it is (no transpose kernel).
+    from tvm_tcutils.fast_forms import legalize_batch_matmul
+    from tvm_tcutils.float_batch_matmul import OP_NAME
+
+    after = [relay.add(relay.qnn.op.dequantize(relay.var(name, shape=(2, 32, 16), dtype="int8"),
+                                               relay.const(0.1), relay.const(0)), relay.const(0.5))
+             for name in "ab"]
+    # [batch, rows, K] both; each transposed operand given with the flag that undoes its transpose.
+    x = relay.transpose(after[0], (0, 2, 1)) if transposed in ("x", "both") else after[0]
+    y = relay.transpose(after[1], (0, 2, 1)) if transposed in ("y", "both") else after[1]
+    call = relay.nn.batch_matmul(x, y, transpose_a=transposed in ("x", "both"),
+                                 transpose_b=transposed == "x")
+    types = [relay.transform.InferTypeLocal(x), relay.transform.InferTypeLocal(y)]
+    with tvm.target.Target("llvm -mcpu=skylake-avx512"):
+        out = legalize_batch_matmul(call.attrs, [x, y], types)
+    assert out.op.name == OP_NAME
+    assert out.args[0].same_as(after[0]) and out.args[1].same_as(after[1])
+    assert not out.attrs.transpose_a and out.attrs.transpose_b
+    args = {name: np.random.default_rng(5).integers(-9, 9, (2, 32, 16)).astype("int8") for name in "ab"}
+    params = relay.analysis.free_vars(call)
+    want, = build_and_run(tvm.IRModule.from_expr(relay.Function(params, call)), inputs=args)
+    got, = build_and_run(tvm.IRModule.from_expr(relay.Function(params, out)), inputs=args,
+                         target="llvm -mcpu=nehalem")
+    np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["float_model", "qdq_region", "int8"])

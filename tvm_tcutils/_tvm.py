@@ -226,6 +226,22 @@ def _features_hidden_from_host(cpu: str) -> List[str]:
 
 
 @functools.lru_cache(maxsize=None)
+def target_has(target, *features: str) -> bool:
+    """Whether an LLVM CPU target has all ``features`` (False for other kinds).
+
+    Examples
+    --------
+    >>> target_has(tvm.target.Target("llvm -mcpu=haswell"), "avx2"), target_has(None, "avx2")
+    (True, False)
+    """
+    if target is None or target.kind.name != "llvm":
+        return False
+    try:
+        return bool(tvm.target.codegen.target_has_features(list(features), target))
+    except (AttributeError, tvm.TVMError):  # TVM without LLVM, or a CPU LLVM does not know: no claim
+        return False
+
+
 def llvm_version() -> int:
     """Major version of the LLVM TVM was built with (0 when built without LLVM).
 

@@ -11,8 +11,9 @@ about to be quantized: a static QDQ region's ``qnn.quantize``
 either: their ops keep TVM's exact forms.
 
 Also here: decompositions of float ops that TVM 0.19's x86 schedules run slowly, for
-the same quantized models only -- a batch of float products as one packed ``dense`` per
-batch (:func:`dense_per_batch`; :func:`legalize_batch_matmul`, an ``FTVMQnnLegalize``
+the same quantized models only -- a batch of float products as one kernel parallel over the
+batches on x86 (:mod:`tvm_tcutils.float_batch_matmul`) or one packed ``dense`` per batch
+(:func:`dense_per_batch`; both by :func:`legalize_batch_matmul`, an ``FTVMQnnLegalize``
 handler that acts only after a ``qnn`` op), softmax and layer-norm reductions over 16-wide
 partial results (:func:`split_softmax`), and layer norms' mean and variance from one
 vectorized pass over each row (:func:`legalize_mean` and :func:`legalize_variance`,
@@ -425,8 +426,10 @@ def _dequantized(value: relay.Expr) -> bool:
 
 def legalize_batch_matmul(attrs, inputs, types) -> Optional[relay.Expr]:
     """``FTVMQnnLegalize`` of ``nn.batch_matmul``: a quantized model's float32 product of two activations
-    (attention's, which onnxruntime's ``quantize_dynamic`` leaves in float) as :func:`dense_per_batch`, its
-    weights packed for the target's dense schedule (:func:`dense_pack_block`); None for the rest: float
+    (attention's, which onnxruntime's ``quantize_dynamic`` leaves in float) as one kernel parallel over
+    the batches (:mod:`tvm_tcutils.float_batch_matmul`) where the x86 target has vectors for it, else as
+    :func:`dense_per_batch`, its weights packed for the target's dense schedule (:func:`dense_pack_block`);
+    None for the rest: float
     models' (:func:`after_quantized_op`), every 8-bit product, and a static QDQ region's, whose operands
     are dequantized values (its ``qnn.quantize``'s legalization makes it an integer product).
 
@@ -438,6 +441,10 @@ def legalize_batch_matmul(attrs, inputs, types) -> Optional[relay.Expr]:
     >>> types = [relay.transform.InferTypeLocal(x)] * 2
     >>> with tvm.target.Target("llvm -mcpu=skylake-avx512"):
     ...     out = legalize_batch_matmul(call.attrs, [x, x], types)
+    >>> out.op.name
+    'tcutils.float_batch_matmul'
+    >>> with tvm.target.Target("llvm -mcpu=x86-64"):  # no vectors for it: one packed dense per batch
+    ...     out = legalize_batch_matmul(call.attrs, [x, x], types)
     >>> sorted({c.op.name for c in _calls(out)} & {"nn.batch_matmul", "nn.contrib_dense_pack"})
     ['nn.contrib_dense_pack']
     """
@@ -448,10 +455,41 @@ def legalize_batch_matmul(attrs, inputs, types) -> Optional[relay.Expr]:
     shapes = [_static_shape(t) for t in types[:2]]
     if any(s is None or len(s) != 3 for s in shapes):
         return None
+    floats = all(str(t.dtype) == "float32" for t in types[:2]) and str(attrs.out_dtype or "float32") == "float32"
+    if floats:
+        batched = _one_kernel(inputs, shapes, bool(attrs.transpose_a), bool(attrs.transpose_b))
+        if batched is not None:
+            return batched
     m = shapes[0][2] if attrs.transpose_a else shapes[0][1]
     n, k = (shapes[1][1], shapes[1][2]) if attrs.transpose_b else (shapes[1][2], shapes[1][1])
     block = dense_pack_block(m, n, k) if all(str(t.dtype) == "float32" for t in types[:2]) else None
     return dense_per_batch(call, block)
+
+
+def _batch_transposed(value: relay.Expr) -> Optional[relay.Expr]:
+    """``value``'s operand where ``value`` swaps the last two axes of a 3-d tensor, else None."""
+    if _op(value, "transpose") and value.attrs.axes is not None and [int(a) for a in value.attrs.axes] == [0, 2, 1]:
+        return value.args[0]
+    return None
+
+
+def _one_kernel(inputs, shapes, transpose_a: bool, transpose_b: bool) -> Optional[relay.Expr]:
+    """A float32 product as :mod:`tvm_tcutils.float_batch_matmul`'s op, where the current target builds
+    it; a transpose of an operand's last two axes (an ONNX ``Transpose`` before ``MatMul``) taken into
+    the op's attributes instead of a kernel of its own. None where the op does not apply."""
+    from . import float_batch_matmul
+
+    target = tvm.target.Target.current(allow_none=True)
+    x, y = inputs
+    shape_x, shape_y = list(shapes[0]), list(shapes[1])
+    inner_x, inner_y = _batch_transposed(x), _batch_transposed(y)
+    if inner_x is not None:
+        x, transpose_a, shape_x = inner_x, not transpose_a, [shape_x[0], shape_x[2], shape_x[1]]
+    if inner_y is not None:
+        y, transpose_b, shape_y = inner_y, not transpose_b, [shape_y[0], shape_y[2], shape_y[1]]
+    if not float_batch_matmul.applies(shape_x, shape_y, transpose_a, transpose_b, target):
+        return None
+    return float_batch_matmul.make(x, y, transpose_a, transpose_b)
 
 
 def _calls(expr: relay.Expr) -> list:

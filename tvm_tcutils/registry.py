@@ -53,7 +53,7 @@ _LAYOUT_ATTRS = ("FTVMAlterOpLayout", "FTVMLegalize", "FTVMConvertOpLayout", "FT
                  "FTVMQnnCanonicalize")
 
 #: Kinds whose registry entry holds exactly one value.
-_SINGLE_SLOT_KINDS = ("autotvm_template", "packed_func", "pattern_table")
+_SINGLE_SLOT_KINDS = ("relay_op", "autotvm_template", "packed_func", "pattern_table")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,9 +90,9 @@ class StrategyImpl:
 class Hook:
     """A declaration of one thing to install into TVM.
 
-    ``kind`` is one of ``"op_attr"``, ``"strategy"``, ``"autotvm_template"``,
+    ``kind`` is one of ``"relay_op"``, ``"op_attr"``, ``"strategy"``, ``"autotvm_template"``,
     ``"packed_func"`` and ``"pattern_table"``; build hooks with the helper
-    functions :func:`op_attr`, :func:`strategy`, :func:`autotvm_template`,
+    functions :func:`relay_op`, :func:`op_attr`, :func:`strategy`, :func:`autotvm_template`,
     :func:`packed_func` and :func:`pattern_table` rather than by hand.
     """
 
@@ -141,6 +141,32 @@ class HookInfo:
 # --------------------------------------------------------------------------
 # Declaration helpers used by feature modules.
 # --------------------------------------------------------------------------
+def relay_op(
+    name: str,
+    inputs: Sequence[str],
+    type_relation: Callable,
+    attrs_type_key: str,
+    pattern: int,
+    description: str = "",
+) -> Hook:
+    """Declare a new Relay op: its ``inputs``' names, ``type_relation`` (``(arg_types, attrs) -> Type``,
+    None while unknown), the attributes' type key and ``TOpPattern``. Its kernels come from a
+    :func:`strategy` hook for the same name.
+
+    TVM cannot remove an op: :func:`unregister` takes its pattern and strategy away (nothing builds it),
+    and a later :func:`register` finds it and installs them again.
+
+    Examples
+    --------
+    >>> hook = relay_op("tcutils.example", ("x",), lambda types, attrs: types[0], "DictAttrs", 8)
+    >>> hook.kind, hook.attr
+    ('relay_op', 'TOpPattern')
+    """
+    payload = dict(inputs=tuple(inputs), type_relation=type_relation, attrs_type_key=attrs_type_key,
+                   pattern=int(pattern))
+    return Hook("relay_op", name, "TOpPattern", LEVEL, None, payload, description)
+
+
 def op_attr(
     op_name: str,
     attr: str,
@@ -375,7 +401,8 @@ class Registry:
         with self._lock:
             hooks = self.declared()
             # Templates first: strategies look them up when they run.
-            order = {"autotvm_template": 0, "packed_func": 1, "pattern_table": 2, "op_attr": 3, "strategy": 4}
+            order = {"relay_op": -1, "autotvm_template": 0, "packed_func": 1, "pattern_table": 2, "op_attr": 3,
+                     "strategy": 4}
             for slot_hooks in _by_slot(sorted(hooks, key=lambda h: order[h.kind])):
                 getattr(self, f"_install_{slot_hooks[0].kind}")(slot_hooks)
                 for hook in slot_hooks:
@@ -439,6 +466,34 @@ class Registry:
 
     _uninstall_strategy = _uninstall_op_attr
 
+    def _install_relay_op(self, hooks: List[Hook]) -> None:
+        (hook,) = hooks  # op names are unique (checked by declared())
+        declaration = hook.payload
+        ops = _state().setdefault("relay_ops", set())
+        if hook.name in tvm.ir.Op.list_op_names():
+            if hook.name not in ops:
+                raise ValueError(f"Relay op {hook.name!r} is already registered by someone else")
+        else:
+            relay.op.op.register(hook.name, hook.description)
+            op = tvm.ir.Op.get(hook.name)
+            op.set_num_inputs(len(declaration["inputs"]))
+            for name in declaration["inputs"]:
+                op.add_argument(name, "Tensor", name)
+            op.set_attrs_type_key(declaration["attrs_type_key"])
+            # The relation is looked up through this module's function each time, so that a reload's
+            # new definition is the one used (TVM keeps the first relation an op was given).
+            op.add_type_rel(f"{hook.name}Rel", _relation_of(hook.name))
+            op.set_support_level(10)
+            ops.add(hook.name)
+        _state().setdefault("relay_op_relations", {})[hook.name] = declaration["type_relation"]
+        op = tvm.ir.Op.get(hook.name)
+        op.reset_attr(hook.attr)
+        op.set_attr(hook.attr, declaration["pattern"], hook.level)
+
+    def _uninstall_relay_op(self, hook: Hook) -> None:
+        tvm.ir.Op.get(hook.name).reset_attr(hook.attr)
+        _state().setdefault("relay_op_relations", {}).pop(hook.name, None)
+
     def _install_autotvm_template(self, hooks: List[Hook]) -> None:
         (hook,) = hooks  # task names are unique (checked by declared())
         compute, schedule = hook.payload
@@ -481,6 +536,16 @@ class Registry:
         _contrib_register._PATTERN_TABLES.pop(hook.name, None)
 
 
+def _relation_of(name: str) -> Callable:
+    def relation(arg_types, attrs):
+        current = _state().get("relay_op_relations", {}).get(name)
+        if current is None:
+            raise ValueError(f"Relay op {name!r} is not registered now: import tvm_tcutils (or call register())")
+        return current(arg_types, attrs)
+
+    return relation
+
+
 def _by_slot(hooks: Sequence[Hook]) -> List[List[Hook]]:
     """Group hooks by the registry entry they write, keeping declaration order."""
     groups: Dict[Tuple[str, str, str], List[Hook]] = {}
@@ -521,7 +586,7 @@ def registered() -> List[HookInfo]:
     >>> import tvm_tcutils
     >>> rows = tvm_tcutils.registered()
     >>> sorted({row.kind for row in rows})
-    ['autotvm_template', 'op_attr', 'packed_func', 'pattern_table', 'strategy']
+    ['autotvm_template', 'op_attr', 'packed_func', 'pattern_table', 'relay_op', 'strategy']
     >>> dense = [row for row in rows if row.kind == "strategy" and row.name == "nn.dense"]
     >>> print(dense[0])  # doctest: +NORMALIZE_WHITESPACE
     strategy nn.dense.FTVMStrategy level=20 targets=cuda,gpu tcutils.dense_tensorcore.cuda

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import List
 
 from .._tvm import tvm
-from .. import fast_forms, registry
+from .. import fast_forms, float_batch_matmul, registry
 from ..prebuild import PREBUILD_FUNC  # (mod, target) -> mod, applied before builds and task extraction
 from . import pipeline, prefetch, qdq, rounding, strategy, tile_epilogue
 
@@ -33,7 +33,7 @@ def hooks() -> List[registry.Hook]:
     Examples
     --------
     >>> sorted({h.kind for h in hooks()})
-    ['autotvm_template', 'op_attr', 'packed_func', 'strategy']
+    ['autotvm_template', 'op_attr', 'packed_func', 'relay_op', 'strategy']
     """
     declared = []
     if tvm.get_global_func(BUILD_LLVM, allow_missing=True) is not None:
@@ -75,6 +75,12 @@ def hooks() -> List[registry.Hook]:
         registry.op_attr(
             "nn.batch_matmul", "FTVMQnnLegalize", fast_forms.legalize_batch_matmul, targets=strategy.TARGET_KEYS,
             description="a quantized model's float32 batch_matmul as one packed float dense per batch (fast_forms)"),
+        # Its op for x86 targets: one kernel parallel over the heads instead of a dense per head.
+        registry.relay_op(
+            **float_batch_matmul.op_declaration(),
+            description="a quantized model's float32 batch_matmul by one kernel parallel over batches and row "
+                        "blocks (float_batch_matmul)"),
+        registry.strategy(float_batch_matmul.OP_NAME, float_batch_matmul.strategy_impls(), targets=("cpu",)),
         # QOperator files' requantizations with the same (onnxruntime's) arithmetic.
         registry.op_attr(
             "qnn.requantize", "FTVMQnnLegalize", qdq.legalize_requantize, targets=strategy.TARGET_KEYS,

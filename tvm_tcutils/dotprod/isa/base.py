@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Tuple
 
-from ..._tvm import llvm_version, tvm
+from ..._tvm import llvm_version, target_has, tvm  # noqa: F401  (target_has: re-exported to the ISAs)
 from tvm import tir
 
 #: The 8-bit operand types a dot-product instruction can take.
@@ -281,16 +281,6 @@ def llvm_intrin(dtype: str, name: str, *args: tir.PrimExpr) -> tir.PrimExpr:
 def ordered(variant: DotVariant, data, kernel):
     """The operands in the order the instruction takes them."""
     return (kernel, data) if variant.swap else (data, kernel)
-
-
-def target_has(target, *features: str) -> bool:
-    """Whether an LLVM CPU target has all ``features`` (False for other kinds)."""
-    if target is None or target.kind.name != "llvm":
-        return False
-    try:
-        return bool(tvm.target.codegen.target_has_features(list(features), target))
-    except (AttributeError, tvm.TVMError):  # TVM without LLVM, or a CPU LLVM does not know: no claim
-        return False
 
 
 def llvm_major() -> int:
