@@ -27,9 +27,9 @@ import os
 import sys
 import time
 import weakref
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..._tvm import host_target, tvm
+from ..._tvm import host_target, pool_size, tvm
 from ...measure import WHOLE_MODEL_MIN_REPEAT_MS, Backend, Timer, error_line, interleave
 from ...tuning import tuning_log_digest
 from ..arguments import existing_file, flag, positive_number, whole_number
@@ -77,6 +77,33 @@ class Progress:
         sys.stderr.flush()
 
 
+#: Most workers :func:`auto_workers` gives (each holds a TVM, about 0.25 GB, and builds one candidate at a time).
+AUTO_WORKERS_MAX = 4
+
+
+def auto_workers() -> Tuple[int, int]:
+    """``(workers, CPUs each)`` of the default measuring pool: as many workers as the timing's threads
+    (the largest of TVM's, onnxruntime's and OpenVINO's budget) fit disjointly in the CPUs this process
+    tree was given, at most :data:`AUTO_WORKERS_MAX`; each pinned to its own CPUs (0: one worker, on all).
+
+    A candidate's measurement is mostly its build (0.1-0.3 s of compiling, against 25 ms of timing), which
+    one worker did on one core while the others idled; side by side on disjoint cores the timings agree
+    with one worker's (``docs/benchmarks/collage.md``).
+
+    Examples
+    --------
+    >>> workers, each = auto_workers()
+    >>> workers >= 1 and (each == 0 if workers == 1 else each >= 1)
+    True
+    """
+    from ...processes import given_cpus
+    from ..toolchains.base import thread_budget
+
+    threads = max(pool_size(), thread_budget("TVM_TCUTILS_ORT_THREADS"), thread_budget("TVM_TCUTILS_OPENVINO_THREADS"))
+    workers = max(1, min(AUTO_WORKERS_MAX, len(given_cpus()) // threads))
+    return workers, (threads if workers > 1 else 0)
+
+
 #: What the worker pool answers when a worker died or hung: with a remote backend, its server did.
 _POOL_LOSSES = ("timed out after", "worker killed", "worker exited")
 
@@ -122,8 +149,11 @@ class MeasuredCostEstimator(CostEstimator):
     cache_dir : str, optional
         Directory of the persistent cache (default :func:`default_cache_dir`);
         ``None`` keeps that default, ``""`` disables the disk cache.
-    workers : int
-        Worker processes measuring in parallel (1 keeps timings clean).
+    workers : int, optional
+        Worker processes measuring in parallel. None (the default): :func:`auto_workers`, one per
+        disjoint set of the timing's threads among this process tree's CPUs (at most
+        :data:`AUTO_WORKERS_MAX`), each pinned to its own; 1: one worker on every CPU. Several
+        workers build and time side by side, each on its own cores.
     timeout : float
         Seconds a candidate's build and run may take.
     repeat, warmup, min_repeat_ms : int
@@ -167,13 +197,14 @@ class MeasuredCostEstimator(CostEstimator):
     {'cached': 0, 'measured': 0, 'failed': 0}
     """
 
-    def __init__(self, cache_dir: Optional[str] = None, workers: int = 1, timeout: float = 120.0,
+    def __init__(self, cache_dir: Optional[str] = None, workers: Optional[int] = None, timeout: float = 120.0,
                  repeat: int = 5, warmup: int = 2, min_repeat_ms: int = 5, target: Optional[str] = None,
                  progress: Optional[bool] = None, log_file: Optional[str] = None,
                  worker_imports: Sequence[str] = (), tuning_log: Optional[str] = None,
                  retry_failed: bool = False, failure_ttl: float = FAILURE_TTL, remote: Optional[Backend] = None):
         # All checked before a worker starts; messages name the argument (see ..arguments).
-        whole_number("workers", workers, least=1)
+        if workers is not None:
+            whole_number("workers", workers, least=1)
         positive_number("timeout", timeout)
         whole_number("repeat", repeat, least=1)
         whole_number("warmup", warmup)
@@ -197,7 +228,10 @@ class MeasuredCostEstimator(CostEstimator):
             workers = max(self._servers(), 1)
         directory = default_cache_dir() if cache_dir is None else cache_dir
         self.cache = CostStore(directory, failure_ttl, retry_failed) if directory else None
-        self.pool = WorkerPool(workers, timeout, worker_imports)
+        cpus_each = 0
+        if workers is None:
+            workers, cpus_each = auto_workers()
+        self.pool = WorkerPool(workers, timeout, worker_imports, cpus_each=cpus_each)
         self.settings = (target or host_target(), repeat, warmup, min_repeat_ms)
         self.tuning_log = os.path.abspath(tuning_log) if tuning_log else None
         self._log_digest = tuning_log_digest(tuning_log)

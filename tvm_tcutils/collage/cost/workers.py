@@ -54,7 +54,7 @@ from typing import Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Opt
 
 from ..._tvm import tvm
 from ...measure import WHOLE_MODEL_MIN_REPEAT_MS
-from ...processes import WORKER_POPEN_OPTIONS, die_with_parent, hold, kill_group, release, unpin
+from ...processes import WORKER_POPEN_OPTIONS, die_with_parent, given_cpus, hold, kill_group, release, unpin
 from ..toolchains import packed_call
 from ..toolchains.packed_call import forget_sessions
 from .shared import PREFIX, SharedConstants, load_modules
@@ -80,6 +80,10 @@ WHOLE_MODEL_TIMEOUT_S = 600.0
 
 #: Bytes of a worker's stdout and stderr kept (the last ones) for error messages.
 TAIL_BYTES = 64 * 1024
+
+#: Environment variable naming the CPUs a measuring worker pins itself to (a pool of several that measure
+#: side by side: :attr:`WorkerPool.cpus_each`).
+WORKER_CPUS_ENV = "TCUTILS_WORKER_CPUS"
 
 #: A worker resident above this many bytes after a task is replaced before its next one.
 RECYCLE_BYTES = 640 << 20  # a fresh worker is about 0.25 GB; starting one costs a few seconds
@@ -395,6 +399,12 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str], parent: Op
 
     die_with_parent(parent)  # before the slow imports: a parent killed meanwhile takes the worker along
     unpin()  # the parent's TVM may have pinned it to one core: measure on the CPUs the search was given
+    own = os.environ.get(WORKER_CPUS_ENV, "")
+    if own and hasattr(os, "sched_setaffinity"):
+        # One of several workers measuring side by side: its own cores (TVM's binding is off in its
+        # environment, or every worker's TVM would pin its thread to the same first core).
+        with contextlib.suppress(OSError, ValueError):
+            os.sched_setaffinity(0, {int(cpu) for cpu in own.split(",")})
     import tvm_tcutils  # noqa: F401  (registers the package's toolchains)
 
     inbox = Connection(read_fd, writable=False)
@@ -450,7 +460,8 @@ class _Tail:
 class _Worker:
     """One worker: a fresh interpreter (no fork of a process holding TVM's threads) in its own process group."""
 
-    def __init__(self, imports: Sequence[str]):
+    def __init__(self, imports: Sequence[str], cpus: Sequence[int] = ()):
+        self.cpus = tuple(cpus)
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         code = (
@@ -459,6 +470,9 @@ class _Worker:
         )
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        if self.cpus:
+            env[WORKER_CPUS_ENV] = ",".join(str(cpu) for cpu in self.cpus)
+            env["TVM_BIND_THREADS"] = "0"
         self.process = subprocess.Popen(
             [sys.executable, "-c", code], pass_fds=(to_child_r, from_child_w), env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **WORKER_POPEN_OPTIONS,
@@ -534,12 +548,18 @@ class WorkerPool:
     START_TIMEOUT = 120.0
 
     def __init__(self, workers: int = 1, timeout: float = 120.0, imports: Sequence[str] = (),
-                 recycle_bytes: int = RECYCLE_BYTES):
+                 recycle_bytes: int = RECYCLE_BYTES, cpus_each: int = 0):
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if cpus_each < 0 or (cpus_each and workers * cpus_each > len(given_cpus())):
+            raise ValueError(f"cpus_each must be 0 (workers share every CPU) or at most "
+                             f"{len(given_cpus()) // workers} for {workers} workers on {len(given_cpus())} CPUs, "
+                             f"got {cpus_each}")
         self.size = workers
+        #: CPUs each worker is pinned to, disjoint between the live workers (0: all share every CPU).
+        self.cpus_each = cpus_each
         self.timeout = timeout
         self.imports = tuple(imports)
         self.recycle_bytes = recycle_bytes
@@ -558,7 +578,11 @@ class WorkerPool:
             self._workers.append(self._spawn())
 
     def _spawn(self) -> _Worker:
-        worker = _Worker(self.imports)
+        cpus: List[int] = []
+        if self.cpus_each:
+            taken = {cpu for other in self._workers for cpu in other.cpus}
+            cpus = [cpu for cpu in sorted(given_cpus()) if cpu not in taken][:self.cpus_each]
+        worker = _Worker(self.imports, cpus)
         worker.deadline = time.monotonic() + self.START_TIMEOUT
         return worker
 
