@@ -27,13 +27,13 @@ from test_collage_driver import CrossingCosts, FusingWholeModel, elementwise_net
 NOISE = (1.0, 1.01, 0.99, 1.005, 0.995)
 
 
-def fake(ms: float):
-    """A timer of ``ms`` with a 1 % deterministic noise, recording how often it was called."""
+def fake(ms: float, scale: float = 1.0):
+    """A timer of ``ms`` with a 1 % deterministic noise (times ``scale``), recording how often it was called."""
     noise = itertools.cycle(NOISE)
 
     def sample() -> float:
         sample.calls += 1
-        return ms * next(noise)
+        return ms * (1 + scale * (next(noise) - 1))
     sample.calls = 0
     return sample
 
@@ -52,7 +52,8 @@ def test_mix_clearly_faster_is_the_answer_after_the_first_test():
 
 
 def test_overlapping_timings_keep_the_best_single_toolchain():
-    out = final_answer({"collage": fake(1.0), "tvm alone": fake(1.0), "ort alone": fake(3.0)},
+    # 5 % noise: the interval of two equal timings stays wider than the 1 % of equivalence.
+    out = final_answer({"collage": fake(1.0, 5), "tvm alone": fake(1.0, 5), "ort alone": fake(3.0, 5)},
                        min_rounds=3, max_rounds=12)
     assert out.answer == "tvm alone" and not out.is_mix
     assert out.stopped == "rounds" and out.rounds == 12
@@ -60,9 +61,23 @@ def test_overlapping_timings_keep_the_best_single_toolchain():
     assert "tvm alone is kept: the mix is not faster" in out.reason and "round limit" in out.reason
 
 
+def test_a_mix_within_one_percent_of_the_best_single_stops_the_rounds_and_keeps_the_single():
+    from tvm_tcutils.collage.validate import EQUIVALENCE
+
+    timers = {"collage": fake(1.0), "openvino alone": fake(1.003), "tvm alone": fake(1.5)}
+    out = final_answer(timers, min_rounds=5, max_rounds=40)
+    assert out.answer == "openvino alone" and out.stopped == "decided" and out.rounds < 40
+    assert 1 - EQUIVALENCE <= out.ratio.low <= 1 <= out.ratio.high <= 1 + EQUIVALENCE
+    assert "within x0.99-x1.01 of it" in out.reason and "cannot win by more" in out.reason
+    # Without a mix the fastest single must still be separated from the second: no equivalence stop.
+    out = final_answer({"openvino alone": fake(1.0), "ort alone": fake(1.003)}, mix=None, min_rounds=5,
+                       max_rounds=12)
+    assert out.stopped == "rounds" and out.rounds == 12
+
+
 def test_budget_end_keeps_the_best_single_toolchain_with_the_reason():
     ticks = itertools.count()  # one second per clock reading
-    out = final_answer({"collage": fake(1.0), "tvm alone": fake(1.0)}, budget_s=5, min_rounds=2,
+    out = final_answer({"collage": fake(1.0, 5), "tvm alone": fake(1.0, 5)}, budget_s=5, min_rounds=2,
                        max_rounds=100, clock=lambda: float(next(ticks)))
     assert out.answer == "tvm alone" and out.stopped == "budget" and out.rounds < 100
     assert "the time budget ended" in out.reason

@@ -146,6 +146,49 @@ def test_worker_pool_and_estimator_arguments():
     for error, name, kwargs in bad:
         with pytest.raises(error, match=name):
             MeasuredCostEstimator(cache_dir="", **kwargs)
+    with pytest.raises(ValueError, match="cpus_each must be 0 .* got 1000"):
+        WorkerPool(1, 60.0, cpus_each=1000)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin two workers apart")
+def test_workers_measuring_side_by_side_are_pinned_to_disjoint_cores():
+    from tvm_tcutils.collage.cost.workers import WORKER_CPUS_ENV
+
+    x = relay.var("x", shape=(64,))
+    text = tvm.ir.save_json(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
+    task = ("candidate", dict(mod_json=text, target="llvm", repeat=1, warmup=0, min_repeat_ms=1))
+    pool = WorkerPool(2, 120.0, cpus_each=1)
+    try:
+        results = pool.run([task, task, task])
+        assert all(r["ms"] > 0 for r in results)
+        # Each worker pinned itself to the one CPU it was given; TVM's binding is off in both (otherwise
+        # each TVM pins its thread to the same first core, and the two time on one core).
+        pinned = [os.sched_getaffinity(worker.process.pid) for worker in pool._workers]
+        assert all(len(cpus) == 1 for cpus in pinned) and pinned[0] != pinned[1], pinned
+        assert all(worker.cpus and set(worker.cpus) == cpus for worker, cpus in zip(pool._workers, pinned))
+    finally:
+        pool.close()
+    assert WORKER_CPUS_ENV not in os.environ
+
+
+def test_the_default_pool_fits_the_timing_threads_in_the_cpus(monkeypatch):
+    from tvm_tcutils.collage.cost import measured as measured_module
+    from tvm_tcutils.processes import given_cpus
+
+    cpus = len(given_cpus())
+    monkeypatch.setenv("TVM_TCUTILS_ORT_THREADS", str(cpus))  # one runtime takes every CPU: one worker
+    assert measured_module.auto_workers() == (1, 0)
+    monkeypatch.setenv("TVM_TCUTILS_ORT_THREADS", "1")
+    monkeypatch.setenv("TVM_TCUTILS_OPENVINO_THREADS", "1")
+    monkeypatch.setattr(measured_module, "pool_size", lambda: 1)
+    workers, each = measured_module.auto_workers()
+    assert workers == max(1, min(measured_module.AUTO_WORKERS_MAX, cpus)) and each == (1 if workers > 1 else 0)
+    est = MeasuredCostEstimator(cache_dir="")
+    try:
+        assert est.pool.size == workers and est.pool.cpus_each == each
+        assert MeasuredCostEstimator(cache_dir="", workers=1).pool.cpus_each == 0
+    finally:
+        est.close()
 
 
 def concat_net():

@@ -161,6 +161,8 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
     if final is not None:
         row["timings_ms"] = {name: t.median_ms for name, t in final.timings.items() if t.samples_ms}
         row["best_single"] = final.best_single
+        row["compare_rounds"], row["compare_timing_s"] = final.rounds, round(final.seconds, 1)
+        row["compare_stopped"] = final.stopped
         if final.ratio is not None:
             row["answer_vs_best_single"] = [final.ratio.value, final.ratio.low, final.ratio.high]
             row["confidence"] = final.ratio.confidence

@@ -374,6 +374,17 @@ def _fastest(timings: Mapping[str, Timing], names: Sequence[str]) -> Optional[st
 
 
 #: Why rounds ended without a separated interval, in words.
+#: Relative difference within which the final comparison calls the mix and the best single equivalent: once
+#: the interval of their ratio lies inside ``[1 - EQUIVALENCE, 1 + EQUIVALENCE]`` more rounds could at best
+#: show a mix faster by less than that, so they stop and the single is kept (a mix that is a runtime's
+#: region with a few operators moved otherwise runs the rounds to the budget's end, undecided).
+EQUIVALENCE = 0.01
+
+
+def _equivalent(r: Ratio) -> bool:
+    return 1 - EQUIVALENCE <= r.low and r.high <= 1 + EQUIVALENCE
+
+
 _STOPPED = {"budget": "the time budget ended", "rounds": "the round limit was reached", "decided": "separated"}
 
 
@@ -436,7 +447,9 @@ def final_answer(timers: Mapping[str, Callable[[], float]], mix: Optional[str] =
         a, b = pair(timings)
         if a is None or b is None or not timings[a].samples_ms:
             return True  # nothing left to separate: more rounds cannot change the answer
-        return ratio(timings[a], timings[b], confidence).separated
+        r = ratio(timings[a], timings[b], confidence)
+        # A mix within EQUIVALENCE of the best single either way cannot win by more; the single is kept.
+        return r.separated or (mix is not None and _equivalent(r))
 
     run: Interleaved = interleave_until(timers, decided, min_rounds, max_rounds, budget_s, clock,
                                         on_round=(lambda done: on_round(done, max_rounds)) if on_round else None)
@@ -470,6 +483,9 @@ def _decide(mix: Optional[str], a: Optional[str], b: Optional[str], best: Option
         return mix, f"the mix is faster than {best} with {level} ({rounds})"
     if r.low > 1.0:
         return best, f"{best} is fastest; no mix beats it (the mix is slower with {level}, {rounds})"
+    if _equivalent(r):
+        return best, (f"{best} is kept: the mix is within x{1 - EQUIVALENCE:g}-x{1 + EQUIVALENCE:g} of it with "
+                      f"{level} ({rounds}): it cannot win by more")
     return best, (f"{best} is kept: the mix is not faster with {level} after {rounds} "
                   f"({_STOPPED[run.stopped]})")
 
