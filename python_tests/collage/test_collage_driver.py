@@ -339,3 +339,23 @@ def test_prepare_folds_batch_norms_as_tvm_does_without_building_kernels():
     assert tvm.ir.structural_equal(prepared["main"], oracle["main"], map_free_vars=True)
     assert ours == 0 and len(builds) > 0, (ours, len(builds))
     assert "nn.batch_norm" in mod.astext()  # the input module is left as it was
+
+
+@pytest.mark.parametrize("dense_ms, partitions", [(0.99, 1), (0.5, 24)])
+def test_a_mix_estimated_within_one_percent_of_a_toolchain_alone_gives_way_to_it(dense_ms, partitions, monkeypatch):
+    # An ORT-like toolchain runs the whole encoder (68 operators, 1 ms each); TVM's denses are cheaper. Saving
+    # 0.06 ms of 68 (0.09 %), the mix of 24 partitions does not pay for its crossings: the toolchain alone goes
+    # on. Saving 3 ms (4.4 %), the mix does. Without the rule the first is a mix too.
+    import tvm_tcutils.collage.driver as driver_module
+    from tvm_tcutils.bench.collage import mock_toolchains
+    from tvm_tcutils.bench.models import encoder
+
+    mod = encoder(1, hidden=64, heads=2, seq=16)
+    costs = MockCostEstimator({"tvm": {"nn.dense": dense_ms, "*": 1.0}, "ortlike": 1.0})
+    result = partition(mod, None, mock_toolchains(), costs, validate_rounds=0, progress=False)
+    assert len(result.partitions) == partitions
+    if partitions == 1:
+        assert result.partitions[0].toolchain == "ortlike" and result.estimated_ms == pytest.approx(68.0)
+        monkeypatch.setattr(driver_module, "EQUIVALENCE", 0.0)
+        mix = partition(mod, None, mock_toolchains(), costs, validate_rounds=0, progress=False)
+        assert len(mix.partitions) > 1 and mix.estimated_ms < 68.0

@@ -33,7 +33,7 @@ from .subgraph import IndexedGraph
 from .toolchains import TVM, Toolchain, resolve, tvm_toolchain
 from .precision import ErrorCheck, check_sample_inputs, check_singles, fit_budget
 from .validate import (
-    FinalAnswer, Validation, final_comparison, greedy_answers, outline_chosen, whole_model_sampler,
+    EQUIVALENCE, FinalAnswer, Validation, final_comparison, greedy_answers, outline_chosen, whole_model_sampler,
 )
 
 logger = logging.getLogger("tvm_tcutils.collage")
@@ -296,6 +296,38 @@ def _tvm_only(graph: IndexedGraph, cands: Sequence[Candidate], costs: Sequence[f
     return search_valid(graph, cands, tvm_costs, toolchains)
 
 
+def simpler_answer(result: SearchResult, rivals: Sequence[SearchResult]) -> SearchResult:
+    """``result``, or the cheapest of ``rivals`` (TVM alone, each toolchain's greedy partitioning) that is one
+    partition (a toolchain running the whole model: its maximal region, measured) where ``result`` has
+    several and costs less by at most :data:`~.validate.EQUIVALENCE`: a mix estimated to win by less than
+    that does not pay for its crossings, which the candidates' costs do not see and only validation's
+    whole-model build of the mix measures (DenseNet-121: a mix 0.2 % under OpenVINO's region took
+    validation 357 s, and lost).
+
+    Examples
+    --------
+    >>> from tvm_tcutils.collage.candidates import Candidate
+    >>> mix = SearchResult([Candidate("ort", 1, "a"), Candidate("tvm", 2, "b")], [5.0, 4.96], 9.96, 0)
+    >>> alone = SearchResult([Candidate("ort", 3, "maximal_region")], [10.0], 10.0, 0)
+    >>> slower = SearchResult([Candidate("ort", 3, "maximal_region")], [10.2], 10.2, 0)
+    >>> simpler_answer(mix, [alone]) is alone, simpler_answer(mix, [slower]) is mix
+    (True, True)
+    """
+    def partitions(answer: SearchResult) -> int:
+        return len(answer.non_host())
+
+    fewer = [r for r in rivals if math.isfinite(r.cost) and partitions(r) == 1 < partitions(result)]
+    if not fewer:
+        return result
+    rival = min(fewer, key=lambda r: r.cost)
+    if rival.cost > result.cost * (1 + EQUIVALENCE):
+        return result
+    logger.info("the search's answer (%.3f ms, %d partitions) is within %g %% of one with %d (%.3f ms): the "
+                "simpler one goes on", result.cost, partitions(result), 100 * EQUIVALENCE, partitions(rival),
+                rival.cost)
+    return rival
+
+
 def _interleaved_search(estimator: CostEstimator, graph: IndexedGraph, cands: Sequence[Candidate],
                         toolchains: Dict[str, Toolchain], deadline: Optional[float]):
     """``estimator.search(...)``, given the deadline where it takes one (estimators written before it did not)."""
@@ -439,6 +471,9 @@ class _Partitioner:
                     single[tc.name] = single_results[tc.name].cost
                 except NoCoverError:
                     single[tc.name] = math.inf
+            tvm_alone = single_results.get(tvm_name)
+            if self.error_budget is None:  # under a budget, a lossy toolchain's greedy answer may break it
+                result = simpler_answer(result, ([tvm_alone] if tvm_alone is not None else []) + list(greedy.values()))
 
         start = time.perf_counter()
         timer = estimator.whole_model_timer() if self.validate_rounds and not partial else None
