@@ -450,19 +450,19 @@ def legalize_batch_matmul(attrs, inputs, types) -> Optional[relay.Expr]:
     """
     if any(_dequantized(value) for value in inputs) or not any(after_quantized_op(value) for value in inputs):
         return None
-    call = relay.nn.batch_matmul(*inputs, out_dtype=attrs.out_dtype, transpose_a=attrs.transpose_a,
-                                 transpose_b=attrs.transpose_b)
     shapes = [_static_shape(t) for t in types[:2]]
     if any(s is None or len(s) != 3 for s in shapes):
         return None
-    floats = all(str(t.dtype) == "float32" for t in types[:2]) and str(attrs.out_dtype or "float32") == "float32"
-    if floats:
+    float_inputs = all(str(t.dtype) == "float32" for t in types[:2])
+    if float_inputs and str(attrs.out_dtype or "float32") == "float32":
         batched = _one_kernel(inputs, shapes, bool(attrs.transpose_a), bool(attrs.transpose_b))
         if batched is not None:
             return batched
     m = shapes[0][2] if attrs.transpose_a else shapes[0][1]
     n, k = (shapes[1][1], shapes[1][2]) if attrs.transpose_b else (shapes[1][2], shapes[1][1])
-    block = dense_pack_block(m, n, k) if all(str(t.dtype) == "float32" for t in types[:2]) else None
+    block = dense_pack_block(m, n, k) if float_inputs else None
+    call = relay.nn.batch_matmul(*inputs, out_dtype=attrs.out_dtype, transpose_a=attrs.transpose_a,
+                                 transpose_b=attrs.transpose_b)
     return dense_per_batch(call, block)
 
 

@@ -373,7 +373,6 @@ def _fastest(timings: Mapping[str, Timing], names: Sequence[str]) -> Optional[st
     return min(timed, key=lambda name: timings[name].median_ms) if timed else None
 
 
-#: Why rounds ended without a separated interval, in words.
 #: Relative difference within which the final comparison calls the mix and the best single equivalent: once
 #: the interval of their ratio lies inside ``[1 - EQUIVALENCE, 1 + EQUIVALENCE]`` more rounds could at best
 #: show a mix faster by less than that, so they stop and the single is kept (a mix that is a runtime's
@@ -385,6 +384,7 @@ def _equivalent(r: Ratio) -> bool:
     return 1 - EQUIVALENCE <= r.low and r.high <= 1 + EQUIVALENCE
 
 
+#: Why rounds ended without a separated interval, in words.
 _STOPPED = {"budget": "the time budget ended", "rounds": "the round limit was reached", "decided": "separated"}
 
 
