@@ -398,13 +398,15 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str], parent: Op
     import importlib
 
     die_with_parent(parent)  # before the slow imports: a parent killed meanwhile takes the worker along
-    unpin()  # the parent's TVM may have pinned it to one core: measure on the CPUs the search was given
     own = os.environ.get(WORKER_CPUS_ENV, "")
     if own and hasattr(os, "sched_setaffinity"):
         # One of several workers measuring side by side: its own cores (TVM's binding is off in its
-        # environment, or every worker's TVM would pin its thread to the same first core).
+        # environment, or every worker's TVM would pin its thread to the same first core). The parent
+        # pinned it at start already; again here for a worker started some other way.
         with contextlib.suppress(OSError, ValueError):
             os.sched_setaffinity(0, {int(cpu) for cpu in own.split(",")})
+    else:
+        unpin()  # the parent's TVM may have pinned it to one core: measure on the CPUs the search was given
     import tvm_tcutils  # noqa: F401  (registers the package's toolchains)
 
     inbox = Connection(read_fd, writable=False)
@@ -479,6 +481,11 @@ class _Worker:
         )
         os.close(to_child_r)
         os.close(from_child_w)
+        if self.cpus and hasattr(os, "sched_setaffinity"):
+            # Pinned from here at once: the interpreter's imports take seconds before worker_entry runs,
+            # and they should not share the other workers' cores meanwhile either.
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(self.process.pid, set(self.cpus))
         # Read all the time: a worker writing more than a pipe holds (64 KiB) would block for ever.
         self.stdout, self.stderr = _Tail(self.process.stdout), _Tail(self.process.stderr)
         self.outbox = Connection(to_child_w, readable=False)
