@@ -222,6 +222,9 @@ _FLOATS = np.concatenate([[1e-38, 3e38, 1e-45, -0.0, 7.0, 1.0 / 3.0],
     ("negative", [_FLOATS], {}),
     ("expand_dims", [_FLOATS], dict(axis=-1, num_newaxis=2)),
     ("expand_dims", [np.array(2.0, "float32")], dict(axis=0, num_newaxis=1)),
+    ("squeeze", [_FLOATS.reshape(1, 16, 1, 1)], dict(axis=[0, 2, 3])),
+    ("squeeze", [_FLOATS.reshape(16, 1, 1)], dict(axis=[-1])),
+    ("squeeze", [_FLOATS.reshape(1, 16, 1)], {}),
 ])
 def test_numpy_folds_equal_tvms_fold(name, values, attrs):
     import tvm
@@ -236,8 +239,8 @@ def test_numpy_folds_equal_tvms_fold(name, values, attrs):
         expr = relay.cast(consts[0], **attrs)
     elif name == "strided_slice":
         expr = relay.strided_slice(consts[0], **attrs)
-    elif name == "expand_dims":
-        expr = relay.expand_dims(consts[0], **attrs)
+    elif name in ("expand_dims", "squeeze"):
+        expr = getattr(relay, name)(consts[0], **attrs)
     else:
         expr = getattr(relay, name)(*consts)
     ours, theirs = fold_constant_numpy_first(expr), relay.transform.FoldConstantExpr(expr, tvm.IRModule())

@@ -243,7 +243,42 @@ NUMPY_FOLDS = {
     "negative": _float_op(np.negative),
     "sqrt": _float_op(np.sqrt),
     "expand_dims": lambda args, attrs: _expand_dims(args[0], attrs),
+    # FoldScaleAxis squeezes each folded scale to the weight's output-channel axis (DenseNet-121: 240).
+    "squeeze": lambda args, attrs: np.squeeze(
+        args[0], axis=None if attrs.axis is None else tuple(int(a) for a in attrs.axis)),
 }
+
+#: Ops whose adjacent steps by constants merge into one: ``(x op c1) op c2`` is ``x op (c1 op c2)``, as TVM's
+#: ``SimplifyExpr`` rewrites it in ``relay.build`` -- where it folds each ``c1 op c2`` by compiling it
+#: (DenseNet-121's conv biases and batch-norm shifts: 121 builds, 10 s a build of the model).
+MERGED_STEPS = ("add", "multiply")
+
+
+def _merged_step(call, op_name: str):
+    """``x op (c1 op c2)`` for ``call`` = ``(x op c1) op c2`` (either operand order) of float32 constants
+    ``c1``, ``c2`` and a non-constant ``x``; None otherwise."""
+    import tvm
+    from tvm import relay
+
+    def split(expr):  # (the non-constant operand, the constant) of a step by a constant, else None
+        if not (isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op_name):
+            return None
+        a, b = expr.args
+        if isinstance(b, relay.Constant) and not isinstance(a, relay.Constant):
+            return a, b
+        if isinstance(a, relay.Constant) and not isinstance(b, relay.Constant):
+            return b, a
+        return None
+
+    outer = split(call)
+    inner = split(outer[0]) if outer is not None else None
+    if inner is None:
+        return None
+    (x, c1), c2 = inner, outer[1]
+    value = NUMPY_FOLDS[op_name]([c1.data.numpy(), c2.data.numpy()], None)
+    if value is None:
+        return None
+    return relay.Call(call.op, [x, relay.const(value, dtype=str(value.dtype))], call.attrs, call.type_args, call.span)
 
 
 def _constant_args(call):
@@ -260,7 +295,7 @@ def _constant_args(call):
     return [a.data.numpy() for a in args]
 
 
-def fold_constant_numpy_first(node, mod=None, *, whole: bool = False):
+def fold_constant_numpy_first(node, mod=None, *, whole: bool = False, merge_steps: bool = False):
     """TVM's ``fold_constant`` as its ONNX importer calls it after each node, with the node's new calls of
     :data:`NUMPY_FOLDS` on constants folded in numpy first.
 
@@ -269,6 +304,8 @@ def fold_constant_numpy_first(node, mod=None, *, whole: bool = False):
     typed tensors, other ops) goes to TVM's fold as before, so the imported module is the same. Earlier
     nodes are folded already (the importer tags each with a span after its fold; the walk stops there);
     ``whole``: walk all of ``node`` (a model's body, every node tagged), as a pass before ``FoldConstant``.
+    ``merge_steps``: also merge adjacent steps by constants (:data:`MERGED_STEPS`), which ``relay.build``
+    would merge by compiling each (the result is then no longer the importer's module).
 
     Examples
     --------
@@ -318,6 +355,9 @@ def fold_constant_numpy_first(node, mod=None, *, whole: bool = False):
             if value is not None:
                 value = np.array(value)  # relay.const alone would make int64 int32 and float64 float32
                 rebuilt = relay.const(value, dtype=str(value.dtype))
+            elif merge_steps and isinstance(rebuilt, relay.Call) and isinstance(rebuilt.op, tvm.ir.Op) \
+                    and rebuilt.op.name in MERGED_STEPS:
+                rebuilt = _merged_step(rebuilt, rebuilt.op.name) or rebuilt
             done[expr] = rebuilt
         node = done[node]
     return relay.transform.FoldConstantExpr(node, mod)

@@ -313,32 +313,52 @@ def test_validation_does_not_build_a_re_searched_mix_a_built_rival_beats(rival_m
         ([] if built else [(True, "tvm alone", rival_ms)])
 
 
-def _batch_norm_net(layers: int = 3):
-    """Convs each followed by a batch norm with its own statistics (what SimplifyInference unpacks)."""
+def _batch_norm_net(layers: int = 3, bias: bool = False):
+    """Convs (each with a bias, ``bias``) followed by a batch norm with its own statistics (what
+    SimplifyInference unpacks)."""
     rng = np.random.default_rng(3)
     x = relay.var("x", shape=(1, 8, 8, 8))
     y = x
     for _ in range(layers):
         const = lambda *shape: relay.const(rng.normal(0, 1, shape).astype("float32"))  # noqa: E731
         y = relay.nn.conv2d(y, const(8, 8, 3, 3), padding=(1, 1))
+        if bias:
+            y = relay.add(y, const(8, 1, 1))
         variance = relay.const(np.abs(rng.normal(0, 1, 8)).astype("float32") + 1e-3)
         y = relay.nn.batch_norm(y, const(8), const(8), const(8), variance)[0]
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
 
 
-def test_prepare_folds_batch_norms_as_tvm_does_without_building_kernels():
-    """The prepared module equals TVM's own InferType, SimplifyInference, FoldConstant, and its batch
-    norms' constants fold in numpy: no kernel build for them (TVM builds one per folded call)."""
-    mod = _batch_norm_net()
+@pytest.mark.parametrize("bias", [False, True])
+def test_prepare_folds_batch_norms_as_tvm_does_without_building_kernels(bias):
+    """The prepared module equals TVM's own InferType, SimplifyInference, FoldConstant, then FoldScaleAxis and
+    SimplifyExpr (which merges a conv's bias with the batch norm's shift) to a fixed point, bit for bit; its
+    constants fold in numpy: no kernel build for them (TVM builds one per folded call)."""
+    mod = _batch_norm_net(bias=bias)
     with counted_relay_builds() as builds:
         prepared = prepare(mod)
         ours = len(builds)
         with tvm.transform.PassContext(opt_level=3):
             oracle = tvm.transform.Sequential([relay.transform.InferType(), relay.transform.SimplifyInference(),
                                                relay.transform.FoldConstant()])(mod)
+            for _ in range(4):
+                again = tvm.transform.Sequential([relay.transform.FoldScaleAxis(), relay.transform.SimplifyExpr(),
+                                                  relay.transform.FoldConstant()])(oracle)
+                if tvm.ir.structural_equal(again, oracle):
+                    break
+                oracle = again
     assert tvm.ir.structural_equal(prepared["main"], oracle["main"], map_free_vars=True)
     assert ours == 0 and len(builds) > 0, (ours, len(builds))
     assert "nn.batch_norm" in mod.astext()  # the input module is left as it was
+    # The scales are in the weights: one conv and one add per layer are left.
+    ops = [node.op.name for node in _calls(prepared["main"])]
+    assert sorted(set(ops)) == ["add", "nn.conv2d"] and len(ops) == 6, ops
+
+
+def _calls(func) -> list:
+    calls = []
+    relay.analysis.post_order_visit(func, lambda node: calls.append(node) if isinstance(node, relay.Call) else None)
+    return calls
 
 
 @pytest.mark.parametrize("dense_ms, partitions", [(0.99, 1), (0.5, 24)])
