@@ -458,8 +458,9 @@ def legalize_batch_matmul(attrs, inputs, types) -> Optional[relay.Expr]:
         batched = _one_kernel(inputs, shapes, bool(attrs.transpose_a), bool(attrs.transpose_b))
         if batched is not None:
             return batched
-    m = shapes[0][2] if attrs.transpose_a else shapes[0][1]
-    n, k = (shapes[1][1], shapes[1][2]) if attrs.transpose_b else (shapes[1][2], shapes[1][1])
+    from .float_batch_matmul import product_dims  # imported where used, as in _one_kernel
+
+    m, n, k, _ = product_dims(*shapes, bool(attrs.transpose_a), bool(attrs.transpose_b))
     block = dense_pack_block(m, n, k) if float_inputs else None
     call = relay.nn.batch_matmul(*inputs, out_dtype=attrs.out_dtype, transpose_a=attrs.transpose_a,
                                  transpose_b=attrs.transpose_b)

@@ -62,7 +62,14 @@ def lanes(target) -> Optional[int]:
     return next((width for feature, width in LANES if target_has(target, feature)), None)
 
 
-def _dims(x_shape: Sequence[int], y_shape: Sequence[int], transpose_a: bool, transpose_b: bool):
+def product_dims(x_shape: Sequence[int], y_shape: Sequence[int], transpose_a: bool, transpose_b: bool):
+    """``(m, n, k, k_y)`` of ``nn.batch_matmul``'s operands of these shapes (``k == k_y`` where they multiply).
+
+    Examples
+    --------
+    >>> product_dims((12, 128, 64), (12, 128, 64), False, True)
+    (128, 128, 64, 64)
+    """
     m, k = (x_shape[2], x_shape[1]) if transpose_a else (x_shape[1], x_shape[2])
     n, k_y = (y_shape[1], y_shape[2]) if transpose_b else (y_shape[2], y_shape[1])
     return m, n, k, k_y
@@ -76,7 +83,7 @@ def _type_relation(arg_types, attrs):
     shapes = [[int(d) for d in t.shape] for t in (x, y)]
     if any(len(s) != 3 for s in shapes) or {str(x.dtype), str(y.dtype)} != {"float32"}:
         raise ValueError(f"{OP_NAME} takes two 3-d float32 tensors, got {x} and {y}")
-    m, n, k, k_y = _dims(*shapes, bool(attrs.transpose_a), bool(attrs.transpose_b))
+    m, n, k, k_y = product_dims(*shapes, bool(attrs.transpose_a), bool(attrs.transpose_b))
     batches = max(shapes[0][0], shapes[1][0])
     if k != k_y or any(s[0] not in (1, batches) for s in shapes):
         raise ValueError(f"{OP_NAME}: operands {x} and {y} do not multiply")
@@ -113,7 +120,7 @@ def compute(x: te.Tensor, y: te.Tensor, transpose_a: bool, transpose_b: bool, wi
     [2, 6, 32]
     """
     xs, ys = [[int(d) for d in t.shape] for t in (x, y)]
-    m, n, k, _ = _dims(xs, ys, transpose_a, transpose_b)
+    m, n, k, _ = product_dims(xs, ys, transpose_a, transpose_b)
     batches = max(xs[0], ys[0])
 
     def pick(shape, b):
@@ -198,7 +205,7 @@ def applies(shape_x: Sequence[int], shape_y: Sequence[int], transpose_a: bool, t
     width = lanes(target)
     if width is None or len(shape_x) != 3 or len(shape_y) != 3:
         return False
-    _, n, k, k_y = _dims(shape_x, shape_y, transpose_a, transpose_b)
+    _, n, k, k_y = product_dims(shape_x, shape_y, transpose_a, transpose_b)
     return n % width == 0 and k == k_y
 
 

@@ -373,15 +373,16 @@ def _fastest(timings: Mapping[str, Timing], names: Sequence[str]) -> Optional[st
     return min(timed, key=lambda name: timings[name].median_ms) if timed else None
 
 
-#: Relative difference within which the final comparison calls the mix and the best single equivalent: once
-#: the interval of their ratio lies inside ``[1 - EQUIVALENCE, 1 + EQUIVALENCE]`` more rounds could at best
-#: show a mix faster by less than that, so they stop and the single is kept (a mix that is a runtime's
-#: region with a few operators moved otherwise runs the rounds to the budget's end, undecided).
+#: How much faster than the best single a mix must be able to be for the final comparison to go on: once the
+#: interval of their ratio lies at or above ``1 - EQUIVALENCE`` more rounds could at best show a mix faster by
+#: less than that, so they stop and the single is kept -- whatever the interval's upper end (a mix that is a
+#: runtime's region with a few operators moved otherwise runs the rounds to the budget's end, undecided).
+#: Before the search's validation, an answer estimated within it of a toolchain alone gives way to that.
 EQUIVALENCE = 0.01
 
 
 def _equivalent(r: Ratio) -> bool:
-    return 1 - EQUIVALENCE <= r.low and r.high <= 1 + EQUIVALENCE
+    return r.low >= 1 - EQUIVALENCE
 
 
 #: Why rounds ended without a separated interval, in words.
@@ -448,7 +449,7 @@ def final_answer(timers: Mapping[str, Callable[[], float]], mix: Optional[str] =
         if a is None or b is None or not timings[a].samples_ms:
             return True  # nothing left to separate: more rounds cannot change the answer
         r = ratio(timings[a], timings[b], confidence)
-        # A mix within EQUIVALENCE of the best single either way cannot win by more; the single is kept.
+        # A mix that can be at most EQUIVALENCE faster than the best single cannot win by more: it is kept.
         return r.separated or (mix is not None and _equivalent(r))
 
     run: Interleaved = interleave_until(timers, decided, min_rounds, max_rounds, budget_s, clock,
@@ -484,8 +485,8 @@ def _decide(mix: Optional[str], a: Optional[str], b: Optional[str], best: Option
     if r.low > 1.0:
         return best, f"{best} is fastest; no mix beats it (the mix is slower with {level}, {rounds})"
     if _equivalent(r):
-        return best, (f"{best} is kept: the mix is within x{1 - EQUIVALENCE:g}-x{1 + EQUIVALENCE:g} of it with "
-                      f"{level} ({rounds}): it cannot win by more")
+        return best, (f"{best} is kept: the mix is at best x{1 - EQUIVALENCE:g} of it with {level} ({rounds}): "
+                      f"it cannot win by more")
     return best, (f"{best} is kept: the mix is not faster with {level} after {rounds} "
                   f"({_STOPPED[run.stopped]})")
 

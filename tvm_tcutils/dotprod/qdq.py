@@ -716,14 +716,24 @@ def legalize_uniform_zero_point(attrs, inputs, types) -> Optional[relay.Expr]:
     args = _uniform_zero_point(inputs)
     if args is None:
         return None
-    names = [f"tcutils_zp_arg{k}" for k in range(len(args))]
     # Only the call's own inputs become variables of the region to legalize.
-    bound = {relay.var(name, type_annotation=t): arg for name, t, arg in zip(names, types, args)
-             if not isinstance(arg, relay.Constant)}
-    params = iter(bound)
-    call_args = [arg if isinstance(arg, relay.Constant) else next(params) for arg in args]
+    bound, call_args = _region_inputs(args, types, "tcutils_zp_arg", lambda k, arg: isinstance(arg, relay.Constant))
     op = tvm.ir.Op.get("qnn.conv2d" if hasattr(attrs, "kernel_layout") else "qnn.dense")
     return _legalized(relay.Call(op, call_args, attrs), bound)
+
+
+def _region_inputs(inputs, types, prefix: str, kept) -> Tuple[Dict[relay.Var, relay.Expr], List[relay.Expr]]:
+    """``(bound, args)``: the call's ``inputs`` for a region to legalize (:func:`_legalized`), each one
+    ``kept(index, input)`` rejects replaced by a variable ``{prefix}{index}`` of its type (``bound`` maps the
+    variables back to the inputs)."""
+    bound: Dict[relay.Var, relay.Expr] = {}
+    args = []
+    for k, (arg, arg_type) in enumerate(zip(inputs, types)):
+        if not kept(k, arg):
+            var = relay.var(f"{prefix}{k}", type_annotation=arg_type)
+            bound[var], arg = arg, var
+        args.append(arg)
+    return bound, args
 
 
 def _uniform_zero_point(inputs) -> Optional[list]:
@@ -795,13 +805,8 @@ def legalize_depthwise_padding(attrs, inputs, types) -> Optional[relay.Expr]:
                                 str(data_type.dtype), str(kernel_type.dtype), "int32"):
         return None
     # The call's inputs that are not closed expressions become variables of the region to legalize.
-    bound: Dict[relay.Var, relay.Expr] = {}
-    args = []
-    for k, (arg, arg_type) in enumerate(zip(inputs, types)):
-        if k == 0 or relay.analysis.free_vars(arg):
-            var = relay.var(f"tcutils_dw_arg{k}", type_annotation=arg_type)
-            bound[var], arg = arg, var
-        args.append(arg)
+    bound, args = _region_inputs(inputs, types, "tcutils_dw_arg",
+                                 lambda k, arg: k != 0 and not relay.analysis.free_vars(arg))
     data, kernel, data_zero, _, data_scale, kernel_scale = args
     padded = relay.nn.pad(data, ((0, 0), (0, 0), (top, bottom), (left, right + extra)), pad_value=data_zero)
     kernel = relay.nn.pad(kernel, ((0, 0), (0, 0), (0, 0), (0, extra)))
