@@ -255,3 +255,32 @@ def test_integer_arithmetic_is_left_to_tvms_fold():
 
     values = [np.array([-7, 7], "int32"), np.array([2, 2], "int32")]
     assert all(NUMPY_FOLDS[op](values, None) is None for op in ("add", "subtract", "multiply", "divide"))
+
+
+def test_relay_lowering_reads_tvms_build_facts_once_per_process(monkeypatch):
+    # TVM's te_compiler asks libinfo() for every dimension it lowers (2-4 ms each, a map converted entry by
+    # entry); the package's wrapper (installed by `import tvm_tcutils`) keeps the first answer.
+    import tvm
+    import tvm.support
+    from tvm import relay
+    from tvm.relay.backend import te_compiler
+
+    from tvm_tcutils._compat import install_cached_libinfo
+
+    calls = []
+
+    def counted():
+        calls.append(1)
+        return tvm.support.libinfo()
+
+    monkeypatch.setattr(te_compiler, "libinfo", counted)
+    install_cached_libinfo()
+    assert te_compiler.libinfo.tcutils_original is counted
+    x = relay.var("x", shape=(1, 8, 4, 4))
+    for k in range(2):
+        mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.relu(x) + relay.const(float(k))))
+        relay.build(mod, target="llvm")
+    assert len(calls) == 1
+    assert te_compiler.libinfo() == tvm.support.libinfo() and te_compiler.libinfo() is not te_compiler.libinfo()
+    install_cached_libinfo()  # idempotent: TVM's (here the counted) function stays the one read
+    assert te_compiler.libinfo.tcutils_original is counted

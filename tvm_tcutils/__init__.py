@@ -19,4 +19,5 @@ __version__ = "0.1.0"
 _moved.install()
 _compat.install_onnx_shim()
 _compat.install_onnx_converters()
+_compat.install_cached_libinfo()
 register()

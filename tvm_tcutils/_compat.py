@@ -190,6 +190,39 @@ def install_onnx_converters() -> None:
     frontend._get_convert_map = convert_map
 
 
+def install_cached_libinfo() -> None:
+    """Let TVM's Relay lowering read the loaded libtvm's build facts once per process; idempotent.
+
+    TVM 0.19's ``te_compiler.get_shape`` calls ``tvm.support.libinfo()`` for every dimension of every
+    operator it lowers, and each call converts a map of some 200 build flags from C++ entry by entry
+    (about 4 ms): a conv's output shape costs 17 ms, and ``FoldConstant``, which lowers a kernel for
+    each call on constants, pays it again each time (a third of a weight layout transform's fold).
+    The facts of the loaded library do not change, so the lowering module reads a copy of the first
+    answer. Everything else calls TVM's own ``libinfo``.
+
+    Examples
+    --------
+    >>> install_cached_libinfo()
+    >>> from tvm.relay.backend import te_compiler
+    >>> import tvm.support
+    >>> te_compiler.libinfo() == tvm.support.libinfo()
+    True
+    """
+    from tvm.relay.backend import te_compiler
+
+    original = getattr(te_compiler.libinfo, "tcutils_original", te_compiler.libinfo)
+    first: dict = {}
+
+    def libinfo():
+        if not first:
+            first.update(original())
+        return dict(first)  # a copy: a caller's change stays its own, as with TVM's
+
+    libinfo.tcutils_original = original
+    libinfo.__doc__ = original.__doc__
+    te_compiler.libinfo = libinfo
+
+
 def _cast(value, attrs):
     dtype = np.dtype(str(attrs.dtype))
     source = value.dtype
