@@ -356,3 +356,32 @@ def test_the_report_names_a_re_searched_mix_validation_did_not_build():
     skipped = dataclasses.replace(result, not_built=[("collage, 300 us per crossing", 9.5, "tvm alone", 7.25)])
     assert "validation: the re-searched mix (collage, 300 us per crossing) estimated 9.500 ms was not built: " \
         "tvm alone measured 7.250 ms" in report_lines(skipped)
+
+
+def test_an_answer_that_is_a_toolchains_maximal_region_is_timed_once_as_that_toolchain_alone(monkeypatch):
+    from tvm import relay
+
+    import tvm_tcutils.collage.driver as driver_module
+
+    mod = elementwise_net()
+    # Crossings dear: the search's answer is the test toolchain's greedy partitioning itself. Its BYOC module
+    # stands for it in the comparison: no "collage" contender timed beside the same partitioning, even where
+    # the search's own outline of it is not structurally BYOC's (on DenseNet-121 it is not; here a copy at
+    # the end makes it differ).
+    outline = driver_module.outline_chosen
+
+    def differing(*args, **kwargs):
+        out, symbols = outline(*args, **kwargs)
+        out = tvm.IRModule(dict(out.functions))
+        main = out["main"]
+        out["main"] = relay.Function(main.params, relay.copy(main.body), main.ret_type, main.type_params,
+                                     main.attrs)
+        return relay.transform.InferType()(out), symbols
+
+    monkeypatch.setattr(driver_module, "outline_chosen", differing)
+    result = partition(mod, None, TOOLCHAINS, SamplingCosts(ISOLATED, {}, crossing_ms=5.0), progress=False)
+    assert result.answer == "tcutils_test alone"
+    assert "collage" not in result.final.timings and result.final.mix is None
+    assert set(result.final.timings) == {"tvm alone", "tcutils_test alone"}
+    assert tvm.ir.structural_equal(result.mod, greedy_partition(mod, None, test_codegen.toolchain()),
+                                   map_free_vars=True)
