@@ -233,10 +233,10 @@ def prepare(mod: tvm.IRModule, params: Optional[Dict] = None) -> tvm.IRModule:
     These are passes ``relay.build`` runs first anyway (scales folded into
     the weights and adjacent constant steps merged too, in numpy, so that
     each TVM build of a part or of the whole model has no constants left to
-    fold by compiling them); ``mod`` is not changed. A module that does not type-check, or ``params``
-    that are not arrays of ``main``'s parameters (names, shapes, dtypes),
-    raise ``TypeError`` / ``ValueError`` naming the argument (see
-    :mod:`.arguments`).
+    fold by compiling them); ``mod`` is not changed. A module that does not
+    type-check, or ``params`` that are not arrays of ``main``'s parameters
+    (names, shapes, dtypes), raise ``TypeError`` / ``ValueError`` naming the
+    argument (see :mod:`.arguments`).
 
     Examples
     --------
