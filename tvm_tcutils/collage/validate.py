@@ -381,7 +381,7 @@ def _fastest(timings: Mapping[str, Timing], names: Sequence[str]) -> Optional[st
 EQUIVALENCE = 0.01
 
 
-def _equivalent(r: Ratio) -> bool:
+def _cannot_win_by_more(r: Ratio) -> bool:
     return r.low >= 1 - EQUIVALENCE
 
 
@@ -450,7 +450,7 @@ def final_answer(timers: Mapping[str, Callable[[], float]], mix: Optional[str] =
             return True  # nothing left to separate: more rounds cannot change the answer
         r = ratio(timings[a], timings[b], confidence)
         # A mix that can be at most EQUIVALENCE faster than the best single cannot win by more: it is kept.
-        return r.separated or (mix is not None and _equivalent(r))
+        return r.separated or (mix is not None and _cannot_win_by_more(r))
 
     run: Interleaved = interleave_until(timers, decided, min_rounds, max_rounds, budget_s, clock,
                                         on_round=(lambda done: on_round(done, max_rounds)) if on_round else None)
@@ -484,7 +484,7 @@ def _decide(mix: Optional[str], a: Optional[str], b: Optional[str], best: Option
         return mix, f"the mix is faster than {best} with {level} ({rounds})"
     if r.low > 1.0:
         return best, f"{best} is fastest; no mix beats it (the mix is slower with {level}, {rounds})"
-    if _equivalent(r):
+    if _cannot_win_by_more(r):
         return best, (f"{best} is kept: the mix is at best x{1 - EQUIVALENCE:g} of it with {level} ({rounds}): "
                       f"it cannot win by more")
     return best, (f"{best} is kept: the mix is not faster with {level} after {rounds} "

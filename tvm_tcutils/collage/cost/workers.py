@@ -398,15 +398,12 @@ def worker_entry(read_fd: int, write_fd: int, imports: Sequence[str], parent: Op
     import importlib
 
     die_with_parent(parent)  # before the slow imports: a parent killed meanwhile takes the worker along
-    own = os.environ.get(WORKER_CPUS_ENV, "")
-    if own and hasattr(os, "sched_setaffinity"):
-        # One of several workers measuring side by side: its own cores (TVM's binding is off in its
-        # environment, or every worker's TVM would pin its thread to the same first core). The parent
-        # pinned it at start already; again here for a worker started some other way.
-        with contextlib.suppress(OSError, ValueError):
-            os.sched_setaffinity(0, {int(cpu) for cpu in own.split(",")})
-    else:
-        unpin()  # the parent's TVM may have pinned it to one core: measure on the CPUs the search was given
+    # One of several workers measuring side by side keeps the cores its parent pinned it to at start
+    # (:class:`_Worker`; TVM's binding is off in its environment, or every worker's TVM would pin its thread
+    # to the same first core). Any other worker runs on every CPU the search was given: the parent's TVM
+    # may have pinned the parent, and so this process, to one core.
+    if not os.environ.get(WORKER_CPUS_ENV):
+        unpin()
     import tvm_tcutils  # noqa: F401  (registers the package's toolchains)
 
     inbox = Connection(read_fd, writable=False)
