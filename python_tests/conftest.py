@@ -259,7 +259,7 @@ def host_cpu_has(*features: str) -> bool:
 #: x86 dot-product targets to test, each with the CPU feature it needs to run here.
 DOT_TARGETS = {
     "vnni": ("llvm -mcpu=znver4", "avx512vnni"),
-    # Zen 5's code (its own fallback tiles); vp2intersect is a Zen 5 feature Zen 4 lacks.
+    # Zen 5's code (its wider fallback tiles where it runs); vp2intersect is a Zen 5 feature Zen 4 lacks.
     "vnni_zen5": ("llvm -mcpu=znver5", "avx512vp2intersect"),
     "avx2": ("llvm -mcpu=core-avx2", "avx2"),
     "sse": ("llvm -mcpu=nehalem", "sse4.2"),

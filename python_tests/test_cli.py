@@ -13,7 +13,7 @@ def test_info_lists_tvm_capabilities_and_hooks():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for needle in ("TVM 0.", "relay", "autotvm", "llvm", "cuda codegen", "hexagon codegen", "onnxruntime",
-                   "native helpers", "registered hooks", "resnet-50"):
+                   "native helpers", "registered hooks", "resnet-50", "int8 kernels"):
         assert needle in out, needle
 
 

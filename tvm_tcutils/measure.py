@@ -657,8 +657,12 @@ def build_and_time(mod: tvm.IRModule, params: Optional[Params] = None, target: O
 
 
 def time_function(func, args: Sequence, repeat: int = 10, number: int = 1, min_repeat_ms: int = 0,
-                  device=None) -> Timing:
+                  device=None, settle_threads: bool = True) -> Timing:
     """Time a compiled TVM function (``tvm.build`` of a schedule) on ``args``.
+
+    ``settle_threads=False`` leaves TVM's thread pool and ``TVM_NUM_THREADS`` as they are
+    (:func:`~tvm_tcutils._tvm.settle_thread_count` starts the pool): for a single-threaded probe
+    that runs while a user's model compiles.
 
     Examples
     --------
@@ -669,7 +673,8 @@ def time_function(func, args: Sequence, repeat: int = 10, number: int = 1, min_r
     >>> time_function(f, [a, b], repeat=3).median_ms > 0
     True
     """
-    settle_thread_count()
+    if settle_threads:
+        settle_thread_count()
     evaluator = func.time_evaluator(func.entry_name, device or tvm.cpu(), number=number, repeat=repeat,
                                     min_repeat_ms=min_repeat_ms)
     return Timing(tuple(s * 1e3 for s in evaluator(*args).results))

@@ -241,14 +241,22 @@ def _fallback_tile(target: str, hw: int, ic: int, kernel: int):
     (14, 1024, 1, (2, 2, 2), (2, 1, 7)),
     (7, 512, 3, (2, 1, 7), (2, 1, 7)),
     (56, 64, 1, (2, 2, 2), (2, 2, 2)),   # a reduction of 64 bytes keeps the small block everywhere
-    (32, 128, 3, (2, 2, 2), (2, 1, 8)),  # no 7-pixel row: the budget filled
+    (32, 128, 3, (2, 2, 2), (2, 2, 4)),  # no 5-7-pixel block: the next that fits (16 accumulators)
+    (10, 128, 3, (2, 2, 2), (2, 1, 5)),  # Zen 5 needs 5 pixels: a 5x1 row where the output has one
 ])
-def test_fallback_tile_follows_the_cpu(hw, ic, kernel, zen4, zen5):
-    # Zen 5 issues two 512-bit vpdpbusd a cycle: its fallback keeps 14 accumulators where Zen 4's keeps 8
-    # (the probe_conv_tiles grid); a CPU not in the ISA's table gets the ISA's own block.
-    assert _fallback_tile("llvm -mcpu=znver4", hw, ic, kernel) == zen4
-    assert _fallback_tile("llvm -mcpu=znver5", hw, ic, kernel) == zen5
-    assert _fallback_tile("llvm -mcpu=icelake-server", hw, ic, kernel) == zen4
+def test_fallback_tile_follows_the_cpus_instructions_in_flight(monkeypatch, hw, ic, kernel, zen4, zen5):
+    # The tile covers the vpdpbusd the CPU keeps in flight: Zen 4's 4 (measured: one a cycle, latency 4) fit
+    # VNNI's own 2 blocks x 2x2 pixels; Zen 5's ~9 (two a cycle) take 14 accumulators (the probe_conv_tiles
+    # grid's best). The CPU's name plays no part: the same target with each fact, and a CPU with none stated
+    # that does not run here gets the ISA's own block.
+    from tvm_tcutils.dotprod.cpu_facts import CHAINS_ENV
+
+    for chains, expected in (("4", zen4), ("9.2", zen5)):
+        monkeypatch.setenv(CHAINS_ENV, chains)
+        for cpu in ("znver4", "znver5", "icelake-server"):
+            assert _fallback_tile(f"llvm -mcpu={cpu}", hw, ic, kernel) == expected, (chains, cpu)
+    monkeypatch.setenv(CHAINS_ENV, "0")  # unknown
+    assert _fallback_tile("llvm -mcpu=znver5", hw, ic, kernel) == zen4
 
 
 @pytest.mark.parametrize("m,n,tile", [(128, 256, (3, 4)), (128, 1024, (3, 4)), (128, 768, (4, 3)), (1, 1008, (1, 9))])

@@ -22,6 +22,7 @@ import numpy as np
 from .._tvm import host_target, tvm
 from tvm import autotvm, relay, te, tir
 
+from ..dotprod.cpu_facts import chain_gops
 from ..dotprod.isa import for_target, range_isa, tile_isa
 from ..dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_AMX_TASK, DENSE_PACK_TASK
 from ..dotprod.topi import packing
@@ -88,30 +89,10 @@ def nd(array):
 # Peak
 # --------------------------------------------------------------------------
 def peak_gops(tasks: int, chains: int = 16, iters: int = 100_000) -> float:
-    """GOPS of ``chains`` independent dot-product accumulator chains per thread, all in registers.
-
-    ``C[t, r, :] = sum_i dot4(A, B)``: every step is one instruction on loop-invariant operands,
-    through the package's own tensor intrinsic (so this is the instruction the kernels use).
-    """
-    from ..dotprod.topi.intrinsics import dot_product_intrin
-
-    isa = for_target(TARGET)
-    lanes = isa.lanes
-    a = te.placeholder((4,), "uint8", name="A")
-    b = te.placeholder((lanes, 4), "int8", name="B")
-    i, k = te.reduce_axis((0, iters), "i"), te.reduce_axis((0, 4), "k")
-    c = te.compute((tasks, chains, lanes), lambda t, r, lane: te.sum(
-        a[k].astype("int32") * b[lane, k].astype("int32"), axis=[i, k]), name="C")
-    s = te.create_schedule(c.op)
-    t, r, lane_axis = s[c].op.axis
-    s[c].reorder(t, i, r, lane_axis, k)
-    s[c].unroll(r)
-    s[c].parallel(t)
-    s[c].tensorize(lane_axis, dot_product_intrin(isa, "uint8", "int8"))
-    lib = tvm.build(s, [a, b, c], target=TARGET)
-    args = [nd(np.ones(4, "uint8")), nd(np.ones((lanes, 4), "int8")), nd(np.zeros((tasks, chains, lanes), "int32"))]
-    seconds = timeit(lib, *args, min_ms=100) / 1e3
-    return tasks * iters * chains * lanes * 4 * 2 / seconds / 1e9
+    """GOPS of ``chains`` independent dot-product accumulator chains per thread, all in registers
+    (:func:`~tvm_tcutils.dotprod.cpu_facts.chain_gops` on :data:`TARGET`'s ISA: the instruction the
+    kernels use)."""
+    return chain_gops(for_target(TARGET), tasks, chains, iters, target=TARGET)
 
 
 def amx_peak_gops(tasks: int, iters: int = 200_000) -> float:

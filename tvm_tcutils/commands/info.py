@@ -51,14 +51,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _int8_kernels() -> str:
-    """This CPU's int8 kernel families: the 4-way dot-product row, and whether AMX tiles run here (why not)."""
+    """This CPU's int8 kernel families: the 4-way dot-product row (with the instructions it keeps in flight,
+    which size the fallback tiles, where they matter), and whether AMX tiles run here (why not)."""
     import tvm_tcutils
-    from tvm_tcutils.dotprod import amx
+    from tvm_tcutils.dotprod import amx, cpu_facts
     from tvm_tcutils.dotprod.isa import for_target
+    from tvm.target import Target
 
-    vector = for_target(tvm_tcutils.host_target())
+    host = tvm_tcutils.host_target()
+    vector = for_target(host)
+    name = vector.name if vector else "none"
+    if vector is not None and vector.conv_tile_pixels:
+        chains = cpu_facts.chains_in_flight(vector, Target(host))
+        name += f" ({chains:g} instructions in flight)" if chains else " (instructions in flight unknown)"
     state = amx.state()
-    return f"{vector.name if vector else 'none'}; AMX tiles {'yes' if state.usable else 'no'} ({state.reason})"
+    return f"{name}; AMX tiles {'yes' if state.usable else 'no'} ({state.reason})"
 
 
 def _cuda_codegen(caps: dict) -> str:

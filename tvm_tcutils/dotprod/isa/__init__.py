@@ -13,7 +13,7 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-from .base import CpuTiles, DotProductISA, DotVariant
+from .base import DotProductISA, DotVariant
 from .hexagon_hvx import HEXAGON_HVX
 from .x86_avx2 import X86_AVX2
 from .x86_avx2_u8s7 import X86_AVX2_U8S7
@@ -153,7 +153,7 @@ def by_name(name: str) -> DotProductISA:
 
 
 __all__ = [
-    "CpuTiles", "DotProductISA", "DotVariant", "ISAS", "RANGE_ISAS", "HEXAGON_HVX", "X86_VNNI", "X86_AVX2",
+    "DotProductISA", "DotVariant", "ISAS", "RANGE_ISAS", "HEXAGON_HVX", "X86_VNNI", "X86_AVX2",
     "X86_AVX2_U8S7", "X86_SSE", "X86_AMX", "TileISA", "TILE_ISAS", "tile_isa", "for_target", "for_layer",
     "range_isa", "exact_only", "by_name",
 ]

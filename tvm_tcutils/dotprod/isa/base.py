@@ -14,6 +14,7 @@ that dtype pair and whether the instruction wants them swapped.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Optional, Tuple
 
 from ..._tvm import llvm_version, target_has, tvm  # noqa: F401  (target_has: re-exported to the ISAs)
@@ -50,20 +51,6 @@ class DotVariant:
 
 #: ``emit(isa, variant, acc, data, kernel) -> new acc`` (all TIR vector expressions).
 Emitter = Callable[["DotProductISA", DotVariant, tir.PrimExpr, tir.PrimExpr, tir.PrimExpr], tir.PrimExpr]
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuTiles:
-    """Fallback tiles one CPU measured faster than an ISA's defaults; 0 keeps the default.
-
-    Parameters
-    ----------
-    conv_pixels : int
-        Output pixels per output-channel block of conv2d's fallback tile (instead of
-        :attr:`DotProductISA.conv_tile_pixels`).
-    """
-
-    conv_pixels: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +102,8 @@ class DotProductISA:
     conv_tile_pixels : int
         Output pixels per output-channel block in conv2d's fallback tile (a 2x2
         or 4x1 block where the output has one), or 0 to fill the accumulator
-        budget.
-    cpu_tiles : tuple of (str, CpuTiles)
-        ``(LLVM CPU name, tiles)`` where a CPU's measured best fallback tiles
-        differ from the ISA's own (:meth:`tiles_for`).
+        budget. A CPU with more instructions in flight than that tile has
+        accumulators gets more pixels (:meth:`conv_pixels`).
     kernel_range : tuple of int, optional
         ``(low, high)``: the instruction is exact only for kernel values in this
         range (a saturating step). Such an ISA is never a target's ISA
@@ -141,7 +126,6 @@ class DotProductISA:
     wide_kernel: str = ""
     wide_group: int = 4
     conv_tile_pixels: int = 0
-    cpu_tiles: Tuple[Tuple[str, "CpuTiles"], ...] = ()
     kernel_range: Optional[Tuple[int, int]] = None
 
     def fits(self, values) -> bool:
@@ -201,22 +185,27 @@ class DotProductISA:
         reserved = max(self.registers // 4, operands)
         return max(1, self.registers - reserved)
 
-    def tiles_for(self, target=None) -> "CpuTiles":
-        """The fallback tiles of ``target``'s CPU (default: the current target's): its row of
-        :attr:`cpu_tiles`, else a :class:`CpuTiles` of zeros (each schedule's own rule).
+    def conv_pixels(self, chains: Optional[float], accumulators_per_pixel: int) -> int:
+        """Fewest output pixels per output-channel block of conv2d's fallback tile on a CPU that keeps
+        ``chains`` instructions in flight (None: unknown), where each pixel holds
+        ``accumulators_per_pixel`` accumulators.
+
+        The ISA's own block (:attr:`conv_tile_pixels`) unless it has fewer accumulators than the CPU
+        has instructions in flight: then the unit would wait on their latency, so the tile needs as
+        many pixels as cover them (0: the ISA fills the budget instead).
 
         Examples
         --------
-        >>> import tvm
-        >>> from tvm_tcutils.dotprod.isa import X86_VNNI
-        >>> X86_VNNI.tiles_for(tvm.target.Target("llvm -mcpu=znver4"))
-        CpuTiles(conv_pixels=0)
-        >>> X86_VNNI.tiles_for(tvm.target.Target("llvm -mcpu=znver5")).conv_pixels
-        7
+        >>> from tvm_tcutils.dotprod.isa import X86_VNNI, X86_AVX2
+        >>> X86_VNNI.conv_pixels(None, 2), X86_VNNI.conv_pixels(4.0, 2), X86_VNNI.conv_pixels(9.2, 2)
+        (4, 4, 5)
+        >>> X86_AVX2.conv_pixels(9.2, 2)
+        0
         """
-        target = tvm.target.Target.current(allow_none=True) if target is None else target
-        cpu = str(target.attrs.get("mcpu", "")) if target is not None else ""
-        return dict(self.cpu_tiles).get(cpu, CpuTiles())
+        own = self.conv_tile_pixels
+        if not own or not chains:
+            return own
+        return max(own, math.ceil(chains / max(1, accumulators_per_pixel)))
 
     @property
     def vector_bytes(self) -> int:

@@ -9,7 +9,7 @@ passes the operands with the types that LLVM declares.
 from __future__ import annotations
 
 from .base import (
-    CpuTiles, DotProductISA, DotVariant, as_i32_vector, llvm_intrin, llvm_major, ordered, reinterpret, target_has,
+    DotProductISA, DotVariant, as_i32_vector, llvm_intrin, llvm_major, ordered, reinterpret, target_has,
 )
 
 INTRINSIC = "llvm.x86.avx512.vpdpbusd.512"
@@ -57,11 +57,12 @@ X86_VNNI = DotProductISA(
     # 56x56 and 28x28 layers here (Zen 4: 64-channel 1x1 324 -> 456 GOPS; 256->64 1x1 416 -> 456;
     # 3x3 442 -> 460; 128->512 1x1 even); 14x14 and 7x7 planes have no such block and keep filling.
     conv_tile_pixels=4,
-    # Zen 5 issues two 512-bit vpdpbusd a cycle (Zen 4 one, in two halves): 8 accumulators leave it
-    # waiting on their latency. There a 1x7 row (14) measured 8-29 % faster than the 2x2 block on 13 of
-    # ResNet-50's 56x56-14x14 convs, level or slower on none but the 64-channel 1x1s, which keep the small
-    # tile (conv2d's SHORT_REDUCTION; docs/benchmarks/data/probe_conv_tiles_zen5.json). Dense keeps its
-    # tile: 4 rows x 4 blocks (16 accumulators) measured 11-14 % faster than 4 x 2 alone on bert-tiny's
-    # 128-token products, yet bert-tiny ran 1.81 -> 2.56 ms (QDQ) and 1.99 -> 2.75 ms (dynamic) with it.
-    cpu_tiles=(("znver5", CpuTiles(conv_pixels=7)),),
+    # A CPU with more vpdpbusd in flight than those 8 accumulators widens the block (conv_pixels, from
+    # the measured dotprod.cpu_facts): Zen 4 keeps 4 in flight (one a cycle, in two halves, latency 4)
+    # and keeps the block; Zen 5 about 9-10 (two a cycle), where a 1x7 row (14) measured 8-29 % faster
+    # than the 2x2 block on 13 of ResNet-50's 56x56-14x14 convs, level or slower on none but the
+    # 64-channel 1x1s, which keep the small tile (conv2d's SHORT_REDUCTION;
+    # docs/benchmarks/data/probe_conv_tiles_zen5.json). Dense keeps its tile: 4 rows x 4 blocks (16
+    # accumulators) measured 11-14 % faster than 4 x 2 alone on bert-tiny's 128-token products on Zen 5,
+    # yet bert-tiny ran 1.81 -> 2.56 ms (QDQ) and 1.99 -> 2.75 ms (dynamic) with it.
 )

@@ -30,6 +30,7 @@ from tvm.topi.utils import get_const_tuple
 
 from .common import (REQUANTIZED, current_isa, divisors_up_to, inline_between, limit_tile_space, measuring_packed_alone,
                      pair, requantized, tagged_outputs, vectorize_inner)
+from ..cpu_facts import chains_in_flight
 from .intrinsics import dot_product_intrin
 from .packing import channel_block, conv_kernel_marked, round_up
 
@@ -121,15 +122,21 @@ def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: in
     # layers than one on VNNI: each broadcast data word feeds two instructions); where operands
     # take two registers each (AVX2) two blocks leave room for few accumulators, so there the
     # tiling with more accumulators wins. Then the ISA's pixel block where it asks for one and
-    # the output has it; else the widest row tile that fits the register budget, then as many
-    # rows as still fit.
-    pixels = (reduction > SHORT_REDUCTION and isa.tiles_for().conv_pixels) or isa.conv_tile_pixels
-    small = _pixel_block(oh, ow, pixels)
+    # the output has it -- or, on a CPU with more instructions in flight than that block holds,
+    # the smallest block that covers them (a short reduction keeps the ISA's: there a wider
+    # tile's epilogue costs more than its products gain); else the widest row tile that fits
+    # the register budget, then as many rows as still fit.
+    chains = chains_in_flight(isa) if reduction > SHORT_REDUCTION and isa.conv_tile_pixels else None
 
     def tile(tile_oc: int):
+        per_block = max(1, budget(tile_oc) // tile_oc)
+        wanted = isa.conv_pixels(chains, blocks * tile_oc)
+        if wanted == isa.conv_tile_pixels:
+            small = _pixel_block(oh, ow, wanted)
+        else:
+            small = next(filter(None, (_pixel_block(oh, ow, p) for p in range(wanted, per_block + 1))), None)
         if small is not None:
             return (tile_oc, *small)
-        per_block = max(1, budget(tile_oc) // tile_oc)
         tile_ow = divisors_up_to(ow, per_block)[-1]
         return tile_oc, tile_ow, divisors_up_to(oh, max(1, per_block // tile_ow))[-1]
 
