@@ -225,6 +225,13 @@ _FLOATS = np.concatenate([[1e-38, 3e38, 1e-45, -0.0, 7.0, 1.0 / 3.0],
     ("squeeze", [_FLOATS.reshape(1, 16, 1, 1)], dict(axis=[0, 2, 3])),
     ("squeeze", [_FLOATS.reshape(16, 1, 1)], dict(axis=[-1])),
     ("squeeze", [_FLOATS.reshape(1, 16, 1)], {}),
+    # AlterOpLayout's packings of conv weights and biases, and their inverses and re-blockings.
+    *[("layout_transform", [np.random.default_rng(len(src + dst)).normal(size=shape).astype("float32")],
+       dict(src_layout=src, dst_layout=dst))
+      for shape, src, dst in [((32, 48, 3, 3), "OIHW", "OIHW16i16o"), ((1, 32, 5, 5), "NCHW", "NCHW16c"),
+                              ((1, 2, 5, 5, 16), "NCHW16c", "NCHW"), ((1, 8, 5, 5, 4), "NCHW4c", "NCHW16c"),
+                              ((32, 48, 3, 3), "OIHW", "HWIO"), ((2, 5, 5, 32), "NHWC", "NCHW8c"),
+                              ((32, 48, 1, 1), "OIHW", "OIHW3i8o"), ((1, 64, 1, 1), "NCHW", "NCHW16c")]],
 ])
 def test_numpy_folds_equal_tvms_fold(name, values, attrs):
     import tvm
@@ -239,7 +246,7 @@ def test_numpy_folds_equal_tvms_fold(name, values, attrs):
         expr = relay.cast(consts[0], **attrs)
     elif name == "strided_slice":
         expr = relay.strided_slice(consts[0], **attrs)
-    elif name in ("expand_dims", "squeeze"):
+    elif name in ("expand_dims", "squeeze", "layout_transform"):
         expr = getattr(relay, name)(consts[0], **attrs)
     else:
         expr = getattr(relay, name)(*consts)
@@ -247,6 +254,80 @@ def test_numpy_folds_equal_tvms_fold(name, values, attrs):
     assert isinstance(ours, relay.Constant) and ours.data.dtype == theirs.data.dtype
     assert ours.data.shape == theirs.data.shape
     np.testing.assert_array_equal(ours.data.numpy(), theirs.data.numpy())
+
+
+@pytest.mark.parametrize("shape, src, dst", [
+    ((30, 48, 3, 3), "OIHW", "OIHW16i16o"),  # 30 output channels in blocks of 16: TVM pads
+    ((32, 48, 3, 3), "OIHW", "OIHW4i16o4i"),  # an axis split twice
+])
+def test_layout_transforms_numpy_cannot_copy_are_left_to_tvms_fold(shape, src, dst):
+    import types
+
+    from tvm_tcutils._compat import NUMPY_FOLDS
+
+    value = np.ones(shape, "float32")
+    assert NUMPY_FOLDS["layout_transform"]([value], types.SimpleNamespace(src_layout=src, dst_layout=dst)) is None
+
+
+def _conv_net_with_biases():
+    import tvm
+    from tvm import relay
+
+    rng = np.random.default_rng(3)
+    x = relay.var("x", shape=(1, 3, 16, 16))
+    y = x
+    for i, (cin, cout, k) in enumerate([(3, 32, 3), (32, 32, 1), (32, 48, 3), (48, 30, 3)]):
+        w = relay.const(rng.normal(size=(cout, cin, k, k)).astype("float32"))
+        b = relay.const(rng.normal(size=(cout,)).astype("float32"))
+        y = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(y, w, padding=k // 2, kernel_size=k, channels=cout), b))
+    return tvm.IRModule.from_expr(relay.Function([x], y)), rng.normal(size=(1, 3, 16, 16)).astype("float32")
+
+
+def test_numpy_folds_after_alter_layout_build_the_same_module_without_compiling_constants():
+    # AlterOpLayout packs every conv's weights and bias; the FoldConstant after it compiled a kernel for each.
+    # With the instrument that FoldConstant finds them folded, and relay.build's graph, parameters and outputs
+    # are the same, byte for byte.
+    import tvm
+    from tvm import relay
+    from tvm.contrib import graph_executor
+
+    import tvm_tcutils
+    from tvm_tcutils._compat import numpy_folds_after_alter_layout
+
+    mod, x = _conv_net_with_biases()
+    target = tvm_tcutils.host_target()
+
+    @tvm.instrument.pass_instrument
+    class ConstantCalls:  # calls on constants left for the FoldConstant after AlterOpLayout
+        def __init__(self):
+            self.altered, self.counts = False, []
+
+        def run_after_pass(self, m, info):
+            self.altered |= info.name == "AlterOpLayout"
+
+        def run_before_pass(self, m, info):
+            if info.name == "FoldConstant" and self.altered:
+                found = []
+                relay.analysis.post_order_visit(m["main"], lambda e: found.append(1) if isinstance(
+                    e, relay.Call) and e.args and all(isinstance(a, relay.Constant) for a in e.args) else None)
+                self.counts.append(len(found))
+
+    built = {}
+    for name, first in (("tvm", []), ("numpy", [numpy_folds_after_alter_layout()])):
+        spy = ConstantCalls()
+        with tvm.transform.PassContext(opt_level=3, instruments=first + [spy]):
+            lib = relay.build(mod, target=target)
+        runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+        runner.set_input("x", x)
+        runner.run()
+        params = {k: v.numpy() for k, v in lib.get_params().items()}
+        built[name] = (lib.get_graph_json(), params, runner.get_output(0).numpy(), spy.counts)
+    (graph, params, out, counts), (graph2, params2, out2, counts2) = built["tvm"], built["numpy"]
+    assert counts[-1] >= 8 and counts2 == [0]  # 4 weights and 4 biases
+    assert graph == graph2 and params.keys() == params2.keys()
+    for key in params:
+        assert params[key].tobytes() == params2[key].tobytes(), key
+    assert out.tobytes() == out2.tobytes()
 
 
 def test_integer_arithmetic_is_left_to_tvms_fold():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
+import re
 import sys
 import threading
 import types
@@ -258,6 +259,58 @@ def _expand_dims(value, attrs):
     return value.reshape(value.shape[:axis] + (1,) * count + value.shape[axis:])
 
 
+def _layout_axes(layout: str):
+    """``[(axis, factor)]`` of a TVM layout string (``"OIHW16i"`` -> ``[("O", 0), ..., ("i", 16)]``) with
+    ``(primal axes, {primal axis: factor})``, or None where a primal axis is split twice or a sub-axis has
+    no primal axis (forms left to TVM)."""
+    tokens = re.findall(r"(\d*)([A-Za-z])", layout)
+    if "".join(f + a for f, a in tokens) != layout:
+        return None
+    axes = [(a, int(f or 0)) for f, a in tokens]
+    primal = [a for a, _ in axes if a.isupper()]
+    subs = {}
+    for axis, factor in axes:
+        if axis.islower():
+            if axis.upper() in subs or axis.upper() not in primal or factor <= 0:
+                return None
+            subs[axis.upper()] = factor
+        elif factor:
+            return None
+    if len(set(primal)) != len(primal):
+        return None
+    return axes, primal, subs
+
+
+def _layout_transform(value, attrs):
+    """``layout_transform`` in numpy: the value unsplit to its primal axes, then split and ordered as the
+    destination asks (a permutation: exact). None where TVM would pad (a factor not dividing its axis)."""
+    src, dst = _layout_axes(str(attrs.src_layout)), _layout_axes(str(attrs.dst_layout))
+    if src is None or dst is None or value.ndim != len(src[0]) or set(src[1]) != set(dst[1]):
+        return None
+    (src_axes, src_primal, src_subs), (dst_axes, dst_primal, dst_subs) = src, dst
+    names = [a for a, _ in src_axes]
+    order, extents = [], []
+    for axis in src_primal:  # each primal axis's outer then inner part, merged
+        order.append(names.index(axis))
+        extent = value.shape[names.index(axis)]
+        if axis in src_subs:
+            inner = names.index(axis.lower())
+            order.append(inner)
+            extent *= value.shape[inner]
+        extents.append(extent)
+    full = value.transpose(order).reshape(extents).transpose([src_primal.index(a) for a in dst_primal])
+    split, labels = [], []
+    for axis, extent in zip(dst_primal, full.shape):
+        factor = dst_subs.get(axis)
+        if factor is None:
+            split.append(extent), labels.append(axis)
+        elif extent % factor:
+            return None
+        else:
+            split.extend((extent // factor, factor)), labels.extend((axis, axis.lower()))
+    return np.ascontiguousarray(full.reshape(split).transpose([labels.index(a) for a, _ in dst_axes]))
+
+
 #: Ops on constants that TVM folds by compiling a kernel each -- its ONNX importer (a QDQ file's zero-point
 #: casts, shape slices and concatenations: 540 LLVM builds for bert-tiny, 1,612 for BERT-base) and its
 #: ``FoldConstant`` after ``SimplifyInference`` (each batch norm's ``sqrt``, ``divide``, ``multiply``...:
@@ -279,6 +332,9 @@ NUMPY_FOLDS = {
     # FoldScaleAxis squeezes each folded scale to the weight's output-channel axis (DenseNet-121: 240).
     "squeeze": lambda args, attrs: np.squeeze(
         args[0], axis=None if attrs.axis is None else tuple(int(a) for a in attrs.axis)),
+    # AlterOpLayout packs each conv's weights and bias into the kernel's blocked layout; relay.build's next
+    # FoldConstant compiled each (DenseNet-121: 121 weights, 123 biases, 19 s a build of the model).
+    "layout_transform": lambda args, attrs: _layout_transform(args[0], attrs),
 }
 
 #: Ops whose adjacent steps by constants merge into one: ``(x op c1) op c2`` is ``x op (c1 op c2)``, as TVM's
@@ -328,7 +384,8 @@ def _constant_args(call):
     return [a.data.numpy() for a in args]
 
 
-def fold_constant_numpy_first(node, mod=None, *, whole: bool = False, merge_steps: bool = False):
+def fold_constant_numpy_first(node, mod=None, *, whole: bool = False, merge_steps: bool = False,
+                              numpy_only: bool = False):
     """TVM's ``fold_constant`` as its ONNX importer calls it after each node, with the node's new calls of
     :data:`NUMPY_FOLDS` on constants folded in numpy first.
 
@@ -338,7 +395,8 @@ def fold_constant_numpy_first(node, mod=None, *, whole: bool = False, merge_step
     nodes are folded already (the importer tags each with a span after its fold; the walk stops there);
     ``whole``: walk all of ``node`` (a model's body, every node tagged), as a pass before ``FoldConstant``.
     ``merge_steps``: also merge adjacent steps by constants (:data:`MERGED_STEPS`), which ``relay.build``
-    would merge by compiling each (the result is then no longer the importer's module).
+    would merge by compiling each (the result is then no longer the importer's module). ``numpy_only``:
+    return the node after the numpy folds, without TVM's (for a ``FoldConstant`` that runs next anyway).
 
     Examples
     --------
@@ -393,7 +451,65 @@ def fold_constant_numpy_first(node, mod=None, *, whole: bool = False, merge_step
                 rebuilt = _merged_step(rebuilt, rebuilt.op.name) or rebuilt
             done[expr] = rebuilt
         node = done[node]
+        if numpy_only:
+            return node
     return relay.transform.FoldConstantExpr(node, mod)
+
+
+def numpy_folds_after_alter_layout():
+    """A pass instrument for a ``relay.build``'s ``PassContext``: before each ``FoldConstant`` that follows
+    ``AlterOpLayout``, the calls on constants that :data:`NUMPY_FOLDS` computes exactly (the layout
+    transforms and expand_dims AlterOpLayout put on each conv's weights and bias) are folded in numpy, so
+    that ``FoldConstant`` finds them folded instead of compiling a kernel for each. The built module is
+    the same (tested: graph, parameters and outputs).
+
+    ``relay.build`` hands the module to each pass after its instruments' ``run_before_pass``; the
+    instrument updates that module's functions in place (TVM offers no other way into the middle of
+    ``relay.build``'s pipeline).
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import relay
+    >>> x = relay.var("x", shape=(1, 16, 8, 8)); w = relay.const(np.ones((16, 16, 3, 3), "float32"))
+    >>> mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.conv2d(x, w, padding=1, kernel_size=3, channels=16)))
+    >>> with tvm.transform.PassContext(opt_level=3, instruments=[numpy_folds_after_alter_layout()]):
+    ...     lib = relay.build(mod, target="llvm -mcpu=znver4")
+    >>> lib.get_graph_json().startswith("{")
+    True
+    """
+    import tvm
+    from tvm import relay
+
+    @tvm.instrument.pass_instrument
+    class NumpyFoldsAfterAlterLayout:
+        def __init__(self):
+            self.altered = False
+
+        def enter_pass_ctx(self):
+            self.altered = False
+
+        def run_after_pass(self, mod, info):
+            if info.name == "AlterOpLayout":
+                self.altered = True
+
+        def run_before_pass(self, mod, info):
+            if info.name != "FoldConstant" or not self.altered:
+                return
+            changed = {}
+            for var, func in mod.functions.items():
+                if isinstance(func, relay.Function):
+                    body = fold_constant_numpy_first(func.body, whole=True, numpy_only=True)
+                    if not body.same_as(func.body):
+                        changed[var] = relay.Function(func.params, body, None, func.type_params, func.attrs,
+                                                      func.span)
+            if changed:  # typed as the passes expect, then in place
+                functions = {var: changed.get(var, func) for var, func in mod.functions.items()}
+                typed = relay.transform.InferType()(tvm.IRModule(functions, mod.type_definitions))
+                for var in changed:
+                    mod.update_func(var, typed[var.name_hint])
+
+    return NumpyFoldsAfterAlterLayout()
 
 
 _FOLDING = threading.Lock()
