@@ -181,6 +181,30 @@ def test_float_model_machine_code_unchanged():
     assert "vfmadd" in code[0] and code[0] == code[1]
 
 
+def test_a_module_without_products_skips_the_rewrites_and_one_with_them_does_not(monkeypatch):
+    """The build hook walks a module's functions only where one calls a product instruction: a float
+    model's kernels go straight to TVM's code generator; an int8 conv's still get every rewrite."""
+    from tvm_tcutils.dotprod import prefetch, rounding, tile_epilogue
+
+    walked = []
+    for module, name in ((tile_epilogue, "interleave_module"), (prefetch, "prefetch_module"),
+                         (pipeline, "pipeline_module")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda mod, *a, _o=original, _n=name: walked.append(_n) or _o(mod, *a))
+    original_rounding = rounding.rounding_module
+    monkeypatch.setattr(rounding, "rounding_module",
+                        lambda mod, *a: walked.append("rounding_module") or original_rounding(mod, *a))
+    with tvm.transform.PassContext(opt_level=3):
+        relay.build(small_conv_net(), target=ZNVER4)
+    assert walked == []
+    data = relay.var("data", shape=(1, 32, 8, 8), dtype="uint8")
+    weight = relay.const(np.ones((32, 32, 3, 3), "int8"))
+    conv = relay.nn.conv2d(data, weight, padding=1, kernel_size=3, channels=32, out_dtype="int32")
+    with tvm.transform.PassContext(opt_level=3):
+        relay.build(tvm.IRModule.from_expr(relay.Function([data], conv)), target=ZNVER4)
+    assert set(walked) == {"interleave_module", "prefetch_module", "pipeline_module", "rounding_module"}
+
+
 def test_loops_outside_the_guards_untouched():
     func = _lowered("1x1_k64", True)
     assert pipeline.pipeline_epilogues(func, max_steps=8) == (func, 0)  # 16 product steps

@@ -22,6 +22,7 @@ from .._tvm import tvm
 from .. import fast_forms, float_batch_matmul, registry
 from ..prebuild import PREBUILD_FUNC  # (mod, target) -> mod, applied before builds and task extraction
 from . import pipeline, prefetch, qdq, rounding, strategy, tile_epilogue
+from .topi.tiles import STEP_INDEX, STEP_STRIP
 
 #: TVM's code generator for CPU targets, which :func:`_build_llvm` delegates to.
 BUILD_LLVM = "target.build.llvm"
@@ -88,11 +89,28 @@ def hooks() -> List[registry.Hook]:
     ]
 
 
+def _rewritable(func) -> bool:
+    """Whether a rewrite of :func:`_build_llvm` may change ``func`` (a ``tir.PrimFunc``): it calls a product
+    instruction (a dot-product step or a tile product), or holds a tile program's step marks (the reference
+    form's tiles are plain TIR, their epilogues moved in all the same)."""
+    if pipeline.product_isas(func.body):
+        return True
+    marks = []
+    # ir_transform calls back for attribute statements only (a post-order visit would for every node).
+    tvm.tir.stmt_functor.ir_transform(func.body, None, lambda node: marks.append(1) if node.attr_key in (
+        STEP_STRIP, STEP_INDEX) else None, ["tir.AttrStmt"])
+    return bool(marks)
+
+
 def _build_llvm(mod, target):
     """TVM's ``target.build.llvm`` convention: (host IRModule, target) -> runtime module."""
     build = registry.replaced_func(BUILD_LLVM)
     if build is None:
         raise RuntimeError(f"{BUILD_LLVM}: the code generator the package wrapped is gone")
+    # A module none of the rewrites below can change (a float model's kernels) is built as it is, without
+    # their five walks over each function (10 % of a float conv's whole relay.build; Collage builds thousands).
+    if not any(_rewritable(func) for func in mod.functions.values() if isinstance(func, tvm.tir.PrimFunc)):
+        return build(mod, target)
     # Prefetches and rounding first: the pipelined kernels' unrolled bodies are slow to analyse; the
     # pipelining carries the hints along with the product steps.
     mod = tile_epilogue.interleave_module(mod)
