@@ -164,3 +164,21 @@ def test_two_answers_are_built_and_timed_side_by_side(tmp_path, mlp_model):
     assert low <= value <= high and out["rounds"] == 3
     with pytest.raises(ValueError, match="two answers"):
         answers_side_by_side({"staged": paths["staged"]})
+
+
+@pytest.mark.parametrize("model, has_file", [("light_squeezenet", True), ("mlp", False)])
+def test_a_benchmark_search_times_the_runtimes_on_the_users_file_where_there_is_one(tmp_path, monkeypatch, model,
+                                                                                      has_file):
+    import tvm_tcutils.collage
+    from tvm_tcutils.bench.collage_default import original_file, search_row
+
+    seen = {}
+
+    def stop(*args, **kwargs):  # the arguments a user's search gets, then no search
+        seen.update(kwargs)
+        raise RuntimeError("stopped before searching")
+
+    monkeypatch.setattr(tvm_tcutils.collage, "partition", stop)
+    with pytest.raises(RuntimeError, match="stopped"):
+        search_row(model, "tvm", str(tmp_path))
+    assert seen["original"] == original_file(model) and (seen["original"] is not None) == has_file

@@ -104,19 +104,35 @@ def load(name: str):
     from ..models import load_model
     from .models import load as load_named
 
+    path = original_file(name)
+    return load_model(path) if path else load_named(name)
+
+
+def original_file(name: str) -> Optional[str]:
+    """The ONNX file a user of the benchmark model ``name`` has (what :func:`load` imports): a light model's
+    or a ``-qdq`` file, which the final comparison also times each ONNX runtime on, as the CLI does with a
+    file; None for a model the zoo builds in Relay.
+
+    Examples
+    --------
+    >>> original_file("mlp") is None, original_file("light_squeezenet").endswith(".onnx")
+    (True, True)
+    """
     if name.startswith("light_"):
-        return load_model(light_model(name[len("light_"):]))
+        return light_model(name[len("light_"):])
     if name.endswith(QDQ_SUFFIX):
         from .int8 import ort_quantized
 
-        return load_model(ort_quantized(name[:-len(QDQ_SUFFIX)])["qdq"])
-    return load_named(name)
+        return ort_quantized(name[:-len(QDQ_SUFFIX)])["qdq"]
+    return None
 
 
 def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "staged",
                time_budget_s: Optional[float] = None, error_budget: Optional[float] = None,
                answer_path: Optional[str] = None) -> dict:
-    """Run ``collage.partition`` on ``model`` as a user would (defaults, ``estimator``), from ``cache_dir``.
+    """Run ``collage.partition`` on ``model`` as a user would (defaults, ``estimator``), from ``cache_dir``;
+    the final comparison also times each ONNX runtime on the user's file where there is one
+    (:func:`original_file`).
 
     ``estimator``: ``"staged"`` (the default one) or ``"measured"`` (measure every candidate);
     ``error_budget``: passed on (lossy toolchains placed under it; the row then has the checks);
@@ -128,12 +144,13 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
     from ..collage.cost.staged import StagedCostEstimator
 
     mod, params = load(model)
+    original = original_file(model)
     start = time.perf_counter()
     measured = MeasuredCostEstimator(cache_dir=cache_dir, progress=False)
     est = StagedCostEstimator(measured) if estimator == "staged" else measured
     try:
         result = partition(mod, params, toolchains, est, progress=False, time_budget_s=time_budget_s,
-                           error_budget=error_budget)
+                           error_budget=error_budget, original=original)
         seconds = time.perf_counter() - start
         layers = layer_costs(result.graph, toolchains, measured)  # after the clock: not part of the search
         if answer_path:
