@@ -96,3 +96,29 @@ def test_bench_emulate_profiles_hexagon_bit_exactly(tmp_path):
     per_node = next(line for line in out.splitlines() if line.startswith("per node (auto, "))
     assert "Hexagon and x86 agree bit for bit on the outputs and on all" in per_node
     assert os.listdir(tmp_path) == []
+
+
+def test_collage_cli_measures_with_the_librarys_default_workers(monkeypatch):
+    # The CLI had its own default of one measuring worker: half the library's on 2 CPUs (DenseNet-121's
+    # search 430 s against 191-294 s). Unset, it leaves the choice to MeasuredCostEstimator (auto_workers).
+    import argparse
+
+    from tvm_tcutils.collage.cost import measured
+    from tvm_tcutils.commands import collage
+
+    parser = argparse.ArgumentParser()
+    collage.add_arguments(parser)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def stop(**kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(measured, "MeasuredCostEstimator", stop)
+    for argv, workers in ((["mlp", "--toolchains", "tvm"], None), (["mlp", "--toolchains", "tvm", "--workers", "3"], 3)):
+        with pytest.raises(Stop):
+            collage.run(parser.parse_args(argv))
+        assert seen["workers"] == workers
