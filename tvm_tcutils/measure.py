@@ -762,6 +762,34 @@ def error_line(err: BaseException) -> str:
 # ---------------------------------------------------------------------------
 # Where a measurement was taken
 # ---------------------------------------------------------------------------
+def _cpu_info() -> Tuple[str, set]:
+    """``(CPU model name, flags)`` from /proc/cpuinfo (the platform's names where it cannot be read)."""
+    cpu = platform.processor() or platform.machine()
+    flags: set = set()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name") and cpu in ("", platform.machine()):
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return cpu, flags
+
+
+def cpu_name() -> str:
+    """This machine's CPU model name, as :func:`machine` records it (nothing started to find it).
+
+    Examples
+    --------
+    >>> cpu_name() == machine()["cpu"]
+    True
+    """
+    return _cpu_info()[0]
+
+
 def machine() -> dict:
     """What a timing depends on: CPU model and dot-product features, cores, threads, TVM, date.
 
@@ -774,18 +802,7 @@ def machine() -> dict:
     >>> sorted(info)[:4]
     ['cores', 'cpu', 'date', 'features']
     """
-    cpu = platform.processor() or platform.machine()
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name") and cpu in ("", platform.machine()):
-                    cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    cpu, flags = _cpu_info()
     wanted = ("avx512_vnni", "avx_vnni", "avx512f", "avx512bw", "avx2", "sse4_2", "avx512_bf16", "amx_tile",
               "amx_int8")
     return {

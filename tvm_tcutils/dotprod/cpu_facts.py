@@ -131,9 +131,10 @@ def _facts_path() -> str:
 
 
 def _machine_key(isa: DotProductISA) -> str:
-    from ..measure import machine
+    # Not measure.machine(): it asks TVM's pool its size, which starts the pool in a compiling process.
+    from ..measure import cpu_name
 
-    return f"{isa.name}|{host_target()}|{machine()['cpu']}"
+    return f"{isa.name}|{host_target()}|{cpu_name()}"
 
 
 def _read_facts(path: str) -> Dict[str, dict]:
