@@ -101,11 +101,17 @@ def load(name: str):
     >>> load("mlp")[0]["main"].params[0].name_hint
     'data'
     """
+    return _loaded(name)[:2]
+
+
+def _loaded(name: str):
+    """``(mod, params, the user's file or None)`` of :func:`load`: the file is found once (a ``-qdq`` model's
+    lookup reads the float file)."""
     from ..models import load_model
     from .models import load as load_named
 
     path = original_file(name)
-    return load_model(path) if path else load_named(name)
+    return (*(load_model(path) if path else load_named(name)), path)
 
 
 def original_file(name: str) -> Optional[str]:
@@ -143,8 +149,7 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
     from ..collage.cost.measured import MeasuredCostEstimator
     from ..collage.cost.staged import StagedCostEstimator
 
-    mod, params = load(model)
-    original = original_file(model)
+    mod, params, original = _loaded(model)
     start = time.perf_counter()
     measured = MeasuredCostEstimator(cache_dir=cache_dir, progress=False)
     est = StagedCostEstimator(measured) if estimator == "staged" else measured
