@@ -300,7 +300,7 @@ def test_validation_does_not_build_a_re_searched_mix_a_built_rival_beats(rival_m
     graph, toolchains = IndexedGraph(prepared["main"]), resolve(["tvm", test_codegen.toolchain()])
     by_name = {tc.name: tc for tc in toolchains}
     cands = enumerate_candidates(graph, toolchains)
-    costs = _estimate(graph, cands, by_name, est, lambda *args: None)
+    costs, _ = _estimate(graph, cands, by_name, est, lambda *args: None)
     check = Validation(graph, cands, costs, by_name, prepared, MockWholeModelTimer(est))
     asked = []
     check.rival = ("tvm alone", lambda: asked.append(1) or rival_ms)

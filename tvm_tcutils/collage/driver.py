@@ -17,7 +17,7 @@ import logging
 import math
 import os
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .._compat import fold_constant_numpy_first, numpy_folds_after_alter_layout
 from .._tvm import host_target, tvm
@@ -28,7 +28,7 @@ from tvm import relay
 from . import arguments
 from .candidates import Candidate, enumerate_candidates
 from .cost.base import CostEstimator, cost_requests
-from .search import NoCoverError, SearchResult, search, search_valid
+from .search import NoCoverError, SearchResult, border_kb, crossing_costs, search, search_valid
 from .subgraph import IndexedGraph
 from .toolchains import TVM, Toolchain, resolve, tvm_toolchain
 from .precision import ErrorCheck, check_sample_inputs, check_singles, fit_budget
@@ -159,6 +159,9 @@ class CollageResult:
     #: Re-searched mixes validation did not build, a rival the comparison builds anyway having measured
     #: faster than their estimates: (label, estimated ms, the rival, its ms).
     not_built: List = dataclasses.field(default_factory=list)
+    #: What the search added per kilobyte crossing between TVM and a partition outside it (ms; TVM's
+    #: layout transforms at its candidates' borders, measured with them); 0: crossings not priced.
+    crossing_ms_per_kb: float = 0.0
 
 
 def unreachable_ops(graph: IndexedGraph, cands: Sequence[Candidate],
@@ -188,29 +191,6 @@ def unreachable_ops(graph: IndexedGraph, cands: Sequence[Candidate],
         if counts:
             out[name] = dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
     return out
-
-
-def border_kb(graph: IndexedGraph, mask: int) -> float:
-    """Kilobytes of the tensors crossing the border of the nodes ``mask`` (constants left out).
-
-    Examples
-    --------
-    >>> x = relay.var("x", shape=(256,))  # 1 KB of float32
-    >>> graph = IndexedGraph(relay.transform.InferType()(tvm.IRModule.from_expr(
-    ...     relay.Function([x], relay.exp(relay.nn.relu(x)))))["main"])
-    >>> border_kb(graph, 0b110)  # relu and exp: x comes in, exp's result goes out
-    2.0
-    """
-    def kb(ttype) -> float:
-        if isinstance(ttype, relay.TupleType):
-            return sum(kb(field) for field in ttype.fields)
-        elements = 1
-        for dim in ttype.shape:
-            elements *= int(dim)
-        return elements * tvm.DataType(ttype.dtype).bits / 8 / 1024
-
-    crossing = [i for i in graph.inputs_of(mask) if graph.nodes[i].kind != "const"] + graph.outputs_of(mask)
-    return float(sum(kb(graph.nodes[i].expr.checked_type) for i in crossing))
 
 
 def partition_precision(toolchain: Optional[Toolchain], ops: Sequence[str]) -> str:
@@ -289,8 +269,11 @@ _CHUNK = 8
 
 
 def _estimate(graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict[str, Toolchain],
-              estimator: CostEstimator, report: Reporter, deadline: Optional[float] = None) -> List[float]:
-    """Every non-host candidate's cost; past ``deadline`` the rest cost ``inf`` (unknown, so unusable)."""
+              estimator: CostEstimator, report: Reporter,
+              deadline: Optional[float] = None) -> Tuple[List[float], float]:
+    """Every non-host candidate's cost, crossings into toolchains outside TVM priced as the estimator's
+    measurements price them, and that price (ms per KB); past ``deadline`` the rest cost ``inf`` (unknown,
+    so unusable)."""
     from .cost.measured import MeasuredCostEstimator
 
     costs = [0.0] * len(cands)
@@ -308,7 +291,9 @@ def _estimate(graph: IndexedGraph, cands: Sequence[Candidate], toolchains: Dict[
         for k, cost in zip(todo[lo:lo + step], estimator.estimate(requests[lo:lo + step])):
             costs[k] = float(cost)
         report("estimate", min(lo + step, len(todo)), len(todo))
-    return costs
+    crossing = estimator.crossing_ms_per_kb([r.key for r in requests]) if hasattr(estimator, "crossing_ms_per_kb") \
+        else 0.0
+    return [x + e for x, e in zip(costs, crossing_costs(graph, cands, toolchains, crossing))], crossing
 
 
 def _tvm_only(graph: IndexedGraph, cands: Sequence[Candidate], costs: Sequence[float],
@@ -484,12 +469,13 @@ class _Partitioner:
         interleaved = _interleaved_search(estimator, graph, cands, by_name, deadline)
         if interleaved is not None:  # it estimates and searches in one
             result, costs = interleaved
+            crossing = float(getattr(estimator, "crossing", 0.0))
             report("estimate", costed, costed)
             if getattr(estimator, "stats", {}).get("stop") == "deadline":
                 partial.append(f"the time budget of {self.time_budget_s:g} s ended while measuring what the "
                                "search picked: the best fully measured partitioning so far")
         else:
-            costs = _estimate(graph, cands, by_name, estimator, report, deadline)
+            costs, crossing = _estimate(graph, cands, by_name, estimator, report, deadline)
             result = None
         seconds["estimate"] = time.perf_counter() - start
         counts = {"candidates": len(cands), "host": len(cands) - costed, "costed": costed}
@@ -623,7 +609,7 @@ class _Partitioner:
             result.chosen, prepared, measured_ms, validation.trials, validation.side_by_side,
             answer, final, counts, bool(partial), "; ".join(partial), not_compared, mix_partitions,
             validation.measured_of(result), self.error_budget, errors, steps,
-            unreachable_ops(graph, cands, self.toolchains), list(validation.skipped))
+            unreachable_ops(graph, cands, self.toolchains), list(validation.skipped), crossing)
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
         return self.last_result

@@ -231,6 +231,9 @@ def report_lines(result: CollageResult, skipped: Optional[str] = None) -> List[s
     "answer: Collage's mix (not compared with the toolchains alone: only one toolchain: nothing to compare)"
     """
     lines = [candidate_line(result) + f"; {_thousands(result.states)} search states"]
+    if result.crossing_ms_per_kb > 0:
+        lines.append(f"crossings priced at {result.crossing_ms_per_kb * 1024:.3f} ms per MB at a border with "
+                     "TVM (its layout transforms there, measured with its candidates)")
     if result.partial:
         lines.append(f"PARTIAL: {result.partial_reason}; this is the best valid partitioning found by then")
     title = "Collage's mix" if result.answer == "collage" else result.answer

@@ -32,6 +32,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._tvm import tvm
+from tvm import relay
+
 from .candidates import Candidate
 from .subgraph import IndexedGraph, bits
 
@@ -384,3 +387,89 @@ def search_valid(graph: IndexedGraph, candidates: Sequence[Candidate], costs: Se
         logger.info("partitions of the best cover depend on each other; searching again with cycle checks")
         result = search(graph, candidates, costs, check_cycles=True)
     return result
+
+
+def _tensor_kb(ttype, least_rank: int = 0) -> float:
+    """Kilobytes of a tensor type (a tuple's fields summed), counting tensors of at least ``least_rank`` axes."""
+    if isinstance(ttype, relay.TupleType):
+        return sum(_tensor_kb(field, least_rank) for field in ttype.fields)
+    if len(ttype.shape) < least_rank:
+        return 0.0
+    elements = 1
+    for dim in ttype.shape:
+        elements *= int(dim)
+    return elements * tvm.DataType(ttype.dtype).bits / 8 / 1024
+
+
+def border_kb(graph: IndexedGraph, mask: int) -> float:
+    """Kilobytes of the tensors crossing the border of the nodes ``mask`` (constants left out).
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(256,))  # 1 KB of float32
+    >>> graph = IndexedGraph(relay.transform.InferType()(tvm.IRModule.from_expr(
+    ...     relay.Function([x], relay.exp(relay.nn.relu(x)))))["main"])
+    >>> border_kb(graph, 0b110)  # relu and exp: x comes in, exp's result goes out
+    2.0
+    """
+    crossing = [i for i in graph.inputs_of(mask) if graph.nodes[i].kind != "const"] + graph.outputs_of(mask)
+    return float(sum(_tensor_kb(graph.nodes[i].expr.checked_type) for i in crossing))
+
+
+#: Tensors TVM's x86 convolutions and pools keep in a blocked layout (NCHW[x]c) have this many axes at least;
+#: a toolchain outside TVM takes and gives them in NCHW, so each crossing transforms them on TVM's side.
+BLOCKED_RANK = 4
+
+
+def crossing_kb(graph: IndexedGraph, mask: int) -> float:
+    """Kilobytes TVM transforms if the nodes ``mask`` run on another toolchain: the tensors of at least
+    :data:`BLOCKED_RANK` axes that come from other operators or go to them (the model's inputs, its
+    constants and what only the model returns need no transform).
+
+    Examples
+    --------
+    >>> x = relay.var("x", shape=(1, 4, 8, 8))  # 1 KB of float32
+    >>> graph = IndexedGraph(relay.transform.InferType()(tvm.IRModule.from_expr(
+    ...     relay.Function([x], relay.exp(relay.nn.relu(relay.sigmoid(x))))))["main"])
+    >>> crossing_kb(graph, 0b0100), crossing_kb(graph, 0b1000), crossing_kb(graph, 0b0010)
+    (2.0, 1.0, 1.0)
+    """
+    nodes = graph.nodes
+
+    def to_others(i: int) -> bool:
+        return any(not (mask >> o) & 1 and not (o == graph.output and nodes[o].kind == "tuple")
+                   for o in nodes[i].outputs)
+
+    crossing = [i for i in graph.inputs_of(mask) if nodes[i].kind not in ("const", "var")]
+    crossing += [i for i in graph.outputs_of(mask) if to_others(i)]
+    return float(sum(_tensor_kb(nodes[i].expr.checked_type, BLOCKED_RANK) for i in crossing))
+
+
+def crossing_costs(graph: IndexedGraph, candidates: Sequence[Candidate], toolchains: Mapping[str, object],
+                   ms_per_kb: float) -> List[float]:
+    """Per candidate, what crossing into it from TVM costs (ms): ``ms_per_kb`` times its :func:`crossing_kb`
+    for a candidate outside TVM, 0 for TVM's and the host's (``toolchains``: name -> toolchain).
+
+    Examples
+    --------
+    >>> class TC:
+    ...     def __init__(self, is_tvm): self.is_tvm = is_tvm
+    >>> x = relay.var("x", shape=(1, 4, 8, 8))
+    >>> graph = IndexedGraph(relay.transform.InferType()(tvm.IRModule.from_expr(
+    ...     relay.Function([x], relay.exp(relay.nn.relu(x)))))["main"])
+    >>> cands = [Candidate("tvm", 0b010, "relu"), Candidate("ort", 0b010, "relu")]
+    >>> crossing_costs(graph, cands, {"tvm": TC(True), "ort": TC(False)}, 0.5)
+    [0.0, 0.5]
+    """
+    if not ms_per_kb > 0:
+        return [0.0] * len(candidates)
+    kb: Dict[int, float] = {}
+    out = []
+    for cand in candidates:
+        if cand.host or toolchains[cand.toolchain].is_tvm:
+            out.append(0.0)
+            continue
+        if cand.mask not in kb:
+            kb[cand.mask] = crossing_kb(graph, cand.mask)
+        out.append(ms_per_kb * kb[cand.mask])
+    return out

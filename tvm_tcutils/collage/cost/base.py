@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..._tvm import tvm
 
@@ -127,6 +127,17 @@ class CostEstimator:
         their own target and settings.
         """
         return None
+
+    def crossing_ms_per_kb(self, keys: Optional[Iterable[str]] = None) -> float:
+        """What a crossing between TVM and another toolchain costs per kilobyte at the border, in ms,
+        from the candidates ``keys`` (requests' :attr:`CostRequest.key`; None: all it has seen).
+
+        TVM runs convolutions in blocked layouts (NCHWc): a tensor passed to or
+        from another toolchain is transformed to or from NCHW on TVM's side,
+        which no candidate's cost holds. 0 (the default): not known; the
+        driver's validation learns crossings from whole models instead.
+        """
+        return 0.0
 
     def close(self) -> None:
         """Release worker processes or files (no-op by default)."""

@@ -27,7 +27,7 @@ import os
 import sys
 import time
 import weakref
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..._tvm import host_target, pool_size, tvm
 from ...measure import WHOLE_MODEL_MIN_REPEAT_MS, Backend, Timer, error_line, interleave
@@ -239,6 +239,8 @@ class MeasuredCostEstimator(CostEstimator):
         self.log_file = log_file
         self.stats = {"cached": 0, "measured": 0, "failed": 0}
         self._memory: Dict[str, dict] = {}
+        # request key -> (ms, KB) of the layout transforms left out of a TVM candidate's time.
+        self._boundaries: Dict[str, Tuple[float, float]] = {}
         self._unbuildable: set = set()
         self._shared: Optional[SharedConstants] = None
         self._shared_graph = None  # a weak reference to the graph whose constants _shared holds
@@ -286,7 +288,35 @@ class MeasuredCostEstimator(CostEstimator):
     def lookup(self, request: CostRequest) -> Optional[float]:
         """The cached cost of ``request``, or None when it was never measured."""
         entry = self._memory.get(request.key) or (self.cache.get(self._disk_key(request.key)) if self.cache else None)
-        return None if entry is None else cost_ms(entry)
+        if entry is None:
+            return None
+        self._note_boundary(request.key, entry)
+        return cost_ms(entry)
+
+    def _note_boundary(self, key: str, entry: dict) -> None:
+        ms, kb = entry.get("boundary_ms"), entry.get("boundary_kb")
+        if isinstance(ms, (int, float)) and isinstance(kb, (int, float)) and kb > 0 and math.isfinite(ms):
+            self._boundaries[key] = (float(ms), float(kb))
+
+    def crossing_ms_per_kb(self, keys: Optional[Iterable[str]] = None) -> float:
+        """The layout transforms at TVM candidates' borders (left out of their costs) per kilobyte, over
+        every candidate measured or looked up so far: what TVM pays for each kilobyte passed to or from
+        another toolchain (a weighted mean, so large tensors, which the transforms' time is, count most).
+
+        Examples
+        --------
+        >>> est = MeasuredCostEstimator(cache_dir="", workers=1)
+        >>> est._note_boundary("a", {"ms": 1.0, "boundary_ms": 0.1, "boundary_kb": 1000.0})
+        >>> est._note_boundary("b", {"ms": 1.0, "boundary_ms": 0.3, "boundary_kb": 1000.0})
+        >>> round(est.crossing_ms_per_kb() * 1e3, 3), round(est.crossing_ms_per_kb(["b"]) * 1e3, 3)  # us per KB
+        (0.2, 0.3)
+        >>> est.close()
+        """
+        seen = self._boundaries if keys is None else {k: self._boundaries[k] for k in keys if k in self._boundaries}
+        if not seen:
+            return 0.0
+        ms, kb = (sum(values) for values in zip(*seen.values()))
+        return ms / kb
 
     def estimate(self, requests: Sequence[CostRequest]) -> List[float]:
         if requests and requests[0].graph is not None:
@@ -376,6 +406,9 @@ class MeasuredCostEstimator(CostEstimator):
                 "ms": result.get("ms"), "toolchain": req.toolchain.name, "ops": req.ops,
                 "error": result.get("error"), "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }
+            if "boundary_kb" in result:
+                entry.update(boundary_ms=result.get("boundary_ms"), boundary_kb=result["boundary_kb"])
+                self._note_boundary(req.key, entry)
             failed = not math.isfinite(cost_ms(entry))
             self.stats["failed" if failed else "measured"] += 1
             self._memory[req.key] = entry

@@ -40,13 +40,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..candidates import Candidate
 from ..rules import MAXIMAL, QUANTIZED
-from ..search import NoCoverError, SearchResult, search_valid
+from ..search import NoCoverError, SearchResult, crossing_costs, search_valid
 from ..subgraph import IndexedGraph, bits
 from .base import CostEstimator, CostRequest, cost_requests
 from .measured import MeasuredCostEstimator
@@ -151,11 +151,18 @@ class StagedCostEstimator(CostEstimator):
         self.fusion: Dict[str, float] = {}
         self.overhead: Dict[str, float] = {}
         self.optimism: Dict[str, float] = {}
+        #: The crossing price (ms per KB, :meth:`crossing_ms_per_kb`) the last :meth:`search` added to
+        #: the candidates outside TVM.
+        self.crossing = 0.0
 
     # -- CostEstimator -----------------------------------------------------
     def whole_model_timer(self):
         """Whole models are timed by the measuring estimator."""
         return self.measured.whole_model_timer()
+
+    def crossing_ms_per_kb(self, keys: Optional[Iterable[str]] = None) -> float:
+        """As the measuring estimator learned it."""
+        return self.measured.crossing_ms_per_kb(keys)
 
     def close(self) -> None:
         self.measured.close()
@@ -178,15 +185,23 @@ class StagedCostEstimator(CostEstimator):
         model = _PartsModel(graph, requests, self)
         model.measure_parts()
         position = {cands[k]: n for n, k in enumerate(index)}
+        # Crossings priced from the parts' boundary transforms: measured before any round, so a second
+        # search of the model (every cost cached) prices them the same.
+        self.crossing = self.crossing_ms_per_kb([r.key for r in model.requests if len(model.parts[position[
+            r.candidate]]) <= 1])
+        extra = crossing_costs(graph, cands, toolchains, self.crossing)
+
+        def priced(values: Sequence[float]) -> List[float]:
+            return [x + e for x, e in zip(_spread(len(cands), index, values), extra)]
+
         # The best answer of measured candidates alone (each toolchain's maximal regions and every part
         # are measured by now): what a round's estimated answer has to beat.
-        best: Optional[SearchResult] = _measured_only(graph, cands, index, model, toolchains)
+        best: Optional[SearchResult] = _measured_only(graph, cands, model, toolchains, priced)
         stop = "max_rounds"
         for round_ in range(self.max_rounds):
             self.stats["rounds"] = round_ + 1
             estimates = model.costs()
-            costs = _spread(len(cands), index, estimates)
-            result = search_valid(graph, cands, costs, toolchains)
+            result = search_valid(graph, cands, priced(estimates), toolchains)
             todo = [requests[position[c]] for c in result.chosen if not c.host]
             todo = [r for r in todo if r.key not in model.known]
             if not todo:
@@ -205,11 +220,11 @@ class StagedCostEstimator(CostEstimator):
                 stop = "deadline"
                 break
             model.measure(todo, picked=True)
-            priced = [model.known[requests[position[c]].key] if not c.host else x
-                      for c, x in zip(result.chosen, result.costs)]
-            best = _better(best, SearchResult(list(result.chosen), priced, float(sum(priced)), result.states))
+            known = [model.known[requests[position[c]].key] + extra[index[position[c]]] if not c.host else x
+                     for c, x in zip(result.chosen, result.costs)]
+            best = _better(best, SearchResult(list(result.chosen), known, float(sum(known)), result.states))
         self.stats["stop"] = stop
-        costs = _spread(len(cands), index, model.costs())
+        costs = priced(model.costs())
         if best is None:  # every round's answer held estimates and the rounds ran out: the last one
             best = search_valid(graph, cands, costs, toolchains)
         measured = sum(1 for r in requests if r.key in model.known)
@@ -220,12 +235,13 @@ class StagedCostEstimator(CostEstimator):
         return best, costs
 
 
-def _measured_only(graph: IndexedGraph, cands: Sequence[Candidate], index: Sequence[int], model: "_PartsModel",
-                   toolchains: Dict) -> Optional[SearchResult]:
-    """The cheapest valid answer of measured candidates only (None where they do not cover the graph)."""
+def _measured_only(graph: IndexedGraph, cands: Sequence[Candidate], model: "_PartsModel", toolchains: Dict,
+                   priced: Callable[[Sequence[float]], List[float]]) -> Optional[SearchResult]:
+    """The cheapest valid answer of measured candidates only (None where they do not cover the graph);
+    ``priced`` makes the requests' costs the candidates' (crossings added)."""
     known = [model.known.get(r.key, math.inf) for r in model.requests]
     try:
-        result = search_valid(graph, cands, _spread(len(cands), index, known), toolchains)
+        result = search_valid(graph, cands, priced(known), toolchains)
     except NoCoverError:
         return None
     return result if math.isfinite(result.cost) else None

@@ -244,7 +244,8 @@ def _load(mod_jsons: Sequence[str], constants: Optional[str] = None, lift: bool 
 def time_candidate(mod_json: str, target: str, repeat: int, warmup: int, min_repeat_ms: int,
                    tuning_log: Optional[str] = None, boundary_layout: bool = True,
                    constants: Optional[str] = None, backend=None) -> dict:
-    """Build a saved module, warm it up on random inputs, time it: ``{"ms": median}``.
+    """Build a saved module, warm it up on random inputs, time it: ``{"ms": median}`` (with
+    ``boundary_ms`` and ``boundary_kb`` where boundary transforms were left out: their time and size).
 
     ``backend`` (a :class:`tvm_tcutils.measure.Backend`) times it elsewhere, for
     example on an RPC server; the answer then names the server (``where``), and
@@ -279,9 +280,11 @@ def time_candidate(mod_json: str, target: str, repeat: int, warmup: int, min_rep
         if backend is None or not backend.lost(err):
             raise
         return {"ms": math.inf, "lost": True, "error": f"{type(err).__name__}: {error_line(err)}"}
-    where = timer.where
+    answer = {"ms": ms, "where": timer.where}
+    if timer.boundary_kb > 0:
+        answer.update(boundary_ms=timer.boundary_ms, boundary_kb=timer.boundary_kb)
     timer.close()  # a remote backend's file and session go now, not when the worker collects the timer
-    return {"ms": ms, "where": where}
+    return answer
 
 
 def time_wholes(mod_jsons: Sequence[str], target: str, repeat: int, warmup: int, min_repeat_ms: int,
