@@ -187,8 +187,7 @@ class StagedCostEstimator(CostEstimator):
         position = {cands[k]: n for n, k in enumerate(index)}
         # Crossings priced from the parts' boundary transforms: measured before any round, so a second
         # search of the model (every cost cached) prices them the same.
-        self.crossing = self.crossing_ms_per_kb([r.key for r in model.requests if len(model.parts[position[
-            r.candidate]]) <= 1])
+        self.crossing = self.crossing_ms_per_kb([r.key for r, p in zip(model.requests, model.parts) if len(p) <= 1])
         extra = crossing_costs(graph, cands, toolchains, self.crossing)
 
         def priced(values: Sequence[float]) -> List[float]:
