@@ -137,7 +137,9 @@ g = graph_executor.GraphModule(lib["default"](tvm.cpu()))
 g.set_input("data", np.load({str(tmp_path / 'data.npy')!r})); g.run()
 np.save({str(tmp_path / 'out.npy')!r}, g.get_output(0).numpy())
 """
-    result = run_python(code)
+    # Forked from the fork server (TVM and the package imported, nothing of this model built or loaded):
+    # another process than the one that built the library, which is what is checked.
+    result = run_python(code, fresh=False)
     assert result.returncode == 0, result.stderr[-2000:]
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), _reference(mod, {"data": data}), rtol=1e-5, atol=1e-6)
 
@@ -316,7 +318,9 @@ print(ort.ort_threads(), ort._session_options().intra_op_num_threads, PACKAGE_TO
 def test_ort_threads_follow_tvm_pool_unless_set(env, threads):
     # One thread budget for both toolchains: TVM's default pool can be smaller than onnxruntime's.
     clean = {"TVM_TCUTILS_ORT_THREADS": ""} | env
-    proc = run_python(_THREADS, env=clean)
+    # Forked from the fork server, whose TVM never started its pool: the child's pool is sized from its own
+    # environment, as a fresh interpreter's is.
+    proc = run_python(_THREADS, env=clean, fresh=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     found, option, tag = proc.stdout.split()
     assert int(found) == int(option) == threads
