@@ -16,6 +16,7 @@ package's ``__init__`` that imports the registry.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from collections import defaultdict
 from typing import Dict, Iterator, List, Optional, Set, Tuple
@@ -72,7 +73,13 @@ def _sources() -> Dict[str, Tuple[str, bool]]:
 
 
 SOURCES = _sources()
-TREES = {name: ast.parse(open(path, encoding="utf-8").read(), path) for name, (path, _) in SOURCES.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _trees() -> Dict[str, ast.AST]:
+    """Module -> its parsed source. Parsed on first use, not at import: every pytest worker imports this file
+    to collect it (a second of parsing each), and only the one that runs these tests needs the trees."""
+    return {name: ast.parse(open(path, encoding="utf-8").read(), path) for name, (path, _) in SOURCES.items()}
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -107,7 +114,7 @@ def _imports(module: str) -> Iterator[Tuple[str, int]]:
     """(imported module of the package, line) for every import statement in ``module``."""
     is_package = SOURCES[module][1]
     here = module if is_package else module.rpartition(".")[0]
-    for node in _runtime_nodes(TREES[module]):
+    for node in _runtime_nodes(_trees()[module]):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 target = _known(alias.name)
@@ -128,8 +135,9 @@ def _imports(module: str) -> Iterator[Tuple[str, int]]:
                 yield (target if target and target != _known(base) else _known(base)), node.lineno
 
 
+@functools.lru_cache(maxsize=None)
 def _graph() -> Dict[str, Dict[str, int]]:
-    """module -> {imported module: line of its first import}, without self-imports."""
+    """module -> {imported module: line of its first import}, without self-imports (built on first use)."""
     graph: Dict[str, Dict[str, int]] = defaultdict(dict)
     for module in SOURCES:
         graph[module]
@@ -138,8 +146,6 @@ def _graph() -> Dict[str, Dict[str, int]]:
                 graph[module][target] = min(line, graph[module].get(target, line))
     return graph
 
-
-GRAPH = _graph()
 
 
 def _strongly_connected(graph: Dict[str, Dict[str, int]]) -> List[List[str]]:
@@ -196,7 +202,7 @@ def _cycle_in(component: List[str]) -> List[str]:
     while frontier:
         following = []
         for node in frontier:
-            for child in sorted(GRAPH[node]):
+            for child in sorted(_graph()[node]):
                 if child not in members:
                     continue
                 if child == start:
@@ -212,7 +218,7 @@ def _cycle_in(component: List[str]) -> List[str]:
 
 
 def _describe(cycle: List[str]) -> str:
-    steps = [f"{a} (line {GRAPH[a][b]})" for a, b in zip(cycle, cycle[1:])]
+    steps = [f"{a} (line {_graph()[a][b]})" for a, b in zip(cycle, cycle[1:])]
     return " -> ".join(steps + [cycle[-1]])
 
 
@@ -228,8 +234,8 @@ def _is_wiring(module: str) -> bool:
 def test_the_walk_sees_the_package():
     # Guards the checks below against passing on an empty or unresolved graph.
     assert {"tvm_tcutils._tvm", "tvm_tcutils.registry", "tvm_tcutils.collage.driver"} <= set(SOURCES)
-    assert "tvm_tcutils._tvm" in GRAPH["tvm_tcutils.native"] or "tvm_tcutils._tvm" in GRAPH["tvm_tcutils.registry"]
-    assert any(_capability(t) for deps in GRAPH.values() for t in deps)
+    assert "tvm_tcutils._tvm" in _graph()["tvm_tcutils.native"] or "tvm_tcutils._tvm" in _graph()["tvm_tcutils.registry"]
+    assert any(_capability(t) for deps in _graph().values() for t in deps)
 
 
 def test_cycle_finder_finds_a_cycle():
@@ -238,14 +244,14 @@ def test_cycle_finder_finds_a_cycle():
 
 
 def test_no_import_cycles():
-    cycles = [_describe(_cycle_in(component)) for component in _strongly_connected(GRAPH)]
+    cycles = [_describe(_cycle_in(component)) for component in _strongly_connected(_graph())]
     assert not cycles, "import cycles in the package:\n  " + "\n  ".join(cycles)
 
 
 def test_capabilities_do_not_import_each_other():
     crossings = [
         f"{module} (line {line}) imports {target}"
-        for module, deps in sorted(GRAPH.items()) for target, line in sorted(deps.items())
+        for module, deps in sorted(_graph().items()) for target, line in sorted(deps.items())
         if _capability(module) and _capability(target) and _capability(module) != _capability(target)
     ]
     assert not crossings, "a capability imports another:\n  " + "\n  ".join(crossings)
@@ -254,7 +260,7 @@ def test_capabilities_do_not_import_each_other():
 def test_core_modules_do_not_import_capabilities():
     crossings = [
         f"{module} (line {line}) imports {target}"
-        for module, deps in sorted(GRAPH.items()) for target, line in sorted(deps.items())
+        for module, deps in sorted(_graph().items()) for target, line in sorted(deps.items())
         if not _capability(module) and not _is_wiring(module) and _capability(target)
     ]
     assert not crossings, "a core module imports a capability:\n  " + "\n  ".join(crossings)
@@ -265,7 +271,7 @@ def test_commands_do_not_import_the_cli():
     # cycle the static graph cannot see. What they share is in commands._common.
     back = [
         f"{module} (line {line}) imports {target}"
-        for module, deps in sorted(GRAPH.items()) if module.startswith("tvm_tcutils.commands.")
+        for module, deps in sorted(_graph().items()) if module.startswith("tvm_tcutils.commands.")
         for target, line in sorted(deps.items()) if target == "tvm_tcutils.cli"
     ]
     assert not back, "a subcommand imports the cli (use tvm_tcutils.commands._common):\n  " + "\n  ".join(back)
@@ -282,7 +288,7 @@ def _names_task_table(node: ast.AST) -> bool:
 
 
 def _registry_writes(module: str) -> Iterator[Tuple[int, str]]:
-    for node in _runtime_nodes(TREES[module]):
+    for node in _runtime_nodes(_trees()[module]):
         if isinstance(node, ast.Call):
             name = _called_name(node)
             if name in REGISTRY_CALLS:
@@ -323,7 +329,7 @@ def _docstrings(tree: ast.AST) -> Set[int]:
 
 def test_tophub_default_is_set_in_one_place():
     holders = []
-    for module, tree in sorted(TREES.items()):
+    for module, tree in sorted(_trees().items()):
         skip = _docstrings(tree)
         lines = [node.lineno for node in ast.walk(tree)
                  if isinstance(node, ast.Constant) and isinstance(node.value, str)

@@ -16,8 +16,14 @@ from tvm_tcutils.tuning import (CONFIRM_MIN_TRIALS, CONFIRMED_KEY, PackageLocalR
 
 
 @pytest.fixture(scope="module")
-def dense_task():
-    return extract_tasks(quantize_int8(*load_model("mlp")), {}, host_target())[0]
+def int8_mlp():
+    """The zoo MLP quantized to int8 (quantizing it takes most of a second: done once for the module)."""
+    return quantize_int8(*load_model("mlp"))
+
+
+@pytest.fixture(scope="module")
+def dense_task(int8_mlp):
+    return extract_tasks(int8_mlp, {}, host_target())[0]
 
 
 def _trial(task, index: int, seconds: float):
@@ -91,8 +97,7 @@ def test_nothing_to_confirm(dense_task):
 
 
 @pytest.mark.parametrize("rounds", [-1, 1.5, True, "7"])
-def test_confirm_rounds_must_be_a_count(rounds, tmp_path):
+def test_confirm_rounds_must_be_a_count(rounds, tmp_path, int8_mlp):
     with pytest.raises(ValueError, match="confirm_rounds must be an int >= 0"):
-        tune(quantize_int8(*load_model("mlp")), {}, host_target(), 2, str(tmp_path / "t.log"),
-             confirm_rounds=rounds)
+        tune(int8_mlp, {}, host_target(), 2, str(tmp_path / "t.log"), confirm_rounds=rounds)
     assert not (tmp_path / "t.log").exists()

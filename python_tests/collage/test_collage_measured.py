@@ -36,6 +36,16 @@ def two_layer_net(seed: int = 0):
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(y))))
 
 
+@pytest.fixture
+def quick_whole_samples(monkeypatch):
+    """Whole-model samples of 10 runs of at least 1 ms each instead of 20 ms: a sample of these tiny modules
+    takes a few ms instead of 0.2 s. For the tests of which process builds, keeps and times a module (and how
+    failures end): what they check does not depend on how long a sample times, only that it gives a time."""
+    from tvm_tcutils.collage.cost import workers
+
+    monkeypatch.setattr(workers, "WHOLE_MODEL_MIN_REPEAT_MS", 1)
+
+
 class _Measured(NamedTuple):
     cache: str       # the cache folder (read-only: a test that measures into it copies it first)
     log: str         # the estimator's measurement log
@@ -309,7 +319,7 @@ def test_tuning_log_reaches_every_tvm_build_and_the_cache_key(measured_two_layer
         MeasuredCostEstimator(cache_dir="", tuning_log=str(tmp_path / "missing.log"))
 
 
-def test_whole_models_are_timed_side_by_side_and_build_failures_isolated():
+def test_whole_models_are_timed_side_by_side_and_build_failures_isolated(quick_whole_samples):
     good = two_layer_net(0)
     # A dynamically shaped module: the graph executor cannot build it (an error, not a crash).
     x = relay.var("x", shape=(relay.Any(), 16))
@@ -493,7 +503,7 @@ def test_an_isolated_module_is_stopped_between_its_samples_and_ends_when_closed(
     assert not os.path.exists(f"/proc/{isolated.pid}/stat") or state() in ("Z", "X")
 
 
-def test_isolated_builds_at_once_keep_their_workers_after_the_building_threads_end(monkeypatch):
+def test_isolated_builds_at_once_keep_their_workers_after_the_building_threads_end(monkeypatch, quick_whole_samples):
     # A worker dies with the thread that started it (PR_SET_PDEATHSIG): build_all starts them all in the
     # caller's thread, and only waits for the builds in its threads. Started in those threads, every worker
     # died when the builds ended (BERT-base: "killed by signal 9", then broken pipes).
@@ -521,7 +531,7 @@ def _recording_sampler(monkeypatch):
     return workers.IsolatedSampler("llvm", repeat=2, warmup=1), started
 
 
-def test_validations_whole_builds_are_taken_by_the_comparison_not_built_again(monkeypatch):
+def test_validations_whole_builds_are_taken_by_the_comparison_not_built_again(monkeypatch, quick_whole_samples):
     # BERT-base takes a minute or more a whole build: validation's mix, kept after its timing, is the
     # comparison's contender as it is; a kept module the comparison does not time ends before its builds.
     sampler, started = _recording_sampler(monkeypatch)
@@ -544,7 +554,7 @@ def _dynamic_module() -> tvm.IRModule:
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
 
 
-def test_the_comparisons_builds_start_early_and_are_taken_not_built_again(monkeypatch):
+def test_the_comparisons_builds_start_early_and_are_taken_not_built_again(monkeypatch, quick_whole_samples):
     # BERT-base: the comparison's whole models (each toolchain alone, each runtime on the file) build on
     # the second core while validation builds its mixes; time() and build_all() wait for them.
     sampler, started = _recording_sampler(monkeypatch)
@@ -564,7 +574,7 @@ def test_the_comparisons_builds_start_early_and_are_taken_not_built_again(monkey
         isolated.close()
 
 
-def test_a_prebuild_still_queued_is_built_beside_the_others_not_waited_for(monkeypatch):
+def test_a_prebuild_still_queued_is_built_beside_the_others_not_waited_for(monkeypatch, quick_whole_samples):
     # Validation may end (its re-searched mix not worth building) with rivals still queued behind those
     # prebuilding: the comparison builds those itself instead of waiting for a prebuilder to take them.
     import threading
@@ -596,7 +606,7 @@ def test_a_prebuild_still_queued_is_built_beside_the_others_not_waited_for(monke
         isolated.close()
 
 
-def test_a_module_outlined_again_is_the_kept_one():
+def test_a_module_outlined_again_is_the_kept_one(quick_whole_samples):
     # Two outlines of one partitioning serialize their shared nodes in different orders: the comparison's
     # mix (BERT-base) did not match validation's by its JSON and was built a second time.
     from tvm_tcutils.collage.cost import workers
