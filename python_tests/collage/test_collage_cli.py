@@ -17,10 +17,13 @@ import tvm_tcutils
 def partitioned(tmp_path_factory):
     """``collage mlp --toolchains tvm`` into an empty cost cache, written and drawn: (folder, its run).
 
-    The cache it fills is the retry test's starting point too (read-only: that test copies it)."""
+    The cache it fills is the retry test's starting point too (read-only: that test copies it). One measuring
+    worker (``--workers 1``, as the retry test): the second worker of the default pool is an interpreter start
+    more, and what these tests check does not depend on it (test_cli.py checks the default's choice)."""
     tmp_path = tmp_path_factory.mktemp("collage_cli")
     proc = run_cli("collage", "mlp", "--toolchains", "tvm", "-o", str(tmp_path / "partitioned.json"),
-                   "--dot", str(tmp_path / "partitions.dot"), "--cache-dir", str(tmp_path / "cache"), "--repeat", "2")
+                   "--dot", str(tmp_path / "partitions.dot"), "--cache-dir", str(tmp_path / "cache"), "--repeat", "2",
+                   "--workers", "1")
     return tmp_path, proc
 
 
@@ -70,7 +73,8 @@ def test_collage_cli_retry_failed_measures_cached_failures_again(partitioned, tm
     # The cache of the first run (every candidate of the MLP measured, test above), copied.
     cache, log = tmp_path / "cache", tmp_path / "measured.log"
     shutil.copytree(partitioned[0] / "cache", cache)
-    common = ["collage", "mlp", "--toolchains", "tvm", "--cache-dir", str(cache), "--repeat", "1", "--no-compare"]
+    common = ["collage", "mlp", "--toolchains", "tvm", "--cache-dir", str(cache), "--repeat", "1", "--no-compare",
+              "--workers", "1"]
     # Every cached cost becomes a fresh failure, as a crashed or timed-out candidate leaves it.
     path = cache / "costs.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -105,7 +105,8 @@ def test_costs_are_taken_for_the_host_cpu_and_cached_per_target(measured_two_lay
     assert est.stats["measured"] > 0
 
     same = MeasuredCostEstimator(cache_dir=str(tmp_path), progress=False)
-    other = MeasuredCostEstimator(cache_dir=str(tmp_path), progress=False, target="llvm")
+    # One worker: what is checked is the cache key per target (a worker's start less than the default pool).
+    other = MeasuredCostEstimator(cache_dir=str(tmp_path), progress=False, target="llvm", workers=1)
     try:
         partition(two_layer_net(0), None, "tvm", same)
         partition(two_layer_net(0), None, "tvm", other)
@@ -252,7 +253,7 @@ def test_keys_are_equal_exactly_for_equal_stand_alone_functions(model):
 
 
 def test_models_with_concatenate_are_measured(tmp_path):
-    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False)
+    est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, progress=False, workers=1)
     try:
         result = partition(concat_net(), None, "tvm", est, validate_rounds=0)
     finally:
@@ -285,7 +286,8 @@ def test_tuning_log_reaches_every_tvm_build_and_the_cache_key(measured_two_layer
     log = _dense_tuning_log(mod, tmp_path / "tuned.log", target)
     # The cache holds the untuned costs of this model (the shared first search, with TVM alone).
     plain = measured_two_layer
-    tuned = MeasuredCostEstimator(cache_dir=_cache_copy(plain, tmp_path), repeat=2, progress=False, tuning_log=log)
+    tuned = MeasuredCostEstimator(cache_dir=_cache_copy(plain, tmp_path), repeat=2, progress=False, tuning_log=log,
+                                  workers=1)  # one worker: the log's way into the builds is checked, not the pool
     try:
         result = partition(mod, None, "tvm", tuned)
     finally:

@@ -69,8 +69,9 @@ def test_a_worker_grown_past_the_limit_is_replaced_between_tasks():
 
 def test_payloads_carry_no_weights_and_shared_constants_are_written_once(tmp_path):
     """Every candidate, TVM's and a BYOC toolchain's (constant inside a composite), is sent without its weights."""
+    # One worker: every task's payload goes through the one pool.run either way.
     est = MeasuredCostEstimator(cache_dir="", repeat=2, timeout=60, progress=False,
-                                worker_imports=["collage_test_codegen"])
+                                worker_imports=["collage_test_codegen"], workers=1)
     sizes = []
     run = est.pool.run
 
@@ -118,7 +119,7 @@ def test_shared_constants_round_trip_a_byoc_module():
 def test_a_candidate_writing_a_mebibyte_to_stderr_is_measured(tmp_path):
     chatty = test_codegen.toolchain("tcutils_test_chatty", combine=False, ops=["tanh", "exp"])
     est = MeasuredCostEstimator(cache_dir=str(tmp_path), repeat=2, timeout=60, progress=False,
-                                worker_imports=["collage_test_codegen"])
+                                worker_imports=["collage_test_codegen"], workers=1)
     try:
         collage.partition(elementwise_net(), None, ["tvm", chatty], est, validate_rounds=0)
     finally:
