@@ -119,7 +119,9 @@ CASES = ["net/llvm", "net/host", "mlp/host", "qdq/llvm", "attention/host", "net/
 
 def _run(mode: str) -> dict:
     code = _PROGRAM.replace("sys.argv[1], sys.argv[2]", repr((mode, tvm_tcutils.host_target())))
-    proc = run_python(code, timeout=280)
+    # "with": forked from the tests' fork server, a process that has imported the package (every hook
+    # installed) as the program's own import does; "without" needs a fresh interpreter that never imports it.
+    proc = run_python(code, timeout=280, fresh=mode == "without")
     assert proc.returncode == 0, f"{mode}: {proc.stderr[-2000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -34,9 +32,12 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def probed():
+    from conftest import run_python
+
     paths = {old: new_name(old) for old in OLD_PATHS}
-    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(paths)], capture_output=True, text=True,
-                         timeout=300)
+    # Forked from the tests' fork server (the package imported, as the probe's first line does): the probe
+    # drops the moved modules from sys.modules itself before each import.
+    out = run_python(_PROBE.replace("sys.argv[1]", repr(json.dumps(paths))), timeout=300, fresh=False)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

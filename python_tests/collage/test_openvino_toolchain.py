@@ -222,7 +222,9 @@ g.set_input("data", np.load({str(tmp_path / 'data.npy')!r})); g.run()
 np.save({str(tmp_path / 'out.npy')!r}, g.get_output(0).numpy())
 """
     np.save(tmp_path / "data.npy", data["data"])
-    result = run_python(code)  # a fresh process: OpenVINO compiles the embedded models again
+    # Another process (forked from the tests' fork server, which never compiled these models): OpenVINO
+    # compiles the embedded models again there.
+    result = run_python(code, fresh=False)
     assert result.returncode == 0, result.stderr[-2000:]
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), before)
     loaded, _ = load_model(path)

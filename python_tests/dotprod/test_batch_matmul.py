@@ -219,7 +219,9 @@ print(json.dumps(result))
 @pytest.mark.timeout(600)
 def test_float_dense_and_batch_matmul_compile_the_same_with_and_without_the_package():
     def run(mode):
-        proc = run_python(_FLOAT_PROGRAM.replace("sys.argv[1]", repr(mode)), timeout=500)
+        # "with": forked from the tests' fork server (the package imported, every hook installed, as the
+        # program's own import does); "without" in a fresh interpreter that never imports the package.
+        proc = run_python(_FLOAT_PROGRAM.replace("sys.argv[1]", repr(mode)), timeout=500, fresh=mode == "without")
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
