@@ -57,12 +57,16 @@ class _Measured(NamedTuple):
 @pytest.fixture(scope="module")
 def measured_two_layer(tmp_path_factory) -> _Measured:
     """One measured search of ``two_layer_net(0)`` with TVM alone into an empty cache (a worker's start and
-    every candidate measured): the first search of the cache tests below, done once for them."""
+    every candidate measured): the first search of the cache tests below, done once for them. Not validated
+    (``validate_rounds=0``, as the cached searches that follow): these tests check the candidates' costs and
+    their cache, and a validation would build and time the answer whole in a process of its own each time
+    (the validation of measured searches is checked in test_collage_original.py, test_collage_memory.py,
+    the tests below on IsolatedSampler and the CLI's)."""
     folder = tmp_path_factory.mktemp("measured")
     log = folder / "measure.log"
     est = MeasuredCostEstimator(cache_dir=str(folder), repeat=3, log_file=str(log), progress=False)
     try:
-        first = partition(two_layer_net(0), None, "tvm", est)
+        first = partition(two_layer_net(0), None, "tvm", est, validate_rounds=0)
     finally:
         est.close()
     return _Measured(str(folder), str(log), dict(est.stats), tuple(est.settings), first)
@@ -87,7 +91,7 @@ def test_measures_once_then_reuses_the_cache(measured_two_layer, tmp_path):
 
     # Another model with the same structure but other weights: everything comes from the cache.
     again = MeasuredCostEstimator(cache_dir=str(tmp_path), progress=False)
-    second = partition(two_layer_net(1), None, "tvm", again)
+    second = partition(two_layer_net(1), None, "tvm", again, validate_rounds=0)  # as the first search
     assert again.stats == {"cached": again.stats["cached"], "measured": 0, "failed": 0}
     assert again.stats["cached"] > 0
     assert second.estimated_ms == pytest.approx(first.estimated_ms)
@@ -108,8 +112,9 @@ def test_costs_are_taken_for_the_host_cpu_and_cached_per_target(measured_two_lay
     # One worker: what is checked is the cache key per target (a worker's start less than the default pool).
     other = MeasuredCostEstimator(cache_dir=str(tmp_path), progress=False, target="llvm", workers=1)
     try:
-        partition(two_layer_net(0), None, "tvm", same)
-        partition(two_layer_net(0), None, "tvm", other)
+        # Not validated (the costs and their cache key are checked, not a whole-model timing).
+        partition(two_layer_net(0), None, "tvm", same, validate_rounds=0)
+        partition(two_layer_net(0), None, "tvm", other, validate_rounds=0)
     finally:
         same.close()
         other.close()
@@ -289,7 +294,9 @@ def test_tuning_log_reaches_every_tvm_build_and_the_cache_key(measured_two_layer
     tuned = MeasuredCostEstimator(cache_dir=_cache_copy(plain, tmp_path), repeat=2, progress=False, tuning_log=log,
                                   workers=1)  # one worker: the log's way into the builds is checked, not the pool
     try:
-        result = partition(mod, None, "tvm", tuned)
+        # Not validated, as the shared first search: the whole-model timer's use of the log is checked below
+        # (a log gone missing fails it), the candidates' here.
+        result = partition(mod, None, "tvm", tuned, validate_rounds=0)
     finally:
         tuned.close()
     # Costs taken under a tuning log are not those of untuned TVM.
