@@ -149,6 +149,15 @@ def mlp_model():
 
 
 @pytest.fixture(scope="session")
+def int8_mlp():
+    """The zoo MLP quantized to int8 by the package (``quantize_int8``): the tuning tests' model (quantizing
+    it takes most of a second; the module is never changed by the tuning functions that read it)."""
+    from tvm_tcutils.dotprod.quantize import quantize_int8
+
+    return quantize_int8(*tvm_tcutils.load_model("mlp"))
+
+
+@pytest.fixture(scope="session")
 def resnet18_model():
     """ResNet-18 with realistic weights."""
     return tvm_tcutils.load_model("resnet-18")

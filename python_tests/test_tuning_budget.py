@@ -4,16 +4,14 @@ from __future__ import annotations
 import pytest
 
 from tvm_tcutils import host_target, load_model
-from tvm_tcutils.dotprod.quantize import quantize_int8
 from tvm_tcutils.progress import ProgressUpdate, Reporter
 from tvm_tcutils.tuning import _BudgetEnded, _TrialCounter, tune
 
 
-def test_spent_budget_tunes_nothing_and_leaves_the_log_alone(tmp_path):
+def test_spent_budget_tunes_nothing_and_leaves_the_log_alone(tmp_path, int8_mlp):
     log = tmp_path / "int8.log"
     log.write_text("")
-    summary = tune(quantize_int8(*load_model("mlp")), {}, host_target(), 4, str(log), progress=False,
-                   time_budget_s=0)
+    summary = tune(int8_mlp, {}, host_target(), 4, str(log), progress=False, time_budget_s=0)
     assert [name for name, _ in summary] == ["tcutils.dense_dot"] * 3
     assert all(trials == 0 for _, trials in summary) and log.read_text() == ""
 

@@ -7,22 +7,15 @@ import time
 import pytest
 from tvm import autotvm
 
-from tvm_tcutils import host_target, load_model
+from tvm_tcutils import host_target
 from tvm_tcutils import processes
-from tvm_tcutils.dotprod.quantize import quantize_int8
 from tvm_tcutils.tuning import (CONFIRM_MIN_TRIALS, CONFIRMED_KEY, PackageLocalRunner, applied_records,
                                 checked_records, choose_confirmed, confirm_best, default_config_index,
                                 extract_tasks, tune, valid_indexes, write_confirmed)
 
 
 @pytest.fixture(scope="module")
-def int8_mlp():
-    """The zoo MLP quantized to int8 (quantizing it takes most of a second: done once for the module)."""
-    return quantize_int8(*load_model("mlp"))
-
-
-@pytest.fixture(scope="module")
-def dense_task(int8_mlp):
+def dense_task(int8_mlp):  # conftest's int8_mlp: the MLP quantized once for the session
     return extract_tasks(int8_mlp, {}, host_target())[0]
 
 
@@ -55,7 +48,8 @@ def test_confirm_best_measures_each_candidate_every_round_and_marks_one(dense_ta
     default = default_config_index(task)
     fast = next(i for i in valid_indexes(task.config_space) if i != default)
     rounds = 3
-    measure = autotvm.measure_option(builder=autotvm.LocalBuilder(),
+    # One build process (the default starts one per CPU, each importing TVM) for the three configurations.
+    measure = autotvm.measure_option(builder=autotvm.LocalBuilder(n_parallel=1),
                                      runner=PackageLocalRunner(number=1, repeat=3, timeout=20))
     with processes.reaper():
         records = confirm_best(task, _history(task, fast, default), measure, rounds, default)

@@ -32,10 +32,10 @@ def _package_function() -> str:
     return PREBUILD_FUNC
 
 
-def test_the_local_runner_server_imports_the_package():
+def test_the_local_runner_server_imports_the_package(int8_mlp):
     # TVM's LocalRunner serves from a stock process: no package functions, and on a TVM built without CUDA
     # no cuda device API (the plugin's), so CUDA measurements could not even query the device.
-    task = extract_tasks(quantize_int8(*load_model("mlp")), {}, host_target())[0]
+    task = extract_tasks(int8_mlp, {}, host_target())[0]  # conftest's int8_mlp: the MLP quantized once
     runner = PackageLocalRunner(number=1)
     alive = runner.set_task(task)
     assert runner.host == "127.0.0.1" and len(alive) == 2
@@ -70,12 +70,12 @@ def test_templates_pick_the_tasks_tuned(tmp_path):
     ("tcutils.dense_dot", TypeError, "templates must be a list"),
     ([3], TypeError, "templates must be a list"),
 ])
-def test_bad_templates(tmp_path, templates, error, match):
+def test_bad_templates(tmp_path, templates, error, match, int8_mlp):
     with pytest.raises(error, match=match):
-        tune(quantize_int8(*load_model("mlp")), {}, host_target(), 4, str(tmp_path / "x.log"), templates=templates)
+        tune(int8_mlp, {}, host_target(), 4, str(tmp_path / "x.log"), templates=templates)
 
 
-def test_tune_measures_with_the_package_runner(tmp_path, monkeypatch):
+def test_tune_measures_with_the_package_runner(tmp_path, monkeypatch, int8_mlp):
     from tvm_tcutils import tuning
 
     made = []
@@ -86,7 +86,7 @@ def test_tune_measures_with_the_package_runner(tmp_path, monkeypatch):
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(tuning, "PackageLocalRunner", Recording)
-    tune(quantize_int8(*load_model("mlp")), {}, host_target(), 4, str(tmp_path / "r.log"), progress=False,
+    tune(int8_mlp, {}, host_target(), 4, str(tmp_path / "r.log"), progress=False,
          time_budget_s=0, measure_number=6)
     # On a CPU: one run a sample, its operands' caches flushed first, as a network's layer meets its weights.
     assert made == [{"number": 1, "repeat": 6, "min_repeat_ms": 0, "timeout": 20, "enable_cpu_cache_flush": True}]
