@@ -115,17 +115,20 @@ def _run_forked(kind: str, payload, env: dict, cwd: str | None, timeout: float, 
 
 
 def run_python(
-    code: str, env: dict | None = None, timeout: int = 300, cwd: str | None = None, fresh: bool = True
+    code: str, env: dict | None = None, timeout: int = 300, cwd: str | None = None, fresh: bool = True,
+    unset: tuple = (),
 ) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter with this checkout first on the path.
 
     ``fresh=False``: in a process forked from one that has already imported TVM and the
     package (seconds faster); only for code that imports the package itself anyway.
+    ``env``: variables set for the run; ``unset``: names taken out of its environment.
     """
+    child_env = {k: v for k, v in _child_env(env).items() if k not in unset}
     if not fresh:
-        return _run_forked("python", code, _child_env(env), cwd, timeout, [sys.executable, "-c", code])
+        return _run_forked("python", code, child_env, cwd, timeout, [sys.executable, "-c", code])
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=_child_env(env), timeout=timeout, cwd=cwd
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env, timeout=timeout, cwd=cwd
     )
 
 

@@ -1,9 +1,6 @@
 """The one measuring module: how it prepares TVM's runtime before it times."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,11 +20,15 @@ print(before, os.environ.get("TVM_NUM_THREADS"), tvm.get_global_func("runtime.Nu
 
 
 def _probe(**env: str) -> list:
-    clean = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
-    clean["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    out = subprocess.run([sys.executable, "-c", _PROBE], env={**clean, **env}, capture_output=True, text=True,
-                         timeout=120, check=True).stdout
-    return out.split()[-3:]
+    from conftest import run_python
+
+    # Forked from the tests' fork server: TVM and the package are imported there, but TVM's thread pool never
+    # started (it starts on the first parallel call, reading the environment then), so the child's pool is
+    # sized from the child's own environment, as a fresh interpreter's is.
+    unset = tuple(k for k in ("TVM_NUM_THREADS", "OMP_NUM_THREADS") if k not in env)
+    proc = run_python(_PROBE, env=env, timeout=120, fresh=False, unset=unset)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()[-3:]
 
 
 def test_timing_sets_tvm_num_threads_to_the_pool_tvm_chose():

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List
 
 import pytest
 
-from conftest import ROOT, small_conv_net
+from conftest import ROOT, run_python, small_conv_net
 from tvm_tcutils import processes, tuning
 from tvm_tcutils.models import save_model
 
@@ -259,9 +259,9 @@ def test_unpin_gives_back_the_cpus_the_tree_was_given_and_no_more(given):
     allowed = cpus if given == "all" else cpus[:1]
     code = ("import os; os.sched_setaffinity(0, {%d}); from tvm_tcutils import processes; "
             "print(processes.unpin(), sorted(os.sched_getaffinity(0)))" % cpus[0])
-    env = dict(os.environ, **{processes.CPUS_ENV: ",".join(map(str, allowed))},
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    # Forked from the tests' fork server (the package imported there): unpin reads the tree's CPUs from the
+    # child's own environment when it is called, as in a fresh interpreter given the same environment.
+    out = run_python(code, env={processes.CPUS_ENV: ",".join(map(str, allowed))}, timeout=120, fresh=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == f"True {allowed}"
 
