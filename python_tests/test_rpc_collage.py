@@ -50,7 +50,9 @@ def test_measured_search_on_two_servers_matches_a_local_search(rpc_cluster, tmp_
     # core with the other test worker moves by whole time slices (x2.9-5.2 was seen in CI).
     net = lambda seed: dense_net(seed, width=512, rows=512)  # noqa: E731
     remote_result = search(net(0), remote)
-    local = MeasuredCostEstimator(cache_dir=str(tmp_path / "local"), repeat=5, progress=False)
+    # The local oracle in one measuring worker (the default pool's second is one more interpreter importing
+    # TVM): the same candidates, timed one after the other here.
+    local = MeasuredCostEstimator(cache_dir=str(tmp_path / "local"), repeat=5, progress=False, workers=1)
     local_result = search(net(0), local)
 
     # Every candidate costed on the servers (ort ones too: the package's server has its functions), both used.
