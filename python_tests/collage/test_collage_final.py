@@ -385,3 +385,19 @@ def test_an_answer_that_is_a_toolchains_maximal_region_is_timed_once_as_that_too
     assert set(result.final.timings) == {"tvm alone", "tcutils_test alone"}
     assert tvm.ir.structural_equal(result.mod, greedy_partition(mod, None, test_codegen.toolchain()),
                                    map_free_vars=True)
+
+
+def test_a_mix_with_one_partition_outside_tvm_is_timed_by_the_comparison_only():
+    # Each call into the test toolchain dear: the search's mix is its one greedy region. Re-searched with a
+    # learned crossing cost it could only come back or give way to TVM alone, both timed in the comparison:
+    # validation builds nothing (a mix of three partitions is validated: see above).
+    est = SamplingCosts(ISOLATED, {"tcutils_test": 2.0}, crossing_ms=0.0)
+    result = partition(elementwise_net(), None, TOOLCHAINS, est, progress=False)
+    assert [p.toolchain for p in result.mix_partitions].count("tcutils_test") == 1
+    assert result.trials == [] and "validate" not in result.seconds and result.mix_measured_ms is None
+    assert result.final is not None and set(result.final.timings) == {"tvm alone", "tcutils_test alone"}
+    # Two partitions outside TVM are validated first.
+    est = SamplingCosts(ISOLATED, {"tcutils_test": 0.1}, crossing_ms=0.0)
+    result = partition(elementwise_net(), None, TOOLCHAINS, est, progress=False)
+    assert [p.toolchain for p in result.mix_partitions].count("tcutils_test") > 1
+    assert result.trials[0][0] == "collage" and result.seconds["validate"] >= 0

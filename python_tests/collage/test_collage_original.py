@@ -13,7 +13,8 @@ from tvm import relay
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tvm_tcutils.collage import MockCostEstimator, partition  # noqa: E402
-from tvm_tcutils.collage.driver import ON_THE_FILE, original_modules, prepare  # noqa: E402
+from tvm_tcutils.collage.driver import (ON_THE_FILE, file_twins, original_modules, prepare,  # noqa: E402
+                                        single_toolchain_modules)
 from tvm_tcutils.collage.report import answer_line, report_lines  # noqa: E402
 from tvm_tcutils.collage.toolchains import relay_to_onnx, resolve  # noqa: E402
 from tvm_tcutils.collage.toolchains.ort import FILE_ATTR  # noqa: E402
@@ -67,8 +68,12 @@ def test_the_runtime_on_the_users_file_competes_and_its_module_is_what_was_timed
     mod, params = load_model(path)
     result = partition(mod, params, ["tvm", "ort"], FileFastest({"tvm": 1.0, "ort": 2.0}), original=path)
     name = f"ort{ON_THE_FILE}"
-    assert set(result.final.timings) >= {"tvm alone", "ort alone", name}
+    assert set(result.final.timings) == {"tvm alone", name}
     assert result.answer == name and answer_line(result).startswith(f"answer: {name}")
+    # onnxruntime alone takes every operator: the same runtime as on the file, so only the file is timed.
+    assert result.left_out == {"ort alone": f"the same runtime on every operator as {name}"}
+    assert any(ln.split() == ["ort", "alone", "not", "timed:", "the", "same", "runtime", "on", "every", "operator",
+                              "as", "ort", "on", "the", "file"] for ln in report_lines(result))
     # One partition: onnxruntime on the file itself, by its absolute path, in the file's input order.
     external = [f for gv, f in result.mod.functions.items() if gv.name_hint != "main"]
     assert len(external) == 1 and str(external[0].attrs[FILE_ATTR]) == os.path.abspath(path)
@@ -76,6 +81,22 @@ def test_the_runtime_on_the_users_file_competes_and_its_module_is_what_was_timed
     # Built later, it runs the file: the outputs are onnxruntime's on the file.
     got = build_and_run(result.mod, inputs={"image": INPUT})[0]
     np.testing.assert_allclose(got, _ort_on(path), rtol=1e-6, atol=1e-6)
+
+
+def test_a_toolchain_alone_stays_beside_the_file_where_tvm_runs_part_of_it(tmp_path):
+    path = _onnx_file(tmp_path)
+    on_file = original_modules(prepare(*load_model(path)), path, resolve("tvm,ort"))[f"ort{ON_THE_FILE}"]
+    by_name = {tc.name: tc for tc in resolve("tvm,ort")}
+    whole = single_toolchain_modules(prepare(*load_model(path)), resolve("tvm,ort"))
+    assert file_twins({**whole, f"ort{ON_THE_FILE}": on_file}, by_name) == {"ort alone": f"ort{ON_THE_FILE}"}
+    assert file_twins(whole, by_name) == {}  # no file: nothing to stand in for the export
+    # A model with an operator onnxruntime's export lacks: TVM runs it, so onnxruntime alone is another
+    # partitioning than the runtime on the file and both are timed.
+    x = relay.var("x", shape=(1, 8, 4, 4))
+    y = relay.nn.relu(relay.take(relay.exp(x), relay.const(np.array([0, 2], "int32")), axis=1))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
+    split = single_toolchain_modules(prepare(mod), resolve("tvm,ort"))
+    assert file_twins({**split, f"ort{ON_THE_FILE}": on_file}, by_name) == {}
 
 
 def test_a_module_of_a_file_that_changed_since_it_was_timed_does_not_build(tmp_path):

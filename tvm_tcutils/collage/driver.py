@@ -162,6 +162,9 @@ class CollageResult:
     #: What the search added per kilobyte crossing between TVM and a partition outside it (ms; TVM's
     #: layout transforms at its candidates' borders, measured with them); 0: crossings not priced.
     crossing_ms_per_kb: float = 0.0
+    #: Rivals the final comparison did not time: name -> why (a toolchain alone that is the same runtime on
+    #: every operator as that runtime on the user's file, see :func:`file_twins`).
+    left_out: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def unreachable_ops(graph: IndexedGraph, cands: Sequence[Candidate],
@@ -424,6 +427,8 @@ class _Partitioner:
         self.sample_inputs = sample_inputs
         self.original = None if original is None else arguments.onnx_file("original", original)
         self.last_result: Optional[CollageResult] = None
+        #: Rivals the last final comparison left out: name -> why (see :func:`file_twins`).
+        self.left_out: Dict[str, str] = {}
 
     def run(self, mod: tvm.IRModule) -> CollageResult:
         report = Reporter(self.progress)
@@ -464,6 +469,7 @@ class _Partitioner:
         start = time.perf_counter()
         before = _stats(estimator)
         partial = []
+        self.left_out = {}
         costed = sum(1 for c in cands if not c.host)
         report("estimate", 0, costed)
         interleaved = _interleaved_search(estimator, graph, cands, by_name, deadline)
@@ -539,7 +545,12 @@ class _Partitioner:
                 # Built anyway: a re-searched mix estimated slower than it is not built (BERT-base: a minute).
                 validation.rival = (alone, lambda: timer.time(singles[alone]))
         rivals = ({}, {}) if comparing else (single_results, greedy)
-        result = validation.run(result, self.validate_rounds, *rivals, retime=not comparing)
+        # Re-searched with a learned crossing cost, a mix with one partition outside TVM comes back as it is
+        # or as TVM alone (any other answer crosses at least as often and was estimated slower): the final
+        # comparison times both, so validation would only build and time the mix once more (DenseNet-121,
+        # OpenVINO's maximal region: 83 s).
+        once = comparing and sum(1 for c in result.chosen if validation._external(c)) <= 1
+        result = validation.run(result, 0 if once else self.validate_rounds, *rivals, retime=not comparing)
         if timer is not None:
             report("validate", 1, 1)
         if validation.trials:
@@ -569,7 +580,7 @@ class _Partitioner:
         ]
         mix_partitions = list(partitions)
         measured_ms = validation.measured_of(result)
-        final, answer = None, "collage"
+        final, answer, twin = None, "collage", None
         remaining = math.inf if deadline is None else deadline - time.perf_counter()
         not_compared = self._not_compared(timer, sampler, partial, remaining)
         if not not_compared:
@@ -581,12 +592,16 @@ class _Partitioner:
                 # A remote timer holds one server for the whole comparison (its modules side by side).
                 session = getattr(timer, "session", None)
                 singles = singles or self._singles(prepared, runnable)
-                twin = next((f"{name} alone" for name, answer in greedy.items()
-                             if _same_partitions(answer, result) and f"{name} alone" in singles), None)
+                # The answer is a toolchain's maximal region: its BYOC module (or, where that was left out as
+                # the same runtime on every operator, the runtime on the user's file) is the same partitioning
+                # built another way, which the comparison times anyway. Timed twice, the two cannot be told
+                # apart and run the rounds to the budget's end (DenseNet-121 on Zen 4: 24 rounds).
+                for name, answer in greedy.items():
+                    kept = f"{name}{ON_THE_FILE}" if f"{name} alone" in self.left_out else f"{name} alone"
+                    if kept in singles and _same_partitions(answer, result):
+                        twin = kept
+                        break
                 if twin is not None:
-                    # The answer is that toolchain's maximal region: its BYOC module is the same partitioning
-                    # built another way, which the comparison times anyway. Timed twice, the two cannot be
-                    # told apart and run the rounds to the budget's end (DenseNet-121 on Zen 4: 24 rounds).
                     out = singles[twin]
                 with session() if callable(session) else contextlib.nullcontext():
                     final, singles, same = self._compare(out, singles, runnable, sampler,
@@ -600,7 +615,8 @@ class _Partitioner:
         if final is not None:
             answer = final.answer
             measured_ms = final.timings[final.answer].median_ms
-            if not final.is_mix and final.answer not in same:  # the mix itself keeps its estimated table
+            # The mix itself keeps its estimated table; a twin built another way has its own partitions.
+            if not final.is_mix and (final.answer not in same or twin is not None):
                 out = singles[final.answer]
                 partitions = module_partitions(out, by_name, final.answer.removesuffix(" alone")
                                                .removesuffix(ON_THE_FILE))
@@ -609,7 +625,8 @@ class _Partitioner:
             result.chosen, prepared, measured_ms, validation.trials, validation.side_by_side,
             answer, final, counts, bool(partial), "; ".join(partial), not_compared, mix_partitions,
             validation.measured_of(result), self.error_budget, errors, steps,
-            unreachable_ops(graph, cands, self.toolchains), list(validation.skipped), crossing)
+            unreachable_ops(graph, cands, self.toolchains), list(validation.skipped), crossing,
+            dict(self.left_out) if final is not None else {})
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
         return self.last_result
@@ -627,11 +644,15 @@ class _Partitioner:
 
     def _singles(self, prepared: tvm.IRModule, toolchains: Sequence[Toolchain]) -> Dict[str, tvm.IRModule]:
         """The final comparison's rivals of the mix: each of ``toolchains`` alone and, given the user's
-        file, each runtime on it."""
+        file, each runtime on it; a toolchain alone that is its runtime on the file by another name
+        (:func:`file_twins`) is left out, why in :attr:`left_out`."""
         singles = single_toolchain_modules(prepared, toolchains)
         if self.original is not None:
             singles.update(original_modules(prepared, self.original, toolchains))
-        return singles
+        by_name = {tc.name: tc for tc in toolchains}
+        self.left_out = {alone: f"the same runtime on every operator as {on_file}"
+                         for alone, on_file in file_twins(singles, by_name).items()}
+        return {name: mod for name, mod in singles.items() if name not in self.left_out}
 
     def _compare(self, mix: tvm.IRModule, singles: Dict[str, tvm.IRModule], toolchains: Sequence[Toolchain],
                  sampler, budget_s: float, report: Reporter, check: Optional[ErrorCheck] = None,
@@ -942,6 +963,32 @@ def original_modules(prepared: tvm.IRModule, path: str, toolchains: Sequence[Too
         mod = tvm.IRModule({gv: ext})
         mod["main"] = relay.Function(outer, relay.Call(gv, order))
         out[f"{tc.name}{ON_THE_FILE}"] = relay.transform.InferType()(mod)
+    return out
+
+
+def file_twins(singles: Mapping[str, tvm.IRModule], toolchains: Mapping[str, Toolchain]) -> Dict[str, str]:
+    """``"<name> alone"`` -> ``"<name> on the file"`` for each toolchain whose greedy partitioning takes every
+    operator of the model into one partition while the same runtime also runs the user's file.
+
+    Both then run one runtime on the same operators, one from the file and one from Collage's export of
+    it: timed side by side they differ by noise and keep the final comparison going to its budget's end
+    (DenseNet-121 on Zen 4: 18 rounds, 63 s, x0.991 [0.929, 1.029]). The file is what the user runs and
+    what the answer must not be slower than, so it stays and the export goes.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import load_model
+    >>> file_twins(single_toolchain_modules(prepare(*load_model("mlp")), resolve("tvm")), {"tvm": TVM})
+    {}
+    """
+    out = {}
+    for name, tc in toolchains.items():
+        alone, on_file = f"{name} alone", f"{name}{ON_THE_FILE}"
+        if tc.is_tvm or alone not in singles or on_file not in singles:
+            continue
+        parts = module_partitions(singles[alone], toolchains)
+        if len(parts) == 1 and parts[0].toolchain == name:
+            out[alone] = on_file
     return out
 
 

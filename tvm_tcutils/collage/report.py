@@ -184,6 +184,7 @@ def _single_lines(result: CollageResult, skipped: str) -> List[str]:
         measured = f"{_ms(timing.median_ms)} ms (+-{50 * timing.spread:.1f} %)" if timing.samples_ms else "failed"
         best = "  <- fastest alone" if name == final.best_single else ""
         lines.append(f"  {name:<22} measured {measured}{best}")
+    lines += [f"  {name:<22} not timed: {why}" for name, why in result.left_out.items()]
     return lines
 
 
