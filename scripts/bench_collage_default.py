@@ -71,7 +71,8 @@ def describe(row: dict) -> str:
     if "error" in row:
         return f"{row['model']} ({row['estimator']}): FAILED {row['error']}"
     ratio = row.get("answer_vs_best_single")
-    vs = f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] of {row['best_single']}" if ratio else "not compared"
+    other = row.get("ratio_of", row["best_single"])
+    vs = f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] of {other}" if ratio else "not compared"
     counts = row["counts"]
     from tvm_tcutils.bench.collage_default import layer_summary
 

@@ -342,6 +342,7 @@ NUMPY_FOLDS = {
     "full": lambda args, attrs: _full(args[0], attrs),
 }
 
+
 def _full(value: np.ndarray, attrs) -> Optional[np.ndarray]:
     """``full`` of a scalar constant to ``attrs.shape``, where its dtype is the value's (else None)."""
     dtype = str(attrs.dtype) if attrs.dtype is not None else ""

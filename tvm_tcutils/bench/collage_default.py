@@ -170,7 +170,8 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
     final = result.final
     row = {
         "model": model, "estimator": estimator, "toolchains": toolchains, "seconds": round(seconds, 1),
-        "load_s": round(load_s, 1), "phases": {k: round(v, 1) for k, v in result.seconds.items()}, "counts": dict(result.counts),
+        "load_s": round(load_s, 1), "phases": {k: round(v, 1) for k, v in result.seconds.items()},
+        "counts": dict(result.counts),
         "answer": result.answer, "partial": result.partial, "partial_reason": result.partial_reason,
         "estimated_ms": result.estimated_ms, "mix_measured_ms": result.mix_measured_ms,
         "chosen": _chosen_of(result), "stats": {k: v for k, v in getattr(est, "stats", {}).items()
@@ -183,6 +184,7 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
     row["precisions"] = _precisions(result.partitions)
     row["mix_precisions"] = _precisions(result.mix_partitions)
     row["unreachable"] = {name: dict(ops) for name, ops in result.unreachable.items()}
+    row["left_out"] = dict(result.left_out)
     if final is not None:
         row["timings_ms"] = {name: t.median_ms for name, t in final.timings.items() if t.samples_ms}
         row["best_single"] = final.best_single
@@ -190,6 +192,10 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
         row["compare_stopped"] = final.stopped
         if final.ratio is not None:
             row["answer_vs_best_single"] = [final.ratio.value, final.ratio.low, final.ratio.high]
+            # The ratio's other side: the best single against the mix, else the runner-up (no mix timed).
+            timed = sorted((t.median_ms, name) for name, t in final.timings.items()
+                           if t.samples_ms and name not in (final.mix, final.best_single))
+            row["ratio_of"] = final.best_single if final.mix is not None else (timed[0][1] if timed else None)
             row["confidence"] = final.ratio.confidence
     return row
 
@@ -236,7 +242,8 @@ def precision_markdown(rows: Sequence[dict]) -> str:
     def cells(row: dict) -> List[str]:
         budget = "none" if row.get("error_budget") is None else f"{row['error_budget']:g}"
         answer_ms, ratio = _answer_cells(row)
-        versus = f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] of {row.get('best_single')}" if ratio else "-"
+        versus = (f"x{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] of {row.get('ratio_of', row.get('best_single'))}"
+                  if ratio else "-")
         error = row.get("errors", {}).get("collage" if row["answer"] == "collage" else row["answer"])
         kinds = "; ".join(f"{tc}: " + ", ".join(f"{n} {prec}" for prec, n in precs.items())
                           for tc, precs in row.get("precisions", {}).items())

@@ -549,7 +549,7 @@ class _Partitioner:
         # or as TVM alone (any other answer crosses at least as often and was estimated slower): the final
         # comparison times both, so validation would only build and time the mix once more (DenseNet-121,
         # OpenVINO's maximal region: 83 s).
-        once = comparing and sum(1 for c in result.chosen if validation._external(c)) <= 1
+        once = comparing and sum(1 for c in result.chosen if not c.host and not by_name[c.toolchain].is_tvm) <= 1
         result = validation.run(result, 0 if once else self.validate_rounds, *rivals, retime=not comparing)
         if timer is not None:
             report("validate", 1, 1)
