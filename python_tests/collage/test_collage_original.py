@@ -13,8 +13,7 @@ from tvm import relay
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tvm_tcutils.collage import MockCostEstimator, partition  # noqa: E402
-from tvm_tcutils.collage.driver import (ON_THE_FILE, file_twins, original_modules, prepare,  # noqa: E402
-                                        single_toolchain_modules)
+from tvm_tcutils.collage.driver import ON_THE_FILE, file_twins, original_modules, prepare  # noqa: E402
 from tvm_tcutils.collage.report import answer_line, report_lines  # noqa: E402
 from tvm_tcutils.collage.toolchains import relay_to_onnx, resolve  # noqa: E402
 from tvm_tcutils.collage.toolchains.ort import FILE_ATTR  # noqa: E402
@@ -71,7 +70,7 @@ def test_the_runtime_on_the_users_file_competes_and_its_module_is_what_was_timed
     assert set(result.final.timings) == {"tvm alone", name}
     assert result.answer == name and answer_line(result).startswith(f"answer: {name}")
     # onnxruntime alone takes every operator: the same runtime as on the file, so only the file is timed.
-    assert result.left_out == {"ort alone": f"the same runtime on every operator as {name}"}
+    assert result.unreachable == {} and result.left_out == {"ort alone": f"the same runtime on every operator as {name}"}
     assert any(ln.split() == ["ort", "alone", "not", "timed:", "the", "same", "runtime", "on", "every", "operator",
                               "as", "ort", "on", "the", "file"] for ln in report_lines(result))
     # One partition: onnxruntime on the file itself, by its absolute path, in the file's input order.
@@ -83,20 +82,15 @@ def test_the_runtime_on_the_users_file_competes_and_its_module_is_what_was_timed
     np.testing.assert_allclose(got, _ort_on(path), rtol=1e-6, atol=1e-6)
 
 
-def test_a_toolchain_alone_stays_beside_the_file_where_tvm_runs_part_of_it(tmp_path):
-    path = _onnx_file(tmp_path)
-    on_file = original_modules(prepare(*load_model(path)), path, resolve("tvm,ort"))[f"ort{ON_THE_FILE}"]
-    by_name = {tc.name: tc for tc in resolve("tvm,ort")}
-    whole = single_toolchain_modules(prepare(*load_model(path)), resolve("tvm,ort"))
-    assert file_twins({**whole, f"ort{ON_THE_FILE}": on_file}, by_name) == {"ort alone": f"ort{ON_THE_FILE}"}
-    assert file_twins(whole, by_name) == {}  # no file: nothing to stand in for the export
-    # A model with an operator onnxruntime's export lacks: TVM runs it, so onnxruntime alone is another
-    # partitioning than the runtime on the file and both are timed.
-    x = relay.var("x", shape=(1, 8, 4, 4))
-    y = relay.nn.relu(relay.take(relay.exp(x), relay.const(np.array([0, 2], "int32")), axis=1))
-    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))
-    split = single_toolchain_modules(prepare(mod), resolve("tvm,ort"))
-    assert file_twins({**split, f"ort{ON_THE_FILE}": on_file}, by_name) == {}
+def test_a_toolchain_alone_stays_beside_the_file_where_tvm_runs_part_of_it():
+    chains = resolve("tvm,ort,openvino")
+    on_file = [f"ort{ON_THE_FILE}", f"openvino{ON_THE_FILE}"]
+    assert file_twins(chains, on_file, {}) == {"ort alone": on_file[0], "openvino alone": on_file[1]}
+    # An operator onnxruntime's export lacks (TVM runs it): onnxruntime alone is another partitioning than
+    # the runtime on the file, and both are timed.
+    assert file_twins(chains, on_file, {"ort": {"take": 1}}) == {"openvino alone": on_file[1]}
+    assert file_twins(chains, on_file[1:], {}) == {"openvino alone": on_file[1]}  # no file for ort: no twin
+    assert file_twins(chains, [], {}) == {}
 
 
 def test_a_module_of_a_file_that_changed_since_it_was_timed_does_not_build(tmp_path):

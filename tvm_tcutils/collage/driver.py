@@ -17,7 +17,7 @@ import logging
 import math
 import os
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .._compat import fold_constant_numpy_first, numpy_folds_after_alter_layout
 from .._tvm import host_target, tvm
@@ -429,6 +429,7 @@ class _Partitioner:
         self.last_result: Optional[CollageResult] = None
         #: Rivals the last final comparison left out: name -> why (see :func:`file_twins`).
         self.left_out: Dict[str, str] = {}
+        self._unreachable: Dict[str, Dict[str, int]] = {}
 
     def run(self, mod: tvm.IRModule) -> CollageResult:
         report = Reporter(self.progress)
@@ -470,6 +471,7 @@ class _Partitioner:
         before = _stats(estimator)
         partial = []
         self.left_out = {}
+        self._unreachable = unreachable_ops(graph, cands, self.toolchains)
         costed = sum(1 for c in cands if not c.host)
         report("estimate", 0, costed)
         interleaved = _interleaved_search(estimator, graph, cands, by_name, deadline)
@@ -625,7 +627,7 @@ class _Partitioner:
             result.chosen, prepared, measured_ms, validation.trials, validation.side_by_side,
             answer, final, counts, bool(partial), "; ".join(partial), not_compared, mix_partitions,
             validation.measured_of(result), self.error_budget, errors, steps,
-            unreachable_ops(graph, cands, self.toolchains), list(validation.skipped), crossing,
+            self._unreachable, list(validation.skipped), crossing,
             dict(self.left_out) if final is not None else {})
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
@@ -646,13 +648,14 @@ class _Partitioner:
         """The final comparison's rivals of the mix: each of ``toolchains`` alone and, given the user's
         file, each runtime on it; a toolchain alone that is its runtime on the file by another name
         (:func:`file_twins`) is left out, why in :attr:`left_out`."""
-        singles = single_toolchain_modules(prepared, toolchains)
-        if self.original is not None:
-            singles.update(original_modules(prepared, self.original, toolchains))
-        by_name = {tc.name: tc for tc in toolchains}
-        self.left_out = {alone: f"the same runtime on every operator as {on_file}"
-                         for alone, on_file in file_twins(singles, by_name).items()}
-        return {name: mod for name, mod in singles.items() if name not in self.left_out}
+        on_file = original_modules(prepared, self.original, toolchains) if self.original is not None else {}
+        self.left_out = {alone: f"the same runtime on every operator as {twin}"
+                         for alone, twin in file_twins(toolchains, on_file, self._unreachable).items()}
+        # Not even built: BYOC's greedy partitioning matches 50 patterns over the model (DenseNet-121: 5-6 s each).
+        singles = single_toolchain_modules(prepared, [tc for tc in toolchains
+                                                      if f"{tc.name} alone" not in self.left_out])
+        singles.update(on_file)
+        return singles
 
     def _compare(self, mix: tvm.IRModule, singles: Dict[str, tvm.IRModule], toolchains: Sequence[Toolchain],
                  sampler, budget_s: float, report: Reporter, check: Optional[ErrorCheck] = None,
@@ -966,30 +969,26 @@ def original_modules(prepared: tvm.IRModule, path: str, toolchains: Sequence[Too
     return out
 
 
-def file_twins(singles: Mapping[str, tvm.IRModule], toolchains: Mapping[str, Toolchain]) -> Dict[str, str]:
-    """``"<name> alone"`` -> ``"<name> on the file"`` for each toolchain whose greedy partitioning takes every
-    operator of the model into one partition while the same runtime also runs the user's file.
+def file_twins(toolchains: Sequence[Toolchain], on_file: Iterable[str],
+               unreachable: Mapping[str, Mapping[str, int]]) -> Dict[str, str]:
+    """``"<name> alone"`` -> ``"<name> on the file"`` for each toolchain other than TVM that takes every
+    operator of the model (none in ``unreachable``, see :func:`unreachable_ops`) while the same runtime
+    runs the user's file (``on_file``: the names :func:`original_modules` gave).
 
-    Both then run one runtime on the same operators, one from the file and one from Collage's export of
-    it: timed side by side they differ by noise and keep the final comparison going to its budget's end
-    (DenseNet-121 on Zen 4: 18 rounds, 63 s, x0.991 [0.929, 1.029]). The file is what the user runs and
-    what the answer must not be slower than, so it stays and the export goes.
+    Its greedy partitioning is then one partition of the whole model: the same runtime on the same operators
+    as on the file, from Collage's export of it. Timed side by side the two differ by noise and kept the
+    final comparison going to its budget's end (DenseNet-121 on Zen 4: 18 rounds, 63 s, x0.991 [0.929,
+    1.029]). The file is what the user runs and what the answer must not be slower than: it stays.
 
     Examples
     --------
-    >>> from tvm_tcutils.models import load_model
-    >>> file_twins(single_toolchain_modules(prepare(*load_model("mlp")), resolve("tvm")), {"tvm": TVM})
-    {}
+    >>> chains = resolve("tvm,ort,openvino")
+    >>> file_twins(chains, ["ort on the file", "openvino on the file"], {"openvino": {"nn.lrn": 2}})
+    {'ort alone': 'ort on the file'}
     """
-    out = {}
-    for name, tc in toolchains.items():
-        alone, on_file = f"{name} alone", f"{name}{ON_THE_FILE}"
-        if tc.is_tvm or alone not in singles or on_file not in singles:
-            continue
-        parts = module_partitions(singles[alone], toolchains)
-        if len(parts) == 1 and parts[0].toolchain == name:
-            out[alone] = on_file
-    return out
+    names = set(on_file)
+    return {f"{tc.name} alone": f"{tc.name}{ON_THE_FILE}" for tc in toolchains
+            if not tc.is_tvm and f"{tc.name}{ON_THE_FILE}" in names and not unreachable.get(tc.name)}
 
 
 def module_partitions(mod: tvm.IRModule, toolchains: Mapping[str, Toolchain],
