@@ -114,5 +114,6 @@ def test_whole_models_are_validated_and_compared_on_the_servers(rpc_cluster, tmp
     assert result.final is not None and result.not_compared == ""
     assert result.answer in result.final.timings and "tvm alone" in result.final.timings
     assert all(t.samples_ms for t in result.final.timings.values())
-    # Candidates, then whole modules (validation and the final comparison) were loaded there.
-    assert loaded > est.stats["measured"] + len(result.final.timings), loaded
+    # Candidates, then whole modules (validation's, where the mix has more than one partition outside TVM,
+    # and the final comparison's) were loaded there.
+    assert loaded >= est.stats["measured"] + len(result.final.timings) + len(result.trials), loaded
