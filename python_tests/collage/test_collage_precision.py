@@ -203,6 +203,18 @@ def test_lossy_toolchain_alone_over_budget_does_not_compete():
     assert FAST <= set(_op_names(loose.mod["main"]))
 
 
+def test_a_mix_in_tvm_alone_is_validated_only_under_an_error_budget():
+    # Fast math on the softmax only: the mix has no partition outside TVM. Without a budget the final
+    # comparison times it anyway and validation builds nothing; under one, validation's learned crossing
+    # cost steers the budget's re-searches, so it runs as before.
+    costs = {"tvm": COSTS["tvm"], "tvm-fastmath": {"nn.softmax": 1.0, "exp": 5.0, "*": 1.0}}
+    free = partition(two_branches(), None, "tvm,tvm-fastmath", _TimedMock(costs), progress=False, compare_budget_s=5)
+    budgeted = partition(two_branches(), None, "tvm,tvm-fastmath", _TimedMock(costs), progress=False,
+                         error_budget=1e-3, compare_budget_s=5)
+    assert free.trials == [] and free.final is not None
+    assert budgeted.trials and budgeted.trials[0][0] == "collage"
+
+
 def test_openvino_bf16_per_partition_under_budget():
     ov = known().get("openvino-bf16")
     ok, reason = ov.availability() if ov is not None else (False, "unknown")

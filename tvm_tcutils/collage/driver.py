@@ -550,8 +550,11 @@ class _Partitioner:
         # Re-searched with a learned crossing cost, a mix with one partition outside TVM comes back as it is
         # or as TVM alone (any other answer crosses at least as often and was estimated slower): the final
         # comparison times both, so validation would only build and time the mix once more (DenseNet-121,
-        # OpenVINO's maximal region: 83 s).
-        once = comparing and sum(1 for c in result.chosen if not c.host and not by_name[c.toolchain].is_tvm) <= 1
+        # OpenVINO's maximal region: 83 s). Under an error budget its learned crossing cost still steers the
+        # budget's re-searches (see below): validated as before.
+        budgeted = self.error_budget is not None and any(tc.lossy for tc in self.toolchains)
+        once = comparing and not budgeted and sum(
+            1 for c in result.chosen if not c.host and not by_name[c.toolchain].is_tvm) <= 1
         result = validation.run(result, 0 if once else self.validate_rounds, *rivals, retime=not comparing)
         if timer is not None:
             report("validate", 1, 1)
@@ -563,7 +566,7 @@ class _Partitioner:
         errors: Dict[str, float] = {}
         steps: List = []
         check = None
-        if self.error_budget is not None and any(tc.lossy for tc in self.toolchains):
+        if budgeted:
             start = time.perf_counter()
             report("precision", 0, 1)
             check = ErrorCheck(prepared, self._inputs)
