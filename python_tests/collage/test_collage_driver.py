@@ -20,7 +20,7 @@ from tvm_tcutils.collage import (  # noqa: E402
 )
 from tvm_tcutils.collage.driver import greedy_partition, prepare  # noqa: E402
 
-from conftest import counted_relay_builds  # noqa: E402
+from conftest import counted_relay_builds, op_names  # noqa: E402
 from test_collage_rules import conv_bias_relu_net  # noqa: E402
 
 
@@ -144,6 +144,23 @@ def test_bad_input():
         MockCostEstimator([1.0])
     with pytest.raises(ValueError, match="executor must be one of"):
         build_partitioned(elementwise_net(), executor="aot")
+
+
+def test_greedy_partitioning_tries_only_the_patterns_that_can_match(monkeypatch):
+    # The package's runtimes have one pattern per operator they convert: those of operators the model does
+    # not call are dropped before MergeComposite, and the partitioning is the same.
+    import tvm_tcutils.collage.driver as driver_module
+
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    tried = []
+    merge = relay.transform.MergeComposite
+    monkeypatch.setattr(relay.transform, "MergeComposite", lambda entries: tried.append(len(entries)) or merge(entries))
+    mod = conv_bias_relu_net()
+    kept = greedy_partition(mod, None, "ort")
+    monkeypatch.setattr(driver_module, "_matchable", lambda entries, _: entries)
+    every = greedy_partition(mod, None, "ort")
+    assert tvm.ir.structural_equal(kept, every, map_free_vars=True)
+    assert 0 < tried[0] <= len(set(op_names(mod["main"]))) < 10 < tried[1], tried
 
 
 def test_greedy_byoc_partitioning_is_always_a_choice():
