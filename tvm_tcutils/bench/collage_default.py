@@ -193,9 +193,9 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
         if final.ratio is not None:
             row["answer_vs_best_single"] = [final.ratio.value, final.ratio.low, final.ratio.high]
             # The ratio's other side: the best single against the mix, else the runner-up (no mix timed).
-            timed = sorted((t.median_ms, name) for name, t in final.timings.items()
-                           if t.samples_ms and name not in (final.mix, final.best_single))
-            row["ratio_of"] = final.best_single if final.mix is not None else (timed[0][1] if timed else None)
+            row["ratio_of"] = final.best_single if final.mix is not None else min(
+                (name for name, t in final.timings.items() if t.samples_ms and name != final.best_single),
+                key=lambda name: final.timings[name].median_ms, default=None)
             row["confidence"] = final.ratio.confidence
     return row
 

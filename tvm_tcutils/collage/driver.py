@@ -429,7 +429,6 @@ class _Partitioner:
         self.last_result: Optional[CollageResult] = None
         #: Rivals the last final comparison left out: name -> why (see :func:`file_twins`).
         self.left_out: Dict[str, str] = {}
-        self._unreachable: Dict[str, Dict[str, int]] = {}
 
     def run(self, mod: tvm.IRModule) -> CollageResult:
         report = Reporter(self.progress)
@@ -471,7 +470,7 @@ class _Partitioner:
         before = _stats(estimator)
         partial = []
         self.left_out = {}
-        self._unreachable = unreachable_ops(graph, cands, self.toolchains)
+        unreachable = unreachable_ops(graph, cands, self.toolchains)
         costed = sum(1 for c in cands if not c.host)
         report("estimate", 0, costed)
         interleaved = _interleaved_search(estimator, graph, cands, by_name, deadline)
@@ -536,7 +535,7 @@ class _Partitioner:
         # built whole for the final comparison.
         runnable = [tc for tc in self.toolchains if tc.is_tvm or any(
             c.toolchain == tc.name and math.isfinite(x) for c, x in zip(cands, costs))]
-        singles = self._singles(prepared, runnable) if comparing else {}
+        singles = self._singles(prepared, runnable, unreachable) if comparing else {}
         prebuild = getattr(sampler, "prebuild", None)
         if comparing and callable(prebuild) and self.error_budget is None:
             # The comparison's whole models build on the second core while validation builds its mixes on
@@ -553,8 +552,7 @@ class _Partitioner:
         # OpenVINO's maximal region: 83 s). Under an error budget its learned crossing cost still steers the
         # budget's re-searches (see below): validated as before.
         budgeted = self.error_budget is not None and any(tc.lossy for tc in self.toolchains)
-        once = comparing and not budgeted and sum(
-            1 for c in result.chosen if not c.host and not by_name[c.toolchain].is_tvm) <= 1
+        once = comparing and not budgeted and validation.crossings(result) <= 1
         result = validation.run(result, 0 if once else self.validate_rounds, *rivals, retime=not comparing)
         if timer is not None:
             report("validate", 1, 1)
@@ -596,7 +594,7 @@ class _Partitioner:
                 start = time.perf_counter()
                 # A remote timer holds one server for the whole comparison (its modules side by side).
                 session = getattr(timer, "session", None)
-                singles = singles or self._singles(prepared, runnable)
+                singles = singles or self._singles(prepared, runnable, unreachable)
                 # The answer is a toolchain's maximal region: its BYOC module (or, where that was left out as
                 # the same runtime on every operator, the runtime on the user's file) is the same partitioning
                 # built another way, which the comparison times anyway. Timed twice, the two cannot be told
@@ -630,7 +628,7 @@ class _Partitioner:
             result.chosen, prepared, measured_ms, validation.trials, validation.side_by_side,
             answer, final, counts, bool(partial), "; ".join(partial), not_compared, mix_partitions,
             validation.measured_of(result), self.error_budget, errors, steps,
-            self._unreachable, list(validation.skipped), crossing,
+            unreachable, list(validation.skipped), crossing,
             dict(self.left_out) if final is not None else {})
         logger.info("Collage: %d candidates, %d partitions, estimated %.3f ms (%s)", len(cands),
                     len(partitions), result.cost, ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
@@ -647,13 +645,14 @@ class _Partitioner:
         )
         return next((reason for failed, reason in reasons if failed), "")
 
-    def _singles(self, prepared: tvm.IRModule, toolchains: Sequence[Toolchain]) -> Dict[str, tvm.IRModule]:
+    def _singles(self, prepared: tvm.IRModule, toolchains: Sequence[Toolchain],
+                 unreachable: Mapping[str, Mapping[str, int]]) -> Dict[str, tvm.IRModule]:
         """The final comparison's rivals of the mix: each of ``toolchains`` alone and, given the user's
         file, each runtime on it; a toolchain alone that is its runtime on the file by another name
-        (:func:`file_twins`) is left out, why in :attr:`left_out`."""
+        (:func:`file_twins` of ``unreachable``) is left out, why in :attr:`left_out`."""
         on_file = original_modules(prepared, self.original, toolchains) if self.original is not None else {}
         self.left_out = {alone: f"the same runtime on every operator as {twin}"
-                         for alone, twin in file_twins(toolchains, on_file, self._unreachable).items()}
+                         for alone, twin in file_twins(toolchains, on_file, unreachable).items()}
         # Not even built: BYOC's greedy partitioning matches 50 patterns over the model (DenseNet-121: 5-6 s each).
         singles = single_toolchain_modules(prepared, [tc for tc in toolchains
                                                       if f"{tc.name} alone" not in self.left_out])
@@ -994,6 +993,14 @@ def file_twins(toolchains: Sequence[Toolchain], on_file: Iterable[str],
             if not tc.is_tvm and f"{tc.name}{ON_THE_FILE}" in names and not unreachable.get(tc.name)}
 
 
+def _called_ops(func: relay.Function) -> List[str]:
+    """The names of the operators ``func`` calls, a name per call, in post order."""
+    found: List[str] = []
+    relay.analysis.post_order_visit(func, lambda e: found.append(e.op.name) if isinstance(
+        e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    return found
+
+
 def module_partitions(mod: tvm.IRModule, toolchains: Mapping[str, Toolchain],
                       lowering: Optional[str] = None) -> List[Partition]:
     """The partitions of a partitioned module: one per ``Compiler`` function, and TVM's ``main``.
@@ -1014,21 +1021,15 @@ def module_partitions(mod: tvm.IRModule, toolchains: Mapping[str, Toolchain],
     if lowering in toolchains and toolchains[lowering].is_tvm:
         tvm_name = lowering
 
-    def ops(func) -> List[str]:
-        found: List[str] = []
-        relay.analysis.post_order_visit(func, lambda e: found.append(e.op.name) if isinstance(
-            e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
-        return found
-
     rows = []
     for gv in sorted(mod.get_global_vars(), key=lambda gv: gv.name_hint):
         compiler = mod[gv].attrs.get("Compiler") if mod[gv].attrs else None
         if gv.name_hint != "main" and compiler:
             name = by_compiler.get(str(compiler), str(compiler))
-            found = ops(mod[gv])
+            found = _called_ops(mod[gv])
             rows.append(Partition(name, found, math.nan, gv.name_hint, f"{name} region",
                                   precision=partition_precision(toolchains.get(name), found)))
-    main_ops = ops(mod["main"])
+    main_ops = _called_ops(mod["main"])
     if main_ops:
         rows.insert(0, Partition(tvm_name, main_ops, math.nan, None, "main",
                                  precision=partition_precision(toolchains.get(tvm_name), main_ops)))
@@ -1085,11 +1086,7 @@ def _matchable(entries: List[tuple], mod: tvm.IRModule) -> List[tuple]:
     """
     from tvm.relay.dataflow_pattern import CallPattern, ExprPattern
 
-    called = set()
-    for func in mod.functions.values():
-        if isinstance(func, relay.Function):
-            relay.analysis.post_order_visit(func, lambda e: called.add(e.op.name) if isinstance(
-                e, relay.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    called = {op for func in mod.functions.values() if isinstance(func, relay.Function) for op in _called_ops(func)}
 
     def root(pattern) -> Optional[str]:
         if isinstance(pattern, CallPattern) and isinstance(pattern.op, ExprPattern) and isinstance(

@@ -170,6 +170,10 @@ class Validation:
     def _external(self, cand: Candidate) -> bool:
         return not cand.host and not self.toolchains[cand.toolchain].is_tvm
 
+    def crossings(self, result: SearchResult) -> int:
+        """How many of ``result``'s partitions run outside TVM (each one a crossing into another toolchain)."""
+        return sum(1 for c in result.chosen if self._external(c))
+
     @staticmethod
     def _key(result: SearchResult) -> frozenset:
         return frozenset((c.toolchain, c.mask, c.composites) for c in result.chosen if not c.host)
@@ -223,7 +227,7 @@ class Validation:
         for _ in range(rounds):
             if self._late():
                 break
-            crossings = sum(1 for c in current.chosen if self._external(c))
+            crossings = self.crossings(current)
             if not crossings:
                 break
             gap = self._measured[self._key(current)] - current.cost
