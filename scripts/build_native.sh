@@ -8,8 +8,10 @@
 #   - a CUDA toolkit: CUDA_PATH, else the PyPI wheels' tree (pip install 'tvm-tcutils[cuda]'), else
 #     /usr/local/cuda;
 #   - the headers of the TVM version installed (the wheel ships its runtime headers only): TVM_SOURCE_DIR
-#     (a source tree of that version), else TVM_SOURCE_ARCHIVE (its .tar.xz), else the project's copy in
-#     ../shared/tvm-cuda/tvm-v<version>-src.tar.xz. Without them it is skipped with a note.
+#     (a source tree of that version), else TVM_SOURCE_ARCHIVE (its source archive), else the project's copy
+#     in ../shared/tvm-cuda/tvm-v<version>-src.tar.xz, else TVM's public release archive, downloaded once
+#     and checked against its pinned SHA-256 (TCUTILS_TVM_SOURCE_URL: another address, such as a mirror).
+#     Without them it is skipped with a one-line note.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${1:-}"
@@ -38,26 +40,29 @@ mkdir -p "$BUILD"
 
 cuda_args=()
 SOURCE="${TVM_SOURCE_DIR:-}"
-if [ -z "$SOURCE" ]; then
-    ARCHIVE="${TVM_SOURCE_ARCHIVE:-$ROOT/../shared/tvm-cuda/tvm-v$TVM_VERSION-src.tar.xz}"
-    if [ -f "$ARCHIVE" ]; then
-        # Only the headers: a few seconds, once per build folder.
-        if [ ! -f "$BUILD/tvm-src/tvm/include/tvm/ir/module.h" ]; then
-            rm -rf "$BUILD/tvm-src" && mkdir -p "$BUILD/tvm-src"
-            tar -xJf "$ARCHIVE" -C "$BUILD/tvm-src" tvm/include tvm/3rdparty/dlpack/include \
-                tvm/3rdparty/dmlc-core/include
-        fi
-        SOURCE="$BUILD/tvm-src/tvm"
-    fi
-fi
 if [ -z "$CUDA_ROOT" ]; then
     echo "note: no CUDA toolkit found: the CUDA plugin is not built (pip install 'tvm-tcutils[cuda]')" >&2
-elif [ -z "$SOURCE" ] || [ ! -f "$SOURCE/include/tvm/ir/module.h" ]; then
-    echo "note: no TVM $TVM_VERSION source headers found: the CUDA plugin is not built (set TVM_SOURCE_DIR)" >&2
 elif [ ! -f "$TVM_DIR/src/target/opt/build_cuda_on.cc" ]; then
     echo "note: the installed TVM ships no CUDA sources (tvm/src/target/opt): the CUDA plugin is not built" >&2
 else
-    cuda_args=(-DTCUTILS_CUDA_ROOT="$CUDA_ROOT" -DTVM_SOURCE_DIR="$SOURCE")
+    if [ -z "$SOURCE" ]; then
+        SOURCE="$BUILD/tvm-src/tvm"
+        if [ ! -f "$SOURCE/include/tvm/ir/module.h" ]; then
+            # Only the headers, once per build folder (seconds): from the archive given or the project's copy,
+            # else TVM's release archive downloaded and checked against its pinned SHA-256 (tvm_tcutils/tvm_source.py).
+            ARCHIVE="${TVM_SOURCE_ARCHIVE:-$ROOT/../shared/tvm-cuda/tvm-v$TVM_VERSION-src.tar.xz}"
+            from=()
+            if [ -f "$ARCHIVE" ]; then from=(--archive "$ARCHIVE"); fi
+            # The module prints its own one-line note when it has no headers to give.
+            (cd "$ROOT" && "$PY" -m tvm_tcutils.tvm_source "$TVM_VERSION" "$BUILD/tvm-src" "${from[@]}" >/dev/null) \
+                || SOURCE=""
+        fi
+    fi
+    if [ -n "$SOURCE" ] && [ -f "$SOURCE/include/tvm/ir/module.h" ]; then
+        cuda_args=(-DTCUTILS_CUDA_ROOT="$CUDA_ROOT" -DTVM_SOURCE_DIR="$SOURCE")
+    elif [ -n "$SOURCE" ]; then
+        echo "note: $SOURCE is not a TVM $TVM_VERSION source tree (no include/tvm/ir/module.h): the CUDA plugin is not built" >&2
+    fi
 fi
 
 # The libraries depend on these inputs alone, so a clean checkout (CI) copies what an identical build
@@ -66,9 +71,10 @@ fi
 CACHE_ROOT="${TCUTILS_NATIVE_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/tvm-tcutils/native}"
 CACHE=""
 if [ -n "$CACHE_ROOT" ]; then
+    # What the headers came from: the tree given, else the checksum of the archive they were unpacked from.
     HEADERS="${TVM_SOURCE_DIR:-}"
-    if [ -z "$HEADERS" ] && [ -n "${ARCHIVE:-}" ] && [ -f "$ARCHIVE" ]; then
-        HEADERS="$(sha256sum "$ARCHIVE" | cut -c1-64)"
+    if [ -z "$HEADERS" ] && [ ${#cuda_args[@]} -gt 0 ]; then
+        HEADERS="$(cat "$SOURCE/.tcutils-archive-sha256" 2>/dev/null || echo "$SOURCE")"
     fi
     KEY="$({
         (cd "$ROOT/cmake" && find . -type d -name 'build*' -prune -o -type f -print | LC_ALL=C sort | xargs cat)
