@@ -60,7 +60,42 @@ def pytest_configure(config):
         os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 
+#: The test files that take longest (seconds of a full run on 2 cores, heaviest first), relative to the
+#: checkout. They are collected first, and scripts/test.sh hands files to its two workers in collection
+#: order (``--dist loadfile --no-loadscope-reorder``): the last files handed out are then short ones, and
+#: neither worker waits idle at the end while the other runs a minute-long file (pytest-xdist's own order,
+#: by the number of tests in a file, put several of these last).
+SLOW_FILES = (
+    "python_tests/collage/test_collage_measured.py",
+    "python_tests/dotprod/test_qdq.py",
+    "python_tests/dotprod/test_hooks.py",
+    "python_tests/tensorcore/test_sass.py",
+    "python_tests/collage/test_collage_memory.py",
+    "python_tests/test_rpc_collage.py",
+    "python_tests/dotprod/test_amx.py",
+    "python_tests/test_doc_snippets.py",
+    "python_tests/test_onnx_quantize_dynamic.py",
+    "python_tests/test_tuning_log.py",
+    "python_tests/tensorcore/test_strategy.py",
+    "python_tests/test_rpc_faults.py",
+    "python_tests/dotprod/test_int8_op_sweep.py",
+    "python_tests/test_invariants.py",
+    "python_tests/dotprod/test_hexagon_model.py",
+    "python_tests/test_onnx_import.py",
+)
+
+
+def _slow_rank(item) -> int:
+    path = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
+    return _SLOW_RANK.get(path, len(SLOW_FILES))
+
+
+_SLOW_RANK = {path: rank for rank, path in enumerate(SLOW_FILES)}
+
+
 def pytest_collection_modifyitems(config, items):
+    # Stable: a file's tests stay together and in their order (module-scoped fixtures are built once).
+    items.sort(key=_slow_rank)
     selected = config.getoption("-m") or ""
     for item in items:
         if item.path.name in FAULT_MODULES:

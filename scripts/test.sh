@@ -26,9 +26,10 @@ lint=0
 tests=0
 # Two processes: the suite is mostly single-threaded compilation (TCUTILS_TEST_WORKERS=0: one process;
 # three were slower on 2 cores). loadfile keeps a file's tests on one worker, so module-scoped fixtures
-# (the int8 sweep) are built once.
+# (the int8 sweep) are built once; files go out in collection order, the slowest first
+# (python_tests/conftest.py: SLOW_FILES).
 workers="${TCUTILS_TEST_WORKERS:-2}"
-"$VENV/bin/python" -m pytest -n "$workers" --dist loadfile "$@" || tests=$?  # testpaths: python_tests and the package's doctests
+"$VENV/bin/python" -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@" || tests=$?  # testpaths: python_tests and the package's doctests
 if [ "$tests" -ne 0 ]; then exit "$tests"; fi
 if [ "$lint" -ne 0 ]; then echo "ruff check failed (see above)" >&2; fi
 exit "$lint"

@@ -231,10 +231,11 @@ def _check_arch(arch: str, number: int, what: str) -> str:
 _BYTE_CAST = r"\((?:signed char|unsigned char|uchar|char)\)"
 _BYTE_ARG = rf"(?:{_BYTE_CAST}[^,()]+|{_BYTE_CAST}\([^()]*\))"
 _BYTE_BROADCAST = re.compile(rf"make_(u?int)([24])\(({_BYTE_ARG}(?:, {_BYTE_ARG})*)\)")
+_GNU_ASM = re.compile(r"\b__asm__\s+__volatile__\s*\(")
 
 
 def repair_source(code: str) -> str:
-    """TVM's generated CUDA with its 8-bit vector broadcasts written so that nvcc and NVRTC accept them.
+    """TVM's generated CUDA with its 8-bit vector broadcasts and inline assembly written so that NVRTC accepts them.
 
     TVM 0.19 prints ``int8x16`` zero fills as ``make_int4`` with sixteen
     ``(signed char)0`` arguments, ``uint8x16`` ones as ``make_uint4`` with sixteen
@@ -253,6 +254,8 @@ def repair_source(code: str) -> str:
     'v = make_uint2(0xc8c8c8c8, 0xc8c8c8c8);'
     >>> repair_source("y = make_int4(a, b, c, d);")
     'y = make_int4(a, b, c, d);'
+    >>> repair_source('__asm__ __volatile__("cp.async.commit_group;");')
+    'asm volatile("cp.async.commit_group;");'
     """
 
     def _word(match: "re.Match[str]") -> str:
@@ -268,7 +271,9 @@ def repair_source(code: str) -> str:
         word = f"({kind})({word})" if kind == "int" else word
         return f"make_{kind}{words}(" + ", ".join([word] * words) + ")"
 
-    return _BYTE_BROADCAST.sub(_word, code)
+    # NVRTC knows inline assembly only as ``asm``: TVM's cp.async and barrier helpers print the GNU
+    # spelling ``__asm__ __volatile__`` ("identifier __asm__ is undefined"); nvcc takes both.
+    return _GNU_ASM.sub("asm volatile(", _BYTE_BROADCAST.sub(_word, code))
 
 
 def compile_cuda(code: str, target: Union[str, "tvm.target.Target", None] = None) -> bytearray:
