@@ -30,13 +30,20 @@ def _no_gpu():
         pytest.skip("this machine has a GPU: the rehearsal is for machines without one")
 
 
-@pytest.mark.parametrize("shape", [(32, 64, 128), (8, 32, 64)])
-def test_dense_rehearsal_builds_each_kernel_and_times_nothing(results, shape):
+@pytest.mark.parametrize("shape, arch, kernels", [
+    ((32, 64, 128), "sm_80", ["tcutils"]),  # no mma tiling fits K = 128 with three stages
+    ((8, 32, 64), "sm_80", ["tcutils"]),
+    ((128, 256, 512), "sm_90", ["mma", "tcutils"]),
+    ((128, 256, 512), "sm_75", ["tcutils"]),  # no int8 m16n8k32 before sm_80
+])
+def test_dense_rehearsal_builds_each_kernel_and_times_nothing(results, shape, arch, kernels):
     _no_gpu()
-    gpu_check.dense(results, "sm_80", shapes=[shape])
+    gpu_check.dense(results, arch, shapes=[shape])
     (row,) = results.rows
-    assert row["rehearsal"] and (row["m"], row["n"], row["k"]) == shape
-    assert not any(key in row for key in ("tcutils", "cublaslt"))
+    assert row["rehearsal"] and (row["m"], row["n"], row["k"]) == shape and row["kernels"] == kernels
+    assert not any(key in row for key in ("tcutils", "cublaslt", "mma"))
+    if "mma" in kernels:
+        assert row["mma_tiles"]["stages"] >= 2
 
 
 def test_int4_cast_rehearsal_builds_the_round_trip(results):
@@ -79,12 +86,18 @@ def test_markdown_tables_come_from_the_json(results, tmp_path):
     timing = {"median_ms": 2.0, "min_ms": 2.0, "spread": 0.0, "samples_ms": [2.0]}
     ratio = {"value": 0.5, "low": 0.4, "high": 0.6, "confidence": 0.95}
     results.add(part="dense", m=128, n=256, k=512, peak_tops=100.0, tcutils=timing, cublaslt=timing,
-                tcutils_tops=0.03, cublaslt_tops=0.03, cublaslt_over_tcutils=ratio)
+                tcutils_tops=0.03, cublaslt_tops=0.03, cublaslt_over_tcutils=ratio, exact=True)
+    results.add(part="dense", m=256, n=256, k=512, peak_tops=100.0, tcutils=timing, cublaslt=timing, mma=timing,
+                tcutils_tops=0.07, cublaslt_tops=0.07, mma_tops=0.07, cublaslt_over_tcutils=ratio,
+                cublaslt_over_mma=ratio, exact=True, mma_exact=False)
     results.add(part="tune", model="dense", template="t.cuda", tasks=1, tasks_tuned=1, new_trials=16, tune_s=50.0,
                 untuned=timing, tuned=timing, untuned_over_tuned=ratio, max_abs_diff=0.0)
     path = results.write(str(tmp_path / "g.json"))
     table = gpu_check.markdown(json.load(open(path)))
-    assert "| 128 x 256 x 512 | 2.000 (0) | 2.000 (0) | x0.50 [0.40, 0.60] | 100 | 0.0 |" in table
+    assert "| 128 x 256 x 512 | 2.000 (0) | - | 2.000 (0) | x0.50 [0.40, 0.60] | - | 100 | 0.0 / - | yes / - |" \
+        in table
+    assert ("| 256 x 256 x 512 | 2.000 (0) | 2.000 (0) | 2.000 (0) | x0.50 [0.40, 0.60] | x0.50 [0.40, 0.60] | 100 "
+            "| 0.1 / 0.1 | yes / NO |") in table
     assert "| int8 dense 4096 x 4096 x 4096 (`t.cuda`) | 1 of 1 | 16 (50) | 2.000 | 2.000 | x0.50 [0.40, 0.60] | 0 |" \
         in table
 

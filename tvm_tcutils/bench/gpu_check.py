@@ -410,9 +410,27 @@ class TorchWorker:
             self.proc.wait(timeout=30)
 
 
+def _mma_task(m: int, n: int, k: int, arch: str):
+    """The sm_80+ mma kernel's AutoTVM task for ``m x n x k`` and its fallback tiling; None where none fits."""
+    from tvm import te
+
+    from ..tensorcore.topi import mma_gemm
+
+    tiles = mma_gemm.fallback_tiles(m, n, k, mma_gemm.arch_number(arch))
+    if tiles is None:
+        return None
+    args = (te.placeholder((m, k), "int8"), te.placeholder((n, k), "int8"), "int32")
+    return autotvm.task.create(mma_gemm.TASK, args, tvm.target.Target(f"cuda -arch={arch}")), tiles
+
+
 def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, int]] = DENSE_SHAPES,
           torch_python: str = "python3") -> None:
-    """The package's int8 dense (fallback config) against cuBLASLt (torch._int_mm) and the peak."""
+    """The package's int8 dense kernels (fallback configs) against cuBLASLt (torch._int_mm) and the peak.
+
+    Two kernels of the package: the WMMA template (``tcutils``) and, on sm_80 and newer where a tiling
+    fits, the mma.sync/ldmatrix/cp.async one (``mma``, :mod:`~tvm_tcutils.tensorcore.topi.mma_gemm`).
+    Each is checked bit-exact against numpy (``exact``, ``mma_exact``) before it is timed.
+    """
     from tvm import te
 
     from ..tensorcore.topi import dense as tc_dense
@@ -427,20 +445,28 @@ def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, 
         for m, n, k in shapes:
             row: Dict[str, object] = {"part": "dense", "m": m, "n": n, "k": k, "peak_tops": peak}
             args = (te.placeholder((m, k), "int8"), te.placeholder((n, k), "int8"), "int32")
-            func, tensors = _task_function(autotvm.task.create(tc_dense.TASK, args, target), target)
+            kernels = {"tcutils": _task_function(autotvm.task.create(tc_dense.TASK, args, target), target)}
+            mma = _mma_task(m, n, k, arch)
+            if mma is not None:
+                kernels["mma"] = _task_function(mma[0], target)
+                row["mma_tiles"] = dict(mma[1]._asdict())
             if not present:
                 row["rehearsal"] = True
+                row["kernels"] = sorted(kernels)
                 results.add(**row)
                 continue
             dev = tvm.cuda(0)
             arrays = [rng.integers(-128, 128, size=(m, k)).astype("int8"),
                       rng.integers(-128, 128, size=(n, k)).astype("int8")]
-            call_args = task_arguments(tensors, arrays, dev)
             want = arrays[0].astype(np.int64) @ arrays[1].astype(np.int64).T if m * n * k <= 2 ** 31 else None
-            func(*call_args)
-            if want is not None:
-                row["exact"] = bool(np.array_equal(call_args[0].numpy(), want))
-            timers = {"tcutils": _kernel_sample(func, call_args, dev, 20)}
+            timers = {}
+            for key, (func, tensors) in kernels.items():
+                call_args = task_arguments(tensors, arrays, dev)
+                func(*call_args)
+                if want is not None:
+                    row["exact" if key == "tcutils" else f"{key}_exact"] = bool(np.array_equal(call_args[0].numpy(),
+                                                                                               want))
+                timers[key] = _kernel_sample(func, call_args, dev, 20)
             if worker is not None:
                 timers["cublaslt"] = lambda m=m, n=n, k=k: worker.sample(m, n, k, 20)
             timings = interleave(timers, rounds)
@@ -448,8 +474,9 @@ def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, 
             for key, timing in timings.items():
                 if timing.samples_ms:
                     row[f"{key}_tops"] = 2 * m * n * k / (timing.median_ms * 1e-3) / 1e12
-            if all(t.samples_ms for t in timings.values()) and len(timings) == 2:
-                row["cublaslt_over_tcutils"] = ratio(timings["cublaslt"], timings["tcutils"])
+            for key in kernels:
+                if "cublaslt" in timings and timings["cublaslt"].samples_ms and timings[key].samples_ms:
+                    row[f"cublaslt_over_{key}"] = ratio(timings["cublaslt"], timings[key])
             results.add(**row)
             print(f"dense {m}x{n}x{k}: " + ", ".join(f"{key} {t.median_ms:.4f} ms ({row.get(key + '_tops', 0):.0f} "
                                                      f"TOPS)" for key, t in timings.items() if t.samples_ms)
@@ -458,7 +485,7 @@ def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, 
         if worker is not None:
             worker.close()
     if not present:
-        print(f"rehearsal: {len(shapes)} dense kernels built; timing needs a GPU", flush=True)
+        print(f"rehearsal: the dense kernels of {len(shapes)} shapes built; timing needs a GPU", flush=True)
 
 
 def wait_for_file(path: Optional[str], timeout_s: float = 600.0) -> Callable[[], None]:
@@ -475,7 +502,8 @@ def wait_for_file(path: Optional[str], timeout_s: float = 600.0) -> Callable[[],
 def summary(rows: List[dict]) -> Dict[str, object]:
     """Geometric means of the ratios (>1: the package is faster), for the docs' headline."""
     out: Dict[str, object] = {}
-    for part, key in (("layers", "tvm_over_tcutils"), ("dense", "cublaslt_over_tcutils")):
+    for part, key in (("layers", "tvm_over_tcutils"), ("dense", "cublaslt_over_tcutils"),
+                      ("dense", "cublaslt_over_mma")):
         values = [r[key].value for r in rows if r.get("part") == part and key in r]
         if values:
             out[f"{part}_geomean_{key}"] = float(np.exp(np.mean(np.log(values))))
@@ -529,13 +557,22 @@ def markdown(payload: dict) -> str:
               _ms(r.get("tcutils")), _ratio(r.get("tvm_over_tcutils")), f"{r['gops']:.1f}"] for r in layer_rows]))
     dense_rows = [r for r in rows if r.get("part") == "dense" and "tcutils" in r]
     if dense_rows:
+        def timed(r: dict, key: str) -> str:
+            return f"{_ms(r.get(key))} ({r.get(key + '_tops', 0):.0f})" if r.get(key) else "-"
+
+        def of_peak(r: dict, key: str) -> str:
+            return f"{100 * r.get(key + '_tops', 0) / r['peak_tops']:.1f}" if r.get("peak_tops") and r.get(key) else "-"
+
+        def exact(r: dict) -> str:
+            return " / ".join({True: "yes", False: "NO"}.get(r.get(key), "-") for key in ("exact", "mma_exact"))
+
         parts.append(table(
-            ["M x N x K", "tvm-tcutils ms (TOPS)", "cuBLASLt ms (TOPS)", "cuBLASLt / tcutils", "peak TOPS",
-             "tcutils % of peak"],
-            [[f"{r['m']} x {r['n']} x {r['k']}", f"{_ms(r.get('tcutils'))} ({r.get('tcutils_tops', 0):.0f})",
-              f"{_ms(r.get('cublaslt'))} ({r.get('cublaslt_tops', 0):.0f})", _ratio(r.get("cublaslt_over_tcutils")),
+            ["M x N x K", "WMMA ms (TOPS)", "mma ms (TOPS)", "cuBLASLt ms (TOPS)", "cuBLASLt / WMMA",
+             "cuBLASLt / mma", "peak TOPS", "WMMA / mma % of peak", "bit-exact WMMA / mma"],
+            [[f"{r['m']} x {r['n']} x {r['k']}", timed(r, "tcutils"), timed(r, "mma"), timed(r, "cublaslt"),
+              _ratio(r.get("cublaslt_over_tcutils")), _ratio(r.get("cublaslt_over_mma")),
               f"{r['peak_tops']:.0f}" if r.get("peak_tops") else "-",
-              f"{100 * r.get('tcutils_tops', 0) / r['peak_tops']:.1f}" if r.get("peak_tops") else "-"]
+              f"{of_peak(r, 'tcutils')} / {of_peak(r, 'mma')}", exact(r)]
              for r in dense_rows]))
     tune_rows = [r for r in rows if r.get("part") == "tune" and "tuned" in r]
     if tune_rows:

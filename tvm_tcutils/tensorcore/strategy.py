@@ -2,12 +2,16 @@
 
 What :func:`hooks` declares (all for the ``cuda``/``gpu`` target keys):
 
-* AutoTVM templates ``tcutils.conv2d_hwnc_tensorcore.cuda`` and
-  ``tcutils.dense_tensorcore.cuda``;
+* AutoTVM templates ``tcutils.conv2d_hwnc_tensorcore.cuda``,
+  ``tcutils.dense_tensorcore.cuda`` and ``tcutils.dense_mma.cuda`` (the sm_80+
+  int8 GEMM of :mod:`.topi.mma_gemm`);
 * strategy rows: ``nn.conv2d`` in HWNC layout and ``nn.dense``, both with
   int4/uint4/int8/uint8 operands and int32 output, when
   :func:`tvm_tcutils.tensorcore.rules.hwnc_conv2d_qualifies` says so and a
   WMMA tile fits the sizes exactly;
+* a strategy row for int8 ``nn.dense`` on :mod:`.topi.mma_gemm`'s kernel, above
+  the WMMA row, for the architectures of :data:`MMA_VERIFIED_ARCHS` only (those
+  where the GPU check ran it bit-exact) and sizes one of its tilings fits;
 * ``FTVMLegalize`` for ``nn.conv2d``: an HWNC layer that qualifies but whose
   batch or channels do not fit a WMMA tile is zero-padded to the verdict's
   sizes (and its output sliced); an HWNC layer that does not qualify (channel
@@ -49,19 +53,25 @@ from tvm import autotvm, relay, te
 from tvm.relay.op.strategy.generic import wrap_compute_conv2d, wrap_topi_schedule
 from tvm.topi.utils import get_const_tuple
 
-from .. import cuda_subbyte, registry
+from .. import cuda, cuda_subbyte, registry
 from .rules import (  # noqa: F401  (the setting, re-exported beside the hooks it steers)
     DEFAULT_PAD_FRACTION, Verdict, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
     set_max_pad_fraction, unsupported_reason,
 )
-from .topi import conv2d_hwnc, dense, wmma
+from .topi import conv2d_hwnc, dense, mma_gemm, wmma
 
 logger = logging.getLogger("tvm_tcutils.tensorcore")
 
 TARGETS = ("cuda", "gpu")
 CONV2D_IMPL = "tcutils.conv2d_hwnc_tensorcore.cuda"
 DENSE_IMPL = "tcutils.dense_tensorcore.cuda"
+MMA_DENSE_IMPL = "tcutils.dense_mma.cuda"
 _PLEVEL = 25  # above TVM's own tensor-core rows (20)
+
+#: Architectures on which ``relay.build`` takes the mma int8 dense kernel (:mod:`.topi.mma_gemm`): those
+#: where ``scripts/gpu_check.sh`` ran it bit-exact against numpy on a GPU. It compiles, and its SASS is
+#: checked, for every sm_80+ arch on any machine; until a GPU has run it an arch keeps the WMMA kernel.
+MMA_VERIFIED_ARCHS: frozenset = frozenset()
 # The conv2d row is exclusive: TVM's own HWNC row comes with an alter-op that
 # asserts a local GPU (``tvm.cuda(0).compute_version``), so a tuning log that
 # preferred it would crash compilation on a GPU-less build machine; one row
@@ -136,6 +146,25 @@ def _dense_applies(attrs, inputs, out_type, target) -> bool:
     return _fits_as_is(verdict, sizes)
 
 
+def _mma_dense_applies(attrs, inputs, out_type, target) -> bool:
+    data, weight = inputs
+    if data.dtype != "int8" or weight.dtype != "int8" or _out_dtype(attrs, "int32") != "int32":
+        return False
+    if len(data.shape) != 2 or len(weight.shape) != 2:
+        return False
+    sizes = (*get_const_tuple(data.shape), get_const_tuple(weight.shape)[0])
+    if not all(isinstance(v, int) for v in sizes):
+        return False
+    try:
+        number = mma_gemm.arch_number(cuda.target_arch(target))
+    except ValueError:
+        return False  # no arch to ask or an old one: the WMMA row and TVM's decide
+    if f"sm_{number}" not in MMA_VERIFIED_ARCHS:
+        return False
+    m, k, n = sizes
+    return mma_gemm.fallback_tiles(m, n, k, number) is not None
+
+
 # --------------------------------------------------------------------------
 # Strategy rows (templates are looked up when the strategy runs).
 # --------------------------------------------------------------------------
@@ -146,6 +175,10 @@ def _conv2d_compute(attrs, inputs, out_type):
 def _dense_compute(attrs, inputs, out_type):
     compute = registry.template(dense.TASK)[0]
     return [compute(inputs[0], inputs[1], _out_dtype(attrs, inputs[0].dtype))]
+
+
+def _mma_dense_compute(attrs, inputs, out_type):
+    return [registry.template(mma_gemm.TASK)[0](inputs[0], inputs[1], "int32")]
 
 
 def _schedule_of(task: str):
@@ -346,6 +379,10 @@ def hooks() -> List[registry.Hook]:
         registry.autotvm_template(
             dense.TASK, dense.dense_template, dense.schedule_dense, "dense on int4/int8 tensor cores"
         ),
+        registry.autotvm_template(
+            mma_gemm.TASK, mma_gemm.dense_template, mma_gemm.schedule_dense,
+            "int8 dense on sm_80+ tensor cores (mma.sync m16n8k32, ldmatrix, cp.async pipeline)",
+        ),
         registry.strategy(
             "nn.conv2d",
             [registry.StrategyImpl(CONV2D_IMPL, _conv2d_compute, _schedule_of(conv2d_hwnc.TASK),
@@ -355,7 +392,9 @@ def hooks() -> List[registry.Hook]:
         registry.strategy(
             "nn.dense",
             [registry.StrategyImpl(DENSE_IMPL, _dense_compute, _schedule_of(dense.TASK),
-                                   _dense_applies, plevel=_PLEVEL)],
+                                   _dense_applies, plevel=_PLEVEL),
+             registry.StrategyImpl(MMA_DENSE_IMPL, _mma_dense_compute, _schedule_of(mma_gemm.TASK),
+                                   _mma_dense_applies, plevel=_PLEVEL + 1)],
             targets=TARGETS,
         ),
         registry.op_attr("nn.conv2d", "FTVMLegalize", _legalize_conv2d, targets=TARGETS),

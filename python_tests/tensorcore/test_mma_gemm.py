@@ -1,0 +1,189 @@
+"""The sm_80+ int8 GEMM (mma.sync m16n8k32, ldmatrix, cp.async pipeline): tilings, errors, machine code, wiring.
+
+No GPU is needed: the kernels are compiled by the package's CUDA plugin and their
+SASS read back (as in test_sass.py). What the SASS must show for every arch from
+sm_80 on: the m16n8k32 integer MMA (``IMMA.16832.S8.S8``) and never the WMMA
+kernels' ``IMMA.16816``, ``ldmatrix.x4`` (``LDSM.16.M88.4``), the asynchronous
+global-to-shared copies (``LDGSTS``) and their waits (``DEPBAR``), no local
+memory and no stack. The numbers (bit-exact against numpy, TOPS against
+cuBLASLt) come from ``scripts/gpu_check.sh`` on a GPU.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+import tvm
+from tvm import autotvm, relay, te
+
+from tvm_tcutils import cuda
+from tvm_tcutils.tensorcore import strategy
+from tvm_tcutils.tensorcore.topi import mma_gemm
+
+_STATUS = cuda.status()
+
+
+def needs_codegen(test):
+    """Skip ``test`` (with the reason) where CUDA cannot be compiled or its SASS read back."""
+    test = pytest.mark.skipif(not _STATUS["codegen"], reason=f"no CUDA code generation here: {_STATUS['reason']}")(test)
+    return pytest.mark.skipif(cuda.tool("cuobjdump") is None,
+                              reason="cuobjdump is not in the CUDA toolkit (pip install 'tvm-tcutils[cuda]')")(test)
+
+
+ARCHS = [arch for arch in cuda.TENSORCORE_ARCHS if mma_gemm.arch_number(arch) >= mma_gemm.MIN_ARCH]
+_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_.]*)")
+#: Instructions the kernel must contain.
+MUST = ("IMMA.16832.S8.S8", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.LTC128B.128", "DEPBAR.LE", "BAR.SYNC.DEFER_BLOCKING")
+
+
+def _build(m: int, n: int, k: int, arch: str, tiles=None):
+    target = tvm.target.Target(f"cuda -arch={arch}", host="llvm")
+    x = te.placeholder((m, k), "int8", name="x")
+    w = te.placeholder((n, k), "int8", name="w")
+    with target:
+        if tiles is None:
+            cfg = autotvm.get_config()
+            out = mma_gemm.dense_template(cfg, x, w)
+        else:
+            out = mma_gemm.dense(x, w, tiles, mma_gemm.arch_number(arch))
+        sched = mma_gemm.schedule_dense(None, [out])
+    return tvm.build(sched, [x, w, out], target=target)
+
+
+def _kernel(module):
+    """(opcode counts, resources, CUDA source) of the module's one kernel."""
+    cubin = cuda.module_cubin(module)
+    ((name, code),) = cuda.sass(cubin).items()
+    return Counter(_OPCODE.findall(code)), cuda.resources(cubin)[name], module.imported_modules[0].get_source()
+
+
+# --------------------------------------------------------------------------
+# Tilings (no compiler needed).
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("m, n, k, arch, block", [
+    (4096, 4096, 4096, 90, (128, 128, 64)),
+    (512, 4096, 1024, 90, (64, 128, 64)),   # 4 x 32 blocks of 128 x 128 would not fill 132 SMs
+    (512, 4096, 1024, 86, (128, 128, 64)),  # 128 of them fill an sm_86's 82
+    (128, 1024, 1024, 90, (64, 64, 64)),    # nothing fills the GPU: the most blocks of at least 64 x 64
+    (32, 32, 192, 80, (32, 32, 64)),        # only the smallest tile fits
+])
+def test_fallback_tiles(m, n, k, arch, block):
+    tiles = mma_gemm.fallback_tiles(m, n, k, arch)
+    assert tiles.block == block and mma_gemm.fits(m, n, k, tiles, arch) is None
+
+
+@pytest.mark.parametrize("m, n, k, arch, reason", [
+    (4096, 4096, 4096, 75, "sm_75 has no int8 mma.sync m16n8k32"),
+    (100, 4096, 4096, 90, "is not made of whole"),
+    (4096, 4096, 4000, 90, "not a multiple of the 64-byte stage"),
+    (4096, 4096, 128, 90, "fewer than 3 stages"),
+])
+def test_what_no_tiling_takes_is_named(m, n, k, arch, reason):
+    assert mma_gemm.fallback_tiles(m, n, k, arch) is None
+    assert reason in mma_gemm.fits(m, n, k, mma_gemm.FALLBACK_TILES[0], arch)
+
+
+@pytest.mark.parametrize("tiles, reason", [
+    (mma_gemm.MmaTiles(2, 2, 4, 8, 2, 3), "accumulator registers"),
+    (mma_gemm.MmaTiles(4, 4, 1, 1, 1, 2), "warps a block are too many"),
+    (mma_gemm.MmaTiles(4, 1, 1, 1, 1, 2), "do not split into"),
+])
+def test_impossible_tilings_are_named(tiles, reason):
+    assert reason in tiles.problem()
+
+
+def test_shared_memory_limit_is_the_archs():
+    big = mma_gemm.MmaTiles(2, 2, 4, 4, 4, 4)  # 256 rows x 144 bytes x 4 stages = 147,456 bytes
+    assert big.shared_bytes == 147456
+    assert mma_gemm.fits(4096, 4096, 4096, big, 90) is None and mma_gemm.fits(4096, 4096, 4096, big, 80) is None
+    assert "exceed sm_86's 101376" in mma_gemm.fits(4096, 4096, 4096, big, 86)
+
+
+@pytest.mark.parametrize("dtypes, error, match", [
+    (("uint8", "int8"), TypeError, "data: the mma int8 kernel takes int8 operands, got uint8"),
+    (("int8", "int4"), TypeError, "weight: .* got int4"),
+])
+def test_bad_operand_types_are_refused(dtypes, error, match):
+    with pytest.raises(error, match=match):
+        mma_gemm.dense(te.placeholder((256, 512), dtypes[0]), te.placeholder((256, 512), dtypes[1]))
+
+
+def test_bad_shapes_are_refused_before_any_scheduling():
+    with pytest.raises(ValueError, match="weight has 256 input features, data has 512"):
+        mma_gemm.dense(te.placeholder((256, 512), "int8"), te.placeholder((256, 256), "int8"))
+    with pytest.raises(ValueError, match=r"dense 100x256x512 on sm_90: no tiling fits"):
+        mma_gemm.dense(te.placeholder((100, 512), "int8"), te.placeholder((256, 512), "int8"))
+
+
+# --------------------------------------------------------------------------
+# Machine code.
+# --------------------------------------------------------------------------
+@needs_codegen
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("shape", [(512, 4096, 1024), (128, 768, 3072)])
+def test_fallback_kernel_uses_m16n8k32_ldmatrix_and_async_copies(arch, shape):
+    ops, used, _ = _kernel(_build(*shape, arch))
+    missing = [op for op in MUST if not ops[op]]
+    assert not missing, (arch, shape, missing, sorted(ops))
+    assert not any(op.startswith("IMMA.16816") for op in ops), sorted(ops)
+    assert used.local == 0 and used.stack == 0 and used.registers <= 255, used
+    tiles = mma_gemm.fallback_tiles(*shape[:2], shape[2], mma_gemm.arch_number(arch))
+    assert tiles.shared_bytes <= mma_gemm.MAX_SHARED[mma_gemm.arch_number(arch)]
+    print(f"{arch} {shape}: tiles {tuple(tiles)}, {used.registers} registers, {tiles.shared_bytes} B shared")
+
+
+@needs_codegen
+def test_a_stage_is_not_overwritten_before_every_warp_has_read_it():
+    """In the K loop a barrier precedes the copies into the stage the previous step read (a WAR hazard
+    TVM's barrier placement cannot see once the copies are cp.async), and each step waits for its group."""
+    _, _, source = _kernel(_build(256, 256, 1024, "sm_80", mma_gemm.MmaTiles(2, 2, 2, 2, 2, 3)))
+    loop = source[source.index("for (int k_0_0 = 0;"):]
+    assert loop.index("__syncthreads()") < loop.index("cp.async.cg.shared.global")
+    # Three stages: two groups may stay in flight while the oldest one is read.
+    assert loop.index("cp.async.commit_group") < loop.index("cp.async.wait_group 2") < loop.index("ldmatrix")
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in loop
+
+
+@needs_codegen
+@pytest.mark.parametrize("tiles", [mma_gemm.MmaTiles(1, 2, 2, 2, 1, 2), mma_gemm.MmaTiles(2, 1, 4, 2, 4, 4),
+                                   mma_gemm.MmaTiles(4, 2, 2, 2, 2, 3)])
+def test_other_tilings_compile_to_the_same_instructions(tiles):
+    ops, used, _ = _kernel(_build(512, 512, 1024, "sm_90", tiles))
+    assert all(ops[op] for op in MUST) and used.local == 0, (tiles, sorted(ops), used)
+
+
+def test_an_invalid_config_of_the_template_is_an_instantiation_error():
+    task = autotvm.task.create(mma_gemm.TASK, (te.placeholder((256, 512), "int8"), te.placeholder((256, 512), "int8"),
+                                               "int32"), tvm.target.Target("cuda -arch=sm_90"))
+    space = task.config_space
+    invalid = next(space.get(i) for i in range(len(space))
+                   if mma_gemm.fits(256, 256, 512, mma_gemm.MmaTiles(*(space.get(i)[key].val
+                                                                       for key in mma_gemm.MmaTiles._fields)))
+                   is not None)
+    with tvm.target.Target("cuda -arch=sm_90"), pytest.raises(autotvm.task.space.InstantiationError):
+        task.instantiate(invalid)
+
+
+# --------------------------------------------------------------------------
+# relay.build takes it where the GPU check verified it, and only there.
+# --------------------------------------------------------------------------
+def _relay_mma(arch: str) -> list:
+    x = relay.var("x", shape=(256, 512), dtype="int8")
+    w = relay.const(np.random.default_rng(0).integers(-128, 128, (256, 512)).astype("int8"))
+    mod = tvm.IRModule.from_expr(relay.nn.dense(x, w, out_dtype="int32"))
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=tvm.target.Target(f"cuda -arch={arch}", host="llvm"))
+    cubin = cuda.module_cubin(lib.get_lib())
+    return sorted({op for code in cuda.sass(cubin).values() for op in _OPCODE.findall(code) if op.startswith("IMMA")})
+
+
+@needs_codegen
+def test_relay_build_takes_the_kernel_on_verified_archs_only(monkeypatch):
+    assert _relay_mma("sm_90") == (["IMMA.16832.S8.S8"] if "sm_90" in strategy.MMA_VERIFIED_ARCHS
+                                   else ["IMMA.16816.S8.S8"])
+    monkeypatch.setattr(strategy, "MMA_VERIFIED_ARCHS", frozenset({"sm_90"}))
+    assert _relay_mma("sm_90") == ["IMMA.16832.S8.S8"]
+    if "sm_80" not in strategy.MMA_VERIFIED_ARCHS:
+        assert _relay_mma("sm_80") == ["IMMA.16816.S8.S8"]  # the WMMA kernel

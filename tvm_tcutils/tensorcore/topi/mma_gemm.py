@@ -1,0 +1,419 @@
+"""int8 dense on sm_80+ tensor cores: ``mma.sync`` m16n8k32, ``ldmatrix`` and a multi-stage ``cp.async`` pipeline.
+
+The WMMA kernels of :mod:`.tiled_mma` issue ``IMMA.16816`` (half the K of the
+int8 instruction Ampere and Hopper have), load fragments with plain
+shared-memory reads and stage the operands with synchronous copies: about a
+tenth of an H200's int8 peak. This kernel is the GEMM the architecture wants:
+
+* each warp holds ``frags_m x frags_n`` 16x16 int32 accumulators in registers
+  and multiplies them with ``mma.sync.aligned.m16n8k32`` (``IMMA.16832`` in
+  SASS) on fragments loaded by ``ldmatrix.x4`` (``LDSM``);
+* the block's A and B tiles (``block_k`` bytes of K per stage) travel from
+  global to shared memory with ``cp.async`` (``LDGSTS``), ``stages`` of them in
+  flight, so that the copies of later K steps overlap the multiplies of this one;
+* shared rows are padded by 16 bytes, so that the eight 16-byte rows one
+  ``ldmatrix`` phase reads fall in distinct banks; the stages live in dynamic
+  shared memory (over the 48 KB of static memory: TVM's CUDA runtime raises the
+  kernel's limit at launch).
+
+The kernel is written with TVM's TensorIR schedule and TVM's registered
+``ldmatrix``/``mma`` tensor intrinsics, lowered here, and wrapped as a TE extern
+op (:func:`dense`), so that it takes part in TE schedules, AutoTVM templates and
+Relay strategies like any other compute. It computes ``data (M, K) x weight
+(N, K)^T`` in int32 for int8 operands whose sizes are whole tiles
+(:func:`fits`).
+
+Examples
+--------
+>>> tiles = MmaTiles(2, 2, 4, 4, 2, 3)
+>>> tiles.block, tiles.threads, tiles.shared_bytes
+((128, 128, 64), 128, 61440)
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
+
+from ..._tvm import tvm
+from tvm import autotvm, te, tir
+from tvm.tir.tensor_intrin import cuda as cuda_intrin
+from tvm.topi.utils import get_const_tuple
+
+#: AutoTVM task name of the template.
+TASK = "tcutils.dense_mma.cuda"
+
+#: The oldest architecture with int8 ``mma.sync.m16n8k32`` (sm_75 has m8n8k16 only).
+MIN_ARCH = 80
+
+#: Bytes added to each shared-memory row (ldmatrix's eight rows of a phase then hit distinct banks).
+ROW_PAD = 16
+
+#: Bytes one ``cp.async`` moves (the widest: ``cp.async.cg`` bypasses L1 only at this size).
+COPY_BYTES = 16
+
+#: Shared memory a block may opt in to, per compute capability (CUDA programming guide, "Maximum amount of
+#: shared memory per thread block"). Architectures between rows take the row below them.
+MAX_SHARED: Dict[int, int] = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+
+#: Streaming multiprocessors of the common GPU of each architecture (A100, A10/RTX 3090, L4/RTX 4090,
+#: H100/H200): the fallback tile is the largest whose grid fills them once.
+TYPICAL_SMS: Dict[int, int] = {80: 108, 86: 82, 87: 16, 89: 58, 90: 132}
+
+#: Accumulator registers a thread may hold (frags_m x frags_n x 8): more spills or starves occupancy.
+MAX_ACCUMULATORS = 128
+
+#: Warps a block may have (256 threads: two such blocks still share an SM's registers).
+MAX_WARPS = 8
+
+#: Knob values of the AutoTVM template.
+WARPS = (1, 2, 4)
+FRAGS = (1, 2, 4)
+CHUNKS = (1, 2, 4)
+STAGES = (2, 3, 4)
+
+_INTRINSICS = ("tcutils_ldmatrix_i8_a_dyn", "tcutils_ldmatrix_i8_b_trans_dyn")
+
+
+class MmaTiles(NamedTuple):
+    """One tiling of the kernel: warps per block, 16x16 fragments per warp, k32 steps per stage, stages."""
+
+    warps_m: int
+    warps_n: int
+    frags_m: int
+    frags_n: int
+    chunk: int
+    stages: int
+
+    @property
+    def block(self) -> Tuple[int, int, int]:
+        """Rows, columns and K bytes of one block's tile."""
+        return self.warps_m * self.frags_m * 16, self.warps_n * self.frags_n * 16, self.chunk * 32
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * 32
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory of a block: both operands' padded rows, ``stages`` times."""
+        rows_m, rows_n, k = self.block
+        return (rows_m + rows_n) * (k + ROW_PAD) * self.stages
+
+    def problem(self) -> Optional[str]:
+        """Why this tiling cannot be scheduled at all (None when it can).
+
+        Examples
+        --------
+        >>> MmaTiles(4, 4, 4, 4, 2, 3).problem()
+        '16 warps a block are too many (at most 8)'
+        """
+        rows_m, rows_n, k = self.block
+        if self.frags_m * self.frags_n * 8 > MAX_ACCUMULATORS:
+            return (f"{self.frags_m}x{self.frags_n} fragments a warp need {self.frags_m * self.frags_n * 8} "
+                    f"accumulator registers a thread (at most {MAX_ACCUMULATORS})")
+        if self.warps_m * self.warps_n > MAX_WARPS:
+            return f"{self.warps_m * self.warps_n} warps a block are too many (at most {MAX_WARPS})"
+        for rows in (rows_m, rows_n):
+            if rows * k // COPY_BYTES % self.threads:
+                return f"{rows} rows of {k} bytes do not split into {self.threads} threads' 16-byte copies"
+        return None
+
+
+#: Tilings the fallback configuration chooses from, largest first (see :func:`fallback_tiles`).
+FALLBACK_TILES: Tuple[MmaTiles, ...] = (
+    MmaTiles(2, 2, 4, 4, 2, 3),  # 128 x 128
+    MmaTiles(2, 2, 2, 4, 2, 3),  # 64 x 128
+    MmaTiles(2, 2, 4, 2, 2, 3),  # 128 x 64
+    MmaTiles(2, 2, 2, 2, 2, 3),  # 64 x 64
+    MmaTiles(1, 2, 2, 2, 2, 3),  # 32 x 64
+    MmaTiles(1, 1, 2, 2, 2, 3),  # 32 x 32
+)
+
+
+def arch_number(arch: str) -> int:
+    """``sm_90`` (or ``sm_90a``) -> 90.
+
+    Examples
+    --------
+    >>> arch_number("sm_86"), arch_number("sm_90a")
+    (86, 90)
+    """
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+    if match is None:
+        raise ValueError(f"arch: {arch!r} is not an architecture like sm_80")
+    return int(match.group(1))
+
+
+def _table(table: Dict[int, int], arch: int) -> int:
+    return table[max(key for key in table if key <= arch)] if arch >= min(table) else 0
+
+
+def fits(m: int, n: int, k: int, tiles: MmaTiles, arch: int = 90) -> Optional[str]:
+    """Why ``tiles`` cannot compute an ``m x n x k`` product on ``sm_<arch>`` (None when it can).
+
+    Examples
+    --------
+    >>> fits(512, 512, 512, FALLBACK_TILES[0]) is None
+    True
+    >>> fits(512, 512, 96, FALLBACK_TILES[0])
+    'K = 96 is not a multiple of the 64-byte stage'
+    """
+    if arch < MIN_ARCH:
+        return f"sm_{arch} has no int8 mma.sync m16n8k32 (sm_{MIN_ARCH} and newer)"
+    problem = tiles.problem()
+    if problem:
+        return problem
+    rows_m, rows_n, block_k = tiles.block
+    if m % rows_m or n % rows_n:
+        return f"{m}x{n} is not made of whole {rows_m}x{rows_n} block tiles"
+    if k % block_k:
+        return f"K = {k} is not a multiple of the {block_k}-byte stage"
+    if k // block_k < tiles.stages:
+        return f"K = {k} has fewer than {tiles.stages} stages of {block_k} bytes"
+    limit = _table(MAX_SHARED, arch)
+    if tiles.shared_bytes > limit:
+        return f"{tiles.shared_bytes} bytes of shared memory exceed sm_{arch}'s {limit} a block"
+    return None
+
+
+def fallback_tiles(m: int, n: int, k: int, arch: int = 90) -> Optional[MmaTiles]:
+    """The untuned tiling: the largest of :data:`FALLBACK_TILES` whose grid fills the GPU's SMs once.
+
+    Where none does (small products), the one with the most blocks among those of at least 64x64 (a
+    smaller tile reads each operand byte from shared memory too few times to feed the tensor cores),
+    else any that fits; None when none fits.
+
+    Examples
+    --------
+    >>> fallback_tiles(4096, 4096, 4096).block
+    (128, 128, 64)
+    >>> fallback_tiles(128, 1024, 1024).block
+    (64, 64, 64)
+    >>> fallback_tiles(100, 100, 100) is None
+    True
+    """
+    usable = [t for t in FALLBACK_TILES if fits(m, n, k, t, arch) is None]
+    if not usable:
+        return None
+    sms = _table(TYPICAL_SMS, arch)
+
+    def blocks(t: MmaTiles) -> int:
+        return (m // t.block[0]) * (n // t.block[1])
+
+    for tiles in usable:
+        if blocks(tiles) >= sms:
+            return tiles
+    large = [t for t in usable if min(t.block[:2]) >= 64]
+    return max(large or usable, key=blocks)
+
+
+def _register_intrinsics() -> None:
+    """``ldmatrix`` intrinsics reading dynamic shared memory (TVM registers its int8 ones for static only)."""
+    for name, (matrix, transposed) in zip(_INTRINSICS, (("A", False), ("B", True))):
+        if tir.TensorIntrin.get(name, allow_missing=True) is None:
+            tir.TensorIntrin.register(name, *cuda_intrin.get_ldmatrix_intrin(32, "int8", matrix, transposed,
+                                                                              "shared.dyn"))
+
+
+def _fragment_ab(i, j):
+    """A 16x32 operand tile's byte (i, j) -> (tile row, tile column, lane, byte in the lane's registers)."""
+    return (i // 16, j // 32, *cuda_intrin.shared_16x32_to_ldmatrix_32x16_layout(i % 16, j % 32))
+
+
+def _fragment_c(i, j):
+    """A 16x16 accumulator tile's element (i, j) -> (tile row, tile column, lane, register)."""
+    return (i // 16, j // 16, *cuda_intrin.shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
+
+
+def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles) -> tir.Schedule:
+    """The kernel as a TensorIR schedule of ``data x weight^T`` (not lowered yet).
+
+    Examples
+    --------
+    >>> x = te.placeholder((256, 256), "int8"); w = te.placeholder((256, 256), "int8")
+    >>> sch = schedule_primfunc(x, w, FALLBACK_TILES[0])
+    >>> "ptx_mma" in sch.mod.script() and "ptx_ldmatrix" in sch.mod.script()
+    True
+    """
+    _register_intrinsics()
+    m, k = get_const_tuple(data.shape)
+    n = get_const_tuple(weight.shape)[0]
+    red = te.reduce_axis((0, k), name="k")
+    out = te.compute((m, n), lambda i, j: te.sum(data[i, red].astype("int32") * weight[j, red].astype("int32"),
+                                                   axis=red), name="dense_mma")
+    sch = tir.Schedule(te.create_prim_func([data, weight, out]))
+    gemm = sch.get_block("dense_mma")
+    i, j, kk = sch.get_loops(gemm)
+    i, i_tile = sch.split(i, [None, 16])
+    j, j_tile = sch.split(j, [None, 16])
+    kk, k_tile = sch.split(kk, [None, 32])
+    i_block, i_warp, i_frag = sch.split(i, [None, tiles.warps_m, tiles.frags_m])
+    j_block, j_warp, j_frag = sch.split(j, [None, tiles.warps_n, tiles.frags_n])
+    k_stage, k_step = sch.split(kk, [None, tiles.chunk])
+    sch.reorder(i_block, j_block, i_warp, j_warp, k_stage, k_step, i_frag, j_frag, i_tile, j_tile, k_tile)
+    sch.bind(i_block, "blockIdx.y")
+    sch.bind(j_block, "blockIdx.x")
+    warp = sch.fuse(i_warp, j_warp)
+    sch.bind(warp, "threadIdx.y")
+
+    # Accumulators in registers ("warp" scope: a 16x16 tile spread over the 32 lanes), stored per warp.
+    acc = sch.cache_write(gemm, 0, "warp")
+    sch.reverse_compute_at(acc, warp)
+
+    # Operands staged in shared memory per K stage: consecutive lanes copy consecutive 16-byte pieces of
+    # a row (whole 32-byte sectors per pair of lanes), one cp.async each.
+    staged = []
+    for operand in (0, 1):
+        shared = sch.cache_read(gemm, operand, "shared.dyn")
+        sch.compute_at(shared, k_stage)
+        rows, cols = sch.get_loops(shared)[-2:]
+        cols, piece = sch.split(cols, [None, COPY_BYTES])
+        _, ty, tx = sch.split(sch.fuse(rows, cols), [None, tiles.warps_m * tiles.warps_n, 32])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(piece)
+        sch.storage_align(shared, 0, axis=-2, factor=tiles.block[2], offset=ROW_PAD)
+        staged.append(shared)
+
+    # Fragments loaded from shared memory per k32 step.
+    fragments = []
+    for operand in (0, 1):
+        frag = sch.cache_read(gemm, operand, "warp")
+        sch.compute_at(frag, k_step)
+        rows, cols = sch.get_loops(frag)[-2:]
+        rows, rows_in = sch.split(rows, [None, 16])
+        cols, cols_in = sch.split(cols, [None, 32])
+        sch.reorder(rows, cols, rows_in, cols_in)
+        fragments.append(frag)
+
+    init = sch.decompose_reduction(gemm, k_stage)
+    rows, cols = sch.get_loops(acc)[-2:]
+    rows, rows_in = sch.split(rows, [None, 16])
+    cols, cols_in = sch.split(cols, [None, 16])
+    sch.reorder(rows, cols, rows_in, cols_in)
+
+    for frag in fragments:
+        sch.transform_layout(frag, ("write", 0), _fragment_ab)
+    sch.transform_layout(acc, ("read", 0), _fragment_c)
+    sch.tensorize(sch.get_loops(fragments[0])[-2], _INTRINSICS[0])
+    sch.tensorize(sch.get_loops(fragments[1])[-2], _INTRINSICS[1])
+    sch.tensorize(sch.get_loops(gemm)[-3], cuda_intrin.MMA_i8i8i32_TRANS_B_INTRIN)
+    sch.tensorize(sch.get_loops(init)[-2], cuda_intrin.MMA_fill_16x16_i32_INTRIN)
+    sch.tensorize(sch.get_loops(acc)[-2], cuda_intrin.MMA_store_16x16_i32_global_INTRIN)
+
+    # The K loop's body is [copy A, copy B, the k32 steps]: the copies run stages - 1 iterations ahead,
+    # asynchronously (one commit group per iteration, waited for just before its stage is read).
+    sch.annotate(k_stage, "software_pipeline_stage", [0, 0, tiles.stages - 1])
+    sch.annotate(k_stage, "software_pipeline_order", [0, 1, 2])
+    sch.annotate(k_stage, "software_pipeline_async_stages", [0])
+    return sch
+
+
+def lower(sch: tir.Schedule) -> tir.PrimFunc:
+    """The scheduled kernel lowered, with its barriers placed and its copies turned into ``cp.async``.
+
+    The barriers come first: a copy that is already ``cp.async`` (an opaque call) would hide its
+    write from TVM's barrier placement, and a stage could be overwritten while a slower warp still
+    reads it. This is the order of TVM's own build when ``tir.use_async_copy`` is set; doing it here
+    keeps it independent of the caller's ``PassContext``.
+    """
+    lowered = tvm.lower(sch.mod)
+    lowered = tvm.transform.Sequential([tir.transform.ThreadSync("shared.dyn"),
+                                        tir.transform.InjectPTXAsyncCopy()])(lowered)
+    return lowered["main"]
+
+
+def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] = None, arch: int = 90) -> te.Tensor:
+    """``data (M, K) x weight (N, K)^T`` in int32 as a TE extern op running this kernel.
+
+    Raises
+    ------
+    TypeError
+        For operands that are not int8.
+    ValueError
+        For shapes or tiles the kernel cannot take (the reason from :func:`fits`).
+
+    Examples
+    --------
+    >>> x = te.placeholder((256, 512), "int8"); w = te.placeholder((256, 512), "int8")
+    >>> out = dense(x, w)
+    >>> out.shape, out.dtype
+    ([256, 256], 'int32')
+    """
+    for name, tensor in (("data", data), ("weight", weight)):
+        if tensor.dtype != "int8":
+            raise TypeError(f"{name}: the mma int8 kernel takes int8 operands, got {tensor.dtype}")
+    if len(data.shape) != 2 or len(weight.shape) != 2:
+        raise ValueError(f"dense needs 2-D data and weight, got {get_const_tuple(data.shape)} and "
+                         f"{get_const_tuple(weight.shape)}")
+    m, k = get_const_tuple(data.shape)
+    n, wk = get_const_tuple(weight.shape)
+    if wk != k:
+        raise ValueError(f"weight has {wk} input features, data has {k}")
+    tiles = tiles or fallback_tiles(m, n, k, arch)
+    problem = "no tiling fits" if tiles is None else fits(m, n, k, tiles, arch)
+    if problem:
+        raise ValueError(f"dense {m}x{n}x{k} on sm_{arch}: {problem}")
+    func = lower(schedule_primfunc(data, weight, tiles))
+    buffers = [func.buffer_map[param] for param in func.params]
+    return te.extern([buffers[2].shape], [data, weight], lambda ins, outs: func.body,
+                     in_buffers=buffers[:2], out_buffers=[buffers[2]], name="dense_mma", tag="tcutils_dense_mma",
+                     dtype="int32")
+
+
+def _target_arch() -> int:
+    from ... import cuda
+
+    return arch_number(cuda.target_arch(tvm.target.Target.current(allow_none=True)))
+
+
+def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "int32") -> te.Tensor:
+    """AutoTVM compute of :data:`TASK`: :func:`dense` with the tiling as knobs.
+
+    A configuration whose tiling does not fit the shape or the architecture is
+    invalid (AutoTVM records it as such and moves on).
+
+    Examples
+    --------
+    >>> x = te.placeholder((256, 512), "int8"); w = te.placeholder((256, 512), "int8")
+    >>> with tvm.target.Target("cuda -arch=sm_90"):
+    ...     out = dense_template(autotvm.get_config(), x, w)
+    >>> out.op.tag
+    'tcutils_dense_mma'
+    """
+    if out_dtype != "int32":
+        raise ValueError(f"out_dtype: the mma int8 kernel accumulates in int32, got {out_dtype}")
+    m, k = get_const_tuple(data.shape)
+    n = get_const_tuple(weight.shape)[0]
+    arch = _target_arch()
+    for knob, values in (("warps_m", WARPS), ("warps_n", WARPS), ("frags_m", FRAGS), ("frags_n", FRAGS),
+                         ("chunk", CHUNKS), ("stages", STAGES)):
+        cfg.define_knob(knob, list(values))
+    cfg.add_flop(2 * m * n * k)
+    if cfg.is_fallback:
+        chosen = fallback_tiles(m, n, k, arch)
+        if chosen is not None:
+            for knob, value in chosen._asdict().items():
+                cfg[knob] = autotvm.task.space.OtherOptionEntity(value)
+    tiles = MmaTiles(*(cfg[knob].val for knob in MmaTiles._fields))
+    problem = fits(m, n, k, tiles, arch)
+    if problem:
+        raise autotvm.task.space.InstantiationError(f"tiling {tuple(tiles)}: {problem}")
+    return dense(data, weight, tiles, arch)
+
+
+def schedule_dense(cfg, outs: Sequence[te.Tensor]) -> te.Schedule:
+    """AutoTVM schedule of :data:`TASK`: the kernel is scheduled inside its extern op already.
+
+    Examples
+    --------
+    >>> x = te.placeholder((256, 512), "int8"); w = te.placeholder((256, 512), "int8")
+    >>> with tvm.target.Target("cuda -arch=sm_80"):
+    ...     cfg = autotvm.get_config()
+    ...     out = dense_template(cfg, x, w)
+    ...     sched = schedule_dense(cfg, [out])
+    >>> "ldmatrix" in str(tvm.lower(sched, [x, w, out]))
+    True
+    """
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    return te.create_schedule([out.op for out in outs])
