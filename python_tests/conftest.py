@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import subprocess
 import sys
+from typing import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -147,6 +149,27 @@ def _run_forked(kind: str, payload, env: dict, cwd: str | None, timeout: float, 
             raise subprocess.TimeoutExpired(args, timeout)
         with open(out_path, errors="replace") as out, open(err_path, errors="replace") as err:
             return subprocess.CompletedProcess(args, status, out.read(), err.read())
+
+
+def each_value_once(*axes: Sequence, ids: Sequence[Callable] = ()) -> list:
+    """The product of ``axes`` as ``pytest.param`` cases: each value of each axis runs by default, the
+    rest of the product under ``-m slow``.
+
+    Default case ``t`` takes value ``t % len(axis)`` of every axis, for ``t`` below the longest axis'
+    length: as many default cases as that axis has values, and every value of every axis among them.
+    ``ids[i](value)`` names axis ``i``'s values (default: a tuple's items joined by ``x``, else ``str``).
+    """
+    def name_of(value) -> str:
+        return "x".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+    longest = max(len(axis) for axis in axes)
+    default = {tuple(t % len(axis) for axis in axes) for t in range(longest)}
+    cases = []
+    for index in itertools.product(*(range(len(axis)) for axis in axes)):
+        values = [axis[i] for axis, i in zip(axes, index)]
+        name = "-".join((ids[n] if n < len(ids) else name_of)(value) for n, value in enumerate(values))
+        cases.append(pytest.param(*values, id=name, marks=[] if index in default else [pytest.mark.slow]))
+    return cases
 
 
 def run_python(

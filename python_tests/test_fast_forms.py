@@ -11,7 +11,7 @@ from tvm import relay
 from tvm_tcutils.fast_forms import (DENSE_BATCHES_MAX, dense_pack_block, dense_per_batch, fast_chain, legalize_mean,
                                     legalize_variance, split_softmax)
 
-from conftest import build_and_run, op_names
+from conftest import build_and_run, each_value_once, op_names
 
 
 def _attention(heads: int = 2, seq: int = 16, dim: int = 8):
@@ -53,11 +53,12 @@ def _product_inputs(shape_x, shape_y, dtype="float32"):
     return {"x": rng.standard_normal(shape_x).astype(dtype), "y": rng.standard_normal(shape_y).astype(dtype)}
 
 
-@pytest.mark.parametrize("transpose_a, transpose_b", [(False, True), (False, False), (True, True), (True, False)])
-@pytest.mark.parametrize("batches", [(3, 3), (1, 3), (3, 1), (1, 1)])
-@pytest.mark.parametrize("packed", [False, True])
-def test_dense_per_batch_computes_the_batch_matmul(transpose_a, transpose_b, batches, packed):
+@pytest.mark.parametrize("transposes, batches, packed", each_value_once(
+    [(False, True), (False, False), (True, True), (True, False)], [(3, 3), (1, 3), (3, 1), (1, 1)], [False, True]))
+def test_dense_per_batch_computes_the_batch_matmul(transposes, batches, packed):
     from tvm_tcutils._tvm import host_target
+
+    transpose_a, transpose_b = transposes
 
     m, n, k = 5, 16, 6
     shape_x = (batches[0],) + ((k, m) if transpose_a else (m, k))

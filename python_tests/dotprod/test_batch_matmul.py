@@ -11,7 +11,7 @@ import pytest
 import tvm
 from tvm import autotvm, relay, te
 
-from conftest import host_dot_target, run_python
+from conftest import each_value_once, host_dot_target, run_python
 from tvm_tcutils.dotprod.topi import batch_matmul as bmm
 
 RNG = np.random.default_rng(5)
@@ -104,12 +104,14 @@ def test_batch_matmul_kernels_are_exact(transpose_a, transpose_b, pair, batches,
     np.testing.assert_array_equal(res.numpy(), ref)
 
 
-@pytest.mark.parametrize("pair", [("uint8", "int8"), ("uint8", "uint8"), ("int8", "int8")])
 # N a whole number of lanes (no padded columns); K = 128: the flip correction's row sums on vpsadbw (AVX-512)
-@pytest.mark.parametrize("m, n, k", [(7, 32, 24), (5, 48, 21), (3, 32, 128), (4, 16, 64)])
-@pytest.mark.parametrize("epilogue", [False, True])
-def test_whole_lane_batch_matmul_is_exact_with_and_without_an_epilogue(pair, m, n, k, epilogue):
+@pytest.mark.parametrize("pair, shape, epilogue", each_value_once(
+    [("uint8", "int8"), ("uint8", "uint8"), ("int8", "int8")], [(7, 32, 24), (5, 48, 21), (3, 32, 128), (4, 16, 64)],
+    [False, True]))
+def test_whole_lane_batch_matmul_is_exact_with_and_without_an_epilogue(pair, shape, epilogue):
     from tvm_tcutils.dotprod.isa import for_target
+
+    m, n, k = shape
 
     target = tvm.target.Target(host_dot_target())
     if bmm.stored_pair(for_target(target), *pair) is None:

@@ -18,6 +18,7 @@ import pytest
 import tvm
 from tvm import autotvm, relay, te
 
+from conftest import run_python
 from tvm_tcutils import cuda
 from tvm_tcutils.tensorcore import strategy
 from tvm_tcutils.tensorcore.topi import mma_gemm
@@ -57,6 +58,15 @@ def _kernel(module):
     cubin = cuda.module_cubin(module)
     ((name, code),) = cuda.sass(cubin).items()
     return Counter(_OPCODE.findall(code)), cuda.resources(cubin)[name], module.imported_modules[0].get_source()
+
+
+def test_importing_the_package_does_not_parse_tvms_cuda_intrinsics():
+    # tvm.tir.tensor_intrin parses some eighty TVMScript functions per target: seconds in every process
+    # that imports the package (each measuring worker, each CLI run), 10x that on a busy machine.
+    done = run_python("import sys, tvm_tcutils\nprint(sorted(m for m in sys.modules if 'tir.tensor_intrin' in m))",
+                      fresh=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 # --------------------------------------------------------------------------
@@ -187,3 +197,59 @@ def test_relay_build_takes_the_kernel_on_verified_archs_only(monkeypatch):
     assert _relay_mma("sm_90") == ["IMMA.16832.S8.S8"]
     if "sm_80" not in strategy.MMA_VERIFIED_ARCHS:
         assert _relay_mma("sm_80") == ["IMMA.16816.S8.S8"]  # the WMMA kernel
+
+
+# --------------------------------------------------------------------------
+# On a GPU (scripts/gpu_check.sh runs these): bit-exact against numpy, alone and through relay.build.
+# --------------------------------------------------------------------------
+def _gpu_arch() -> str:
+    if not _STATUS["codegen"]:
+        pytest.skip(f"no CUDA code generation here: {_STATUS['reason']}")
+    if not _STATUS["device"]:
+        pytest.skip("no GPU here: the kernel's numbers come from a machine with one (scripts/gpu_check.sh)")
+    arch = "sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
+    if mma_gemm.arch_number(arch) < mma_gemm.MIN_ARCH:
+        pytest.skip(f"the GPU is {arch}: int8 mma.sync m16n8k32 needs sm_{mma_gemm.MIN_ARCH}+")
+    return arch
+
+
+def _operands(m: int, n: int, k: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (m, k)).astype("int8")
+    w = rng.integers(-128, 128, (n, k)).astype("int8")
+    x.flat[0], w.flat[-1] = -128, -128  # the range's end: -128 x -128 sums are the largest products
+    return x, w
+
+
+@pytest.mark.parametrize("shape, tiles", [
+    ((512, 4096, 1024), None), ((128, 768, 3072), None), ((2048, 2048, 2048), None),
+    ((512, 512, 1024), mma_gemm.MmaTiles(1, 2, 2, 2, 1, 2)), ((512, 512, 1024), mma_gemm.MmaTiles(2, 1, 4, 2, 4, 4)),
+    ((512, 512, 1024), mma_gemm.MmaTiles(4, 2, 2, 2, 2, 3)), ((256, 256, 8192), mma_gemm.MmaTiles(2, 2, 2, 2, 2, 4)),
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_kernel_is_bit_exact_on_the_gpu(shape, tiles):
+    arch = _gpu_arch()
+    m, n, k = shape
+    x, w = _operands(m, n, k)
+    func = _build(m, n, k, arch, tiles)
+    dev = tvm.cuda(0)
+    out = tvm.nd.empty((m, n), "int32", dev)
+    func(tvm.nd.array(x, dev), tvm.nd.array(w, dev), out)
+    np.testing.assert_array_equal(out.numpy(), (x.astype(np.int64) @ w.astype(np.int64).T).astype(np.int32))
+
+
+def test_relay_build_runs_it_bit_exact_on_the_gpu(monkeypatch):
+    from tvm.contrib import graph_executor
+
+    arch = _gpu_arch()
+    monkeypatch.setattr(strategy, "MMA_VERIFIED_ARCHS", frozenset({arch}))
+    x, w = _operands(256, 512, 1024, seed=1)
+    data = relay.var("x", shape=x.shape, dtype="int8")
+    mod = tvm.IRModule.from_expr(relay.nn.dense(data, relay.const(w), out_dtype="int32"))
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=tvm.target.Target(f"cuda -arch={arch}", host="llvm"))
+    assert any(op == "IMMA.16832.S8.S8" for code in cuda.sass(cuda.module_cubin(lib.get_lib())).values()
+               for op in _OPCODE.findall(code))
+    module = graph_executor.GraphModule(lib["default"](tvm.cuda(0)))
+    module.set_input("x", x)
+    module.run()
+    np.testing.assert_array_equal(module.get_output(0).numpy(), x.astype(np.int64) @ w.astype(np.int64).T)

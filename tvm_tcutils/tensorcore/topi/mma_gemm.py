@@ -36,7 +36,6 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 from ..._tvm import tvm
 from tvm import autotvm, te, tir
-from tvm.tir.tensor_intrin import cuda as cuda_intrin
 from tvm.topi.utils import get_const_tuple
 
 #: AutoTVM task name of the template.
@@ -207,8 +206,17 @@ def fallback_tiles(m: int, n: int, k: int, arch: int = 90) -> Optional[MmaTiles]
     return max(large or usable, key=blocks)
 
 
+def _cuda_intrinsics():
+    """TVM's CUDA tensor intrinsics, imported on first use: the import parses some eighty TVMScript
+    functions (seconds), which every process importing the package would otherwise pay."""
+    from tvm.tir.tensor_intrin import cuda as cuda_intrin
+
+    return cuda_intrin
+
+
 def _register_intrinsics() -> None:
     """``ldmatrix`` intrinsics reading dynamic shared memory (TVM registers its int8 ones for static only)."""
+    cuda_intrin = _cuda_intrinsics()
     for name, (matrix, transposed) in zip(_INTRINSICS, (("A", False), ("B", True))):
         if tir.TensorIntrin.get(name, allow_missing=True) is None:
             tir.TensorIntrin.register(name, *cuda_intrin.get_ldmatrix_intrin(32, "int8", matrix, transposed,
@@ -217,12 +225,12 @@ def _register_intrinsics() -> None:
 
 def _fragment_ab(i, j):
     """A 16x32 operand tile's byte (i, j) -> (tile row, tile column, lane, byte in the lane's registers)."""
-    return (i // 16, j // 32, *cuda_intrin.shared_16x32_to_ldmatrix_32x16_layout(i % 16, j % 32))
+    return (i // 16, j // 32, *_cuda_intrinsics().shared_16x32_to_ldmatrix_32x16_layout(i % 16, j % 32))
 
 
 def _fragment_c(i, j):
     """A 16x16 accumulator tile's element (i, j) -> (tile row, tile column, lane, register)."""
-    return (i // 16, j // 16, *cuda_intrin.shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
+    return (i // 16, j // 16, *_cuda_intrinsics().shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
 
 
 def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles) -> tir.Schedule:
@@ -236,6 +244,7 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles) -> ti
     True
     """
     _register_intrinsics()
+    cuda_intrin = _cuda_intrinsics()
     m, k = get_const_tuple(data.shape)
     n = get_const_tuple(weight.shape)[0]
     red = te.reduce_axis((0, k), name="k")
