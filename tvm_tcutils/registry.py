@@ -589,7 +589,7 @@ def registered() -> List[HookInfo]:
     ['autotvm_template', 'op_attr', 'packed_func', 'pattern_table', 'relay_op', 'strategy']
     >>> dense = [row for row in rows if row.kind == "strategy" and row.name == "nn.dense"]
     >>> print(dense[0])  # doctest: +NORMALIZE_WHITESPACE
-    strategy nn.dense.FTVMStrategy level=20 targets=cuda,gpu tcutils.dense_tensorcore.cuda
+    strategy nn.dense.FTVMStrategy level=20 targets=cuda,gpu tcutils.dense_tensorcore.cuda, tcutils.dense_mma.cuda
     """
     return _REGISTRY.registered()
 

@@ -65,9 +65,10 @@ def hooks() -> List[registry.Hook]:
 
     Examples
     --------
-    >>> for kind, name in sorted({(hook.kind, hook.name) for hook in hooks()})[:3]:
+    >>> for kind, name in sorted({(hook.kind, hook.name) for hook in hooks()})[:4]:
     ...     print(kind, name)
     autotvm_template tcutils.conv2d_hwnc_tensorcore.cuda
+    autotvm_template tcutils.dense_mma.cuda
     autotvm_template tcutils.dense_tensorcore.cuda
     op_attr nn.conv2d
     """
