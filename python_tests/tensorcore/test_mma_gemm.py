@@ -179,10 +179,25 @@ def test_an_invalid_config_of_the_template_is_an_instantiation_error():
 # --------------------------------------------------------------------------
 # relay.build takes it where the GPU check verified it, and only there.
 # --------------------------------------------------------------------------
-def _relay_mma(arch: str) -> list:
+def _requantized_dense(x: np.ndarray, w: np.ndarray) -> tvm.IRModule:
+    """int8 dense, then what a quantized layer's epilogue looks like after lowering: bias, shift, clip, cast."""
+    data = relay.var("x", shape=x.shape, dtype="int8")
+    bias = relay.const(np.arange(w.shape[0], dtype="int32") * 37 - 4000)
+    out = relay.add(relay.nn.dense(data, relay.const(w), out_dtype="int32"), bias)
+    out = relay.cast(relay.clip(relay.right_shift(out, relay.const(9)), -128, 127), "int8")
+    return tvm.IRModule.from_expr(relay.Function([data], out))
+
+
+def _requantized_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    acc = x.astype(np.int64) @ w.astype(np.int64).T + (np.arange(w.shape[0]) * 37 - 4000)
+    return np.clip(acc >> 9, -128, 127).astype("int8")
+
+
+def _relay_mma(arch: str, epilogue: bool = False) -> list:
     x = relay.var("x", shape=(256, 512), dtype="int8")
-    w = relay.const(np.random.default_rng(0).integers(-128, 128, (256, 512)).astype("int8"))
-    mod = tvm.IRModule.from_expr(relay.nn.dense(x, w, out_dtype="int32"))
+    w = np.random.default_rng(0).integers(-128, 128, (256, 512)).astype("int8")
+    mod = _requantized_dense(np.zeros((256, 512), "int8"), w) if epilogue else \
+        tvm.IRModule.from_expr(relay.nn.dense(x, relay.const(w), out_dtype="int32"))
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=tvm.target.Target(f"cuda -arch={arch}", host="llvm"))
     cubin = cuda.module_cubin(lib.get_lib())
@@ -195,6 +210,8 @@ def test_relay_build_takes_the_kernel_on_verified_archs_only(monkeypatch):
                                    else ["IMMA.16816.S8.S8"])
     monkeypatch.setattr(strategy, "MMA_VERIFIED_ARCHS", frozenset({"sm_90"}))
     assert _relay_mma("sm_90") == ["IMMA.16832.S8.S8"]
+    # What Relay fuses after the dense (an extern op) is scheduled too: bias, shift, clip and cast.
+    assert _relay_mma("sm_90", epilogue=True) == ["IMMA.16832.S8.S8"]
     if "sm_80" not in strategy.MMA_VERIFIED_ARCHS:
         assert _relay_mma("sm_80") == ["IMMA.16816.S8.S8"]  # the WMMA kernel
 
@@ -237,14 +254,13 @@ def test_kernel_is_bit_exact_on_the_gpu(shape, tiles):
     np.testing.assert_array_equal(out.numpy(), (x.astype(np.int64) @ w.astype(np.int64).T).astype(np.int32))
 
 
-def test_relay_build_runs_it_bit_exact_on_the_gpu(monkeypatch):
+def test_relay_build_runs_it_and_its_epilogue_bit_exact_on_the_gpu(monkeypatch):
     from tvm.contrib import graph_executor
 
     arch = _gpu_arch()
     monkeypatch.setattr(strategy, "MMA_VERIFIED_ARCHS", frozenset({arch}))
     x, w = _operands(256, 512, 1024, seed=1)
-    data = relay.var("x", shape=x.shape, dtype="int8")
-    mod = tvm.IRModule.from_expr(relay.nn.dense(data, relay.const(w), out_dtype="int32"))
+    mod = _requantized_dense(x, w)
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=tvm.target.Target(f"cuda -arch={arch}", host="llvm"))
     assert any(op == "IMMA.16832.S8.S8" for code in cuda.sass(cuda.module_cubin(lib.get_lib())).values()
@@ -252,4 +268,4 @@ def test_relay_build_runs_it_bit_exact_on_the_gpu(monkeypatch):
     module = graph_executor.GraphModule(lib["default"](tvm.cuda(0)))
     module.set_input("x", x)
     module.run()
-    np.testing.assert_array_equal(module.get_output(0).numpy(), x.astype(np.int64) @ w.astype(np.int64).T)
+    np.testing.assert_array_equal(module.get_output(0).numpy(), _requantized_reference(x, w))

@@ -412,7 +412,8 @@ def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "in
 
 
 def schedule_dense(cfg, outs: Sequence[te.Tensor]) -> te.Schedule:
-    """AutoTVM schedule of :data:`TASK`: the kernel is scheduled inside its extern op already.
+    """AutoTVM schedule of :data:`TASK`: the GEMM is scheduled inside its extern op already; what Relay
+    fused after it (bias, requantize, casts) is inlined into one element-wise kernel over the output.
 
     Examples
     --------
@@ -420,9 +421,31 @@ def schedule_dense(cfg, outs: Sequence[te.Tensor]) -> te.Schedule:
     >>> with tvm.target.Target("cuda -arch=sm_80"):
     ...     cfg = autotvm.get_config()
     ...     out = dense_template(cfg, x, w)
-    ...     sched = schedule_dense(cfg, [out])
-    >>> "ldmatrix" in str(tvm.lower(sched, [x, w, out]))
-    True
+    ...     shifted = te.compute(out.shape, lambda i, j: (out[i, j] >> 4).astype("int8"), tag="injective")
+    ...     sched = schedule_dense(cfg, [shifted])
+    >>> text = str(tvm.lower(sched, [x, w, shifted]))
+    >>> "ptx_ldmatrix" in text, text.count('T.launch_thread("blockIdx.x"')  # the GEMM's grid, the epilogue's
+    (True, 2)
     """
+    from tvm.topi.cuda.injective import schedule_injective_from_existing
+
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
-    return te.create_schedule([out.op for out in outs])
+    sched = te.create_schedule([out.op for out in outs])
+    outputs = {out.op for out in outs}
+    seen = set()
+
+    def visit(op) -> None:
+        if op in seen or not isinstance(op, te.ComputeOp):
+            return
+        seen.add(op)
+        if op not in outputs:
+            sched[op].compute_inline()
+        for tensor in op.input_tensors:
+            visit(tensor.op)
+
+    for out in outs:
+        visit(out.op)
+    for out in outs:
+        if isinstance(out.op, te.ComputeOp):
+            schedule_injective_from_existing(sched, out)
+    return sched
