@@ -42,11 +42,14 @@ def quantize_int8(mod: tvm.IRModule, params: Params) -> tvm.IRModule:
     >>> qmod["main"].ret_type  # inputs and outputs stay float
     TensorType([1, 10], float32)
     """
+    # TVM's quantize binds the parameters by assigning the caller's module a new "main": it works on a
+    # module of its own (the same functions), so that the caller's keeps its parameters.
+    own = tvm.IRModule(dict(mod.functions.items()), dict(mod.type_definitions.items()))
     with relay.quantize.qconfig(
         calibrate_mode="global_scale", global_scale=8.0, weight_scale="max", skip_conv_layers=[],
         skip_dense_layer=False,
     ):
-        return relay.quantize.quantize(mod, params)
+        return relay.quantize.quantize(own, params)
 
 
 def prepare(mod: tvm.IRModule, params: Params, dtype: str) -> Tuple[tvm.IRModule, Params]:
