@@ -61,8 +61,19 @@ def test_tune_rehearsal_builds_finds_the_task_and_a_runner_that_has_cuda(results
     # The local runner's RPC server must have the plugin's cuda device API, or no CUDA trial could run.
     assert row["server_has_cuda"] is cuda.status()["plugin"]
     assert not any(key in row for key in ("tuned", "untuned"))
-    with pytest.raises(ValueError, match="model must be"):
+    with pytest.raises(ValueError, match="model must be one of resnet50, dense, dense_mma"):
         gpu_check.tune(results, "sm_90", "resnet")
+
+
+def test_tune_rehearsal_of_the_mma_template_finds_its_task_and_leaves_the_gate_as_it_was(results, tmp_path):
+    from tvm_tcutils.tensorcore import strategy
+
+    _no_gpu()
+    before = strategy.MMA_VERIFIED_ARCHS
+    gpu_check.tune(results, "sm_90", "dense_mma", log_dir=str(tmp_path))
+    (row,) = results.rows
+    assert row["rehearsal"] and row["tasks"] == 1 and row["template"] == "tcutils.dense_mma.cuda"
+    assert strategy.MMA_VERIFIED_ARCHS is before
 
 
 def test_without_softmax_returns_the_logits_and_leaves_the_input_alone():

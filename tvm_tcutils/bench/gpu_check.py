@@ -521,7 +521,7 @@ def _ratio(value: Optional[dict]) -> str:
 def _tune_model(row: dict) -> str:
     if row["model"] == "resnet50":
         return f"ResNet-50 int8, batch {row.get('batch', 8)}"
-    return "int8 dense {} x {} x {}".format(*TUNE_DENSE)
+    return "int8 dense {} x {} x {}".format(*TUNE_DENSE) + (" (mma)" if row["model"] == "dense_mma" else "")
 
 
 def markdown(payload: dict) -> str:
@@ -1063,17 +1063,38 @@ def tune(results, arch: str, model: str = "resnet50", batch: int = 8, rounds: in
          trials: Optional[int] = None, log_dir: Optional[str] = None, wait: Callable[[], None] = lambda: None) -> None:
     """AutoTVM tuning on this GPU, as a user runs it: :func:`tvm_tcutils.tuning.tune` (XGBTuner, the
     package's local runner) of ``model``'s tensor-core tasks for ``budget_s``: ``"resnet50"`` (the int8
-    ResNet-50's convolutions, ``trials`` per task, default 32; its float layers keep their fallback configs) or
-    ``"dense"`` (the int8 :data:`TUNE_DENSE` GEMM, default 64 trials). Then the model is built untuned and with
+    ResNet-50's convolutions, ``trials`` per task, default 32; its float layers keep their fallback configs),
+    ``"dense"`` (the int8 :data:`TUNE_DENSE` GEMM on the WMMA template, default 64 trials) or ``"dense_mma"``
+    (the same GEMM on the sm_80+ mma template, which the part lets ``relay.build`` take for ``arch`` while it
+    runs: see :data:`~tvm_tcutils.tensorcore.strategy.MMA_VERIFIED_ARCHS`; the dense outputs are also checked
+    against numpy). Then the model is built untuned and with
     the log, run on one input (the tuned kernels compute the same integers: the outputs must be equal) and
     timed in turns. The log (``tune_<model>.log``) stays in ``log_dir``. Without a GPU: the builds, the tasks,
     and whether the local runner's server has the CUDA device API (the rehearsal)."""
+    if model not in TUNE_MODELS:
+        raise ValueError(f"model must be one of {', '.join(TUNE_MODELS)}, got {model!r}")
+    if model != "dense_mma":
+        return _tune(results, arch, model, batch, rounds, budget_s, trials, log_dir, wait)
+    from ..tensorcore import strategy
+
+    verified = strategy.MMA_VERIFIED_ARCHS
+    strategy.MMA_VERIFIED_ARCHS = verified | {arch}
+    try:
+        return _tune(results, arch, model, batch, rounds, budget_s, trials, log_dir, wait)
+    finally:
+        strategy.MMA_VERIFIED_ARCHS = verified
+
+
+#: What :func:`tune` tunes.
+TUNE_MODELS = ("resnet50", "dense", "dense_mma")
+
+
+def _tune(results, arch: str, model: str, batch: int, rounds: int, budget_s: float, trials: Optional[int],
+          log_dir: Optional[str], wait: Callable[[], None]) -> None:
     from .. import tuning
-    from ..tensorcore.topi import conv2d_hwnc
+    from ..tensorcore.topi import conv2d_hwnc, mma_gemm
     from ..tensorcore.topi import dense as tc_dense
 
-    if model not in ("resnet50", "dense"):
-        raise ValueError(f"model must be 'resnet50' or 'dense', got {model!r}")
     # What the tuning needs beyond TVM, before a minute of building: XGBTuner's model and the local runner's
     # RPC tracker (the GPU machine had neither, and the first try failed only after the builds).
     import tornado  # noqa: F401
@@ -1088,7 +1109,7 @@ def tune(results, arch: str, model: str = "resnet50", batch: int = 8, rounds: in
         mod, params, _, x = _resnet50_logits(batch, "int8", target)
         inputs = {"data": x}
     else:
-        template, n_trials = tc_dense.TASK, trials or 64
+        template, n_trials = (tc_dense.TASK if model == "dense" else mma_gemm.TASK), trials or 64
         m, n, k = TUNE_DENSE
         mod, params = _dense_module(m, n, k), {}
         rng = np.random.default_rng(0)
@@ -1132,10 +1153,13 @@ def tune(results, arch: str, model: str = "resnet50", batch: int = 8, rounds: in
         module.run()
         outputs[key] = module.get_output(0).numpy().astype(np.float64)
     row["max_abs_diff"] = float(np.max(np.abs(outputs["tuned"] - outputs["untuned"])))
+    if model != "resnet50":
+        want = inputs["x"].astype(np.int64) @ inputs["w"].astype(np.int64).T
+        row["exact"] = all(bool(np.array_equal(out, want)) for out in outputs.values())
     timings = interleave({key: _sample(module, dev, 20) for key, module in modules.items()}, rounds)
     row.update(timings)
     row["untuned_over_tuned"] = ratio(timings["untuned"], timings["tuned"])
-    if model == "dense":
+    if model != "resnet50":
         for key, timing in timings.items():
             row[f"{key}_tops"] = 2 * m * n * k / (timing.median_ms * 1e-3) / 1e12
     results.add(**row)
