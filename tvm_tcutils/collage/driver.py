@@ -27,6 +27,7 @@ from tvm import relay
 
 from . import arguments
 from .candidates import Candidate, enumerate_candidates
+from .outline import outline_annotated
 from .cost.base import CostEstimator, cost_requests
 from .search import NoCoverError, SearchResult, border_kb, crossing_costs, search, search_valid
 from .subgraph import IndexedGraph
@@ -1063,10 +1064,10 @@ def _greedy(prepared: tvm.IRModule, tc: Toolchain, tvm_lowering: Toolchain) -> t
     entries = _matchable(list(tc.patterns or ()) + list(
         (relay.op.contrib.get_pattern_table(tc.pattern_table) or []) if tc.pattern_table else []), prepared)
     seq = [relay.transform.MergeComposite(entries)] if entries else []
-    seq += [relay.transform.AnnotateTarget(tc.compiler), relay.transform.MergeCompilerRegions(),
-            relay.transform.PartitionGraph(), relay.transform.InferType()]
+    seq += [relay.transform.AnnotateTarget(tc.compiler), relay.transform.MergeCompilerRegions()]
     with tvm.transform.PassContext(opt_level=3):
-        return tvm_lowering.rewrite(tvm.transform.Sequential(seq)(prepared))
+        # The same partitions as TVM's PartitionGraph, outlined in linear time (outline_annotated).
+        return tvm_lowering.rewrite(outline_annotated(tvm.transform.Sequential(seq)(prepared)))
 
 
 def _matchable(entries: List[tuple], mod: tvm.IRModule) -> List[tuple]:
