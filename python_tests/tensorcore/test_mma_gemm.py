@@ -269,3 +269,24 @@ def test_relay_build_runs_it_and_its_epilogue_bit_exact_on_the_gpu(monkeypatch):
     module.set_input("x", x)
     module.run()
     np.testing.assert_array_equal(module.get_output(0).numpy(), _requantized_reference(x, w))
+
+
+# --------------------------------------------------------------------------
+# The GPU check's rehearsal of this kernel (scripts/gpu_check.sh: dense and tune_dense_mma parts).
+# --------------------------------------------------------------------------
+@needs_codegen
+def test_gpu_check_rehearses_the_kernel_beside_the_wmma_one(tmp_path):
+    from tvm_tcutils.bench import gpu_check
+    from tvm_tcutils.bench.results import Results
+
+    if _STATUS["device"]:
+        pytest.skip("this machine has a GPU: the rehearsal is for machines without one")
+    results = Results("gpu_check_test", [])
+    gpu_check.dense(results, "sm_90", shapes=[(128, 256, 512)])
+    (row,) = results.rows
+    assert row["rehearsal"] and row["kernels"] == ["mma", "tcutils"] and row["mma_tiles"]["stages"] >= 2
+    before = strategy.MMA_VERIFIED_ARCHS
+    gpu_check.tune(results, "sm_90", "dense_mma", log_dir=str(tmp_path))
+    tuned = results.rows[-1]
+    assert tuned["rehearsal"] and tuned["tasks"] == 1 and tuned["template"] == mma_gemm.TASK
+    assert strategy.MMA_VERIFIED_ARCHS is before  # the part let relay.build take it for its own run only
