@@ -381,11 +381,11 @@ def _outline_regions(mod: tvm.IRModule) -> tvm.IRModule:
         key = ready.pop()
         if isinstance(key, tuple):
             root = key[1]
-            ends = regions[root]
-            call, slots = _region_call(str(ends[0].attrs.compiler), number, ends, inputs[root], new, out)
+            outputs = regions[root]
+            call, slots = _region_call(str(outputs[0].attrs.compiler), number, outputs, inputs[root], new, out)
             number += 1
             items = {slot: call if max(slots) == 0 else relay.TupleGetItem(call, slot) for slot in set(slots)}
-            for end, slot in zip(ends, slots):
+            for end, slot in zip(outputs, slots):
                 new[end] = items[slot]
         else:
             new[key] = _rebuild(key, new)
