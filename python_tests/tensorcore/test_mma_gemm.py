@@ -18,7 +18,7 @@ import pytest
 import tvm
 from tvm import autotvm, relay, te
 
-from conftest import run_python
+from conftest import each_value_once, run_python
 from tvm_tcutils import cuda
 from tvm_tcutils.tensorcore import strategy
 from tvm_tcutils.tensorcore.topi import mma_gemm
@@ -36,12 +36,14 @@ def needs_codegen(test):
 ARCHS = [arch for arch in cuda.TENSORCORE_ARCHS if mma_gemm.arch_number(arch) >= mma_gemm.MIN_ARCH]
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_.]*)")
 #: Instructions the kernel must contain.
-MUST = ("IMMA.16832.S8.S8", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.LTC128B.128", "DEPBAR.LE", "BAR.SYNC.DEFER_BLOCKING")
+MUST = ("LDSM.16.M88.4", "LDGSTS.E.BYPASS.LTC128B.128", "DEPBAR.LE", "BAR.SYNC.DEFER_BLOCKING")
+#: The integer MMA each activation type must use.
+IMMA = {"int8": "IMMA.16832.S8.S8", "uint8": "IMMA.16832.U8.S8"}
 
 
-def _build(m: int, n: int, k: int, arch: str, tiles=None):
+def _build(m: int, n: int, k: int, arch: str, tiles=None, dtype: str = "int8"):
     target = tvm.target.Target(f"cuda -arch={arch}", host="llvm")
-    x = te.placeholder((m, k), "int8", name="x")
+    x = te.placeholder((m, k), dtype, name="x")
     w = te.placeholder((n, k), "int8", name="w")
     with target:
         if tiles is None:
@@ -112,8 +114,8 @@ def test_shared_memory_limit_is_the_archs():
 
 
 @pytest.mark.parametrize("dtypes, error, match", [
-    (("uint8", "int8"), TypeError, "data: the mma int8 kernel takes int8 operands, got uint8"),
-    (("int8", "int4"), TypeError, "weight: .* got int4"),
+    (("int4", "int8"), TypeError, "data: the mma kernel takes int8 or uint8 data, got int4"),
+    (("uint8", "uint8"), TypeError, "weight: the mma kernel takes an int8 weight, got uint8"),
 ])
 def test_bad_operand_types_are_refused(dtypes, error, match):
     with pytest.raises(error, match=match):
@@ -131,11 +133,11 @@ def test_bad_shapes_are_refused_before_any_scheduling():
 # Machine code.
 # --------------------------------------------------------------------------
 @needs_codegen
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("shape", [(512, 4096, 1024), (128, 768, 3072)])
-def test_fallback_kernel_uses_m16n8k32_ldmatrix_and_async_copies(arch, shape):
-    ops, used, _ = _kernel(_build(*shape, arch))
-    missing = [op for op in MUST if not ops[op]]
+@pytest.mark.parametrize("arch, shape, dtype", each_value_once(ARCHS, [(512, 4096, 1024), (128, 768, 3072)],
+                                                               ["int8", "uint8"]))
+def test_fallback_kernel_uses_m16n8k32_ldmatrix_and_async_copies(arch, shape, dtype):
+    ops, used, _ = _kernel(_build(*shape, arch, dtype=dtype))
+    missing = [op for op in (*MUST, IMMA[dtype]) if not ops[op]]
     assert not missing, (arch, shape, missing, sorted(ops))
     assert not any(op.startswith("IMMA.16816") for op in ops), sorted(ops)
     assert used.local == 0 and used.stack == 0 and used.registers <= 255, used
@@ -161,7 +163,7 @@ def test_a_stage_is_not_overwritten_before_every_warp_has_read_it():
                                    mma_gemm.MmaTiles(4, 2, 2, 2, 2, 3)])
 def test_other_tilings_compile_to_the_same_instructions(tiles):
     ops, used, _ = _kernel(_build(512, 512, 1024, "sm_90", tiles))
-    assert all(ops[op] for op in MUST) and used.local == 0, (tiles, sorted(ops), used)
+    assert all(ops[op] for op in (*MUST, IMMA["int8"])) and used.local == 0, (tiles, sorted(ops), used)
 
 
 def test_an_invalid_config_of_the_template_is_an_instantiation_error():
@@ -193,8 +195,8 @@ def _requantized_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.clip(acc >> 9, -128, 127).astype("int8")
 
 
-def _relay_mma(arch: str, epilogue: bool = False) -> list:
-    x = relay.var("x", shape=(256, 512), dtype="int8")
+def _relay_mma(arch: str, epilogue: bool = False, dtype: str = "int8") -> list:
+    x = relay.var("x", shape=(256, 512), dtype=dtype)
     w = np.random.default_rng(0).integers(-128, 128, (256, 512)).astype("int8")
     mod = _requantized_dense(np.zeros((256, 512), "int8"), w) if epilogue else \
         tvm.IRModule.from_expr(relay.nn.dense(x, relay.const(w), out_dtype="int32"))
@@ -212,6 +214,7 @@ def test_relay_build_takes_the_kernel_on_verified_archs_only(monkeypatch):
     assert _relay_mma("sm_90") == ["IMMA.16832.S8.S8"]
     # What Relay fuses after the dense (an extern op) is scheduled too: bias, shift, clip and cast.
     assert _relay_mma("sm_90", epilogue=True) == ["IMMA.16832.S8.S8"]
+    assert _relay_mma("sm_90", dtype="uint8") == ["IMMA.16832.U8.S8"]  # onnxruntime's QDQ activations
     if "sm_80" not in strategy.MMA_VERIFIED_ARCHS:
         assert _relay_mma("sm_80") == ["IMMA.16816.S8.S8"]  # the WMMA kernel
 
@@ -230,24 +233,29 @@ def _gpu_arch() -> str:
     return arch
 
 
-def _operands(m: int, n: int, k: int, seed: int = 0):
+def _operands(m: int, n: int, k: int, seed: int = 0, dtype: str = "int8"):
     rng = np.random.default_rng(seed)
-    x = rng.integers(-128, 128, (m, k)).astype("int8")
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max + 1, (m, k)).astype(dtype)
     w = rng.integers(-128, 128, (n, k)).astype("int8")
-    x.flat[0], w.flat[-1] = -128, -128  # the range's end: -128 x -128 sums are the largest products
+    # The range's ends: -128 x -128 (or 255 x -128) products are the largest.
+    x.flat[0], w.flat[-1], w.flat[0] = info.min if dtype == "int8" else info.max, -128, -128
     return x, w
 
 
-@pytest.mark.parametrize("shape, tiles", [
-    ((512, 4096, 1024), None), ((128, 768, 3072), None), ((2048, 2048, 2048), None),
-    ((512, 512, 1024), mma_gemm.MmaTiles(1, 2, 2, 2, 1, 2)), ((512, 512, 1024), mma_gemm.MmaTiles(2, 1, 4, 2, 4, 4)),
-    ((512, 512, 1024), mma_gemm.MmaTiles(4, 2, 2, 2, 2, 3)), ((256, 256, 8192), mma_gemm.MmaTiles(2, 2, 2, 2, 2, 4)),
+@pytest.mark.parametrize("shape, tiles, dtype", [
+    ((512, 4096, 1024), None, "int8"), ((128, 768, 3072), None, "int8"), ((2048, 2048, 2048), None, "int8"),
+    ((512, 4096, 1024), None, "uint8"), ((128, 768, 3072), None, "uint8"),
+    ((512, 512, 1024), mma_gemm.MmaTiles(1, 2, 2, 2, 1, 2), "int8"),
+    ((512, 512, 1024), mma_gemm.MmaTiles(2, 1, 4, 2, 4, 4), "uint8"),
+    ((512, 512, 1024), mma_gemm.MmaTiles(4, 2, 2, 2, 2, 3), "int8"),
+    ((256, 256, 8192), mma_gemm.MmaTiles(2, 2, 2, 2, 2, 4), "int8"),
 ], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
-def test_kernel_is_bit_exact_on_the_gpu(shape, tiles):
+def test_kernel_is_bit_exact_on_the_gpu(shape, tiles, dtype):
     arch = _gpu_arch()
     m, n, k = shape
-    x, w = _operands(m, n, k)
-    func = _build(m, n, k, arch, tiles)
+    x, w = _operands(m, n, k, dtype=dtype)
+    func = _build(m, n, k, arch, tiles, dtype)
     dev = tvm.cuda(0)
     out = tvm.nd.empty((m, n), "int32", dev)
     func(tvm.nd.array(x, dev), tvm.nd.array(w, dev), out)

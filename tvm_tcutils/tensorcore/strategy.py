@@ -9,9 +9,11 @@ What :func:`hooks` declares (all for the ``cuda``/``gpu`` target keys):
   int4/uint4/int8/uint8 operands and int32 output, when
   :func:`tvm_tcutils.tensorcore.rules.hwnc_conv2d_qualifies` says so and a
   WMMA tile fits the sizes exactly;
-* a strategy row for int8 ``nn.dense`` on :mod:`.topi.mma_gemm`'s kernel, above
-  the WMMA row, for the architectures of :data:`MMA_VERIFIED_ARCHS` only (those
-  where the GPU check ran it bit-exact) and sizes one of its tilings fits;
+* strategy rows for ``nn.dense`` with an int8 weight and int8 or uint8 data on
+  :mod:`.topi.mma_gemm`'s kernel, above the WMMA row, for the architectures of
+  :data:`MMA_VERIFIED_ARCHS` only (those where the GPU check ran it bit-exact)
+  and sizes one of its tilings fits; for uint8 data (onnxruntime's QDQ
+  activations) the only row, as TVM's CUDA dense rows fail on mixed types;
 * ``FTVMLegalize`` for ``nn.conv2d``: an HWNC layer that qualifies but whose
   batch or channels do not fit a WMMA tile is zero-padded to the verdict's
   sizes (and its output sliced); an HWNC layer that does not qualify (channel
@@ -146,9 +148,9 @@ def _dense_applies(attrs, inputs, out_type, target) -> bool:
     return _fits_as_is(verdict, sizes)
 
 
-def _mma_dense_applies(attrs, inputs, out_type, target) -> bool:
+def _mma_dense_fits(attrs, inputs, target, data_dtype: str) -> bool:
     data, weight = inputs
-    if data.dtype != "int8" or weight.dtype != "int8" or _out_dtype(attrs, "int32") != "int32":
+    if data.dtype != data_dtype or weight.dtype != "int8" or _out_dtype(attrs, "int32") != "int32":
         return False
     if len(data.shape) != 2 or len(weight.shape) != 2:
         return False
@@ -163,6 +165,16 @@ def _mma_dense_applies(attrs, inputs, out_type, target) -> bool:
         return False
     m, k, n = sizes
     return mma_gemm.fallback_tiles(m, n, k, number) is not None
+
+
+def _mma_dense_applies(attrs, inputs, out_type, target) -> bool:
+    return _mma_dense_fits(attrs, inputs, target, "int8")
+
+
+def _mma_dense_u8_applies(attrs, inputs, out_type, target) -> bool:
+    # Exclusive: TVM's CUDA dense rows assert equal operand types (its tensor-core compute fails on
+    # uint8 x int8), so where this kernel takes the product TVM's rows are not offered.
+    return _mma_dense_fits(attrs, inputs, target, "uint8")
 
 
 # --------------------------------------------------------------------------
@@ -394,7 +406,9 @@ def hooks() -> List[registry.Hook]:
             [registry.StrategyImpl(DENSE_IMPL, _dense_compute, _schedule_of(dense.TASK),
                                    _dense_applies, plevel=_PLEVEL),
              registry.StrategyImpl(MMA_DENSE_IMPL, _mma_dense_compute, _schedule_of(mma_gemm.TASK),
-                                   _mma_dense_applies, plevel=_PLEVEL + 1)],
+                                   _mma_dense_applies, plevel=_PLEVEL + 1),
+             registry.StrategyImpl(MMA_DENSE_IMPL, _mma_dense_compute, _schedule_of(mma_gemm.TASK),
+                                   _mma_dense_u8_applies, plevel=_PLEVEL + 1, exclusive=True)],
             targets=TARGETS,
         ),
         registry.op_attr("nn.conv2d", "FTVMLegalize", _legalize_conv2d, targets=TARGETS),

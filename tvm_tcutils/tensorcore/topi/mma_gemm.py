@@ -16,12 +16,13 @@ tenth of an H200's int8 peak. This kernel is the GEMM the architecture wants:
   shared memory (over the 48 KB of static memory: TVM's CUDA runtime raises the
   kernel's limit at launch).
 
-The kernel is written with TVM's TensorIR schedule and TVM's registered
-``ldmatrix``/``mma`` tensor intrinsics, lowered here, and wrapped as a TE extern
-op (:func:`dense`), so that it takes part in TE schedules, AutoTVM templates and
-Relay strategies like any other compute. It computes ``data (M, K) x weight
-(N, K)^T`` in int32 for int8 operands whose sizes are whole tiles
-(:func:`fits`).
+The kernel is written with TVM's TensorIR schedule and the package's
+``ldmatrix``/``mma`` tensor intrinsics (:mod:`.mma_intrin`: they generate the
+same instructions as TVM's int8 ones, and take uint8 activations too), lowered
+here, and wrapped as a TE extern op (:func:`dense`), so that it takes part in TE
+schedules, AutoTVM templates and Relay strategies like any other compute. It
+computes ``data (M, K) x weight (N, K)^T`` in int32 for int8 or uint8 data and
+int8 weights whose sizes are whole tiles (:func:`fits`).
 
 Examples
 --------
@@ -37,6 +38,8 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 from ..._tvm import tvm
 from tvm import autotvm, te, tir
 from tvm.topi.utils import get_const_tuple
+
+from . import mma_intrin
 
 #: AutoTVM task name of the template.
 TASK = "tcutils.dense_mma.cuda"
@@ -69,8 +72,6 @@ WARPS = (1, 2, 4)
 FRAGS = (1, 2, 4)
 CHUNKS = (1, 2, 4)
 STAGES = (2, 3, 4)
-
-_INTRINSICS = ("tcutils_ldmatrix_i8_a_dyn", "tcutils_ldmatrix_i8_b_trans_dyn")
 
 
 class MmaTiles(NamedTuple):
@@ -206,46 +207,24 @@ def fallback_tiles(m: int, n: int, k: int, arch: int = 90) -> Optional[MmaTiles]
     return max(large or usable, key=blocks)
 
 
-def _cuda_intrinsics():
-    """TVM's CUDA tensor intrinsics, imported on first use: the import parses some eighty TVMScript
-    functions (seconds), which every process importing the package would otherwise pay."""
-    from tvm.tir.tensor_intrin import cuda as cuda_intrin
-
-    return cuda_intrin
+def _tiled(tile_rows: int, tile_cols: int, inner):
+    """A map of one tile's (row, column) made a map of the whole operand: (tile row, tile column, *inner)."""
+    return lambda i, j: (i // tile_rows, j // tile_cols, *inner(i % tile_rows, j % tile_cols))
 
 
-def _register_intrinsics() -> None:
-    """``ldmatrix`` intrinsics reading dynamic shared memory (TVM registers its int8 ones for static only)."""
-    cuda_intrin = _cuda_intrinsics()
-    for name, (matrix, transposed) in zip(_INTRINSICS, (("A", False), ("B", True))):
-        if tir.TensorIntrin.get(name, allow_missing=True) is None:
-            tir.TensorIntrin.register(name, *cuda_intrin.get_ldmatrix_intrin(32, "int8", matrix, transposed,
-                                                                              "shared.dyn"))
-
-
-def _fragment_ab(i, j):
-    """A 16x32 operand tile's byte (i, j) -> (tile row, tile column, lane, byte in the lane's registers)."""
-    return (i // 16, j // 32, *_cuda_intrinsics().shared_16x32_to_ldmatrix_32x16_layout(i % 16, j % 32))
-
-
-def _fragment_c(i, j):
-    """A 16x16 accumulator tile's element (i, j) -> (tile row, tile column, lane, register)."""
-    return (i // 16, j // 16, *_cuda_intrinsics().shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
-
-
-def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles) -> tir.Schedule:
-    """The kernel as a TensorIR schedule of ``data x weight^T`` (not lowered yet).
-
-    (Built, lowered and read back as SASS by python_tests/tensorcore/test_mma_gemm.py: scheduling parses TVM's
-    CUDA tensor intrinsics, seconds, so the examples here stay clear of it.)
+def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
+                      intrinsics: Optional[mma_intrin.IntrinsicSet] = None) -> tir.Schedule:
+    """The kernel as a TensorIR schedule of ``data x weight^T`` (not lowered yet), tensorized with
+    ``intrinsics`` (default: :func:`.mma_intrin.intrinsics` for the data's type).
 
     Examples
     --------
-    >>> FALLBACK_TILES[0].block  # the rows, columns and K bytes one block of this schedule computes per stage
-    (128, 128, 64)
+    >>> x = te.placeholder((64, 64), "uint8"); w = te.placeholder((64, 64), "int8")
+    >>> text = schedule_primfunc(x, w, MmaTiles(1, 1, 2, 2, 1, 2)).mod.script()
+    >>> text.count("T.ptx_mma("), '"m16n8k32", "row", "col", "uint8", "int8"' in text
+    (1, True)
     """
-    _register_intrinsics()
-    cuda_intrin = _cuda_intrinsics()
+    intrinsics = intrinsics or mma_intrin.intrinsics(data.dtype, "shared.dyn")
     m, k = get_const_tuple(data.shape)
     n = get_const_tuple(weight.shape)[0]
     red = te.reduce_axis((0, k), name="k")
@@ -302,14 +281,15 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles) -> ti
     cols, cols_in = sch.split(cols, [None, 16])
     sch.reorder(rows, cols, rows_in, cols_in)
 
-    for frag in fragments:
-        sch.transform_layout(frag, ("write", 0), _fragment_ab)
-    sch.transform_layout(acc, ("read", 0), _fragment_c)
-    sch.tensorize(sch.get_loops(fragments[0])[-2], _INTRINSICS[0])
-    sch.tensorize(sch.get_loops(fragments[1])[-2], _INTRINSICS[1])
-    sch.tensorize(sch.get_loops(gemm)[-3], cuda_intrin.MMA_i8i8i32_TRANS_B_INTRIN)
-    sch.tensorize(sch.get_loops(init)[-2], cuda_intrin.MMA_fill_16x16_i32_INTRIN)
-    sch.tensorize(sch.get_loops(acc)[-2], cuda_intrin.MMA_store_16x16_i32_global_INTRIN)
+    sch.transform_layout(fragments[0], ("write", 0), _tiled(16, 32, intrinsics.map_a))
+    sch.transform_layout(fragments[1], ("write", 0), _tiled(16, 32, intrinsics.map_b))
+    sch.transform_layout(acc, ("read", 0), _tiled(16, 16, intrinsics.map_c))
+    names = intrinsics.names
+    sch.tensorize(sch.get_loops(fragments[0])[-2], names["load_a"])
+    sch.tensorize(sch.get_loops(fragments[1])[-2], names["load_b"])
+    sch.tensorize(sch.get_loops(gemm)[-3], names["mma"])
+    sch.tensorize(sch.get_loops(init)[-2], names["fill"])
+    sch.tensorize(sch.get_loops(acc)[-2], names["store"])
 
     # The K loop's body is [copy A, copy B, the k32 steps]: the copies run stages - 1 iterations ahead,
     # asynchronously (one commit group per iteration, waited for just before its stage is read).
@@ -334,25 +314,27 @@ def lower(sch: tir.Schedule) -> tir.PrimFunc:
 
 
 def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] = None, arch: int = 90) -> te.Tensor:
-    """``data (M, K) x weight (N, K)^T`` in int32 as a TE extern op running this kernel.
+    """``data (M, K) x weight (N, K)^T`` in int32 as a TE extern op running this kernel: int8 or uint8
+    data (``mma.sync`` ``.s8.s8`` or ``.u8.s8``), int8 weight.
 
     Raises
     ------
     TypeError
-        For operands that are not int8.
+        For a ``data`` that is not int8 or uint8, or a ``weight`` that is not int8.
     ValueError
         For shapes or tiles the kernel cannot take (the reason from :func:`fits`).
 
     Examples
     --------
-    >>> dense(te.placeholder((256, 512), "uint8"), te.placeholder((256, 512), "int8"))
+    >>> dense(te.placeholder((256, 512), "uint8"), te.placeholder((256, 512), "uint8"))
     Traceback (most recent call last):
     ...
-    TypeError: data: the mma int8 kernel takes int8 operands, got uint8
+    TypeError: weight: the mma kernel takes an int8 weight, got uint8
     """
-    for name, tensor in (("data", data), ("weight", weight)):
-        if tensor.dtype != "int8":
-            raise TypeError(f"{name}: the mma int8 kernel takes int8 operands, got {tensor.dtype}")
+    if data.dtype not in mma_intrin.A_DTYPES:
+        raise TypeError(f"data: the mma kernel takes {' or '.join(mma_intrin.A_DTYPES)} data, got {data.dtype}")
+    if weight.dtype != "int8":
+        raise TypeError(f"weight: the mma kernel takes an int8 weight, got {weight.dtype}")
     if len(data.shape) != 2 or len(weight.shape) != 2:
         raise ValueError(f"dense needs 2-D data and weight, got {get_const_tuple(data.shape)} and "
                          f"{get_const_tuple(weight.shape)}")
