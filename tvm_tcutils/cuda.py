@@ -297,6 +297,10 @@ def compile_cuda(code: str, target: Union[str, "tvm.target.Target", None] = None
     ...     assert "k" in resources(cubin)
     """
     arch = target_arch(target)
+    if arch == "sm_90" and "wgmma." in code:
+        # Warp-group MMA exists only for the architecture-specific sm_90a; its cubin runs on every sm_90 GPU
+        # (H100, H200), the only GPUs an sm_90 cubin runs on too.
+        arch = "sm_90a"
     chosen = compiler()
     root = toolkit_root()
     if root is None:

@@ -31,6 +31,7 @@ from .. import cuda, cuda_subbyte, registry
 from .._tvm import tvm
 from . import strategy
 from .convert_layout import HANDLERS
+from .topi import wgmma_gemm
 from .topi.hwnc_reference import DATA_LAYOUT, conv2d_hwnc, schedule_conv2d_hwnc
 
 
@@ -102,7 +103,7 @@ def hooks() -> List[registry.Hook]:
 
 def _postproc_cuda(code: str, target) -> str:
     """TVM's ``tvm_callback_cuda_postproc`` convention; a callback registered before the package's runs after it."""
-    code = cuda_subbyte.add_helpers(cuda.repair_source(code))
+    code = wgmma_gemm.add_helpers(cuda_subbyte.add_helpers(cuda.repair_source(code)))
     previous = registry.replaced_func("tvm_callback_cuda_postproc")
     return str(previous(code, target)) if previous is not None else code
 
