@@ -91,7 +91,8 @@ status=0
 # The GPU tests (bit-exact against numpy) run while ResNet-50 builds on the CPU; timings wait for them.
 rm -f "$WORK/pytest.done"
 ( "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --timeout=400 -rs \
-      python_tests/tensorcore/test_numerics.py python_tests/tensorcore/test_mma_gemm.py python_tests/test_cuda.py \
+      python_tests/tensorcore/test_numerics.py python_tests/tensorcore/test_mma_gemm.py \
+      python_tests/tensorcore/test_wgmma_gemm.py python_tests/test_cuda.py \
       python_tests/test_cuda_subbyte.py > "$OUT/pytest.log" 2>&1
   echo $? > "$WORK/pytest.rc"; touch "$WORK/pytest.done" ) &
 tests=$!

@@ -292,7 +292,8 @@ def test_gpu_check_rehearses_the_kernel_beside_the_wmma_one(tmp_path):
     results = Results("gpu_check_test", [])
     gpu_check.dense(results, "sm_90", shapes=[(128, 256, 512)])
     (row,) = results.rows
-    assert row["rehearsal"] and row["kernels"] == ["mma", "tcutils"] and row["mma_tiles"]["stages"] >= 2
+    assert row["rehearsal"] and row["kernels"] == ["mma", "tcutils", "wgmma"] and row["mma_tiles"]["stages"] >= 2
+    assert row["wgmma_tiles"]["n_tile"] == 64  # sm_90: the warp-group kernel too
     before = strategy.MMA_VERIFIED_ARCHS
     gpu_check.tune(results, "sm_90", "dense_mma", log_dir=str(tmp_path))
     tuned = results.rows[-1]

@@ -197,3 +197,56 @@ def test_kernel_is_bit_exact_on_the_gpu(shape, tiles, dtype):
     out = tvm.nd.empty((m, n), "int32", dev)
     func(tvm.nd.array(x, dev), tvm.nd.array(w, dev), out)
     np.testing.assert_array_equal(out.numpy(), _reference(x, w))
+
+
+# --------------------------------------------------------------------------
+# relay.build takes it where the GPU check verified it, and only there.
+# --------------------------------------------------------------------------
+def _relay_gemm_ops(dtype: str, epilogue: bool = False) -> list:
+    from tvm import relay
+
+    x = relay.var("x", shape=(256, 512), dtype=dtype)
+    w = relay.const(np.random.default_rng(0).integers(-128, 128, (256, 512)).astype("int8"))
+    out = relay.nn.dense(x, w, out_dtype="int32")
+    if epilogue:
+        out = relay.cast(relay.clip(relay.right_shift(out, relay.const(9)), -128, 127), "int8")
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(out), target=tvm.target.Target("cuda -arch=sm_90", host="llvm"))
+    codes = cuda.sass(cuda.module_cubin(lib.get_lib())).values()
+    return sorted({op for code in codes for op in _OPCODE.findall(code) if "MMA" in op})
+
+
+@needs_codegen
+def test_relay_build_takes_the_kernel_on_verified_archs_only(monkeypatch):
+    from tvm_tcutils.tensorcore import strategy
+
+    if "sm_90" not in strategy.WGMMA_VERIFIED_ARCHS:
+        assert not any(op.startswith("IGMMA") for op in _relay_gemm_ops("int8"))
+    monkeypatch.setattr(strategy, "WGMMA_VERIFIED_ARCHS", frozenset({"sm_90"}))
+    assert _relay_gemm_ops("int8", epilogue=True) == ["IGMMA.64x64x32.S8.S8"]
+    assert _relay_gemm_ops("uint8") == ["IGMMA.64x64x32.U8.S8"]
+
+
+def test_relay_build_runs_it_and_its_epilogue_bit_exact_on_the_gpu(monkeypatch):
+    from tvm import relay
+    from tvm.contrib import graph_executor
+
+    from tvm_tcutils.tensorcore import strategy
+
+    if not (_STATUS["codegen"] and _STATUS["device"]):
+        pytest.skip("needs a GPU and CUDA code generation (scripts/gpu_check.sh)")
+    arch = "sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
+    if not wgmma_gemm.supports(arch):
+        pytest.skip(f"the GPU is {arch}: wgmma runs on sm_90 only")
+    monkeypatch.setattr(strategy, "WGMMA_VERIFIED_ARCHS", frozenset({"sm_90"}))
+    x, w = _operands(256, 512, 1024, "uint8", seed=1)
+    data = relay.var("x", shape=x.shape, dtype="uint8")
+    out = relay.nn.dense(data, relay.const(w), out_dtype="int32") + relay.const(np.arange(512, dtype="int32") * 37)
+    out = relay.cast(relay.clip(relay.right_shift(out, relay.const(9)), -128, 127), "int8")
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(out), target=tvm.target.Target(f"cuda -arch={arch}", host="llvm"))
+    module = graph_executor.GraphModule(lib["default"](tvm.cuda(0)))
+    module.set_input("x", x)
+    module.run()
+    want = np.clip((x.astype(np.int64) @ w.astype(np.int64).T + np.arange(512) * 37) >> 9, -128, 127).astype("int8")
+    np.testing.assert_array_equal(module.get_output(0).numpy(), want)

@@ -423,17 +423,36 @@ def _mma_task(m: int, n: int, k: int, arch: str):
     return autotvm.task.create(mma_gemm.TASK, args, tvm.target.Target(f"cuda -arch={arch}")), tiles
 
 
+def _wgmma_function(m: int, n: int, k: int, target):
+    """The sm_90 warp-group kernel (fallback tiling) built for ``m x n x k``, with its tensors (output first,
+    as :func:`_task_function` gives them); None where no tiling fits."""
+    from tvm import te
+
+    from ..tensorcore.topi import wgmma_gemm
+
+    tiles = wgmma_gemm.fallback_tiles(m, n, k)
+    if tiles is None:
+        return None
+    x, w = te.placeholder((m, k), "int8"), te.placeholder((n, k), "int8")
+    with target:
+        out = wgmma_gemm.dense(x, w, tiles)
+        tensors = [out, x, w]
+        return (tvm.build(te.create_schedule(out.op), tensors, target), tensors), tiles
+
+
 def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, int]] = DENSE_SHAPES,
           torch_python: str = "python3") -> None:
     """The package's int8 dense kernels (fallback configs) against cuBLASLt (torch._int_mm) and the peak.
 
-    Two kernels of the package: the WMMA template (``tcutils``) and, on sm_80 and newer where a tiling
-    fits, the mma.sync/ldmatrix/cp.async one (``mma``, :mod:`~tvm_tcutils.tensorcore.topi.mma_gemm`).
-    Each is checked bit-exact against numpy (``exact``, ``mma_exact``) before it is timed.
+    The package's kernels: the WMMA template (``tcutils``); on sm_80 and newer where a tiling fits, the
+    mma.sync/ldmatrix/cp.async one (``mma``, :mod:`~tvm_tcutils.tensorcore.topi.mma_gemm`); on sm_90 the
+    warp-group one (``wgmma``, :mod:`~tvm_tcutils.tensorcore.topi.wgmma_gemm`). Each is checked
+    bit-exact against numpy (``exact``, ``mma_exact``, ``wgmma_exact``) before it is timed.
     """
     from tvm import te
 
     from ..tensorcore.topi import dense as tc_dense
+    from ..tensorcore.topi import wgmma_gemm
 
     target = tvm.target.Target(f"cuda -arch={arch}")
     present = gpu_present()
@@ -450,6 +469,10 @@ def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, 
             if mma is not None:
                 kernels["mma"] = _task_function(mma[0], target)
                 row["mma_tiles"] = dict(mma[1]._asdict())
+            warpgroup = _wgmma_function(m, n, k, target) if wgmma_gemm.supports(arch) else None
+            if warpgroup is not None:
+                kernels["wgmma"] = warpgroup[0]
+                row["wgmma_tiles"] = dict(warpgroup[1]._asdict())
             if not present:
                 row["rehearsal"] = True
                 row["kernels"] = sorted(kernels)
@@ -503,7 +526,7 @@ def summary(rows: List[dict]) -> Dict[str, object]:
     """Geometric means of the ratios (>1: the package is faster), for the docs' headline."""
     out: Dict[str, object] = {}
     for part, key in (("layers", "tvm_over_tcutils"), ("dense", "cublaslt_over_tcutils"),
-                      ("dense", "cublaslt_over_mma")):
+                      ("dense", "cublaslt_over_mma"), ("dense", "cublaslt_over_wgmma")):
         values = [r[key].value for r in rows if r.get("part") == part and key in r]
         if values:
             out[f"{part}_geomean_{key}"] = float(np.exp(np.mean(np.log(values))))
@@ -564,15 +587,17 @@ def markdown(payload: dict) -> str:
             return f"{100 * r.get(key + '_tops', 0) / r['peak_tops']:.1f}" if r.get("peak_tops") and r.get(key) else "-"
 
         def exact(r: dict) -> str:
-            return " / ".join({True: "yes", False: "NO"}.get(r.get(key), "-") for key in ("exact", "mma_exact"))
+            return " / ".join({True: "yes", False: "NO"}.get(r.get(key), "-")
+                              for key in ("exact", "mma_exact", "wgmma_exact"))
 
         parts.append(table(
-            ["M x N x K", "WMMA ms (TOPS)", "mma ms (TOPS)", "cuBLASLt ms (TOPS)", "cuBLASLt / WMMA",
-             "cuBLASLt / mma", "peak TOPS", "WMMA / mma % of peak", "bit-exact WMMA / mma"],
-            [[f"{r['m']} x {r['n']} x {r['k']}", timed(r, "tcutils"), timed(r, "mma"), timed(r, "cublaslt"),
-              _ratio(r.get("cublaslt_over_tcutils")), _ratio(r.get("cublaslt_over_mma")),
-              f"{r['peak_tops']:.0f}" if r.get("peak_tops") else "-",
-              f"{of_peak(r, 'tcutils')} / {of_peak(r, 'mma')}", exact(r)]
+            ["M x N x K", "WMMA ms (TOPS)", "mma ms (TOPS)", "wgmma ms (TOPS)", "cuBLASLt ms (TOPS)",
+             "cuBLASLt / WMMA", "cuBLASLt / mma", "cuBLASLt / wgmma", "peak TOPS",
+             "WMMA / mma / wgmma % of peak", "bit-exact WMMA / mma / wgmma"],
+            [[f"{r['m']} x {r['n']} x {r['k']}", timed(r, "tcutils"), timed(r, "mma"), timed(r, "wgmma"),
+              timed(r, "cublaslt"), _ratio(r.get("cublaslt_over_tcutils")), _ratio(r.get("cublaslt_over_mma")),
+              _ratio(r.get("cublaslt_over_wgmma")), f"{r['peak_tops']:.0f}" if r.get("peak_tops") else "-",
+              f"{of_peak(r, 'tcutils')} / {of_peak(r, 'mma')} / {of_peak(r, 'wgmma')}", exact(r)]
              for r in dense_rows]))
     tune_rows = [r for r in rows if r.get("part") == "tune" and "tuned" in r]
     if tune_rows:

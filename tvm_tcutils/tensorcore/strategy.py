@@ -14,6 +14,8 @@ What :func:`hooks` declares (all for the ``cuda``/``gpu`` target keys):
   :data:`MMA_VERIFIED_ARCHS` only (those where the GPU check ran it bit-exact)
   and sizes one of its tilings fits; for uint8 data (onnxruntime's QDQ
   activations) the only row, as TVM's CUDA dense rows fail on mixed types;
+  above them, the same for sm_90's warp-group kernel (:mod:`.topi.wgmma_gemm`,
+  gated by :data:`WGMMA_VERIFIED_ARCHS`);
 * ``FTVMLegalize`` for ``nn.conv2d``: an HWNC layer that qualifies but whose
   batch or channels do not fit a WMMA tile is zero-padded to the verdict's
   sizes (and its output sliced); an HWNC layer that does not qualify (channel
@@ -60,7 +62,7 @@ from .rules import (  # noqa: F401  (the setting, re-exported beside the hooks i
     DEFAULT_PAD_FRACTION, Verdict, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
     set_max_pad_fraction, unsupported_reason,
 )
-from .topi import conv2d_hwnc, dense, mma_gemm, wmma
+from .topi import conv2d_hwnc, dense, mma_gemm, wgmma_gemm, wmma
 
 logger = logging.getLogger("tvm_tcutils.tensorcore")
 
@@ -74,6 +76,12 @@ _PLEVEL = 25  # above TVM's own tensor-core rows (20)
 #: where ``scripts/gpu_check.sh`` ran it bit-exact against numpy on a GPU. It compiles, and its SASS is
 #: checked, for every sm_80+ arch on any machine; until a GPU has run it an arch keeps the WMMA kernel.
 MMA_VERIFIED_ARCHS: frozenset = frozenset()
+
+WGMMA_DENSE_IMPL = "tcutils.dense_wgmma.cuda"
+
+#: The same for the sm_90 warp-group kernel (:mod:`.topi.wgmma_gemm`), taken above the mma one: ``{"sm_90"}``
+#: once an H100/H200 ran it bit-exact (its SASS is checked on any machine).
+WGMMA_VERIFIED_ARCHS: frozenset = frozenset()
 # The conv2d row is exclusive: TVM's own HWNC row comes with an alter-op that
 # asserts a local GPU (``tvm.cuda(0).compute_version``), so a tuning log that
 # preferred it would crash compilation on a GPU-less build machine; one row
@@ -148,7 +156,9 @@ def _dense_applies(attrs, inputs, out_type, target) -> bool:
     return _fits_as_is(verdict, sizes)
 
 
-def _mma_dense_fits(attrs, inputs, target, data_dtype: str) -> bool:
+def _gemm_fits(attrs, inputs, target, data_dtype: str, verified: frozenset, tiles_for) -> bool:
+    """Whether an int8-weight GEMM kernel takes this ``nn.dense``: ``data_dtype`` data, int32 out, static
+    2-D shapes, an arch in ``verified``, and a tiling ``tiles_for(m, n, k, arch_number)`` finds."""
     data, weight = inputs
     if data.dtype != data_dtype or weight.dtype != "int8" or _out_dtype(attrs, "int32") != "int32":
         return False
@@ -161,20 +171,36 @@ def _mma_dense_fits(attrs, inputs, target, data_dtype: str) -> bool:
         number = mma_gemm.arch_number(cuda.target_arch(target))
     except ValueError:
         return False  # no arch to ask or an old one: the WMMA row and TVM's decide
-    if f"sm_{number}" not in MMA_VERIFIED_ARCHS:
+    if f"sm_{number}" not in verified:
         return False
     m, k, n = sizes
-    return mma_gemm.fallback_tiles(m, n, k, number) is not None
+    return tiles_for(m, n, k, number) is not None
+
+
+def _mma_tiles(m: int, n: int, k: int, number: int):
+    return mma_gemm.fallback_tiles(m, n, k, number)
+
+
+def _wgmma_tiles(m: int, n: int, k: int, number: int):
+    return wgmma_gemm.fallback_tiles(m, n, k) if number == 90 else None
 
 
 def _mma_dense_applies(attrs, inputs, out_type, target) -> bool:
-    return _mma_dense_fits(attrs, inputs, target, "int8")
+    return _gemm_fits(attrs, inputs, target, "int8", MMA_VERIFIED_ARCHS, _mma_tiles)
 
 
 def _mma_dense_u8_applies(attrs, inputs, out_type, target) -> bool:
     # Exclusive: TVM's CUDA dense rows assert equal operand types (its tensor-core compute fails on
     # uint8 x int8), so where this kernel takes the product TVM's rows are not offered.
-    return _mma_dense_fits(attrs, inputs, target, "uint8")
+    return _gemm_fits(attrs, inputs, target, "uint8", MMA_VERIFIED_ARCHS, _mma_tiles)
+
+
+def _wgmma_dense_applies(attrs, inputs, out_type, target) -> bool:
+    return _gemm_fits(attrs, inputs, target, "int8", WGMMA_VERIFIED_ARCHS, _wgmma_tiles)
+
+
+def _wgmma_dense_u8_applies(attrs, inputs, out_type, target) -> bool:
+    return _gemm_fits(attrs, inputs, target, "uint8", WGMMA_VERIFIED_ARCHS, _wgmma_tiles)
 
 
 # --------------------------------------------------------------------------
@@ -191,6 +217,15 @@ def _dense_compute(attrs, inputs, out_type):
 
 def _mma_dense_compute(attrs, inputs, out_type):
     return [registry.template(mma_gemm.TASK)[0](inputs[0], inputs[1], "int32")]
+
+
+def _wgmma_dense_compute(attrs, inputs, out_type):
+    return [wgmma_gemm.dense(inputs[0], inputs[1])]
+
+
+def _wgmma_dense_schedule(attrs, outs, target):
+    # The GEMM is scheduled inside its extern op; what Relay fused after it is one element-wise kernel.
+    return wrap_topi_schedule(lambda outs_: mma_gemm.schedule_dense(None, outs_))(attrs, outs, target)
 
 
 def _schedule_of(task: str):
@@ -408,7 +443,11 @@ def hooks() -> List[registry.Hook]:
              registry.StrategyImpl(MMA_DENSE_IMPL, _mma_dense_compute, _schedule_of(mma_gemm.TASK),
                                    _mma_dense_applies, plevel=_PLEVEL + 1),
              registry.StrategyImpl(MMA_DENSE_IMPL, _mma_dense_compute, _schedule_of(mma_gemm.TASK),
-                                   _mma_dense_u8_applies, plevel=_PLEVEL + 1, exclusive=True)],
+                                   _mma_dense_u8_applies, plevel=_PLEVEL + 1, exclusive=True),
+             registry.StrategyImpl(WGMMA_DENSE_IMPL, _wgmma_dense_compute, _wgmma_dense_schedule,
+                                   _wgmma_dense_applies, plevel=_PLEVEL + 2),
+             registry.StrategyImpl(WGMMA_DENSE_IMPL, _wgmma_dense_compute, _wgmma_dense_schedule,
+                                   _wgmma_dense_u8_applies, plevel=_PLEVEL + 2, exclusive=True)],
             targets=TARGETS,
         ),
         registry.op_attr("nn.conv2d", "FTVMLegalize", _legalize_conv2d, targets=TARGETS),
