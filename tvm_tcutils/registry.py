@@ -218,7 +218,8 @@ def strategy(
     """
     return Hook(
         "strategy", op_name, "FTVMStrategy", level, _keys(targets), tuple(impls),
-        description or ", ".join(impl.name for impl in impls),
+        # A name once: rows of one implementation that differ only in when they apply (operand types) are one.
+        description or ", ".join(dict.fromkeys(impl.name for impl in impls)),
     )
 
 
@@ -589,7 +590,8 @@ def registered() -> List[HookInfo]:
     ['autotvm_template', 'op_attr', 'packed_func', 'pattern_table', 'relay_op', 'strategy']
     >>> dense = [row for row in rows if row.kind == "strategy" and row.name == "nn.dense"]
     >>> print(dense[0])  # doctest: +NORMALIZE_WHITESPACE
-    strategy nn.dense.FTVMStrategy level=20 targets=cuda,gpu tcutils.dense_tensorcore.cuda, tcutils.dense_mma.cuda
+    strategy nn.dense.FTVMStrategy level=20 targets=cuda,gpu tcutils.dense_tensorcore.cuda, tcutils.dense_mma.cuda,
+    tcutils.dense_wgmma.cuda
     """
     return _REGISTRY.registered()
 

@@ -92,14 +92,19 @@ def test_markdown_tables_come_from_the_json(results, tmp_path):
     results.add(part="dense", m=256, n=256, k=512, peak_tops=100.0, tcutils=timing, cublaslt=timing, mma=timing,
                 tcutils_tops=0.07, cublaslt_tops=0.07, mma_tops=0.07, cublaslt_over_tcutils=ratio,
                 cublaslt_over_mma=ratio, exact=True, mma_exact=False)
+    results.add(part="dense", m=512, n=256, k=512, peak_tops=100.0, tcutils=timing, cublaslt=timing, wgmma=timing,
+                tcutils_tops=0.13, cublaslt_tops=0.13, wgmma_tops=0.13, cublaslt_over_tcutils=ratio,
+                cublaslt_over_wgmma=ratio, exact=True, wgmma_exact=True)
     results.add(part="tune", model="dense", template="t.cuda", tasks=1, tasks_tuned=1, new_trials=16, tune_s=50.0,
                 untuned=timing, tuned=timing, untuned_over_tuned=ratio, max_abs_diff=0.0)
     path = results.write(str(tmp_path / "g.json"))
     table = gpu_check.markdown(json.load(open(path)))
-    assert "| 128 x 256 x 512 | 2.000 (0) | - | 2.000 (0) | x0.50 [0.40, 0.60] | - | 100 | 0.0 / - | yes / - |" \
-        in table
-    assert ("| 256 x 256 x 512 | 2.000 (0) | 2.000 (0) | 2.000 (0) | x0.50 [0.40, 0.60] | x0.50 [0.40, 0.60] | 100 "
-            "| 0.1 / 0.1 | yes / NO |") in table
+    assert ("| 128 x 256 x 512 | 2.000 (0) | - | - | 2.000 (0) | x0.50 [0.40, 0.60] | - | - | 100 | 0.0 / - / - "
+            "| yes / - / - |") in table
+    assert ("| 256 x 256 x 512 | 2.000 (0) | 2.000 (0) | - | 2.000 (0) | x0.50 [0.40, 0.60] | x0.50 [0.40, 0.60] | - "
+            "| 100 | 0.1 / 0.1 / - | yes / NO / - |") in table
+    assert ("| 512 x 256 x 512 | 2.000 (0) | - | 2.000 (0) | 2.000 (0) | x0.50 [0.40, 0.60] | - | x0.50 [0.40, 0.60] "
+            "| 100 | 0.1 / - / 0.1 | yes / - / yes |") in table
     assert "| int8 dense 4096 x 4096 x 4096 (`t.cuda`) | 1 of 1 | 16 (50) | 2.000 | 2.000 | x0.50 [0.40, 0.60] | 0 |" \
         in table
 
