@@ -60,9 +60,9 @@ def test_fallback_tiles(m, n, k, block):
 
 @pytest.mark.parametrize("tiles, reason", [
     (wgmma_gemm.WgmmaTiles(1, 96, 2, 3), "n_tile 96 is not one of"),
-    (wgmma_gemm.WgmmaTiles(1, 64, 2, 1), "at least 2"),
+    (wgmma_gemm.WgmmaTiles(1, 64, 2, 2), "at least 3"),
     (wgmma_gemm.WgmmaTiles(2, 256, 4, 5), "exceed sm_90's"),
-    (wgmma_gemm.WgmmaTiles(2, 64, 1, 2), "do not split into 256 threads"),
+    (wgmma_gemm.WgmmaTiles(2, 64, 1, 3), "do not split into 256 threads"),
 ])
 def test_impossible_tilings_are_named(tiles, reason):
     assert reason in tiles.problem()
@@ -98,7 +98,7 @@ def test_helpers_are_added_once_and_only_where_called():
 # --------------------------------------------------------------------------
 @pytest.mark.parametrize("shape, tiles, dtype", each_value_once(
     [(128, 128, 256), (128, 256, 384)],
-    [wgmma_gemm.WgmmaTiles(2, 64, 2, 2), wgmma_gemm.WgmmaTiles(1, 128, 1, 3), wgmma_gemm.WgmmaTiles(1, 64, 4, 2)],
+    [wgmma_gemm.WgmmaTiles(2, 64, 2, 3), wgmma_gemm.WgmmaTiles(1, 128, 1, 4), wgmma_gemm.WgmmaTiles(1, 64, 4, 3)],
     ["int8", "uint8"],
 ))
 def test_the_kernels_maps_compute_the_product(shape, tiles, dtype):
@@ -111,7 +111,7 @@ def test_the_kernels_maps_compute_the_product(shape, tiles, dtype):
 def test_the_simulation_catches_swapped_descriptor_offsets(monkeypatch):
     # Not vacuous: reading core matrices with the leading and stride byte offsets swapped gives another product.
     x, w = _operands(64, 64, 128, "int8")
-    tiles = wgmma_gemm.WgmmaTiles(1, 64, 4, 2)
+    tiles = wgmma_gemm.WgmmaTiles(1, 64, 4, 3)
     assert (wgmma_gemm.simulate(x, w, tiles) == _reference(x, w)).all()
     read = wgmma_gemm._descriptor_read
     monkeypatch.setattr(wgmma_gemm, "_descriptor_read",
@@ -164,11 +164,12 @@ def test_kernel_uses_warpgroup_mma_and_async_copies(shape, tiles, dtype):
 
 @needs_codegen
 def test_a_stage_is_read_only_after_it_landed_and_refilled_only_after_it_was_read():
-    _, _, source = _kernel(_build(256, 256, 1024, wgmma_gemm.WgmmaTiles(1, 64, 2, 3)))
+    _, _, source = _kernel(_build(256, 256, 1024, wgmma_gemm.WgmmaTiles(1, 64, 2, 4)))
     body = source[source.index("for (int kt_1 = 0;"):]
+    # Four stages: two in flight while one is multiplied and one may still be read by step kt - 1's group.
     order = ["cp.async.wait_group 1", "tcutils_wgmma_proxy_fence()", "__syncthreads()", "cp.async.cg.shared.global",
              "cp.async.commit_group", "tcutils_wgmma_fence()", "tcutils_wgmma_m64n64k32_s8s8(",
-             "tcutils_wgmma_commit()", "tcutils_wgmma_wait_all()"]
+             "tcutils_wgmma_commit()", "tcutils_wgmma_wait_one()", "tcutils_wgmma_wait_all()", "dense_wgmma["]
     positions = [body.index(step) for step in order]
     assert positions == sorted(positions), list(zip(order, positions))
 
@@ -180,7 +181,8 @@ def test_a_stage_is_read_only_after_it_landed_and_refilled_only_after_it_was_rea
     ((4096, 4096, 4096), None, "int8"), ((512, 4096, 1024), None, "uint8"), ((128, 768, 3072), None, "int8"),
     ((512, 512, 1024), wgmma_gemm.WgmmaTiles(2, 128, 2, 4), "uint8"),
     ((512, 512, 1024), wgmma_gemm.WgmmaTiles(1, 64, 4, 3), "int8"),
-    ((256, 512, 2048), wgmma_gemm.WgmmaTiles(2, 256, 1, 5), "int8"),
+    ((256, 512, 2048), wgmma_gemm.WgmmaTiles(2, 256, 1, 6), "int8"),
+    ((128, 128, 192), wgmma_gemm.WgmmaTiles(1, 64, 2, 3), "int8"),  # as few K steps as stages
 ], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
 def test_kernel_is_bit_exact_on_the_gpu(shape, tiles, dtype):
     if not _STATUS["codegen"]:

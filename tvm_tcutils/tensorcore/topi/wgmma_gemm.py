@@ -18,9 +18,11 @@ The kernel:
   apart (the *leading* byte offset): :func:`shared_offset`;
 * after a stage has landed (``cp.async.wait_group``, a proxy fence so that the
   tensor cores' asynchronous reads see the copies, a block barrier) the next
-  stage's copies are issued into the slot the previous step finished reading,
-  then the warp groups issue their ``wgmma`` (``wgmma.fence``, one per 32 bytes
-  of K, ``commit_group``, ``wait_group 0``);
+  stage's copies are issued into the slot the step before last read, then the
+  warp groups issue their ``wgmma`` (``wgmma.fence``, one per 32 bytes of K,
+  ``commit_group``) and wait until at most this step's group is in flight
+  (``wait_group 1``): the tensor cores multiply while the warps wait, fence and
+  copy for the next step;
 * the accumulators go to global memory in the instruction's D layout
   (:func:`accumulator_position`).
 
@@ -85,7 +87,7 @@ A_DTYPES = {"int8": "s8", "uint8": "u8"}
 #: Knob values of an AutoTVM template over this kernel.
 WARPGROUPS = (1, 2)
 CHUNKS = (1, 2, 4)
-STAGES = (2, 3, 4, 5)
+STAGES = (3, 4, 5, 6)
 
 
 class WgmmaTiles(NamedTuple):
@@ -121,8 +123,9 @@ class WgmmaTiles(NamedTuple):
         rows_m, rows_n, k = self.block
         if self.n_tile not in N_TILES:
             return f"n_tile {self.n_tile} is not one of {N_TILES}"
-        if self.stages < 2:
-            return f"{self.stages} stage cannot overlap copies and multiplies (at least 2)"
+        if self.stages < 3:
+            return (f"{self.stages} stages cannot overlap copies and multiplies (at least 3: one being copied, "
+                    "one multiplied, one still read by the instructions left in flight)")
         for rows in (rows_m, rows_n):
             if rows * k // CORE_ROW % self.threads:
                 return f"{rows} rows of {k} bytes do not split into {self.threads} threads' 16-byte copies"
@@ -133,10 +136,10 @@ class WgmmaTiles(NamedTuple):
 
 #: Tilings the untuned kernel chooses from, largest first (:func:`fallback_tiles`).
 FALLBACK_TILES: Tuple[WgmmaTiles, ...] = (
-    WgmmaTiles(2, 256, 2, 4),  # 128 x 256: CUTLASS's usual Hopper tile, two warp groups
-    WgmmaTiles(2, 128, 2, 4),  # 128 x 128
-    WgmmaTiles(1, 128, 2, 4),  # 64 x 128
-    WgmmaTiles(1, 64, 2, 4),   # 64 x 64
+    WgmmaTiles(2, 256, 2, 5),  # 128 x 256: CUTLASS's usual Hopper tile, two warp groups; 120 KB
+    WgmmaTiles(2, 128, 2, 5),  # 128 x 128
+    WgmmaTiles(1, 128, 2, 5),  # 64 x 128
+    WgmmaTiles(1, 64, 2, 5),   # 64 x 64
 )
 
 #: Streaming multiprocessors of an H100/H200 (SXM): the fallback tile is the largest whose grid fills them.
@@ -161,8 +164,8 @@ def fits(m: int, n: int, k: int, tiles: WgmmaTiles) -> Optional[str]:
         return f"{m}x{n} is not made of whole {rows_m}x{rows_n} block tiles"
     if k % block_k:
         return f"K = {k} is not a multiple of the {block_k}-byte stage"
-    if k // block_k < tiles.stages - 1:
-        return f"K = {k} has fewer than {tiles.stages - 1} stages of {block_k} bytes to prefetch"
+    if k // block_k < tiles.stages - 2:
+        return f"K = {k} has fewer than {tiles.stages - 2} stages of {block_k} bytes to prefetch"
     return None
 
 
@@ -279,6 +282,9 @@ __device__ __forceinline__ void tcutils_wgmma_fence() { asm volatile("wgmma.fenc
 __device__ __forceinline__ void tcutils_wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
+__device__ __forceinline__ void tcutils_wgmma_wait_one() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
 __device__ __forceinline__ void tcutils_wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
@@ -305,7 +311,7 @@ def primfunc(m: int, n: int, k: int, tiles: WgmmaTiles, a_dtype: str = "int8") -
 
     Examples
     --------
-    >>> text = primfunc(128, 128, 128, WgmmaTiles(1, 64, 2, 2), "uint8").script()
+    >>> text = primfunc(128, 128, 128, WgmmaTiles(1, 64, 2, 3), "uint8").script()
     >>> "tcutils_wgmma_m64n64k32_u8s8" in text, "T.ptx_cp_async" in text
     (True, True)
     """
@@ -332,8 +338,9 @@ def primfunc(m: int, n: int, k: int, tiles: WgmmaTiles, a_dtype: str = "int8") -
         acc = T.decl_buffer((regs,), "int32", scope="local")
         for r in T.unroll(regs):
             acc[r] = 0
-        # Prologue: the first stages - 1 stages in flight, one commit group each.
-        for kt in T.serial(stages - 1):
+        # Prologue: the first stages - 2 stages in flight, one commit group each (of the other two slots, one
+        # is multiplied, one may still be read by the instructions of the step before).
+        for kt in T.serial(stages - 2):
             for q in T.unroll(copies_a):
                 row, byte = T.meta_var(piece(q * threads + tx, chunks_per_row))
                 T.evaluate(T.ptx_cp_async(a_dtype, smem.data, kt * stage + shared_offset(row, byte, rows_m),
@@ -345,11 +352,12 @@ def primfunc(m: int, n: int, k: int, tiles: WgmmaTiles, a_dtype: str = "int8") -
             T.evaluate(T.ptx_commit_group())
         for kt in T.serial(k_tiles):
             # Stage kt has landed (this thread's copies), is visible to the async proxy, and every thread's
-            # copies are in; every warp group has also finished reading stage kt - 1 (waited below).
-            T.evaluate(T.ptx_wait_group(stages - 2))
+            # copies are in; every warp group has also finished reading stage kt - 2 (one group of
+            # instructions, step kt - 1's, is left in flight below).
+            T.evaluate(T.ptx_wait_group(stages - 3))
             T.evaluate(T.call_extern("handle", "tcutils_wgmma_proxy_fence"))
             T.evaluate(T.tvm_storage_sync("shared"))
-            nxt = kt + stages - 1
+            nxt = kt + stages - 2
             if nxt < k_tiles:
                 slot = nxt % stages
                 for q in T.unroll(copies_a):
@@ -373,7 +381,8 @@ def primfunc(m: int, n: int, k: int, tiles: WgmmaTiles, a_dtype: str = "int8") -
                     T.call_extern("uint64", "tcutils_gmma_desc", T.address_of(smem[base + at_b]),
                                   rows_n * CORE_ROW, STRIDE_BYTES)))
             T.evaluate(T.call_extern("handle", "tcutils_wgmma_commit"))
-            T.evaluate(T.call_extern("handle", "tcutils_wgmma_wait_all"))
+            T.evaluate(T.call_extern("handle", "tcutils_wgmma_wait_one"))
+        T.evaluate(T.call_extern("handle", "tcutils_wgmma_wait_all"))
         for r in T.unroll(regs):
             row, col = T.meta_var(accumulator_position(tx % GROUP_THREADS, r))
             C[by * rows_m + GROUP_ROWS * (tx // GROUP_THREADS) + row, bx * rows_n + col] = acc[r]
