@@ -26,8 +26,8 @@ from tvm_tcutils import cuda  # noqa: E402
 from tvm_tcutils.bench import gpu_check  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 
-PARTS = ("resnet50", "tune", "tune_dense", "tune_dense_mma", "exact", "layers", "dense", "int4_probe", "profile",
-         "int4_cast", "int4", "stem", "int4_diag", "int4_speed")
+PARTS = ("resnet50", "tune", "tune_dense", "tune_dense_mma", "tune_dense_wgmma", "exact", "layers", "dense",
+         "int4_probe", "profile", "int4_cast", "int4", "stem", "int4_diag", "int4_speed")
 
 
 def _parts(text: str) -> list:
@@ -72,8 +72,9 @@ def main(argv=None) -> int:
         try:
             if part == "resnet50":
                 gpu_check.resnet50(results, arch, args.batch, args.rounds, wait)
-            elif part in ("tune", "tune_dense", "tune_dense_mma"):  # the tuning log beside the JSON
-                model = {"tune": "resnet50", "tune_dense": "dense", "tune_dense_mma": "dense_mma"}[part]
+            elif part in ("tune", "tune_dense", "tune_dense_mma", "tune_dense_wgmma"):  # the log beside the JSON
+                model = {"tune": "resnet50", "tune_dense": "dense", "tune_dense_mma": "dense_mma",
+                         "tune_dense_wgmma": "dense_wgmma"}[part]
                 gpu_check.tune(results, arch, model, args.batch, args.rounds,
                                budget_s=args.tune_budget if part == "tune" else args.tune_dense_budget,
                                trials=args.tune_trials,

@@ -252,3 +252,19 @@ def test_relay_build_runs_it_and_its_epilogue_bit_exact_on_the_gpu(monkeypatch):
     module.run()
     want = np.clip((x.astype(np.int64) @ w.astype(np.int64).T + np.arange(512) * 37) >> 9, -128, 127).astype("int8")
     np.testing.assert_array_equal(module.get_output(0).numpy(), want)
+
+
+def test_an_invalid_config_of_the_template_is_an_instantiation_error():
+    from tvm import autotvm
+
+    task = autotvm.task.create(wgmma_gemm.TASK, (te.placeholder((256, 512), "int8"),
+                                                 te.placeholder((256, 512), "int8"), "int32"),
+                               tvm.target.Target("cuda -arch=sm_90"))
+    space = task.config_space
+    invalid = next(space.get(i) for i in range(len(space))
+                   if wgmma_gemm.WgmmaTiles(*(space.get(i)[knob].val for knob in wgmma_gemm.WgmmaTiles._fields))
+                   .problem() is not None)
+    with pytest.raises(autotvm.task.space.InstantiationError, match="tiling"):
+        task.instantiate(invalid)
+    assert len(space) == len(wgmma_gemm.WARPGROUPS) * len(wgmma_gemm.N_TILES) * len(wgmma_gemm.CHUNKS) \
+        * len(wgmma_gemm.STAGES)

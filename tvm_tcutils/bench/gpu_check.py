@@ -544,7 +544,8 @@ def _ratio(value: Optional[dict]) -> str:
 def _tune_model(row: dict) -> str:
     if row["model"] == "resnet50":
         return f"ResNet-50 int8, batch {row.get('batch', 8)}"
-    return "int8 dense {} x {} x {}".format(*TUNE_DENSE) + (" (mma)" if row["model"] == "dense_mma" else "")
+    kernel = {"dense_mma": " (mma)", "dense_wgmma": " (wgmma)"}.get(row["model"], "")
+    return "int8 dense {} x {} x {}".format(*TUNE_DENSE) + kernel
 
 
 def markdown(payload: dict) -> str:
@@ -1089,35 +1090,38 @@ def tune(results, arch: str, model: str = "resnet50", batch: int = 8, rounds: in
     """AutoTVM tuning on this GPU, as a user runs it: :func:`tvm_tcutils.tuning.tune` (XGBTuner, the
     package's local runner) of ``model``'s tensor-core tasks for ``budget_s``: ``"resnet50"`` (the int8
     ResNet-50's convolutions, ``trials`` per task, default 32; its float layers keep their fallback configs),
-    ``"dense"`` (the int8 :data:`TUNE_DENSE` GEMM on the WMMA template, default 64 trials) or ``"dense_mma"``
+    ``"dense"`` (the int8 :data:`TUNE_DENSE` GEMM on the WMMA template, default 64 trials), ``"dense_mma"``
     (the same GEMM on the sm_80+ mma template, which the part lets ``relay.build`` take for ``arch`` while it
-    runs: see :data:`~tvm_tcutils.tensorcore.strategy.MMA_VERIFIED_ARCHS`; the dense outputs are also checked
-    against numpy). Then the model is built untuned and with
+    runs: see :data:`~tvm_tcutils.tensorcore.strategy.MMA_VERIFIED_ARCHS`) or ``"dense_wgmma"`` (the sm_90
+    warp-group template, likewise: ``WGMMA_VERIFIED_ARCHS``); the dense outputs are also checked against
+    numpy. Then the model is built untuned and with
     the log, run on one input (the tuned kernels compute the same integers: the outputs must be equal) and
     timed in turns. The log (``tune_<model>.log``) stays in ``log_dir``. Without a GPU: the builds, the tasks,
     and whether the local runner's server has the CUDA device API (the rehearsal)."""
     if model not in TUNE_MODELS:
         raise ValueError(f"model must be one of {', '.join(TUNE_MODELS)}, got {model!r}")
-    if model != "dense_mma":
+    gate = {"dense_mma": "MMA_VERIFIED_ARCHS", "dense_wgmma": "WGMMA_VERIFIED_ARCHS"}.get(model)
+    if gate is None:
         return _tune(results, arch, model, batch, rounds, budget_s, trials, log_dir, wait)
     from ..tensorcore import strategy
+    from ..tensorcore.topi.mma_gemm import arch_number
 
-    verified = strategy.MMA_VERIFIED_ARCHS
-    strategy.MMA_VERIFIED_ARCHS = verified | {arch}
+    verified = getattr(strategy, gate)
+    setattr(strategy, gate, verified | {f"sm_{arch_number(arch)}"})
     try:
         return _tune(results, arch, model, batch, rounds, budget_s, trials, log_dir, wait)
     finally:
-        strategy.MMA_VERIFIED_ARCHS = verified
+        setattr(strategy, gate, verified)
 
 
 #: What :func:`tune` tunes.
-TUNE_MODELS = ("resnet50", "dense", "dense_mma")
+TUNE_MODELS = ("resnet50", "dense", "dense_mma", "dense_wgmma")
 
 
 def _tune(results, arch: str, model: str, batch: int, rounds: int, budget_s: float, trials: Optional[int],
           log_dir: Optional[str], wait: Callable[[], None]) -> None:
     from .. import tuning
-    from ..tensorcore.topi import conv2d_hwnc, mma_gemm
+    from ..tensorcore.topi import conv2d_hwnc, mma_gemm, wgmma_gemm
     from ..tensorcore.topi import dense as tc_dense
 
     # What the tuning needs beyond TVM, before a minute of building: XGBTuner's model and the local runner's
@@ -1134,7 +1138,8 @@ def _tune(results, arch: str, model: str, batch: int, rounds: int, budget_s: flo
         mod, params, _, x = _resnet50_logits(batch, "int8", target)
         inputs = {"data": x}
     else:
-        template, n_trials = (tc_dense.TASK if model == "dense" else mma_gemm.TASK), trials or 64
+        template = {"dense": tc_dense.TASK, "dense_mma": mma_gemm.TASK, "dense_wgmma": wgmma_gemm.TASK}[model]
+        n_trials = trials or 64
         m, n, k = TUNE_DENSE
         mod, params = _dense_module(m, n, k), {}
         rng = np.random.default_rng(0)

@@ -66,11 +66,12 @@ def hooks() -> List[registry.Hook]:
 
     Examples
     --------
-    >>> for kind, name in sorted({(hook.kind, hook.name) for hook in hooks()})[:4]:
+    >>> for kind, name in sorted({(hook.kind, hook.name) for hook in hooks()})[:5]:
     ...     print(kind, name)
     autotvm_template tcutils.conv2d_hwnc_tensorcore.cuda
     autotvm_template tcutils.dense_mma.cuda
     autotvm_template tcutils.dense_tensorcore.cuda
+    autotvm_template tcutils.dense_wgmma.cuda
     op_attr nn.conv2d
     """
     declared = [

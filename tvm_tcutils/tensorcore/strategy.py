@@ -220,12 +220,7 @@ def _mma_dense_compute(attrs, inputs, out_type):
 
 
 def _wgmma_dense_compute(attrs, inputs, out_type):
-    return [wgmma_gemm.dense(inputs[0], inputs[1])]
-
-
-def _wgmma_dense_schedule(attrs, outs, target):
-    # The GEMM is scheduled inside its extern op; what Relay fused after it is one element-wise kernel.
-    return wrap_topi_schedule(lambda outs_: mma_gemm.schedule_dense(None, outs_))(attrs, outs, target)
+    return [registry.template(wgmma_gemm.TASK)[0](inputs[0], inputs[1], "int32")]
 
 
 def _schedule_of(task: str):
@@ -430,6 +425,10 @@ def hooks() -> List[registry.Hook]:
             mma_gemm.TASK, mma_gemm.dense_template, mma_gemm.schedule_dense,
             "int8 dense on sm_80+ tensor cores (mma.sync m16n8k32, ldmatrix, cp.async pipeline)",
         ),
+        registry.autotvm_template(
+            wgmma_gemm.TASK, wgmma_gemm.dense_template, wgmma_gemm.schedule_template,
+            "int8 dense on sm_90 tensor cores (wgmma, cp.async pipeline)",
+        ),
         registry.strategy(
             "nn.conv2d",
             [registry.StrategyImpl(CONV2D_IMPL, _conv2d_compute, _schedule_of(conv2d_hwnc.TASK),
@@ -444,9 +443,9 @@ def hooks() -> List[registry.Hook]:
                                    _mma_dense_applies, plevel=_PLEVEL + 1),
              registry.StrategyImpl(MMA_DENSE_IMPL, _mma_dense_compute, _schedule_of(mma_gemm.TASK),
                                    _mma_dense_u8_applies, plevel=_PLEVEL + 1, exclusive=True),
-             registry.StrategyImpl(WGMMA_DENSE_IMPL, _wgmma_dense_compute, _wgmma_dense_schedule,
+             registry.StrategyImpl(WGMMA_DENSE_IMPL, _wgmma_dense_compute, _schedule_of(wgmma_gemm.TASK),
                                    _wgmma_dense_applies, plevel=_PLEVEL + 2),
-             registry.StrategyImpl(WGMMA_DENSE_IMPL, _wgmma_dense_compute, _wgmma_dense_schedule,
+             registry.StrategyImpl(WGMMA_DENSE_IMPL, _wgmma_dense_compute, _schedule_of(wgmma_gemm.TASK),
                                    _wgmma_dense_u8_applies, plevel=_PLEVEL + 2, exclusive=True)],
             targets=TARGETS,
         ),

@@ -51,7 +51,12 @@ from tvm import te, tir
 from tvm.script import tir as T
 from tvm.topi.utils import get_const_tuple
 
-from .mma_gemm import arch_number
+from tvm import autotvm
+
+from .mma_gemm import arch_number, schedule_dense
+
+#: AutoTVM task name of the template.
+TASK = "tcutils.dense_wgmma.cuda"
 
 #: The architecture-specific target ``wgmma`` needs (``sm_90`` without ``a`` rejects it).
 ARCH = "sm_90a"
@@ -489,6 +494,42 @@ def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[WgmmaTiles] = None
                      out_buffers=[out], name="dense_wgmma", tag="tcutils_dense_wgmma", dtype="int32")
 
 
+def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "int32") -> te.Tensor:
+    """AutoTVM compute of :data:`TASK`: :func:`dense` with the tiling as knobs (``warpgroups``, ``n_tile``,
+    ``chunk``, ``stages``); a tiling that does not fit the shape is invalid (AutoTVM records it as such).
+
+    Examples
+    --------
+    >>> x = te.placeholder((256, 512), "int8"); w = te.placeholder((256, 512), "int8")
+    >>> dense_template(autotvm.get_config(), x, w, "int16")
+    Traceback (most recent call last):
+    ...
+    ValueError: out_dtype: the wgmma kernel accumulates in int32, got int16
+    """
+    if out_dtype != "int32":
+        raise ValueError(f"out_dtype: the wgmma kernel accumulates in int32, got {out_dtype}")
+    m, k = get_const_tuple(data.shape)
+    n = get_const_tuple(weight.shape)[0]
+    for knob, values in (("warpgroups", WARPGROUPS), ("n_tile", N_TILES), ("chunk", CHUNKS), ("stages", STAGES)):
+        cfg.define_knob(knob, list(values))
+    cfg.add_flop(2 * m * n * k)
+    if cfg.is_fallback:
+        chosen = fallback_tiles(m, n, k)
+        if chosen is not None:
+            for knob, value in chosen._asdict().items():
+                cfg[knob] = autotvm.task.space.OtherOptionEntity(value)
+    tiles = WgmmaTiles(*(cfg[knob].val for knob in WgmmaTiles._fields))
+    problem = fits(m, n, k, tiles)
+    if problem:
+        raise autotvm.task.space.InstantiationError(f"tiling {tuple(tiles)}: {problem}")
+    return dense(data, weight, tiles)
+
+
+#: AutoTVM schedule of :data:`TASK`: the GEMM is scheduled inside its extern op; what Relay fused after it is
+#: one element-wise kernel (as for the mma kernel).
+schedule_template = schedule_dense
+
+
 def supports(arch: str) -> bool:
     """Whether ``arch`` runs ``wgmma``: sm_90 GPUs (a module for ``sm_90`` holding this kernel is compiled for
     ``sm_90a`` by :func:`tvm_tcutils.cuda.compile_cuda`; later architectures dropped the instruction).
@@ -501,6 +542,7 @@ def supports(arch: str) -> bool:
     return arch_number(arch) == 90
 
 
-__all__ = ["WgmmaTiles", "FALLBACK_TILES", "HELPERS", "accumulator_position", "add_helpers", "dense",
+__all__ = ["TASK", "WgmmaTiles", "FALLBACK_TILES", "HELPERS", "accumulator_position", "add_helpers", "dense",
+           "dense_template", "schedule_template",
            "descriptor_offsets", "fallback_tiles", "fits", "piece", "primfunc", "shared_offset", "simulate",
            "supports"]
