@@ -313,6 +313,59 @@ def lower(sch: tir.Schedule) -> tir.PrimFunc:
     return lowered["main"]
 
 
+def operand_sizes(data: te.Tensor, weight: te.Tensor, kernel: str) -> Tuple[int, int, int]:
+    """(M, N, K) of ``data (M, K) x weight (N, K)^T`` for an 8-bit GEMM ``kernel`` (named in the errors).
+
+    Raises
+    ------
+    TypeError
+        For a ``data`` that is not int8 or uint8, or a ``weight`` that is not int8.
+    ValueError
+        For operands that are not 2-D or disagree on K.
+
+    Examples
+    --------
+    >>> operand_sizes(te.placeholder((128, 64), "uint8"), te.placeholder((256, 64), "int8"), "mma")
+    (128, 256, 64)
+    """
+    if data.dtype not in mma_intrin.A_DTYPES:
+        raise TypeError(f"data: the {kernel} kernel takes {' or '.join(mma_intrin.A_DTYPES)} data, got {data.dtype}")
+    if weight.dtype != "int8":
+        raise TypeError(f"weight: the {kernel} kernel takes an int8 weight, got {weight.dtype}")
+    if len(data.shape) != 2 or len(weight.shape) != 2:
+        raise ValueError(f"dense needs 2-D data and weight, got {get_const_tuple(data.shape)} and "
+                         f"{get_const_tuple(weight.shape)}")
+    m, k = get_const_tuple(data.shape)
+    n, wk = get_const_tuple(weight.shape)
+    if wk != k:
+        raise ValueError(f"weight has {wk} input features, data has {k}")
+    return m, n, k
+
+
+def template_tiles(cfg, knobs: Dict[str, Sequence], tiles_type, fallback, problem_of):
+    """The tiling an AutoTVM template's ``cfg`` picks: ``knobs`` defined (name -> values, the fields of
+    ``tiles_type``), the ``fallback`` tiling (or None) set on an untuned config, and an
+    ``InstantiationError`` with ``problem_of(tiles)``'s reason for one that does not fit.
+
+    Examples
+    --------
+    >>> template_tiles(autotvm.get_config(), {"warps_m": WARPS, "warps_n": WARPS, "frags_m": FRAGS,
+    ...                "frags_n": FRAGS, "chunk": CHUNKS, "stages": STAGES}, MmaTiles, FALLBACK_TILES[0],
+    ...                lambda tiles: None).block
+    (128, 128, 64)
+    """
+    for knob, values in knobs.items():
+        cfg.define_knob(knob, list(values))
+    if cfg.is_fallback and fallback is not None:
+        for knob, value in fallback._asdict().items():
+            cfg[knob] = autotvm.task.space.OtherOptionEntity(value)
+    tiles = tiles_type(*(cfg[knob].val for knob in tiles_type._fields))
+    problem = problem_of(tiles)
+    if problem:
+        raise autotvm.task.space.InstantiationError(f"tiling {tuple(tiles)}: {problem}")
+    return tiles
+
+
 def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] = None, arch: int = 90) -> te.Tensor:
     """``data (M, K) x weight (N, K)^T`` in int32 as a TE extern op running this kernel: int8 or uint8
     data (``mma.sync`` ``.s8.s8`` or ``.u8.s8``), int8 weight.
@@ -331,17 +384,7 @@ def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] = None, 
     ...
     TypeError: weight: the mma kernel takes an int8 weight, got uint8
     """
-    if data.dtype not in mma_intrin.A_DTYPES:
-        raise TypeError(f"data: the mma kernel takes {' or '.join(mma_intrin.A_DTYPES)} data, got {data.dtype}")
-    if weight.dtype != "int8":
-        raise TypeError(f"weight: the mma kernel takes an int8 weight, got {weight.dtype}")
-    if len(data.shape) != 2 or len(weight.shape) != 2:
-        raise ValueError(f"dense needs 2-D data and weight, got {get_const_tuple(data.shape)} and "
-                         f"{get_const_tuple(weight.shape)}")
-    m, k = get_const_tuple(data.shape)
-    n, wk = get_const_tuple(weight.shape)
-    if wk != k:
-        raise ValueError(f"weight has {wk} input features, data has {k}")
+    m, n, k = operand_sizes(data, weight, "mma")
     tiles = tiles or fallback_tiles(m, n, k, arch)
     problem = "no tiling fits" if tiles is None else fits(m, n, k, tiles, arch)
     if problem:
@@ -378,19 +421,11 @@ def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "in
     m, k = get_const_tuple(data.shape)
     n = get_const_tuple(weight.shape)[0]
     arch = _target_arch()
-    for knob, values in (("warps_m", WARPS), ("warps_n", WARPS), ("frags_m", FRAGS), ("frags_n", FRAGS),
-                         ("chunk", CHUNKS), ("stages", STAGES)):
-        cfg.define_knob(knob, list(values))
     cfg.add_flop(2 * m * n * k)
-    if cfg.is_fallback:
-        chosen = fallback_tiles(m, n, k, arch)
-        if chosen is not None:
-            for knob, value in chosen._asdict().items():
-                cfg[knob] = autotvm.task.space.OtherOptionEntity(value)
-    tiles = MmaTiles(*(cfg[knob].val for knob in MmaTiles._fields))
-    problem = fits(m, n, k, tiles, arch)
-    if problem:
-        raise autotvm.task.space.InstantiationError(f"tiling {tuple(tiles)}: {problem}")
+    knobs = {"warps_m": WARPS, "warps_n": WARPS, "frags_m": FRAGS, "frags_n": FRAGS, "chunk": CHUNKS,
+             "stages": STAGES}
+    tiles = template_tiles(cfg, knobs, MmaTiles, fallback_tiles(m, n, k, arch),
+                           lambda tiles: fits(m, n, k, tiles, arch))
     return dense(data, weight, tiles, arch)
 
 

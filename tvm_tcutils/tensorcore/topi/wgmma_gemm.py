@@ -51,9 +51,7 @@ from tvm import te, tir
 from tvm.script import tir as T
 from tvm.topi.utils import get_const_tuple
 
-from tvm import autotvm
-
-from .mma_gemm import arch_number, schedule_dense
+from .mma_gemm import arch_number, operand_sizes, schedule_dense, template_tiles
 
 #: AutoTVM task name of the template.
 TASK = "tcutils.dense_wgmma.cuda"
@@ -330,6 +328,18 @@ def primfunc(m: int, n: int, k: int, tiles: WgmmaTiles, a_dtype: str = "int8") -
     steps = block_k // STEP_K
     helper = _helper_name(tiles.n_tile, a_dtype)
 
+    @T.macro
+    def copy_stage(A, B, smem, tx, bx, by, slot, tile):
+        # K stage ``tile`` of both operands into shared slot ``slot``, 16 bytes a cp.async.
+        for q in T.unroll(copies_a):
+            row, byte = T.meta_var(piece(q * threads + tx, chunks_per_row))
+            T.evaluate(T.ptx_cp_async(a_dtype, smem.data, slot * stage + shared_offset(row, byte, rows_m),
+                                      A.data, (by * rows_m + row) * k + tile * block_k + byte, CORE_ROW))
+        for q in T.unroll(copies_b):
+            row, byte = T.meta_var(piece(q * threads + tx, chunks_per_row))
+            T.evaluate(T.ptx_cp_async("int8", smem.data, slot * stage + stage_a + shared_offset(row, byte, rows_n),
+                                      B.data, (bx * rows_n + row) * k + tile * block_k + byte, CORE_ROW))
+
     @T.prim_func
     def kernel(a: T.handle, b: T.handle, c: T.handle):
         T.func_attr({"global_symbol": "main", "tir.noalias": T.bool(True)})
@@ -346,14 +356,7 @@ def primfunc(m: int, n: int, k: int, tiles: WgmmaTiles, a_dtype: str = "int8") -
         # Prologue: the first stages - 2 stages in flight, one commit group each (of the other two slots, one
         # is multiplied, one may still be read by the instructions of the step before).
         for kt in T.serial(stages - 2):
-            for q in T.unroll(copies_a):
-                row, byte = T.meta_var(piece(q * threads + tx, chunks_per_row))
-                T.evaluate(T.ptx_cp_async(a_dtype, smem.data, kt * stage + shared_offset(row, byte, rows_m),
-                                          A.data, (by * rows_m + row) * k + kt * block_k + byte, CORE_ROW))
-            for q in T.unroll(copies_b):
-                row, byte = T.meta_var(piece(q * threads + tx, chunks_per_row))
-                T.evaluate(T.ptx_cp_async("int8", smem.data, kt * stage + stage_a + shared_offset(row, byte, rows_n),
-                                          B.data, (bx * rows_n + row) * k + kt * block_k + byte, CORE_ROW))
+            copy_stage(A, B, smem, tx, bx, by, kt, kt)
             T.evaluate(T.ptx_commit_group())
         for kt in T.serial(k_tiles):
             # Stage kt has landed (this thread's copies), is visible to the async proxy, and every thread's
@@ -364,16 +367,7 @@ def primfunc(m: int, n: int, k: int, tiles: WgmmaTiles, a_dtype: str = "int8") -
             T.evaluate(T.tvm_storage_sync("shared"))
             nxt = kt + stages - 2
             if nxt < k_tiles:
-                slot = nxt % stages
-                for q in T.unroll(copies_a):
-                    row, byte = T.meta_var(piece(q * threads + tx, chunks_per_row))
-                    T.evaluate(T.ptx_cp_async(a_dtype, smem.data, slot * stage + shared_offset(row, byte, rows_m),
-                                              A.data, (by * rows_m + row) * k + nxt * block_k + byte, CORE_ROW))
-                for q in T.unroll(copies_b):
-                    row, byte = T.meta_var(piece(q * threads + tx, chunks_per_row))
-                    T.evaluate(T.ptx_cp_async("int8", smem.data,
-                                              slot * stage + stage_a + shared_offset(row, byte, rows_n),
-                                              B.data, (bx * rows_n + row) * k + nxt * block_k + byte, CORE_ROW))
+                copy_stage(A, B, smem, tx, bx, by, nxt % stages, nxt)
             T.evaluate(T.ptx_commit_group())  # an empty group past the end keeps the count uniform
             T.evaluate(T.call_extern("handle", "tcutils_wgmma_fence"))
             for s in T.unroll(steps):
@@ -468,17 +462,7 @@ def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[WgmmaTiles] = None
     ...
     ValueError: dense 128x128x96 on sm_90a: no tiling fits
     """
-    if data.dtype not in A_DTYPES:
-        raise TypeError(f"data: the wgmma kernel takes {' or '.join(A_DTYPES)} data, got {data.dtype}")
-    if weight.dtype != "int8":
-        raise TypeError(f"weight: the wgmma kernel takes an int8 weight, got {weight.dtype}")
-    if len(data.shape) != 2 or len(weight.shape) != 2:
-        raise ValueError(f"dense needs 2-D data and weight, got {get_const_tuple(data.shape)} and "
-                         f"{get_const_tuple(weight.shape)}")
-    m, k = get_const_tuple(data.shape)
-    n, wk = get_const_tuple(weight.shape)
-    if wk != k:
-        raise ValueError(f"weight has {wk} input features, data has {k}")
+    m, n, k = operand_sizes(data, weight, "wgmma")
     tiles = tiles or fallback_tiles(m, n, k)
     problem = "no tiling fits" if tiles is None else fits(m, n, k, tiles)
     if problem:
@@ -500,6 +484,7 @@ def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "in
 
     Examples
     --------
+    >>> from tvm import autotvm
     >>> x = te.placeholder((256, 512), "int8"); w = te.placeholder((256, 512), "int8")
     >>> dense_template(autotvm.get_config(), x, w, "int16")
     Traceback (most recent call last):
@@ -510,18 +495,9 @@ def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "in
         raise ValueError(f"out_dtype: the wgmma kernel accumulates in int32, got {out_dtype}")
     m, k = get_const_tuple(data.shape)
     n = get_const_tuple(weight.shape)[0]
-    for knob, values in (("warpgroups", WARPGROUPS), ("n_tile", N_TILES), ("chunk", CHUNKS), ("stages", STAGES)):
-        cfg.define_knob(knob, list(values))
     cfg.add_flop(2 * m * n * k)
-    if cfg.is_fallback:
-        chosen = fallback_tiles(m, n, k)
-        if chosen is not None:
-            for knob, value in chosen._asdict().items():
-                cfg[knob] = autotvm.task.space.OtherOptionEntity(value)
-    tiles = WgmmaTiles(*(cfg[knob].val for knob in WgmmaTiles._fields))
-    problem = fits(m, n, k, tiles)
-    if problem:
-        raise autotvm.task.space.InstantiationError(f"tiling {tuple(tiles)}: {problem}")
+    knobs = {"warpgroups": WARPGROUPS, "n_tile": N_TILES, "chunk": CHUNKS, "stages": STAGES}
+    tiles = template_tiles(cfg, knobs, WgmmaTiles, fallback_tiles(m, n, k), lambda tiles: fits(m, n, k, tiles))
     return dense(data, weight, tiles)
 
 
