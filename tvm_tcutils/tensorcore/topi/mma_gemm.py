@@ -148,6 +148,28 @@ def _table(table: Dict[int, int], arch: int) -> int:
     return table[max(key for key in table if key <= arch)] if arch >= min(table) else 0
 
 
+def whole_tiles_problem(m: int, n: int, k: int, tiles, min_stages: int) -> Optional[str]:
+    """Why a GEMM tiling (anything with ``problem()`` and ``block``) cannot cover ``m x n x k`` in whole
+    block tiles and K stages, at least ``min_stages`` of them (None when it can).
+
+    Examples
+    --------
+    >>> whole_tiles_problem(100, 128, 128, FALLBACK_TILES[0], 3)
+    '100x128 is not made of whole 128x128 block tiles'
+    """
+    problem = tiles.problem()
+    if problem:
+        return problem
+    rows_m, rows_n, block_k = tiles.block
+    if m % rows_m or n % rows_n:
+        return f"{m}x{n} is not made of whole {rows_m}x{rows_n} block tiles"
+    if k % block_k:
+        return f"K = {k} is not a multiple of the {block_k}-byte stage"
+    if k // block_k < min_stages:
+        return f"K = {k} has fewer than {min_stages} stages of {block_k} bytes"
+    return None
+
+
 def fits(m: int, n: int, k: int, tiles: MmaTiles, arch: int = 90) -> Optional[str]:
     """Why ``tiles`` cannot compute an ``m x n x k`` product on ``sm_<arch>`` (None when it can).
 
@@ -160,16 +182,9 @@ def fits(m: int, n: int, k: int, tiles: MmaTiles, arch: int = 90) -> Optional[st
     """
     if arch < MIN_ARCH:
         return f"sm_{arch} has no int8 mma.sync m16n8k32 (sm_{MIN_ARCH} and newer)"
-    problem = tiles.problem()
+    problem = whole_tiles_problem(m, n, k, tiles, tiles.stages)
     if problem:
         return problem
-    rows_m, rows_n, block_k = tiles.block
-    if m % rows_m or n % rows_n:
-        return f"{m}x{n} is not made of whole {rows_m}x{rows_n} block tiles"
-    if k % block_k:
-        return f"K = {k} is not a multiple of the {block_k}-byte stage"
-    if k // block_k < tiles.stages:
-        return f"K = {k} has fewer than {tiles.stages} stages of {block_k} bytes"
     limit = _table(MAX_SHARED, arch)
     if tiles.shared_bytes > limit:
         return f"{tiles.shared_bytes} bytes of shared memory exceed sm_{arch}'s {limit} a block"

@@ -51,7 +51,7 @@ from tvm import te, tir
 from tvm.script import tir as T
 from tvm.topi.utils import get_const_tuple
 
-from .mma_gemm import arch_number, operand_sizes, schedule_dense, template_tiles
+from .mma_gemm import arch_number, operand_sizes, schedule_dense, template_tiles, whole_tiles_problem
 
 #: AutoTVM task name of the template.
 TASK = "tcutils.dense_wgmma.cuda"
@@ -159,17 +159,7 @@ def fits(m: int, n: int, k: int, tiles: WgmmaTiles) -> Optional[str]:
     >>> fits(4096, 4096, 96, FALLBACK_TILES[0])
     'K = 96 is not a multiple of the 64-byte stage'
     """
-    problem = tiles.problem()
-    if problem:
-        return problem
-    rows_m, rows_n, block_k = tiles.block
-    if m % rows_m or n % rows_n:
-        return f"{m}x{n} is not made of whole {rows_m}x{rows_n} block tiles"
-    if k % block_k:
-        return f"K = {k} is not a multiple of the {block_k}-byte stage"
-    if k // block_k < tiles.stages - 2:
-        return f"K = {k} has fewer than {tiles.stages - 2} stages of {block_k} bytes to prefetch"
-    return None
+    return whole_tiles_problem(m, n, k, tiles, tiles.stages - 2)  # the stages prefetched before the loop
 
 
 def fallback_tiles(m: int, n: int, k: int) -> Optional[WgmmaTiles]:
