@@ -115,7 +115,7 @@ def test_shared_memory_limit_is_the_archs():
 
 @pytest.mark.parametrize("dtypes, error, match", [
     (("int4", "int8"), TypeError, "data: the mma kernel takes int8 or uint8 data, got int4"),
-    (("uint8", "uint8"), TypeError, "weight: the mma kernel takes an int8 weight, got uint8"),
+    (("uint8", "uint8"), TypeError, "weight: the mma kernel takes int8 weights, got uint8"),
 ])
 def test_bad_operand_types_are_refused(dtypes, error, match):
     with pytest.raises(error, match=match):

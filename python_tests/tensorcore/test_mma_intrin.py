@@ -54,7 +54,7 @@ def test_names_are_registered_once_and_bad_types_refused():
     assert mma_intrin.names("uint8") == first
     assert tvm.tir.TensorIntrin.get(first["mma"]) is not None
     assert first["load_b"] == mma_intrin.names("int8")["load_b"]  # the weight is int8 either way
-    with pytest.raises(TypeError, match="a_dtype: .* int8 or uint8 .* got float16"):
+    with pytest.raises(TypeError, match="a_dtype: .* int8 or uint8 operands, got float16"):
         mma_intrin.names("float16")
 
 

@@ -70,7 +70,7 @@ def test_impossible_tilings_are_named(tiles, reason):
 
 @pytest.mark.parametrize("dtypes, match", [
     (("int4", "int8"), "data: the wgmma kernel takes int8 or uint8 data, got int4"),
-    (("uint8", "uint8"), "weight: the wgmma kernel takes an int8 weight, got uint8"),
+    (("uint8", "uint8"), "weight: the wgmma kernel takes int8 weights, got uint8"),
 ])
 def test_bad_operand_types_are_refused(dtypes, match):
     with pytest.raises(TypeError, match=match):

@@ -16,6 +16,9 @@ What :func:`hooks` declares (all for the ``cuda``/``gpu`` target keys):
   activations) the only row, as TVM's CUDA dense rows fail on mixed types;
   above them, the same for sm_90's warp-group kernel (:mod:`.topi.wgmma_gemm`,
   gated by :data:`WGMMA_VERIFIED_ARCHS`);
+* a strategy row for 8-bit ``nn.batch_matmul`` (``transpose_b``, any mix of
+  int8/uint8, int32 out) on the mma kernel's batched form, under the same gate:
+  the attention products of a quantized encoder;
 * ``FTVMLegalize`` for ``nn.conv2d``: an HWNC layer that qualifies but whose
   batch or channels do not fit a WMMA tile is zero-padded to the verdict's
   sizes (and its output sliced); an HWNC layer that does not qualify (channel
@@ -62,7 +65,7 @@ from .rules import (  # noqa: F401  (the setting, re-exported beside the hooks i
     DEFAULT_PAD_FRACTION, Verdict, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
     set_max_pad_fraction, unsupported_reason,
 )
-from .topi import conv2d_hwnc, dense, mma_gemm, wgmma_gemm, wmma
+from .topi import conv2d_hwnc, dense, mma_gemm, mma_intrin, wgmma_gemm, wmma
 
 logger = logging.getLogger("tvm_tcutils.tensorcore")
 
@@ -78,6 +81,7 @@ _PLEVEL = 25  # above TVM's own tensor-core rows (20)
 MMA_VERIFIED_ARCHS: frozenset = frozenset()
 
 WGMMA_DENSE_IMPL = "tcutils.dense_wgmma.cuda"
+MMA_BATCH_MATMUL_IMPL = "tcutils.batch_matmul_mma.cuda"
 
 #: The same for the sm_90 warp-group kernel (:mod:`.topi.wgmma_gemm`), taken above the mma one: ``{"sm_90"}``
 #: once an H100/H200 ran it bit-exact (its SASS is checked on any machine).
@@ -217,6 +221,38 @@ def _dense_compute(attrs, inputs, out_type):
 
 def _mma_dense_compute(attrs, inputs, out_type):
     return [registry.template(mma_gemm.TASK)[0](inputs[0], inputs[1], "int32")]
+
+
+def _mma_batch_matmul_applies(attrs, inputs, out_type, target) -> bool:
+    # Exclusive: TVM's CUDA batch_matmul rows cannot build 8-bit products with an epilogue fused (its
+    # tensor-core schedule leaves the fused cast unscheduled), the attention products of a QDQ encoder.
+    data, weight = inputs
+    if bool(attrs.transpose_a) or not bool(attrs.transpose_b) or _out_dtype(attrs, "int32") != "int32":
+        return False
+    if data.dtype not in mma_intrin.A_DTYPES or weight.dtype not in mma_intrin.A_DTYPES:
+        return False
+    if len(data.shape) != 3 or len(weight.shape) != 3:
+        return False
+    shapes = get_const_tuple(data.shape) + get_const_tuple(weight.shape)
+    if not all(isinstance(v, int) for v in shapes) or shapes[0] != shapes[3]:
+        return False
+    try:
+        number = mma_gemm.arch_number(cuda.target_arch(target))
+    except ValueError:
+        return False
+    if f"sm_{number}" not in MMA_VERIFIED_ARCHS:
+        return False
+    batch, m, k, _, n, _ = shapes
+    return mma_gemm.fallback_tiles(m, n, k, number, batch) is not None
+
+
+def _mma_batch_matmul_compute(attrs, inputs, out_type):
+    return [mma_gemm.batch_matmul(inputs[0], inputs[1], arch=mma_gemm.target_arch_number())]
+
+
+def _extern_gemm_schedule(attrs, outs, target):
+    # The GEMM is scheduled inside its extern op; what Relay fused after it is one element-wise kernel.
+    return wrap_topi_schedule(lambda outs_: mma_gemm.schedule_dense(None, outs_))(attrs, outs, target)
 
 
 def _wgmma_dense_compute(attrs, inputs, out_type):
@@ -447,6 +483,12 @@ def hooks() -> List[registry.Hook]:
                                    _wgmma_dense_applies, plevel=_PLEVEL + 2),
              registry.StrategyImpl(WGMMA_DENSE_IMPL, _wgmma_dense_compute, _schedule_of(wgmma_gemm.TASK),
                                    _wgmma_dense_u8_applies, plevel=_PLEVEL + 2, exclusive=True)],
+            targets=TARGETS,
+        ),
+        registry.strategy(
+            "nn.batch_matmul",
+            [registry.StrategyImpl(MMA_BATCH_MATMUL_IMPL, _mma_batch_matmul_compute, _extern_gemm_schedule,
+                                   _mma_batch_matmul_applies, plevel=_PLEVEL + 1, exclusive=True)],
             targets=TARGETS,
         ),
         registry.op_attr("nn.conv2d", "FTVMLegalize", _legalize_conv2d, targets=TARGETS),

@@ -127,6 +127,10 @@ FALLBACK_TILES: Tuple[MmaTiles, ...] = (
     MmaTiles(2, 2, 2, 2, 2, 3),  # 64 x 64
     MmaTiles(1, 2, 2, 2, 2, 3),  # 32 x 64
     MmaTiles(1, 1, 2, 2, 2, 3),  # 32 x 32
+    # Short K (an attention head's 64): 32-byte stages, two of them.
+    MmaTiles(2, 2, 4, 4, 1, 2),  # 128 x 128
+    MmaTiles(2, 2, 2, 2, 1, 2),  # 64 x 64
+    MmaTiles(1, 1, 2, 2, 1, 2),  # 32 x 32
 )
 
 
@@ -191,7 +195,7 @@ def fits(m: int, n: int, k: int, tiles: MmaTiles, arch: int = 90) -> Optional[st
     return None
 
 
-def fallback_tiles(m: int, n: int, k: int, arch: int = 90) -> Optional[MmaTiles]:
+def fallback_tiles(m: int, n: int, k: int, arch: int = 90, batch: int = 1) -> Optional[MmaTiles]:
     """The untuned tiling: the largest of :data:`FALLBACK_TILES` whose grid fills the GPU's SMs once.
 
     Where none does (small products), the one with the most blocks among those of at least 64x64 (a
@@ -213,7 +217,7 @@ def fallback_tiles(m: int, n: int, k: int, arch: int = 90) -> Optional[MmaTiles]
     sms = _table(TYPICAL_SMS, arch)
 
     def blocks(t: MmaTiles) -> int:
-        return (m // t.block[0]) * (n // t.block[1])
+        return batch * (m // t.block[0]) * (n // t.block[1])
 
     for tiles in usable:
         if blocks(tiles) >= sms:
@@ -222,9 +226,13 @@ def fallback_tiles(m: int, n: int, k: int, arch: int = 90) -> Optional[MmaTiles]
     return max(large or usable, key=blocks)
 
 
-def _tiled(tile_rows: int, tile_cols: int, inner):
-    """A map of one tile's (row, column) made a map of the whole operand: (tile row, tile column, *inner)."""
-    return lambda i, j: (i // tile_rows, j // tile_cols, *inner(i % tile_rows, j % tile_cols))
+def _tiled(tile_rows: int, tile_cols: int, inner, batched: bool = False):
+    """A map of one tile's (row, column) made a map of the whole operand: (tile row, tile column, *inner),
+    behind the batch index where the operand has one."""
+    def tiled(i, j):
+        return (i // tile_rows, j // tile_cols, *inner(i % tile_rows, j % tile_cols))
+
+    return (lambda b, i, j: (b, *tiled(i, j))) if batched else tiled
 
 
 def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
@@ -239,22 +247,28 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
     >>> text.count("T.ptx_mma("), '"m16n8k32", "row", "col", "uint8", "int8"' in text
     (1, True)
     """
-    intrinsics = intrinsics or mma_intrin.intrinsics(data.dtype, "shared.dyn")
-    m, k = get_const_tuple(data.shape)
-    n = get_const_tuple(weight.shape)[0]
+    intrinsics = intrinsics or mma_intrin.intrinsics(data.dtype, "shared.dyn", weight.dtype)
+    *batch, m, k = get_const_tuple(data.shape)
+    n = get_const_tuple(weight.shape)[-2]
     red = te.reduce_axis((0, k), name="k")
-    out = te.compute((m, n), lambda i, j: te.sum(data[i, red].astype("int32") * weight[j, red].astype("int32"),
-                                                   axis=red), name="dense_mma")
+    if batch:  # one GEMM per batch index, the batches on blockIdx.z
+        out = te.compute((batch[0], m, n), lambda b, i, j: te.sum(
+            data[b, i, red].astype("int32") * weight[b, j, red].astype("int32"), axis=red), name="dense_mma")
+    else:
+        out = te.compute((m, n), lambda i, j: te.sum(data[i, red].astype("int32") * weight[j, red].astype("int32"),
+                                                       axis=red), name="dense_mma")
     sch = tir.Schedule(te.create_prim_func([data, weight, out]))
     gemm = sch.get_block("dense_mma")
-    i, j, kk = sch.get_loops(gemm)
+    *outer, i, j, kk = sch.get_loops(gemm)
     i, i_tile = sch.split(i, [None, 16])
     j, j_tile = sch.split(j, [None, 16])
     kk, k_tile = sch.split(kk, [None, 32])
     i_block, i_warp, i_frag = sch.split(i, [None, tiles.warps_m, tiles.frags_m])
     j_block, j_warp, j_frag = sch.split(j, [None, tiles.warps_n, tiles.frags_n])
     k_stage, k_step = sch.split(kk, [None, tiles.chunk])
-    sch.reorder(i_block, j_block, i_warp, j_warp, k_stage, k_step, i_frag, j_frag, i_tile, j_tile, k_tile)
+    sch.reorder(*outer, i_block, j_block, i_warp, j_warp, k_stage, k_step, i_frag, j_frag, i_tile, j_tile, k_tile)
+    for loop in outer:
+        sch.bind(loop, "blockIdx.z")
     sch.bind(i_block, "blockIdx.y")
     sch.bind(j_block, "blockIdx.x")
     warp = sch.fuse(i_warp, j_warp)
@@ -296,9 +310,9 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
     cols, cols_in = sch.split(cols, [None, 16])
     sch.reorder(rows, cols, rows_in, cols_in)
 
-    sch.transform_layout(fragments[0], ("write", 0), _tiled(16, 32, intrinsics.map_a))
-    sch.transform_layout(fragments[1], ("write", 0), _tiled(16, 32, intrinsics.map_b))
-    sch.transform_layout(acc, ("read", 0), _tiled(16, 16, intrinsics.map_c))
+    sch.transform_layout(fragments[0], ("write", 0), _tiled(16, 32, intrinsics.map_a, bool(batch)))
+    sch.transform_layout(fragments[1], ("write", 0), _tiled(16, 32, intrinsics.map_b, bool(batch)))
+    sch.transform_layout(acc, ("read", 0), _tiled(16, 16, intrinsics.map_c, bool(batch)))
     names = intrinsics.names
     sch.tensorize(sch.get_loops(fragments[0])[-2], names["load_a"])
     sch.tensorize(sch.get_loops(fragments[1])[-2], names["load_b"])
@@ -328,33 +342,38 @@ def lower(sch: tir.Schedule) -> tir.PrimFunc:
     return lowered["main"]
 
 
-def operand_sizes(data: te.Tensor, weight: te.Tensor, kernel: str) -> Tuple[int, int, int]:
-    """(M, N, K) of ``data (M, K) x weight (N, K)^T`` for an 8-bit GEMM ``kernel`` (named in the errors).
+def operand_sizes(data: te.Tensor, weight: te.Tensor, kernel: str, weight_dtypes: Sequence[str] = ("int8",),
+                  batched: bool = False) -> Tuple[int, int, int, int]:
+    """(batch, M, N, K) of ``data ([batch,] M, K) x weight ([batch,] N, K)^T`` for an 8-bit GEMM ``kernel``
+    (named in the errors); batch 1 for 2-D operands, which ``batched=False`` requires.
 
     Raises
     ------
     TypeError
-        For a ``data`` that is not int8 or uint8, or a ``weight`` that is not int8.
+        For a ``data`` that is not int8 or uint8, or a ``weight`` not of ``weight_dtypes``.
     ValueError
-        For operands that are not 2-D or disagree on K.
+        For operands of another rank, or that disagree on K or the batch.
 
     Examples
     --------
     >>> operand_sizes(te.placeholder((128, 64), "uint8"), te.placeholder((256, 64), "int8"), "mma")
-    (128, 256, 64)
+    (1, 128, 256, 64)
     """
     if data.dtype not in mma_intrin.A_DTYPES:
         raise TypeError(f"data: the {kernel} kernel takes {' or '.join(mma_intrin.A_DTYPES)} data, got {data.dtype}")
-    if weight.dtype != "int8":
-        raise TypeError(f"weight: the {kernel} kernel takes an int8 weight, got {weight.dtype}")
-    if len(data.shape) != 2 or len(weight.shape) != 2:
-        raise ValueError(f"dense needs 2-D data and weight, got {get_const_tuple(data.shape)} and "
-                         f"{get_const_tuple(weight.shape)}")
-    m, k = get_const_tuple(data.shape)
-    n, wk = get_const_tuple(weight.shape)
+    if weight.dtype not in weight_dtypes:
+        raise TypeError(f"weight: the {kernel} kernel takes {' or '.join(weight_dtypes)} weights, got {weight.dtype}")
+    rank = 3 if batched else 2
+    if len(data.shape) != rank or len(weight.shape) != rank:
+        raise ValueError(f"{'batch_matmul needs 3-D' if batched else 'dense needs 2-D'} data and weight, got "
+                         f"{get_const_tuple(data.shape)} and {get_const_tuple(weight.shape)}")
+    *batch, m, k = get_const_tuple(data.shape)
+    *weight_batch, n, wk = get_const_tuple(weight.shape)
     if wk != k:
         raise ValueError(f"weight has {wk} input features, data has {k}")
-    return m, n, k
+    if batch != weight_batch:
+        raise ValueError(f"data has batch {batch[0]}, weight {weight_batch[0]} (no broadcasting)")
+    return (batch[0] if batch else 1), m, n, k
 
 
 def template_tiles(cfg, knobs: Dict[str, Sequence], tiles_type, fallback, problem_of):
@@ -397,18 +416,52 @@ def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] = None, 
     >>> dense(te.placeholder((256, 512), "uint8"), te.placeholder((256, 512), "uint8"))
     Traceback (most recent call last):
     ...
-    TypeError: weight: the mma kernel takes an int8 weight, got uint8
+    TypeError: weight: the mma kernel takes int8 weights, got uint8
     """
-    m, n, k = operand_sizes(data, weight, "mma")
-    tiles = tiles or fallback_tiles(m, n, k, arch)
+    _, m, n, k = operand_sizes(data, weight, "mma")
+    return _extern(data, weight, tiles, arch, "dense")
+
+
+def _extern(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles], arch: int, op: str) -> te.Tensor:
+    batch, m, n, k = (get_const_tuple(data.shape)[0] if op == "batch_matmul" else 1,
+                      *get_const_tuple(data.shape)[-2:-1], get_const_tuple(weight.shape)[-2],
+                      get_const_tuple(data.shape)[-1])
+    tiles = tiles or fallback_tiles(m, n, k, arch, batch)
     problem = "no tiling fits" if tiles is None else fits(m, n, k, tiles, arch)
     if problem:
-        raise ValueError(f"dense {m}x{n}x{k} on sm_{arch}: {problem}")
+        raise ValueError(f"{op} {m}x{n}x{k} on sm_{arch}: {problem}")
     func = lower(schedule_primfunc(data, weight, tiles))
     buffers = [func.buffer_map[param] for param in func.params]
     return te.extern([buffers[2].shape], [data, weight], lambda ins, outs: func.body,
-                     in_buffers=buffers[:2], out_buffers=[buffers[2]], name="dense_mma", tag="tcutils_dense_mma",
+                     in_buffers=buffers[:2], out_buffers=[buffers[2]], name=f"{op}_mma", tag=f"tcutils_{op}_mma",
                      dtype="int32")
+
+
+def batch_matmul(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] = None, arch: int = 90
+                 ) -> te.Tensor:
+    """``data (B, M, K) x weight (B, N, K)^T`` per batch index in int32 (Relay's ``nn.batch_matmul`` with
+    ``transpose_b``): int8 or uint8 operands on both sides (an attention product's two activations are
+    uint8 in onnxruntime's QDQ files), one block grid per batch index.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`dense`, and for batches that differ.
+
+    Examples
+    --------
+    >>> batch_matmul(te.placeholder((4, 128, 64), "uint8"), te.placeholder((2, 128, 64), "uint8"))
+    Traceback (most recent call last):
+    ...
+    ValueError: data has batch 4, weight 2 (no broadcasting)
+    """
+    operand_sizes(data, weight, "mma", mma_intrin.A_DTYPES, batched=True)
+    return _extern(data, weight, tiles, arch, "batch_matmul")
+
+
+def target_arch_number() -> int:
+    """The arch number (80, 90, ...) of the CUDA target in scope (its ``-arch``, else GPU 0's)."""
+    return _target_arch()
 
 
 def _target_arch() -> int:
@@ -433,8 +486,7 @@ def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "in
     """
     if out_dtype != "int32":
         raise ValueError(f"out_dtype: the mma int8 kernel accumulates in int32, got {out_dtype}")
-    m, k = get_const_tuple(data.shape)
-    n = get_const_tuple(weight.shape)[0]
+    _, m, n, k = operand_sizes(data, weight, "mma")
     arch = _target_arch()
     cfg.add_flop(2 * m * n * k)
     knobs = {"warps_m": WARPS, "warps_n": WARPS, "frags_m": FRAGS, "frags_n": FRAGS, "chunk": CHUNKS,

@@ -129,11 +129,11 @@ def _ldmatrix(operand: str, dtype: str, scope: str):
     return desc, impl
 
 
-def _mma(a_dtype: str):
+def _mma(a_dtype: str, b_dtype: str = "int8"):
     @T.prim_func
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (LANES, OPERAND_BYTES), a_dtype, align=64, offset_factor=16, scope="warp")
-        B = T.match_buffer(b, (LANES, OPERAND_BYTES), "int8", align=64, offset_factor=16, scope="warp")
+        B = T.match_buffer(b, (LANES, OPERAND_BYTES), b_dtype, align=64, offset_factor=16, scope="warp")
         C = T.match_buffer(c, (LANES, ACCUMULATORS), "int32", align=64, offset_factor=16, scope="warp")
         with T.block("root"):
             T.reads(C[0:LANES, 0:ACCUMULATORS], A[0:LANES, 0:OPERAND_BYTES], B[0:LANES, 0:OPERAND_BYTES])
@@ -152,7 +152,7 @@ def _mma(a_dtype: str):
     @T.prim_func
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (LANES, OPERAND_BYTES), a_dtype, align=64, offset_factor=16, scope="warp")
-        B = T.match_buffer(b, (LANES, OPERAND_BYTES), "int8", align=64, offset_factor=16, scope="warp")
+        B = T.match_buffer(b, (LANES, OPERAND_BYTES), b_dtype, align=64, offset_factor=16, scope="warp")
         C = T.match_buffer(c, (LANES, ACCUMULATORS), "int32", align=64, offset_factor=16, scope="warp")
         with T.block("root"):
             T.reads(C[0:LANES, 0:ACCUMULATORS], A[0:LANES, 0:OPERAND_BYTES], B[0:LANES, 0:OPERAND_BYTES])
@@ -161,7 +161,7 @@ def _mma(a_dtype: str):
             T.launch_thread(lane, LANES)
             # The h-th m16n8k32 takes B's registers 2h, 2h + 1 (bytes 8h..) and yields C's 4h .. 4h + 3.
             for half in T.unroll(2):
-                T.evaluate(T.ptx_mma("int32", "m16n8k32", "row", "col", a_dtype, "int8", "int32",
+                T.evaluate(T.ptx_mma("int32", "m16n8k32", "row", "col", a_dtype, b_dtype, "int32",
                                      A.data, A.elem_offset + lane * OPERAND_BYTES,
                                      B.data, B.elem_offset + lane * OPERAND_BYTES + half * 8,
                                      C.data, C.elem_offset + lane * ACCUMULATORS + half * 4, False))
@@ -241,43 +241,48 @@ class IntrinsicSet(NamedTuple):
     map_c: Callable
 
 
-def intrinsics(a_dtype: str, scope: str = "shared.dyn") -> IntrinsicSet:
-    """This module's intrinsics for an ``a_dtype`` x int8 GEMM reading ``scope`` (see :func:`names`).
+def intrinsics(a_dtype: str, scope: str = "shared.dyn", b_dtype: str = "int8") -> IntrinsicSet:
+    """This module's intrinsics for an ``a_dtype`` x ``b_dtype`` GEMM reading ``scope`` (see :func:`names`).
 
     Examples
     --------
     >>> intrinsics("int8").map_b is fragment_b
     True
     """
-    return IntrinsicSet(names(a_dtype, scope), fragment_a, fragment_b, fragment_c)
+    return IntrinsicSet(names(a_dtype, scope, b_dtype), fragment_a, fragment_b, fragment_c)
 
 
-def names(a_dtype: str, scope: str = "shared.dyn") -> Dict[str, str]:
-    """The registered intrinsics' names for an ``a_dtype`` x int8 GEMM reading ``scope``, registering
-    them on first use: keys ``load_a``, ``load_b``, ``mma``, ``fill``, ``store``.
+def names(a_dtype: str, scope: str = "shared.dyn", b_dtype: str = "int8") -> Dict[str, str]:
+    """The registered intrinsics' names for an ``a_dtype`` x ``b_dtype`` GEMM reading ``scope``,
+    registering them on first use: keys ``load_a``, ``load_b``, ``mma``, ``fill``, ``store``. PTX's 8-bit
+    ``mma.m16n8k32`` takes any pair of ``.s8``/``.u8``: weights are int8, the two activations of an
+    attention product may both be uint8.
 
     Raises
     ------
     TypeError
-        For an ``a_dtype`` that is not one of :data:`A_DTYPES`.
+        For a dtype that is not one of :data:`A_DTYPES`.
 
     Examples
     --------
     >>> sorted(names("uint8"))
     ['fill', 'load_a', 'load_b', 'mma', 'store']
+    >>> names("uint8", b_dtype="uint8")["mma"]
+    'tcutils_mma_m16n8k32x2_u8u8'
     >>> names("int4")
     Traceback (most recent call last):
     ...
-    TypeError: a_dtype: the m16n8k32 intrinsics take int8 or uint8 activations, got int4
+    TypeError: a_dtype: the m16n8k32 intrinsics take int8 or uint8 operands, got int4
     """
-    if a_dtype not in A_DTYPES:
-        raise TypeError(f"a_dtype: the m16n8k32 intrinsics take {' or '.join(A_DTYPES)} activations, got {a_dtype}")
-    short = {"int8": "s8", "uint8": "u8"}[a_dtype]
+    for argument, dtype in (("a_dtype", a_dtype), ("b_dtype", b_dtype)):
+        if dtype not in A_DTYPES:
+            raise TypeError(f"{argument}: the m16n8k32 intrinsics take {' or '.join(A_DTYPES)} operands, got {dtype}")
+    short = {"int8": "s8", "uint8": "u8"}
     scope_name = scope.replace(".", "_")
     wanted = {
-        "load_a": (f"tcutils_ldmatrix_a_{short}_{scope_name}", lambda: _ldmatrix("A", a_dtype, scope)),
-        "load_b": (f"tcutils_ldmatrix_b_s8_{scope_name}", lambda: _ldmatrix("B", "int8", scope)),
-        "mma": (f"tcutils_mma_m16n8k32x2_{short}s8", lambda: _mma(a_dtype)),
+        "load_a": (f"tcutils_ldmatrix_a_{short[a_dtype]}_{scope_name}", lambda: _ldmatrix("A", a_dtype, scope)),
+        "load_b": (f"tcutils_ldmatrix_b_{short[b_dtype]}_{scope_name}", lambda: _ldmatrix("B", b_dtype, scope)),
+        "mma": (f"tcutils_mma_m16n8k32x2_{short[a_dtype]}{short[b_dtype]}", lambda: _mma(a_dtype, b_dtype)),
         "fill": ("tcutils_mma_fill_16x16_s32", _fill),
         "store": ("tcutils_mma_store_16x16_s32_global", lambda: _store("global")),
     }

@@ -49,7 +49,6 @@ import numpy as np
 from ..._tvm import tvm  # noqa: F401  (the package's TVM, loaded first)
 from tvm import te, tir
 from tvm.script import tir as T
-from tvm.topi.utils import get_const_tuple
 
 from .mma_gemm import arch_number, operand_sizes, schedule_dense, template_tiles, whole_tiles_problem
 
@@ -452,7 +451,7 @@ def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[WgmmaTiles] = None
     ...
     ValueError: dense 128x128x96 on sm_90a: no tiling fits
     """
-    m, n, k = operand_sizes(data, weight, "wgmma")
+    _, m, n, k = operand_sizes(data, weight, "wgmma")
     tiles = tiles or fallback_tiles(m, n, k)
     problem = "no tiling fits" if tiles is None else fits(m, n, k, tiles)
     if problem:
@@ -483,8 +482,7 @@ def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "in
     """
     if out_dtype != "int32":
         raise ValueError(f"out_dtype: the wgmma kernel accumulates in int32, got {out_dtype}")
-    m, k = get_const_tuple(data.shape)
-    n = get_const_tuple(weight.shape)[0]
+    _, m, n, k = operand_sizes(data, weight, "wgmma")
     cfg.add_flop(2 * m * n * k)
     knobs = {"warpgroups": WARPGROUPS, "n_tile": N_TILES, "chunk": CHUNKS, "stages": STAGES}
     tiles = template_tiles(cfg, knobs, WgmmaTiles, fallback_tiles(m, n, k), lambda tiles: fits(m, n, k, tiles))
