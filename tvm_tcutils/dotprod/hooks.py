@@ -49,7 +49,7 @@ def hooks() -> List[registry.Hook]:
             description="QDQ regions as integer qnn ops for targets with a dot-product ISA (dotprod.qdq)"),
         # The same rewrite inside plain relay.build, region by region (TVM's first pass).
         registry.op_attr(
-            "qnn.quantize", "FTVMQnnLegalize", qdq.legalize_quantize, targets=strategy.TARGET_KEYS,
+            "qnn.quantize", "FTVMQnnLegalize", qdq.legalize_quantize, targets=(*strategy.TARGET_KEYS, "cuda"),
             description="a QDQ region as the integer ops to_integer makes (plain relay.build, dotprod.qdq)"),
         # Before TVM's Hexagon legalization, which pads a depthwise conv's channels into an invalid grouped one.
         registry.op_attr(

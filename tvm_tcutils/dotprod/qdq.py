@@ -601,8 +601,17 @@ def rewrites_for(target) -> bool:
     --------
     >>> rewrites_for("llvm -mcpu=znver4"), rewrites_for("llvm"), rewrites_for(None)
     (True, False, False)
+
+    Also CUDA targets whose integer products the package's tensor-core GEMMs take
+    (:func:`tvm_tcutils.tensorcore.strategy.takes_integer_products`: sm_80+ architectures a GPU check has
+    verified them on).
     """
-    return for_target(target) is not None
+    if for_target(target) is not None:
+        return True
+    # Read here, not imported at the top: the tensor-core capability does not depend on this one.
+    from ..tensorcore.strategy import takes_integer_products
+
+    return takes_integer_products(target)
 
 
 def integer_region(quantize: relay.Call, requantize: str = "onnx"

@@ -223,6 +223,29 @@ def _mma_dense_compute(attrs, inputs, out_type):
     return [registry.template(mma_gemm.TASK)[0](inputs[0], inputs[1], "int32")]
 
 
+def takes_integer_products(target) -> bool:
+    """Whether ``relay.build`` for ``target`` puts 8-bit ``nn.dense`` and ``nn.batch_matmul`` on the
+    package's GEMMs: a CUDA target whose arch is in :data:`MMA_VERIFIED_ARCHS` (the batched products need the
+    mma kernel; dense may go to the warp-group one). The QDQ route (:func:`tvm_tcutils.dotprod.qdq.rewrites_for`)
+    makes a quantized model's regions integer for such targets.
+
+    Examples
+    --------
+    >>> takes_integer_products("cuda -arch=sm_90"), takes_integer_products("llvm"), takes_integer_products(None)
+    (False, False, False)
+    """
+    if target is None:
+        return False
+    target = tvm.target.Target(target) if isinstance(target, str) else target
+    if target.kind.name != "cuda":
+        return False
+    try:
+        number = mma_gemm.arch_number(cuda.target_arch(target))
+    except ValueError:
+        return False
+    return f"sm_{number}" in MMA_VERIFIED_ARCHS
+
+
 def _mma_batch_matmul_applies(attrs, inputs, out_type, target) -> bool:
     # Exclusive: TVM's CUDA batch_matmul rows cannot build 8-bit products with an epilogue fused (its
     # tensor-core schedule leaves the fused cast unscheduled), the attention products of a QDQ encoder.
