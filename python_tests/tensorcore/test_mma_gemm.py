@@ -299,3 +299,41 @@ def test_gpu_check_rehearses_the_kernel_beside_the_wmma_one(tmp_path):
     tuned = results.rows[-1]
     assert tuned["rehearsal"] and tuned["tasks"] == 1 and tuned["template"] == mma_gemm.TASK
     assert strategy.MMA_VERIFIED_ARCHS is before  # the part let relay.build take it for its own run only
+
+
+# --------------------------------------------------------------------------
+# The batched form (nn.batch_matmul: attention's two activations, any int8/uint8 pair).
+# --------------------------------------------------------------------------
+def test_batches_must_agree():
+    with pytest.raises(ValueError, match="data has batch 4, weight 2"):
+        mma_gemm.batch_matmul(te.placeholder((4, 128, 64), "uint8"), te.placeholder((2, 128, 64), "uint8"))
+    with pytest.raises(ValueError, match="batch_matmul needs 3-D"):
+        mma_gemm.batch_matmul(te.placeholder((128, 64), "uint8"), te.placeholder((128, 64), "uint8"))
+
+
+@needs_codegen
+@pytest.mark.parametrize("dtypes, imma", [(("uint8", "uint8"), "IMMA.16832.U8.U8"),
+                                          (("int8", "uint8"), "IMMA.16832.S8.U8")])
+def test_batched_kernel_puts_the_batches_on_the_grid(dtypes, imma):
+    target = tvm.target.Target("cuda -arch=sm_80", host="llvm")
+    x, w = te.placeholder((4, 64, 64), dtypes[0], name="x"), te.placeholder((4, 128, 64), dtypes[1], name="w")
+    with target:
+        out = mma_gemm.batch_matmul(x, w, arch=80)
+        sched = mma_gemm.schedule_dense(None, [out])
+    ops, used, source = _kernel(tvm.build(sched, [x, w, out], target=target))
+    assert ops[imma] and ops["LDSM.16.M88.4"] and used.local == 0, sorted(ops)
+    assert "blockIdx.z) * 4096" in source and "blockIdx.z) * 8192" in source  # each batch's own x and w
+
+
+@needs_codegen
+def test_relay_batch_matmul_with_its_epilogue_takes_it_where_verified(monkeypatch):
+    monkeypatch.setattr(strategy, "MMA_VERIFIED_ARCHS", frozenset({"sm_80"}))
+    x = relay.var("x", shape=(4, 64, 64), dtype="uint8")
+    y = relay.var("y", shape=(4, 64, 64), dtype="uint8")
+    out = relay.cast(relay.clip(relay.right_shift(relay.nn.batch_matmul(x, y, out_dtype="int32"),
+                                                  relay.const(9)), 0, 255), "uint8")
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x, y], out)),
+                          target=tvm.target.Target("cuda -arch=sm_80", host="llvm"))
+    codes = cuda.sass(cuda.module_cubin(lib.get_lib())).values()
+    assert sorted({op for code in codes for op in _OPCODE.findall(code) if "MMA" in op}) == ["IMMA.16832.U8.U8"]

@@ -15,13 +15,14 @@ from tvm_tcutils.tensorcore.topi import mma_gemm, mma_intrin
 _EXTREMES = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
-@pytest.mark.parametrize("dtype, seed", itertools.product(mma_intrin.A_DTYPES, range(3)))
-def test_the_implementations_maps_compute_the_product(dtype, seed):
+@pytest.mark.parametrize("dtype, b_dtype, seed", itertools.product(mma_intrin.A_DTYPES, mma_intrin.A_DTYPES, range(2)))
+def test_the_implementations_maps_compute_the_product(dtype, b_dtype, seed):
     rng = np.random.default_rng(seed)
     low, high = _EXTREMES[dtype]
     a = rng.integers(low, high + 1, (16, 32)).astype(dtype)
-    b = rng.integers(-128, 128, (16, 32)).astype("int8")
-    a[0, :], b[:, 0] = low if dtype == "int8" else high, -128  # the largest products
+    b = rng.integers(_EXTREMES[b_dtype][0], _EXTREMES[b_dtype][1] + 1, (16, 32)).astype(b_dtype)
+    a[0, :] = low if dtype == "int8" else high  # the largest products
+    b[:, 0] = _EXTREMES[b_dtype][0] if b_dtype == "int8" else _EXTREMES[b_dtype][1]
     np.testing.assert_array_equal(mma_intrin.simulate(a, b), a.astype(np.int32) @ b.astype(np.int32).T)
 
 
