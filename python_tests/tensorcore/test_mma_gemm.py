@@ -89,12 +89,19 @@ def test_fallback_tiles(m, n, k, arch, block):
 @pytest.mark.parametrize("m, n, k, arch, reason", [
     (4096, 4096, 4096, 75, "sm_75 has no int8 mma.sync m16n8k32"),
     (100, 4096, 4096, 90, "is not made of whole"),
-    (4096, 4096, 4000, 90, "not a multiple of the 64-byte stage"),
-    (4096, 4096, 128, 90, "fewer than 3 stages"),
+    (4096, 4096, 4016, 90, "not a multiple of the 64-byte stage"),  # nor of the short-K tiles' 32
+    (4096, 4096, 32, 90, "fewer than 2 stages"),  # the short-K tiles' two stages of 32 bytes
 ])
 def test_what_no_tiling_takes_is_named(m, n, k, arch, reason):
     assert mma_gemm.fallback_tiles(m, n, k, arch) is None
-    assert reason in mma_gemm.fits(m, n, k, mma_gemm.FALLBACK_TILES[0], arch)
+    assert any(reason in (mma_gemm.fits(m, n, k, tiles, arch) or "") for tiles in mma_gemm.FALLBACK_TILES)
+
+
+@pytest.mark.parametrize("k", [64, 128, 4000])
+def test_short_or_odd_k_takes_a_32_byte_stage(k):
+    # An attention head's K of 64, or a K that is not a multiple of 64: two stages of 32 bytes.
+    tiles = mma_gemm.fallback_tiles(4096, 4096, k, 90)
+    assert tiles.block == (128, 128, 32) and tiles.stages == 2
 
 
 @pytest.mark.parametrize("tiles, reason", [

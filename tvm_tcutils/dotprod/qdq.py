@@ -602,16 +602,19 @@ def rewrites_for(target) -> bool:
     >>> rewrites_for("llvm -mcpu=znver4"), rewrites_for("llvm"), rewrites_for(None)
     (True, False, False)
 
-    Also CUDA targets whose integer products the package's tensor-core GEMMs take
-    (:func:`tvm_tcutils.tensorcore.strategy.takes_integer_products`: sm_80+ architectures a GPU check has
-    verified them on).
+    Also targets another capability says its kernels take the integer products of (the tensor-core
+    capability's CUDA GEMMs, on the architectures a GPU check verified them on): it registers
+    :data:`INTEGER_TARGET_FUNC` while installed; the capabilities do not import each other.
     """
     if for_target(target) is not None:
         return True
-    # Read here, not imported at the top: the tensor-core capability does not depend on this one.
-    from ..tensorcore.strategy import takes_integer_products
+    takes = tvm.get_global_func(INTEGER_TARGET_FUNC, allow_missing=True)
+    return target is not None and takes is not None and bool(takes(str(target)))
 
-    return takes_integer_products(target)
+
+#: The TVM global function (``target string -> bool``) another capability registers to have the QDQ route
+#: make regions integer for targets whose integer products its kernels take.
+INTEGER_TARGET_FUNC = "tvm_tcutils.qdq.takes_integer_products"
 
 
 def integer_region(quantize: relay.Call, requantize: str = "onnx"

@@ -30,9 +30,14 @@ from tvm.topi.utils import get_const_tuple
 from .. import cuda, cuda_subbyte, registry
 from .._tvm import tvm
 from . import strategy
+
 from .convert_layout import HANDLERS
 from .topi import wgmma_gemm
 from .topi.hwnc_reference import DATA_LAYOUT, conv2d_hwnc, schedule_conv2d_hwnc
+
+#: The name the QDQ route (``dotprod.qdq.INTEGER_TARGET_FUNC``) asks; spelled here so that neither
+#: capability imports the other.
+INTEGER_TARGET_FUNC = "tvm_tcutils.qdq.takes_integer_products"
 
 
 def _compute_conv2d_hwnc(attrs, inputs, out_type) -> list:
@@ -95,6 +100,11 @@ def hooks() -> List[registry.Hook]:
             "target.build.cuda", _build_cuda,
             description="element-wise int4/uint4 loads and stores on their nibble, then TVM's CUDA code generator",
         ))
+    declared.append(registry.packed_func(
+        INTEGER_TARGET_FUNC, lambda target: strategy.takes_integer_products(target),
+        description="CUDA targets whose 8-bit dense/batch_matmul the package's GEMMs take (the QDQ route "
+                    "makes a quantized model's regions integer for them)",
+    ))
     declared.append(registry.packed_func(
         "tvm_callback_cuda_postproc", _postproc_cuda,
         description="TVM's 8-bit vector broadcasts (int8 HWNC zero fills) written so that nvcc/NVRTC compile them",
