@@ -57,7 +57,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from .._tvm import tvm
 from tvm import autotvm, relay, te
-from tvm.relay.op.strategy.generic import wrap_compute_conv2d, wrap_topi_schedule
+from tvm import topi
+from tvm.relay.op.strategy.generic import wrap_compute_batch_matmul, wrap_compute_conv2d, wrap_topi_schedule
 from tvm.topi.utils import get_const_tuple
 
 from .. import cuda, cuda_subbyte, registry
@@ -267,6 +268,16 @@ def _mma_batch_matmul_applies(attrs, inputs, out_type, target) -> bool:
         return False
     batch, m, k, _, n, _ = shapes
     return mma_gemm.fallback_tiles(m, n, k, number, batch) is not None
+
+
+def _uint8_batch_matmul_elsewhere(attrs, inputs, out_type, target) -> bool:
+    # The QDQ route makes an encoder's attention products uint8 x uint8 for targets whose integer products
+    # the package takes (takes_integer_products); where the mma kernel's tiles do not fit them (a sequence
+    # length not a multiple of 32), TVM's tensor-core batch_matmul row would be chosen and cannot build them
+    # with their epilogue fused: TVM's plain CUDA batch_matmul schedule, exclusive, instead.
+    data, weight = inputs
+    return ("uint8" in (data.dtype, weight.dtype) and takes_integer_products(target)
+            and not _mma_batch_matmul_applies(attrs, inputs, out_type, target))
 
 
 def _mma_batch_matmul_compute(attrs, inputs, out_type):
@@ -511,7 +522,11 @@ def hooks() -> List[registry.Hook]:
         registry.strategy(
             "nn.batch_matmul",
             [registry.StrategyImpl(MMA_BATCH_MATMUL_IMPL, _mma_batch_matmul_compute, _extern_gemm_schedule,
-                                   _mma_batch_matmul_applies, plevel=_PLEVEL + 1, exclusive=True)],
+                                   _mma_batch_matmul_applies, plevel=_PLEVEL + 1, exclusive=True),
+             registry.StrategyImpl("batch_matmul.cuda",
+                                   wrap_compute_batch_matmul(topi.cuda.batch_matmul, need_out_dtype=True),
+                                   wrap_topi_schedule(topi.cuda.schedule_batch_matmul),
+                                   _uint8_batch_matmul_elsewhere, plevel=_PLEVEL, exclusive=True)],
             targets=TARGETS,
         ),
         registry.op_attr("nn.conv2d", "FTVMLegalize", _legalize_conv2d, targets=TARGETS),
