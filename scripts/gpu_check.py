@@ -27,7 +27,7 @@ from tvm_tcutils.bench import gpu_check  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 
 PARTS = ("resnet50", "tune", "tune_dense", "tune_dense_mma", "tune_dense_wgmma", "exact", "layers", "dense",
-         "int4_probe", "profile", "int4_cast", "int4", "stem", "int4_diag", "int4_speed")
+         "bert", "int4_probe", "profile", "int4_cast", "int4", "stem", "int4_diag", "int4_speed")
 
 
 def _parts(text: str) -> list:
@@ -97,6 +97,9 @@ def main(argv=None) -> int:
                     gpu_check.int4_cast(results, arch)
                 elif part == "profile":
                     gpu_check.profile(results, arch, args.batch)
+                elif part == "bert":
+                    gpu_check.bert(results, arch, args.rounds, torch_python=os.environ.get("TORCH_PYTHON", "python3"),
+                                   work_dir=os.path.dirname(os.path.abspath(args.json)))
                 elif part == "int4_probe":
                     gpu_check.int4_probe(results, os.environ.get("TORCH_PYTHON", "python3"))
                 else:

@@ -101,7 +101,7 @@ tests=$!
 # after the dense part had run in the same process) loses that part only. Each writes its own JSON.
 # A part killed by SIGSEGV runs once more under cuda-gdb (it debugs host code too; gdb is not on the GPU
 # machine) for the native stack, when CRASH_BT_S seconds (default 0: off) are still left to it.
-for part in ${PARTS:-resnet50 layers dense profile int4_probe int4_cast int4 stem}; do
+for part in ${PARTS:-resnet50 layers dense bert profile int4_probe int4_cast int4 stem}; do
     "$PY" "$ROOT/scripts/gpu_check.py" --parts "$part" --json "$OUT/gpu_check_$part.json" \
         --wait-for "$WORK/pytest.done" "$@"
     rc=$?

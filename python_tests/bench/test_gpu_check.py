@@ -144,3 +144,26 @@ def test_saturating_casts_clip_each_narrow_cast_to_its_range_and_leave_the_input
     module.run()
     assert module.get_output(0).numpy().tolist() == [-128, -128, -3, 0, 127, 127]
     assert module.get_output(1).numpy().tolist() == [0, 0, 0, 0, 254, 255]
+
+
+@pytest.mark.slow  # seconds of onnxruntime quantization and a CUDA build
+def test_bert_rehearsal_puts_the_encoders_products_on_tensor_cores(results, tmp_path):
+    _no_gpu()
+    gpu_check.bert(results, "sm_90", config={"layers": 1, "seq": 64, "hidden": 64, "heads": 1},
+                   work_dir=str(tmp_path))
+    (row,) = results.rows
+    counts = dict(map(tuple, row["tensor_core_kernels"]))
+    assert row["rehearsal"] and counts.get("IMMA.16832.U8.U8") == 2 and sum(counts.values()) >= 8, counts
+    from tvm_tcutils.tensorcore import strategy
+
+    assert not strategy.MMA_VERIFIED_ARCHS and not strategy.WGMMA_VERIFIED_ARCHS  # the part's gates undone
+
+
+def test_bert_table_comes_from_the_json(results, tmp_path):
+    timing = {"median_ms": 2.0, "min_ms": 2.0, "spread": 0.0, "samples_ms": [2.0]}
+    ratio = {"value": 1.5, "low": 1.4, "high": 1.6, "confidence": 0.95}
+    results.add(part="bert", layers=12, seq=128, hidden=768, heads=12, tensor_core_kernels=[["IMMA.16832.U8.U8", 24]],
+                tcutils=timing, torch_fp16=timing, torch_fp16_over_tcutils=ratio, max_abs_diff=0.01, max_abs_ort=2.0)
+    table = gpu_check.markdown(json.load(open(results.write(str(tmp_path / "b.json")))))
+    assert ("| 12 x 768, 12 heads, seq 128 | IMMA.16832.U8.U8 x24 | 2.000 | 2.000 | x1.50 [1.40, 1.60] | 0.01 (2) |"
+            in table)

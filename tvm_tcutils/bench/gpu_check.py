@@ -48,6 +48,7 @@ import re
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -386,23 +387,60 @@ for line in sys.stdin:
 """
 
 
-class TorchWorker:
-    """``torch._int_mm`` (cuBLASLt int8 GEMM) timed in a separate process, one sample per call."""
+#: PyTorch float16 BERT encoder (``nn.TransformerEncoder``: the fused fast path a user gets in inference
+#: mode), timed in a process of its own; one request line ``layers seq hidden heads number``.
+_TORCH_BERT_WORKER = r"""
+import json, sys, torch
+cache = {}
+for line in sys.stdin:
+    layers, seq, hidden, heads, number = (int(v) for v in line.split())
+    try:
+        key = (layers, seq, hidden, heads)
+        if key not in cache:
+            torch.manual_seed(0)
+            layer = torch.nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, activation="gelu", batch_first=True)
+            model = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).half().cuda().eval()
+            x = torch.randn(1, seq, hidden, dtype=torch.float16, device="cuda")
+            with torch.inference_mode():
+                for _ in range(3):
+                    model(x)
+            torch.cuda.synchronize()
+            cache[key] = (model, x)
+        model, x = cache[key]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.inference_mode():
+            start.record()
+            for _ in range(number):
+                model(x)
+            end.record(); torch.cuda.synchronize()
+        print(json.dumps({"ms": start.elapsed_time(end) / number}), flush=True)
+    except Exception as err:
+        print(json.dumps({"error": str(err)[:300]}), flush=True)
+"""
 
-    def __init__(self, python: str = "python3"):
-        self.proc = subprocess.Popen([python, "-c", _TORCH_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+
+class TorchWorker:
+    """A PyTorch contender timed in a separate process (torch and TVM stay apart), one sample per call:
+    ``torch._int_mm`` (cuBLASLt int8 GEMM) by default, or another worker ``script`` that answers one JSON
+    line ``{"ms": ...}`` per request line."""
+
+    def __init__(self, python: str = "python3", script: str = _TORCH_WORKER):
+        self.proc = subprocess.Popen([python, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
 
-    def sample(self, m: int, n: int, k: int, number: int = 50) -> float:
-        self.proc.stdin.write(f"{m} {n} {k} {number}\n")
+    def request(self, *values: int) -> float:
+        self.proc.stdin.write(" ".join(map(str, values)) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"torch worker ended: {self.proc.stderr.read()[-500:]}")
         answer = json.loads(line)
         if "error" in answer:
-            raise RuntimeError(f"torch._int_mm {m}x{n}x{k}: {answer['error']}")
+            raise RuntimeError(f"torch worker, request {values}: {answer['error']}")
         return float(answer["ms"])
+
+    def sample(self, m: int, n: int, k: int, number: int = 50) -> float:
+        return self.request(m, n, k, number)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -511,6 +549,82 @@ def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, 
         print(f"rehearsal: the dense kernels of {len(shapes)} shapes built; timing needs a GPU", flush=True)
 
 
+#: The ``bert`` part's encoder: BERT-base (12 layers, hidden 768, 12 heads) at sequence 128.
+BERT_BASE = {"layers": 12, "seq": 128, "hidden": 768, "heads": 12}
+
+
+def bert(results, arch: str, rounds: int = 5, config: Optional[Dict[str, int]] = None, torch_python: str = "python3",
+         work_dir: Optional[str] = None) -> None:
+    """A BERT encoder quantized by onnxruntime (QDQ, static) through plain ``relay.build`` for this GPU, with the
+    package's GEMMs allowed for ``arch`` during the part (``MMA_VERIFIED_ARCHS``, and ``WGMMA_VERIFIED_ARCHS`` on
+    sm_90): its tensor-core kernels counted from SASS, its output compared with onnxruntime's on the same file,
+    timed in turns against the same encoder in PyTorch float16 (``torch.nn.TransformerEncoder``). The model is
+    made here (``models.bert_onnx``, random weights, four calibration samples): the GPU machine has no network.
+    Without a GPU: the build and the kernel count (the rehearsal)."""
+    import onnx
+    import onnxruntime
+
+    from ..dotprod.quantize import ort_quantize
+    from ..models import bert_onnx
+    from ..tensorcore import strategy
+    from ..tensorcore.topi import wgmma_gemm
+    from ..tensorcore.topi.mma_gemm import arch_number
+
+    config = dict(config or BERT_BASE)
+    folder = work_dir or tempfile.mkdtemp(prefix="tcutils-bert-")
+    fp32 = os.path.join(folder, "bert.onnx")
+    onnx.save(bert_onnx(**config), fp32)
+    rng = np.random.default_rng(0)
+    shape = (1, config["seq"], config["hidden"])
+    samples = [{"input": rng.standard_normal(shape).astype("float32")} for _ in range(4)]
+    path = ort_quantize(fp32, os.path.join(folder, "bert-qdq.onnx"), samples, "qdq")
+    number = arch_number(arch)
+    gates = {"MMA_VERIFIED_ARCHS": strategy.MMA_VERIFIED_ARCHS, "WGMMA_VERIFIED_ARCHS": strategy.WGMMA_VERIFIED_ARCHS}
+    strategy.MMA_VERIFIED_ARCHS = gates["MMA_VERIFIED_ARCHS"] | {f"sm_{number}"}
+    if wgmma_gemm.supports(arch):
+        strategy.WGMMA_VERIFIED_ARCHS = gates["WGMMA_VERIFIED_ARCHS"] | {f"sm_{number}"}
+    try:
+        mod, params = relay.frontend.from_onnx(onnx.load(path), freeze_params=True)
+        start = time.time()
+        lib = _build(mod, params, f"cuda -arch={arch}")
+        row: Dict[str, object] = {"part": "bert", **config, "build_s": round(time.time() - start, 1)}
+    finally:
+        for name, value in gates.items():
+            setattr(strategy, name, value)
+    kernels = cuda.sass(cuda.module_cubin(lib.get_lib()))
+    row["kernels"] = len(kernels)
+    row["tensor_core_kernels"] = sorted(Counter(
+        op for code in kernels.values() for op in set(re.findall(r"\b(I(?:G)?MMA\.[\w.]+)", code))).items())
+    if not gpu_present():
+        row["rehearsal"] = True
+        results.add(**row)
+        print(f"rehearsal: bert {config} built for {arch}: {row['tensor_core_kernels']}; timing needs a GPU",
+              flush=True)
+        return
+    dev = tvm.cuda(0)
+    module = _graph(lib, dev)
+    module.set_input("input", samples[0]["input"])
+    module.run()
+    found = module.get_output(0).numpy()
+    want = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, samples[0])[0]
+    row["max_abs_diff"] = float(np.max(np.abs(found - want)))
+    row["max_abs_ort"] = float(np.max(np.abs(want)))
+    worker = TorchWorker(torch_python, _TORCH_BERT_WORKER)
+    try:
+        timers = {"tcutils": _sample(module, dev, 20),
+                  "torch_fp16": lambda: worker.request(config["layers"], config["seq"], config["hidden"],
+                                                       config["heads"], 20)}
+        timings = interleave(timers, rounds)
+    finally:
+        worker.close()
+    row.update(timings)
+    row["torch_fp16_over_tcutils"] = ratio(timings["torch_fp16"], timings["tcutils"])
+    results.add(**row)
+    print(f"bert {config}: tvm-tcutils {timings['tcutils'].median_ms:.3f} ms, PyTorch fp16 "
+          f"{timings['torch_fp16'].median_ms:.3f} ms (x{row['torch_fp16_over_tcutils'].value:.2f}); output "
+          f"max |diff| {row['max_abs_diff']:.3g} of {row['max_abs_ort']:.3g}", flush=True)
+
+
 def wait_for_file(path: Optional[str], timeout_s: float = 600.0) -> Callable[[], None]:
     """A function that waits until ``path`` exists (another process's end), so that timings run alone."""
     def _wait() -> None:
@@ -600,6 +714,15 @@ def markdown(payload: dict) -> str:
               _ratio(r.get("cublaslt_over_wgmma")), f"{r['peak_tops']:.0f}" if r.get("peak_tops") else "-",
               f"{of_peak(r, 'tcutils')} / {of_peak(r, 'mma')} / {of_peak(r, 'wgmma')}", exact(r)]
              for r in dense_rows]))
+    bert_rows = [r for r in rows if r.get("part") == "bert" and "tcutils" in r]
+    if bert_rows:
+        parts.append(table(
+            ["encoder (QDQ, plain relay.build)", "tensor-core kernels", "tvm-tcutils ms", "PyTorch fp16 ms",
+             "PyTorch / tcutils", "max |diff| vs onnxruntime (of max |out|)"],
+            [[f"{r['layers']} x {r['hidden']}, {r['heads']} heads, seq {r['seq']}",
+              ", ".join(f"{op} x{count}" for op, count in r["tensor_core_kernels"]), _ms(r.get("tcutils")),
+              _ms(r.get("torch_fp16")), _ratio(r.get("torch_fp16_over_tcutils")),
+              f"{r['max_abs_diff']:.3g} ({r['max_abs_ort']:.3g})"] for r in bert_rows]))
     tune_rows = [r for r in rows if r.get("part") == "tune" and "tuned" in r]
     if tune_rows:
         parts.append(table(
