@@ -32,7 +32,7 @@ import os
 import re
 import subprocess
 import tempfile
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from . import native
 from ._tvm import tvm
@@ -274,6 +274,26 @@ def repair_source(code: str) -> str:
     # NVRTC knows inline assembly only as ``asm``: TVM's cp.async and barrier helpers print the GNU
     # spelling ``__asm__ __volatile__`` ("identifier __asm__ is undefined"); nvcc takes both.
     return _GNU_ASM.sub("asm volatile(", _BYTE_BROADCAST.sub(_word, code))
+
+
+def prepend_helpers(code: str, helpers: str, called: Tuple[str, ...]) -> str:
+    r"""``code`` with the device functions ``helpers`` in front when it calls one of ``called`` (names or name
+    prefixes) and does not have them yet (``helpers``' first non-empty line marks them): how the package's
+    CUDA post-processing adds the helpers its kernels call as externs.
+
+    Examples
+    --------
+    >>> helpers = "// demo helpers\n__device__ int demo_one() { return 1; }\n"
+    >>> code = prepend_helpers("x = demo_one();", helpers, ("demo_",))
+    >>> code.startswith("// demo helpers") and prepend_helpers(code, helpers, ("demo_",)) == code
+    True
+    >>> prepend_helpers("x = 1;", helpers, ("demo_",))
+    'x = 1;'
+    """
+    mark = next(line for line in helpers.splitlines() if line.strip())
+    if mark in code or not any(name in code for name in called):
+        return code
+    return helpers + code
 
 
 def compile_cuda(code: str, target: Union[str, "tvm.target.Target", None] = None) -> bytearray:

@@ -47,6 +47,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ._tvm import constant_expression, tvm
+from .cuda import prepend_helpers
 from tvm import relay, tir
 from tvm.tir import stmt_functor
 
@@ -78,7 +79,6 @@ __device__ __forceinline__ void tcutils_store4(void* base, long long i, int v) {
 
 #: Calls whose 4-bit arguments are addresses or types, not values (the WMMA loads' and stores' pointers).
 _OPAQUE = ("tir.address_of", "tir.type_annotation", "tir.tvm_access_ptr")
-_MARK = "tvm-tcutils: element-wise access to 4-bit integers"
 _CMP = (tir.EQ, tir.NE, tir.LT, tir.LE, tir.GT, tir.GE)
 _WRAPPING = {tir.Add: lambda a, b: a + b, tir.Sub: lambda a, b: a - b, tir.Mul: lambda a, b: a * b}
 
@@ -234,9 +234,7 @@ def add_helpers(code: str) -> str:
     >>> add_helpers("x = 1;")
     'x = 1;'
     """
-    if "tcutils_" not in code or _MARK in code:
-        return code
-    return HELPERS + code
+    return prepend_helpers(code, HELPERS, ("tcutils_wrap_", "tcutils_load_", "tcutils_store4"))
 
 
 def subbyte_array(values: np.ndarray, dtype: str) -> "tvm.nd.NDArray":

@@ -30,7 +30,6 @@ from tvm.topi.utils import get_const_tuple
 from .. import cuda, cuda_subbyte, registry
 from .._tvm import tvm
 from . import strategy
-
 from .convert_layout import HANDLERS
 from .topi import wgmma_gemm
 from .topi.hwnc_reference import DATA_LAYOUT, conv2d_hwnc, schedule_conv2d_hwnc

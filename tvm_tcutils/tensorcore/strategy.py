@@ -172,14 +172,19 @@ def _gemm_fits(attrs, inputs, target, data_dtype: str, verified: frozenset, tile
     sizes = (*get_const_tuple(data.shape), get_const_tuple(weight.shape)[0])
     if not all(isinstance(v, int) for v in sizes):
         return False
+    number = _verified_arch(target, verified)
+    m, k, n = sizes
+    return number is not None and tiles_for(m, n, k, number) is not None
+
+
+def _verified_arch(target, verified: frozenset) -> Optional[int]:
+    """The arch number of ``target`` where ``verified`` has it (None: no arch to ask, an old one, or one the
+    GPU check has not run the kernel on; the WMMA row and TVM's decide)."""
     try:
         number = mma_gemm.arch_number(cuda.target_arch(target))
     except ValueError:
-        return False  # no arch to ask or an old one: the WMMA row and TVM's decide
-    if f"sm_{number}" not in verified:
-        return False
-    m, k, n = sizes
-    return tiles_for(m, n, k, number) is not None
+        return None
+    return number if f"sm_{number}" in verified else None
 
 
 def _mma_tiles(m: int, n: int, k: int, number: int):
@@ -238,13 +243,7 @@ def takes_integer_products(target) -> bool:
     if target is None:
         return False
     target = tvm.target.Target(target) if isinstance(target, str) else target
-    if target.kind.name != "cuda":
-        return False
-    try:
-        number = mma_gemm.arch_number(cuda.target_arch(target))
-    except ValueError:
-        return False
-    return f"sm_{number}" in MMA_VERIFIED_ARCHS
+    return target.kind.name == "cuda" and _verified_arch(target, MMA_VERIFIED_ARCHS) is not None
 
 
 def _mma_batch_matmul_applies(attrs, inputs, out_type, target) -> bool:
@@ -260,14 +259,9 @@ def _mma_batch_matmul_applies(attrs, inputs, out_type, target) -> bool:
     shapes = get_const_tuple(data.shape) + get_const_tuple(weight.shape)
     if not all(isinstance(v, int) for v in shapes) or shapes[0] != shapes[3]:
         return False
-    try:
-        number = mma_gemm.arch_number(cuda.target_arch(target))
-    except ValueError:
-        return False
-    if f"sm_{number}" not in MMA_VERIFIED_ARCHS:
-        return False
+    number = _verified_arch(target, MMA_VERIFIED_ARCHS)
     batch, m, k, _, n, _ = shapes
-    return mma_gemm.fallback_tiles(m, n, k, number, batch) is not None
+    return number is not None and mma_gemm.fallback_tiles(m, n, k, number, batch) is not None
 
 
 def _uint8_batch_matmul_elsewhere(attrs, inputs, out_type, target) -> bool:

@@ -418,23 +418,39 @@ def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] = None, 
     ...
     TypeError: weight: the mma kernel takes int8 weights, got uint8
     """
-    _, m, n, k = operand_sizes(data, weight, "mma")
-    return _extern(data, weight, tiles, arch, "dense")
+    return _extern(data, weight, tiles, arch, "dense", operand_sizes(data, weight, "mma"))
 
 
-def _extern(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles], arch: int, op: str) -> te.Tensor:
-    batch, m, n, k = (get_const_tuple(data.shape)[0] if op == "batch_matmul" else 1,
-                      *get_const_tuple(data.shape)[-2:-1], get_const_tuple(weight.shape)[-2],
-                      get_const_tuple(data.shape)[-1])
+def _extern(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles], arch: int, op: str,
+            sizes: Tuple[int, int, int, int]) -> te.Tensor:
+    batch, m, n, k = sizes
     tiles = tiles or fallback_tiles(m, n, k, arch, batch)
     problem = "no tiling fits" if tiles is None else fits(m, n, k, tiles, arch)
     if problem:
         raise ValueError(f"{op} {m}x{n}x{k} on sm_{arch}: {problem}")
-    func = lower(schedule_primfunc(data, weight, tiles))
-    buffers = [func.buffer_map[param] for param in func.params]
-    return te.extern([buffers[2].shape], [data, weight], lambda ins, outs: func.body,
-                     in_buffers=buffers[:2], out_buffers=[buffers[2]], name=f"{op}_mma", tag=f"tcutils_{op}_mma",
-                     dtype="int32")
+    return extern_op(lower(schedule_primfunc(data, weight, tiles)), data, weight, f"{op}_mma")
+
+
+def extern_op(func: tir.PrimFunc, data: te.Tensor, weight: te.Tensor, name: str) -> te.Tensor:
+    """A GEMM kernel ``func`` of parameters (data, weight, out) as the TE extern op computing ``data`` x
+    ``weight``: its buffers are the function's data pointers with the tensors' own shape objects (TE checks
+    those by identity); tag ``tcutils_<name>``.
+
+    Examples
+    --------
+    >>> from tvm.script import tir as T
+    >>> @T.prim_func
+    ... def copy(a: T.Buffer((4, 8), "int8"), b: T.Buffer((4, 8), "int8"), c: T.Buffer((4, 4), "int32")):
+    ...     c[0, 0] = T.Cast("int32", a[0, 0])
+    >>> extern_op(copy, te.placeholder((4, 8), "int8"), te.placeholder((4, 8), "int8"), "demo").op.tag
+    'tcutils_demo'
+    """
+    data_buf, weight_buf, out_buf = (func.buffer_map[param] for param in func.params)
+    ins = [tir.decl_buffer(tensor.shape, tensor.dtype, buf.name, data=buf.data)
+           for tensor, buf in ((data, data_buf), (weight, weight_buf))]
+    out = tir.decl_buffer(out_buf.shape, out_buf.dtype, out_buf.name, data=out_buf.data)
+    return te.extern([out.shape], [data, weight], lambda ins_, outs_: func.body, in_buffers=ins,
+                     out_buffers=[out], name=name, tag=f"tcutils_{name}", dtype=out_buf.dtype)
 
 
 def batch_matmul(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] = None, arch: int = 90
@@ -455,16 +471,12 @@ def batch_matmul(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] =
     ...
     ValueError: data has batch 4, weight 2 (no broadcasting)
     """
-    operand_sizes(data, weight, "mma", mma_intrin.A_DTYPES, batched=True)
-    return _extern(data, weight, tiles, arch, "batch_matmul")
+    sizes = operand_sizes(data, weight, "mma", mma_intrin.A_DTYPES, batched=True)
+    return _extern(data, weight, tiles, arch, "batch_matmul", sizes)
 
 
 def target_arch_number() -> int:
     """The arch number (80, 90, ...) of the CUDA target in scope (its ``-arch``, else GPU 0's)."""
-    return _target_arch()
-
-
-def _target_arch() -> int:
     from ... import cuda
 
     return arch_number(cuda.target_arch(tvm.target.Target.current(allow_none=True)))
@@ -487,7 +499,7 @@ def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "in
     if out_dtype != "int32":
         raise ValueError(f"out_dtype: the mma int8 kernel accumulates in int32, got {out_dtype}")
     _, m, n, k = operand_sizes(data, weight, "mma")
-    arch = _target_arch()
+    arch = target_arch_number()
     cfg.add_flop(2 * m * n * k)
     knobs = {"warps_m": WARPS, "warps_n": WARPS, "frags_m": FRAGS, "frags_n": FRAGS, "chunk": CHUNKS,
              "stages": STAGES}

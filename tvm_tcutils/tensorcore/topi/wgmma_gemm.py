@@ -50,7 +50,9 @@ from ..._tvm import tvm  # noqa: F401  (the package's TVM, loaded first)
 from tvm import te, tir
 from tvm.script import tir as T
 
-from .mma_gemm import arch_number, operand_sizes, schedule_dense, template_tiles, whole_tiles_problem
+from ...cuda import prepend_helpers
+from .mma_gemm import (arch_number, extern_op, operand_sizes, schedule_dense, template_tiles,
+                       whole_tiles_problem)
 
 #: AutoTVM task name of the template.
 TASK = "tcutils.dense_wgmma.cuda"
@@ -293,9 +295,7 @@ def add_helpers(code: str) -> str:
     >>> add_helpers("x = 1;")
     'x = 1;'
     """
-    if "tcutils_wgmma_" not in code or _MARK in code:
-        return code
-    return HELPERS + code
+    return prepend_helpers(code, HELPERS, ("tcutils_wgmma_", "tcutils_gmma_desc"))
 
 
 def primfunc(m: int, n: int, k: int, tiles: WgmmaTiles, a_dtype: str = "int8") -> tir.PrimFunc:
@@ -456,15 +456,7 @@ def dense(data: te.Tensor, weight: te.Tensor, tiles: Optional[WgmmaTiles] = None
     problem = "no tiling fits" if tiles is None else fits(m, n, k, tiles)
     if problem:
         raise ValueError(f"dense {m}x{n}x{k} on {ARCH}: {problem}")
-    func = primfunc(m, n, k, tiles, data.dtype)
-    # The extern op's buffers: the function's data pointers with the tensors' own shape objects (TE checks
-    # them by identity).
-    data_buf, weight_buf, out_buf = (func.buffer_map[param] for param in func.params)
-    ins = [tir.decl_buffer(tensor.shape, tensor.dtype, buf.name, data=buf.data)
-           for tensor, buf in ((data, data_buf), (weight, weight_buf))]
-    out = tir.decl_buffer((data.shape[0], weight.shape[0]), "int32", out_buf.name, data=out_buf.data)
-    return te.extern([out.shape], [data, weight], lambda ins_, outs_: func.body, in_buffers=ins,
-                     out_buffers=[out], name="dense_wgmma", tag="tcutils_dense_wgmma", dtype="int32")
+    return extern_op(primfunc(m, n, k, tiles, data.dtype), data, weight, "dense_wgmma")
 
 
 def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "int32") -> te.Tensor:
