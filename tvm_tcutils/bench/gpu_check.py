@@ -448,34 +448,15 @@ class TorchWorker:
             self.proc.wait(timeout=30)
 
 
-def _mma_task(m: int, n: int, k: int, arch: str):
-    """The sm_80+ mma kernel's AutoTVM task for ``m x n x k`` and its fallback tiling; None where none fits."""
+def _gemm_task(template: str, tiles, m: int, n: int, k: int, arch: str):
+    """The AutoTVM task of a GEMM ``template`` for int8 ``m x n x k`` and the ``tiles`` its fallback config
+    takes; None where no tiling fits (``tiles`` None)."""
     from tvm import te
 
-    from ..tensorcore.topi import mma_gemm
-
-    tiles = mma_gemm.fallback_tiles(m, n, k, mma_gemm.arch_number(arch))
     if tiles is None:
         return None
     args = (te.placeholder((m, k), "int8"), te.placeholder((n, k), "int8"), "int32")
-    return autotvm.task.create(mma_gemm.TASK, args, tvm.target.Target(f"cuda -arch={arch}")), tiles
-
-
-def _wgmma_function(m: int, n: int, k: int, target):
-    """The sm_90 warp-group kernel (fallback tiling) built for ``m x n x k``, with its tensors (output first,
-    as :func:`_task_function` gives them); None where no tiling fits."""
-    from tvm import te
-
-    from ..tensorcore.topi import wgmma_gemm
-
-    tiles = wgmma_gemm.fallback_tiles(m, n, k)
-    if tiles is None:
-        return None
-    x, w = te.placeholder((m, k), "int8"), te.placeholder((n, k), "int8")
-    with target:
-        out = wgmma_gemm.dense(x, w, tiles)
-        tensors = [out, x, w]
-        return (tvm.build(te.create_schedule(out.op), tensors, target), tensors), tiles
+    return autotvm.task.create(template, args, tvm.target.Target(f"cuda -arch={arch}")), tiles
 
 
 def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, int]] = DENSE_SHAPES,
@@ -490,7 +471,7 @@ def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, 
     from tvm import te
 
     from ..tensorcore.topi import dense as tc_dense
-    from ..tensorcore.topi import wgmma_gemm
+    from ..tensorcore.topi import mma_gemm, wgmma_gemm
 
     target = tvm.target.Target(f"cuda -arch={arch}")
     present = gpu_present()
@@ -503,14 +484,14 @@ def dense(results, arch: str, rounds: int = 5, shapes: Sequence[Tuple[int, int, 
             row: Dict[str, object] = {"part": "dense", "m": m, "n": n, "k": k, "peak_tops": peak}
             args = (te.placeholder((m, k), "int8"), te.placeholder((n, k), "int8"), "int32")
             kernels = {"tcutils": _task_function(autotvm.task.create(tc_dense.TASK, args, target), target)}
-            mma = _mma_task(m, n, k, arch)
-            if mma is not None:
-                kernels["mma"] = _task_function(mma[0], target)
-                row["mma_tiles"] = dict(mma[1]._asdict())
-            warpgroup = _wgmma_function(m, n, k, target) if wgmma_gemm.supports(arch) else None
-            if warpgroup is not None:
-                kernels["wgmma"] = warpgroup[0]
-                row["wgmma_tiles"] = dict(warpgroup[1]._asdict())
+            number = mma_gemm.arch_number(arch)
+            gemms = {"mma": _gemm_task(mma_gemm.TASK, mma_gemm.fallback_tiles(m, n, k, number), m, n, k, arch)}
+            if wgmma_gemm.supports(arch):
+                gemms["wgmma"] = _gemm_task(wgmma_gemm.TASK, wgmma_gemm.fallback_tiles(m, n, k), m, n, k, arch)
+            for key, gemm in gemms.items():
+                if gemm is not None:
+                    kernels[key] = _task_function(gemm[0], target)
+                    row[f"{key}_tiles"] = dict(gemm[1]._asdict())
             if not present:
                 row["rehearsal"] = True
                 row["kernels"] = sorted(kernels)
