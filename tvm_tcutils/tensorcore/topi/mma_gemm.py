@@ -280,7 +280,6 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
 
     # Operands staged in shared memory per K stage: consecutive lanes copy consecutive 16-byte pieces of
     # a row (whole 32-byte sectors per pair of lanes), one cp.async each.
-    staged = []
     for operand in (0, 1):
         shared = sch.cache_read(gemm, operand, "shared.dyn")
         sch.compute_at(shared, k_stage)
@@ -291,7 +290,6 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(piece)
         sch.storage_align(shared, 0, axis=-2, factor=tiles.block[2], offset=ROW_PAD)
-        staged.append(shared)
 
     # Fragments loaded from shared memory per k32 step.
     fragments = []

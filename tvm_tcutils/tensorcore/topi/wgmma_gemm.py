@@ -397,7 +397,7 @@ def simulate(data: np.ndarray, weight: np.ndarray, tiles: WgmmaTiles) -> np.ndar
     --------
     >>> rng = np.random.default_rng(0)
     >>> x = rng.integers(0, 256, (128, 128)).astype(np.uint8); w = rng.integers(-128, 128, (64, 128)).astype(np.int8)
-    >>> bool((simulate(x, w, WgmmaTiles(2, 64, 2, 2)) == x.astype(np.int32) @ w.astype(np.int32).T).all())
+    >>> bool((simulate(x, w, WgmmaTiles(2, 64, 2, 3)) == x.astype(np.int32) @ w.astype(np.int32).T).all())
     True
     """
     m, k = data.shape
