@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Callable, Sequence
@@ -201,6 +203,54 @@ def run_cli(*args: str, cwd: str | None = None, timeout: int = 600, fresh: bool 
     if not fresh:
         return _run_forked("cli", args, _child_env(), cwd, timeout, command)
     return subprocess.run(command, capture_output=True, text=True, env=_child_env(), cwd=cwd, timeout=timeout)
+
+
+# --------------------------------------------------------------------------
+# CUDA: code generation and SASS without a GPU, numerics where one is.
+# --------------------------------------------------------------------------
+#: An instruction's opcode (predicate and operands stripped) in cuobjdump's SASS listing.
+SASS_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Za-z0-9_.]*)")
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_status() -> dict:
+    """:func:`tvm_tcutils.cuda.status`, asked once per process."""
+    from tvm_tcutils import cuda
+
+    return cuda.status()
+
+
+def needs_cuda_codegen(test):
+    """Skip ``test`` (with the reason) where CUDA cannot be compiled or its SASS read back."""
+    from tvm_tcutils import cuda
+
+    status = cuda_status()
+    test = pytest.mark.skipif(not status["codegen"], reason=f"no CUDA code generation here: {status['reason']}")(test)
+    return pytest.mark.skipif(cuda.tool("cuobjdump") is None,
+                              reason="cuobjdump is not in the CUDA toolkit (pip install 'tvm-tcutils[cuda]')")(test)
+
+
+def sass_opcodes(module) -> dict:
+    """{kernel name: Counter of its SASS opcodes} of a built CUDA ``module`` (or a cubin's bytes)."""
+    from collections import Counter
+
+    from tvm_tcutils import cuda
+
+    cubin = module if isinstance(module, (bytes, bytearray)) else cuda.module_cubin(module)
+    return {name: Counter(SASS_OPCODE.findall(code)) for name, code in cuda.sass(cubin).items()}
+
+
+def gpu_arch(min_arch: int = 0) -> str:
+    """The GPU's ``sm_XY``, or a skip: no code generation, no GPU, or one older than ``sm_<min_arch>``."""
+    status = cuda_status()
+    if not status["codegen"]:
+        pytest.skip(f"no CUDA code generation here: {status['reason']}")
+    if not status["device"]:
+        pytest.skip("no GPU here: the kernel's numbers come from a machine with one (scripts/gpu_check.sh)")
+    arch = "sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
+    if int(arch[3:]) < min_arch:
+        pytest.skip(f"the GPU is {arch}: this kernel needs sm_{min_arch}+")
+    return arch
 
 
 @pytest.fixture(scope="session")

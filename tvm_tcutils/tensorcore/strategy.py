@@ -66,7 +66,7 @@ from .rules import (  # noqa: F401  (the setting, re-exported beside the hooks i
     DEFAULT_PAD_FRACTION, Verdict, fitting_shapes, hwnc_conv2d_qualifies, max_pad_fraction, pad_limit,
     set_max_pad_fraction, unsupported_reason,
 )
-from .topi import conv2d_hwnc, dense, mma_gemm, mma_intrin, wgmma_gemm, wmma
+from .topi import conv2d_hwnc, dense, mma_conv2d, mma_gemm, mma_intrin, wgmma_gemm, wmma
 
 logger = logging.getLogger("tvm_tcutils.tensorcore")
 
@@ -74,6 +74,7 @@ TARGETS = ("cuda", "gpu")
 CONV2D_IMPL = "tcutils.conv2d_hwnc_tensorcore.cuda"
 DENSE_IMPL = "tcutils.dense_tensorcore.cuda"
 MMA_DENSE_IMPL = "tcutils.dense_mma.cuda"
+MMA_CONV2D_IMPL = "tcutils.conv2d_hwnc_mma.cuda"
 _PLEVEL = 25  # above TVM's own tensor-core rows (20)
 
 #: Architectures on which ``relay.build`` takes the mma int8 dense kernel (:mod:`.topi.mma_gemm`): those
@@ -146,7 +147,28 @@ def _fits_as_is(verdict: Verdict, sizes: Optional[tuple]) -> bool:
 
 
 def _conv2d_applies(attrs, inputs, out_type, target) -> bool:
-    return _fits_as_is(*_conv2d_verdict(attrs, inputs[0], inputs[1], target))
+    # The WMMA kernel steps aside where the mma one takes the layer: one row, one AutoTVM task per layer.
+    return (_fits_as_is(*_conv2d_verdict(attrs, inputs[0], inputs[1], target))
+            and not _mma_conv2d_applies(attrs, inputs, out_type, target))
+
+
+def _mma_conv2d_applies(attrs, inputs, out_type, target) -> bool:
+    """Whether :mod:`.topi.mma_conv2d`'s implicit GEMM takes this conv2d: HWNC data (int8 or uint8) and an
+    unpacked HWOI int8 kernel, int32 out, no groups, static shapes, a verified arch and a tiling that fits."""
+    data, kernel = inputs[0], inputs[1]
+    if attrs.data_layout != "HWNC" or attrs.kernel_layout != "HWOI" or int(attrs.groups) != 1:
+        return False
+    if data.dtype not in mma_intrin.A_DTYPES or kernel.dtype != "int8" or _out_dtype(attrs, "int32") != "int32":
+        return False
+    shapes = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
+    if not all(isinstance(v, int) for shape in shapes for v in shape):
+        return False
+    number = _verified_arch(target, MMA_VERIFIED_ARCHS)
+    if number is None:
+        return False
+    geom = mma_conv2d.geometry(*shapes, get_const_tuple(attrs.strides), get_const_tuple(attrs.padding),
+                               get_const_tuple(attrs.dilation))
+    return mma_conv2d.fallback_tiles(geom, number) is not None
 
 
 def _dense_applies(attrs, inputs, out_type, target) -> bool:
@@ -218,6 +240,10 @@ def _wgmma_dense_u8_applies(attrs, inputs, out_type, target) -> bool:
 # --------------------------------------------------------------------------
 def _conv2d_compute(attrs, inputs, out_type):
     return wrap_compute_conv2d(registry.template(conv2d_hwnc.TASK)[0])(attrs, inputs, out_type)
+
+
+def _mma_conv2d_compute(attrs, inputs, out_type):
+    return wrap_compute_conv2d(registry.template(mma_conv2d.TASK)[0])(attrs, inputs, out_type)
 
 
 def _dense_compute(attrs, inputs, out_type):
@@ -344,7 +370,7 @@ def _legalize_conv2d(attrs, inputs, types):
     # The package's one verdict (raises MissingArchError without -arch), so
     # that this decides exactly what prepare_for_tensorcore(skip_layers="auto") does.
     verdict, sizes = _conv2d_verdict(attrs, data_type, kernel_type, target)
-    if _fits_as_is(verdict, sizes):
+    if _fits_as_is(verdict, sizes) or _mma_conv2d_applies(attrs, types[:2], out_type, target):
         # Returning the same call (not None) keeps TVM's CUDA legalization,
         # which knows only its own tile shapes, from padding it anyway (for
         # example int8 16x64->16 to 32 output channels).
@@ -490,13 +516,19 @@ def hooks() -> List[registry.Hook]:
             "int8 dense on sm_80+ tensor cores (mma.sync m16n8k32, ldmatrix, cp.async pipeline)",
         ),
         registry.autotvm_template(
+            mma_conv2d.TASK, mma_conv2d.conv2d_template, mma_gemm.schedule_dense,
+            "HWNC int8 conv2d on sm_80+ tensor cores (implicit GEMM on the mma kernel)",
+        ),
+        registry.autotvm_template(
             wgmma_gemm.TASK, wgmma_gemm.dense_template, wgmma_gemm.schedule_template,
             "int8 dense on sm_90 tensor cores (wgmma, cp.async pipeline)",
         ),
         registry.strategy(
             "nn.conv2d",
             [registry.StrategyImpl(CONV2D_IMPL, _conv2d_compute, _schedule_of(conv2d_hwnc.TASK),
-                                   _conv2d_applies, plevel=_PLEVEL, exclusive=True)],
+                                   _conv2d_applies, plevel=_PLEVEL, exclusive=True),
+             registry.StrategyImpl(MMA_CONV2D_IMPL, _mma_conv2d_compute, _schedule_of(mma_conv2d.TASK),
+                                   _mma_conv2d_applies, plevel=_PLEVEL + 1, exclusive=True)],
             targets=TARGETS,
         ),
         registry.strategy(

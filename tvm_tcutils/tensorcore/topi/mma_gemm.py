@@ -72,6 +72,7 @@ WARPS = (1, 2, 4)
 FRAGS = (1, 2, 4)
 CHUNKS = (1, 2, 4)
 STAGES = (2, 3, 4)
+KNOBS = {"warps_m": WARPS, "warps_n": WARPS, "frags_m": FRAGS, "frags_n": FRAGS, "chunk": CHUNKS, "stages": STAGES}
 
 
 class MmaTiles(NamedTuple):
@@ -212,13 +213,23 @@ def fallback_tiles(m: int, n: int, k: int, arch: int = 90, batch: int = 1) -> Op
     True
     """
     usable = [t for t in FALLBACK_TILES if fits(m, n, k, t, arch) is None]
+    return choose_tiles(usable, lambda t: batch * (m // t.block[0]) * (n // t.block[1]), arch)
+
+
+def choose_tiles(usable: Sequence[MmaTiles], blocks, arch: int) -> Optional[MmaTiles]:
+    """The first of ``usable`` (largest first) whose grid of ``blocks(tiles)`` blocks fills ``sm_<arch>``'s
+    usual SM count once; else the one with the most blocks among those of at least 64x64 (a smaller tile
+    reads each operand byte from shared memory too few times to feed the tensor cores), else of any;
+    None when ``usable`` is empty.
+
+    Examples
+    --------
+    >>> choose_tiles(FALLBACK_TILES[:2], lambda t: 1000, 90).block
+    (128, 128, 64)
+    """
     if not usable:
         return None
     sms = _table(TYPICAL_SMS, arch)
-
-    def blocks(t: MmaTiles) -> int:
-        return batch * (m // t.block[0]) * (n // t.block[1])
-
     for tiles in usable:
         if blocks(tiles) >= sms:
             return tiles
@@ -236,9 +247,14 @@ def _tiled(tile_rows: int, tile_cols: int, inner, batched: bool = False):
 
 
 def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
-                      intrinsics: Optional[mma_intrin.IntrinsicSet] = None) -> tir.Schedule:
+                      intrinsics: Optional[mma_intrin.IntrinsicSet] = None,
+                      inputs: Optional[Tuple[te.Tensor, te.Tensor]] = None) -> tir.Schedule:
     """The kernel as a TensorIR schedule of ``data x weight^T`` (not lowered yet), tensorized with
     ``intrinsics`` (default: :func:`.mma_intrin.intrinsics` for the data's type).
+
+    ``data`` and ``weight`` may be computed from ``inputs`` (the function's parameters then; an implicit
+    GEMM's gathered rows, :mod:`.mma_conv2d`): their computations are inlined into the copies that stage
+    them in shared memory, so that each 16-byte piece is read from where it lies.
 
     Examples
     --------
@@ -257,7 +273,7 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
     else:
         out = te.compute((m, n), lambda i, j: te.sum(data[i, red].astype("int32") * weight[j, red].astype("int32"),
                                                        axis=red), name="dense_mma")
-    sch = tir.Schedule(te.create_prim_func([data, weight, out]))
+    sch = tir.Schedule(te.create_prim_func([*(inputs or (data, weight)), out]))
     gemm = sch.get_block("dense_mma")
     *outer, i, j, kk = sch.get_loops(gemm)
     i, i_tile = sch.split(i, [None, 16])
@@ -288,8 +304,14 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
         _, ty, tx = sch.split(sch.fuse(rows, cols), [None, tiles.warps_m * tiles.warps_n, 32])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
-        sch.vectorize(piece)
         sch.storage_align(shared, 0, axis=-2, factor=tiles.block[2], offset=ROW_PAD)
+        if inputs is not None and isinstance((data, weight)[operand].op, te.ComputeOp):
+            sch.compute_inline(sch.get_block((data, weight)[operand].op.name))
+            # A gathered piece is one cp.async too, but TVM's vectorizer cannot see it: the simplifier
+            # folds the piece's (kh, kw) back into K modulo KW*C, lane included (see _gathered_copies).
+            sch.annotate(piece, GATHERED_PIECE, COPY_BYTES)
+        else:
+            sch.vectorize(piece)
 
     # Fragments loaded from shared memory per k32 step.
     fragments = []
@@ -326,6 +348,53 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
     return sch
 
 
+#: Loop annotation of a gathered operand's 16-byte copy (:func:`schedule_primfunc`'s ``inputs``).
+GATHERED_PIECE = "tcutils_gathered_piece"
+
+
+def _gathered_copies(func: tir.PrimFunc, mod, ctx) -> tir.PrimFunc:
+    """Each :data:`GATHERED_PIECE` loop inside an asynchronous stage made one ``cp.async`` of 16 bytes,
+    predicated where the gather has a condition (zero padding; a missing source row): the bytes are zero
+    where it is false, as the gather's ``if_then_else(cond, x, 0)`` says.
+
+    A piece is 16 consecutive K bytes starting at a multiple of 16 and an operand's gather keeps its
+    innermost 16-aligned runs whole (:mod:`.mma_conv2d` requires channels in multiples of 16), so its
+    source bytes are consecutive and its condition is the same for all 16: they are read at lane 0.
+    """
+    def piece(loop: tir.For) -> Optional[tir.Stmt]:
+        at_zero = {loop.loop_var: tir.const(0, loop.loop_var.dtype)}
+        lets, store = [], loop.body
+        while isinstance(store, tir.LetStmt):  # common subexpressions bound inside the loop
+            lets.append((store.var, tir.stmt_functor.substitute(store.value, at_zero)))
+            store = store.body
+        if not isinstance(store, tir.BufferStore) or int(loop.extent) != COPY_BYTES:
+            raise ValueError(f"{GATHERED_PIECE}: expected one 16-byte store in the loop, got {store}")
+        value, predicate = store.value, None
+        if isinstance(value, tir.Call) and value.op.same_as(tvm.ir.Op.get("tir.if_then_else")):
+            predicate, value = tir.stmt_functor.substitute(value.args[0], at_zero), value.args[1]
+        if not isinstance(value, tir.BufferLoad) or tvm.DataType(value.buffer.dtype).bits != 8 or len(value.indices) != 1:
+            raise ValueError(f"{GATHERED_PIECE}: expected a flat 1-byte load, got {value}")
+        args = [store.buffer.data, tir.stmt_functor.substitute(store.indices[0], at_zero), value.buffer.data,
+                tir.stmt_functor.substitute(value.indices[0], at_zero), COPY_BYTES]
+        if predicate is not None:
+            args.append(tir.Cast("int32", predicate))
+        copy = tir.Evaluate(tir.call_intrin(store.buffer.dtype, "tir.ptx_cp_async", *args))
+        for var, value in reversed(lets):
+            copy = tir.LetStmt(var, value, copy)
+        return copy
+
+    def asynchronous(scope: tir.AttrStmt) -> Optional[tir.Stmt]:
+        if scope.attr_key != "async_scope":
+            return None
+        body = tir.stmt_functor.ir_transform(
+            scope.body, None,
+            lambda loop: piece(loop) if isinstance(loop, tir.For) and GATHERED_PIECE in loop.annotations else None,
+            ["tir.For"])
+        return tir.AttrStmt(scope.node, scope.attr_key, scope.value, body)
+
+    return func.with_body(tir.stmt_functor.ir_transform(func.body, None, asynchronous, ["tir.AttrStmt"]))
+
+
 def lower(sch: tir.Schedule) -> tir.PrimFunc:
     """The scheduled kernel lowered, with its barriers placed and its copies turned into ``cp.async``.
 
@@ -336,6 +405,7 @@ def lower(sch: tir.Schedule) -> tir.PrimFunc:
     """
     lowered = tvm.lower(sch.mod)
     lowered = tvm.transform.Sequential([tir.transform.ThreadSync("shared.dyn"),
+                                        tir.transform.prim_func_pass(_gathered_copies, opt_level=0),
                                         tir.transform.InjectPTXAsyncCopy()])(lowered)
     return lowered["main"]
 
@@ -429,10 +499,12 @@ def _extern(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles], arch:
     return extern_op(lower(schedule_primfunc(data, weight, tiles)), data, weight, f"{op}_mma")
 
 
-def extern_op(func: tir.PrimFunc, data: te.Tensor, weight: te.Tensor, name: str) -> te.Tensor:
+def extern_op(func: tir.PrimFunc, data: te.Tensor, weight: te.Tensor, name: str,
+              out_shape: Optional[Sequence[int]] = None) -> te.Tensor:
     """A GEMM kernel ``func`` of parameters (data, weight, out) as the TE extern op computing ``data`` x
     ``weight``: its buffers are the function's data pointers with the tensors' own shape objects (TE checks
-    those by identity); tag ``tcutils_<name>``.
+    those by identity); tag ``tcutils_<name>``. ``out_shape``: the output's shape where it is another view
+    of the same elements (an HWNC convolution's output of a GEMM's rows).
 
     Examples
     --------
@@ -446,7 +518,7 @@ def extern_op(func: tir.PrimFunc, data: te.Tensor, weight: te.Tensor, name: str)
     data_buf, weight_buf, out_buf = (func.buffer_map[param] for param in func.params)
     ins = [tir.decl_buffer(tensor.shape, tensor.dtype, buf.name, data=buf.data)
            for tensor, buf in ((data, data_buf), (weight, weight_buf))]
-    out = tir.decl_buffer(out_buf.shape, out_buf.dtype, out_buf.name, data=out_buf.data)
+    out = tir.decl_buffer(out_shape or out_buf.shape, out_buf.dtype, out_buf.name, data=out_buf.data)
     return te.extern([out.shape], [data, weight], lambda ins_, outs_: func.body, in_buffers=ins,
                      out_buffers=[out], name=name, tag=f"tcutils_{name}", dtype=out_buf.dtype)
 
@@ -499,9 +571,7 @@ def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "in
     _, m, n, k = operand_sizes(data, weight, "mma")
     arch = target_arch_number()
     cfg.add_flop(2 * m * n * k)
-    knobs = {"warps_m": WARPS, "warps_n": WARPS, "frags_m": FRAGS, "frags_n": FRAGS, "chunk": CHUNKS,
-             "stages": STAGES}
-    tiles = template_tiles(cfg, knobs, MmaTiles, fallback_tiles(m, n, k, arch),
+    tiles = template_tiles(cfg, KNOBS, MmaTiles, fallback_tiles(m, n, k, arch),
                            lambda tiles: fits(m, n, k, tiles, arch))
     return dense(data, weight, tiles, arch)
 
