@@ -6,7 +6,6 @@ Without a GPU the machine code is checked (which kernel each product became); on
 """
 from __future__ import annotations
 
-import re
 from collections import Counter
 
 import numpy as np
@@ -19,13 +18,13 @@ import tvm_tcutils  # noqa: E402,F401  (the hooks, as a user imports them)
 from tvm_tcutils._tvm import tvm  # noqa: E402
 from tvm import relay  # noqa: E402
 
+from conftest import SASS_OPCODE, cuda_status  # noqa: E402
 from tvm_tcutils import cuda, models  # noqa: E402
 from tvm_tcutils.dotprod import qdq  # noqa: E402
 from tvm_tcutils.dotprod.quantize import ort_quantize  # noqa: E402
 from tvm_tcutils.tensorcore import strategy  # noqa: E402
 
-_STATUS = cuda.status()
-_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Za-z0-9_.]*)")
+_STATUS = cuda_status()
 #: seq 64, hidden 64, one head: every product is made of whole tiles (an attention head's K is 64).
 SHAPE = (1, 64, 64)
 
@@ -55,7 +54,7 @@ def _build(path: str, arch: str):
 def _tensor_core_kernels(lib) -> Counter:
     found = Counter()
     for code in cuda.sass(cuda.module_cubin(lib.get_lib())).values():
-        ops = sorted({op for op in _OPCODE.findall(code) if op.startswith(("IMMA", "IGMMA"))})
+        ops = sorted({op for op in SASS_OPCODE.findall(code) if op.startswith(("IMMA", "IGMMA"))})
         if ops:
             found[tuple(ops)] += 1
     return found

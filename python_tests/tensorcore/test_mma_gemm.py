@@ -10,7 +10,6 @@ cuBLASLt) come from ``scripts/gpu_check.sh`` on a GPU.
 """
 from __future__ import annotations
 
-import re
 from collections import Counter
 
 import numpy as np
@@ -18,23 +17,17 @@ import pytest
 import tvm
 from tvm import autotvm, relay, te
 
-from conftest import each_value_once, run_python
+from conftest import SASS_OPCODE, cuda_status, each_value_once, gpu_arch, needs_cuda_codegen, run_python
 from tvm_tcutils import cuda
 from tvm_tcutils.tensorcore import strategy
 from tvm_tcutils.tensorcore.topi import mma_gemm
 
-_STATUS = cuda.status()
+_STATUS = cuda_status()
 
 
-def needs_codegen(test):
-    """Skip ``test`` (with the reason) where CUDA cannot be compiled or its SASS read back."""
-    test = pytest.mark.skipif(not _STATUS["codegen"], reason=f"no CUDA code generation here: {_STATUS['reason']}")(test)
-    return pytest.mark.skipif(cuda.tool("cuobjdump") is None,
-                              reason="cuobjdump is not in the CUDA toolkit (pip install 'tvm-tcutils[cuda]')")(test)
 
 
 ARCHS = [arch for arch in cuda.TENSORCORE_ARCHS if mma_gemm.arch_number(arch) >= mma_gemm.MIN_ARCH]
-_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_.]*)")
 #: Instructions the kernel must contain.
 MUST = ("LDSM.16.M88.4", "LDGSTS.E.BYPASS.LTC128B.128", "DEPBAR.LE", "BAR.SYNC.DEFER_BLOCKING")
 #: The integer MMA each activation type must use.
@@ -59,7 +52,7 @@ def _kernel(module):
     """(opcode counts, resources, CUDA source) of the module's one kernel."""
     cubin = cuda.module_cubin(module)
     ((name, code),) = cuda.sass(cubin).items()
-    return Counter(_OPCODE.findall(code)), cuda.resources(cubin)[name], module.imported_modules[0].get_source()
+    return Counter(SASS_OPCODE.findall(code)), cuda.resources(cubin)[name], module.imported_modules[0].get_source()
 
 
 def test_importing_the_package_does_not_parse_tvms_cuda_intrinsics():
@@ -139,7 +132,7 @@ def test_bad_shapes_are_refused_before_any_scheduling():
 # --------------------------------------------------------------------------
 # Machine code.
 # --------------------------------------------------------------------------
-@needs_codegen
+@needs_cuda_codegen
 @pytest.mark.parametrize("arch, shape, dtype", each_value_once(ARCHS, [(512, 4096, 1024), (128, 768, 3072)],
                                                                ["int8", "uint8"]))
 def test_fallback_kernel_uses_m16n8k32_ldmatrix_and_async_copies(arch, shape, dtype):
@@ -153,7 +146,7 @@ def test_fallback_kernel_uses_m16n8k32_ldmatrix_and_async_copies(arch, shape, dt
     print(f"{arch} {shape}: tiles {tuple(tiles)}, {used.registers} registers, {tiles.shared_bytes} B shared")
 
 
-@needs_codegen
+@needs_cuda_codegen
 def test_a_stage_is_not_overwritten_before_every_warp_has_read_it():
     """In the K loop a barrier precedes the copies into the stage the previous step read (a WAR hazard
     TVM's barrier placement cannot see once the copies are cp.async), and each step waits for its group."""
@@ -165,7 +158,7 @@ def test_a_stage_is_not_overwritten_before_every_warp_has_read_it():
     assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in loop
 
 
-@needs_codegen
+@needs_cuda_codegen
 @pytest.mark.parametrize("tiles", [mma_gemm.MmaTiles(1, 2, 2, 2, 1, 2), mma_gemm.MmaTiles(2, 1, 4, 2, 4, 4),
                                    mma_gemm.MmaTiles(4, 2, 2, 2, 2, 3)])
 def test_other_tilings_compile_to_the_same_instructions(tiles):
@@ -210,10 +203,10 @@ def _relay_mma(arch: str, epilogue: bool = False, dtype: str = "int8") -> list:
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=tvm.target.Target(f"cuda -arch={arch}", host="llvm"))
     cubin = cuda.module_cubin(lib.get_lib())
-    return sorted({op for code in cuda.sass(cubin).values() for op in _OPCODE.findall(code) if op.startswith("IMMA")})
+    return sorted({op for code in cuda.sass(cubin).values() for op in SASS_OPCODE.findall(code) if op.startswith("IMMA")})
 
 
-@needs_codegen
+@needs_cuda_codegen
 def test_relay_build_takes_the_kernel_on_verified_archs_only(monkeypatch):
     assert _relay_mma("sm_90") == (["IMMA.16832.S8.S8"] if "sm_90" in strategy.MMA_VERIFIED_ARCHS
                                    else ["IMMA.16816.S8.S8"])
@@ -230,14 +223,7 @@ def test_relay_build_takes_the_kernel_on_verified_archs_only(monkeypatch):
 # On a GPU (scripts/gpu_check.sh runs these): bit-exact against numpy, alone and through relay.build.
 # --------------------------------------------------------------------------
 def _gpu_arch() -> str:
-    if not _STATUS["codegen"]:
-        pytest.skip(f"no CUDA code generation here: {_STATUS['reason']}")
-    if not _STATUS["device"]:
-        pytest.skip("no GPU here: the kernel's numbers come from a machine with one (scripts/gpu_check.sh)")
-    arch = "sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
-    if mma_gemm.arch_number(arch) < mma_gemm.MIN_ARCH:
-        pytest.skip(f"the GPU is {arch}: int8 mma.sync m16n8k32 needs sm_{mma_gemm.MIN_ARCH}+")
-    return arch
+    return gpu_arch(mma_gemm.MIN_ARCH)
 
 
 def _operands(m: int, n: int, k: int, seed: int = 0, dtype: str = "int8"):
@@ -279,7 +265,7 @@ def test_relay_build_runs_it_and_its_epilogue_bit_exact_on_the_gpu(monkeypatch):
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(mod, target=tvm.target.Target(f"cuda -arch={arch}", host="llvm"))
     assert any(op == "IMMA.16832.S8.S8" for code in cuda.sass(cuda.module_cubin(lib.get_lib())).values()
-               for op in _OPCODE.findall(code))
+               for op in SASS_OPCODE.findall(code))
     module = graph_executor.GraphModule(lib["default"](tvm.cuda(0)))
     module.set_input("x", x)
     module.run()
@@ -289,7 +275,7 @@ def test_relay_build_runs_it_and_its_epilogue_bit_exact_on_the_gpu(monkeypatch):
 # --------------------------------------------------------------------------
 # The GPU check's rehearsal of this kernel (scripts/gpu_check.sh: dense and tune_dense_mma parts).
 # --------------------------------------------------------------------------
-@needs_codegen
+@needs_cuda_codegen
 def test_gpu_check_rehearses_the_kernel_beside_the_wmma_one(tmp_path):
     from tvm_tcutils.bench import gpu_check
     from tvm_tcutils.bench.results import Results
@@ -318,7 +304,7 @@ def test_batches_must_agree():
         mma_gemm.batch_matmul(te.placeholder((128, 64), "uint8"), te.placeholder((128, 64), "uint8"))
 
 
-@needs_codegen
+@needs_cuda_codegen
 @pytest.mark.parametrize("dtypes, imma", [(("uint8", "uint8"), "IMMA.16832.U8.U8"),
                                           (("int8", "uint8"), "IMMA.16832.S8.U8")])
 def test_batched_kernel_puts_the_batches_on_the_grid(dtypes, imma):
@@ -341,10 +327,10 @@ def _relay_batch_matmul_mma(seq: int) -> list:
         lib = relay.build(tvm.IRModule.from_expr(relay.Function([x, y], out)),
                           target=tvm.target.Target("cuda -arch=sm_80", host="llvm"))
     codes = cuda.sass(cuda.module_cubin(lib.get_lib())).values()
-    return sorted({op for code in codes for op in _OPCODE.findall(code) if "MMA" in op})
+    return sorted({op for code in codes for op in SASS_OPCODE.findall(code) if "MMA" in op})
 
 
-@needs_codegen
+@needs_cuda_codegen
 def test_relay_batch_matmul_with_its_epilogue_takes_it_where_verified(monkeypatch):
     monkeypatch.setattr(strategy, "MMA_VERIFIED_ARCHS", frozenset({"sm_80"}))
     assert _relay_batch_matmul_mma(64) == ["IMMA.16832.U8.U8"]

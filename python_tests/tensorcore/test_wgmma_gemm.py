@@ -9,7 +9,6 @@ against numpy on an H100/H200) come from ``scripts/gpu_check.sh``.
 """
 from __future__ import annotations
 
-import re
 from collections import Counter
 
 import numpy as np
@@ -17,19 +16,14 @@ import pytest
 import tvm
 from tvm import te
 
-from conftest import each_value_once
+from conftest import SASS_OPCODE, cuda_status, each_value_once, gpu_arch, needs_cuda_codegen
 from tvm_tcutils import cuda
 from tvm_tcutils.tensorcore.topi import wgmma_gemm
 
-_STATUS = cuda.status()
-_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Za-z0-9_.]*)")
+_STATUS = cuda_status()
 _SIGN = {"int8": "S8", "uint8": "U8"}
 
 
-def needs_codegen(test):
-    test = pytest.mark.skipif(not _STATUS["codegen"], reason=f"no CUDA code generation here: {_STATUS['reason']}")(test)
-    return pytest.mark.skipif(cuda.tool("cuobjdump") is None,
-                              reason="cuobjdump is not in the CUDA toolkit (pip install 'tvm-tcutils[cuda]')")(test)
 
 
 def _operands(m: int, n: int, k: int, dtype: str, seed: int = 0):
@@ -140,10 +134,10 @@ def _build(m: int, n: int, k: int, tiles=None, dtype: str = "int8", arch: str = 
 def _kernel(module):
     cubin = cuda.module_cubin(module)
     ((name, code),) = cuda.sass(cubin).items()
-    return Counter(_OPCODE.findall(code)), cuda.resources(cubin)[name], module.imported_modules[0].get_source()
+    return Counter(SASS_OPCODE.findall(code)), cuda.resources(cubin)[name], module.imported_modules[0].get_source()
 
 
-@needs_codegen
+@needs_cuda_codegen
 @pytest.mark.parametrize("shape, tiles, dtype", each_value_once(
     [(4096, 4096, 4096), (512, 1024, 1024)],
     [None, wgmma_gemm.WgmmaTiles(2, 128, 2, 4), wgmma_gemm.WgmmaTiles(1, 64, 4, 3)],
@@ -162,7 +156,7 @@ def test_kernel_uses_warpgroup_mma_and_async_copies(shape, tiles, dtype):
     print(f"{shape} {dtype}: tiles {tuple(chosen)}, {used.registers} registers, {chosen.shared_bytes} B shared")
 
 
-@needs_codegen
+@needs_cuda_codegen
 def test_a_stage_is_read_only_after_it_landed_and_refilled_only_after_it_was_read():
     _, _, source = _kernel(_build(256, 256, 1024, wgmma_gemm.WgmmaTiles(1, 64, 2, 4)))
     body = source[source.index("for (int kt_1 = 0;"):]
@@ -185,11 +179,7 @@ def test_a_stage_is_read_only_after_it_landed_and_refilled_only_after_it_was_rea
     ((128, 128, 192), wgmma_gemm.WgmmaTiles(1, 64, 2, 3), "int8"),  # as few K steps as stages
 ], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
 def test_kernel_is_bit_exact_on_the_gpu(shape, tiles, dtype):
-    if not _STATUS["codegen"]:
-        pytest.skip(f"no CUDA code generation here: {_STATUS['reason']}")
-    if not _STATUS["device"]:
-        pytest.skip("no GPU here: the kernel's numbers come from a machine with one (scripts/gpu_check.sh)")
-    arch = "sm_" + str(tvm.cuda(0).compute_version).replace(".", "")
+    arch = gpu_arch()
     if not wgmma_gemm.supports(arch):
         pytest.skip(f"the GPU is {arch}: wgmma runs on sm_90 only")
     m, n, k = shape
@@ -215,10 +205,10 @@ def _relay_gemm_ops(dtype: str, epilogue: bool = False) -> list:
     with tvm.transform.PassContext(opt_level=3):
         lib = relay.build(tvm.IRModule.from_expr(out), target=tvm.target.Target("cuda -arch=sm_90", host="llvm"))
     codes = cuda.sass(cuda.module_cubin(lib.get_lib())).values()
-    return sorted({op for code in codes for op in _OPCODE.findall(code) if "MMA" in op})
+    return sorted({op for code in codes for op in SASS_OPCODE.findall(code) if "MMA" in op})
 
 
-@needs_codegen
+@needs_cuda_codegen
 def test_relay_build_takes_the_kernel_on_verified_archs_only(monkeypatch):
     from tvm_tcutils.tensorcore import strategy
 

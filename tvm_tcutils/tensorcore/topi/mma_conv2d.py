@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
-from ..._tvm import tvm
-from tvm import autotvm, te, tir
+from ..._tvm import tvm  # noqa: F401  (TVM through the package's loader first)
+from tvm import autotvm, te, tir  # noqa: F401  (autotvm: the doctests')
 from tvm.topi.nn.utils import get_pad_tuple
 from tvm.topi.utils import get_const_tuple
 
@@ -169,7 +169,7 @@ def _gathered(data: te.Tensor, kernel: te.Tensor, geom: Geometry, rows: int) -> 
     run come from ``q`` alone, its lane from ``r % 16``, so that the copies can be made one ``cp.async``.
     """
     out_h, out_w = geom.out_size
-    (kh, kw), (sh, sw), (dh, dw) = geom.kernel, geom.strides, geom.dilation
+    kw, (sh, sw), (dh, dw) = geom.kernel[1], geom.strides, geom.dilation
     top, left = geom.pads[:2]
     pieces = geom.channels // CHANNEL_PIECE
     real_rows = geom.gemm[0]

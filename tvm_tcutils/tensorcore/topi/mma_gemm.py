@@ -363,19 +363,25 @@ def _gathered_copies(func: tir.PrimFunc, mod, ctx) -> tir.PrimFunc:
     """
     def piece(loop: tir.For) -> Optional[tir.Stmt]:
         at_zero = {loop.loop_var: tir.const(0, loop.loop_var.dtype)}
+
+        def first(expr):  # the expression at the piece's first byte
+            return tir.stmt_functor.substitute(expr, at_zero)
+
         lets, store = [], loop.body
         while isinstance(store, tir.LetStmt):  # common subexpressions bound inside the loop
-            lets.append((store.var, tir.stmt_functor.substitute(store.value, at_zero)))
+            lets.append((store.var, first(store.value)))
             store = store.body
         if not isinstance(store, tir.BufferStore) or int(loop.extent) != COPY_BYTES:
             raise ValueError(f"{GATHERED_PIECE}: expected one 16-byte store in the loop, got {store}")
         value, predicate = store.value, None
         if isinstance(value, tir.Call) and value.op.same_as(tvm.ir.Op.get("tir.if_then_else")):
-            predicate, value = tir.stmt_functor.substitute(value.args[0], at_zero), value.args[1]
-        if not isinstance(value, tir.BufferLoad) or tvm.DataType(value.buffer.dtype).bits != 8 or len(value.indices) != 1:
+            if not (isinstance(value.args[2], tir.IntImm) and value.args[2].value == 0):
+                raise ValueError(f"{GATHERED_PIECE}: cp.async fills with zeros, the gather with {value.args[2]}")
+            predicate, value = first(value.args[0]), value.args[1]
+        if (not isinstance(value, tir.BufferLoad) or tvm.DataType(value.buffer.dtype).bits != 8
+                or len(value.indices) != 1):
             raise ValueError(f"{GATHERED_PIECE}: expected a flat 1-byte load, got {value}")
-        args = [store.buffer.data, tir.stmt_functor.substitute(store.indices[0], at_zero), value.buffer.data,
-                tir.stmt_functor.substitute(value.indices[0], at_zero), COPY_BYTES]
+        args = [store.buffer.data, first(store.indices[0]), value.buffer.data, first(value.indices[0]), COPY_BYTES]
         if predicate is not None:
             args.append(tir.Cast("int32", predicate))
         copy = tir.Evaluate(tir.call_intrin(store.buffer.dtype, "tir.ptx_cp_async", *args))
