@@ -71,7 +71,8 @@ def main(argv=None) -> int:
     for part in args.parts:
         try:
             if part == "resnet50":
-                gpu_check.resnet50(results, arch, args.batch, args.rounds, wait)
+                gpu_check.resnet50(results, arch, args.batch, args.rounds, wait,
+                                   torch_python=os.environ.get("TORCH_PYTHON", "python3"))
             elif part in ("tune", "tune_dense", "tune_dense_mma", "tune_dense_wgmma"):  # the log beside the JSON
                 model = {"tune": "resnet50", "tune_dense": "dense", "tune_dense_mma": "dense_mma",
                          "tune_dense_wgmma": "dense_wgmma"}[part]

@@ -92,6 +92,7 @@ status=0
 rm -f "$WORK/pytest.done"
 ( "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --timeout=400 -rs \
       python_tests/tensorcore/test_numerics.py python_tests/tensorcore/test_mma_gemm.py \
+      python_tests/tensorcore/test_mma_conv2d.py \
       python_tests/tensorcore/test_wgmma_gemm.py python_tests/tensorcore/test_encoder_cuda.py python_tests/test_cuda.py \
       python_tests/test_cuda_subbyte.py > "$OUT/pytest.log" 2>&1
   echo $? > "$WORK/pytest.rc"; touch "$WORK/pytest.done" ) &

@@ -109,6 +109,34 @@ def _build(mod, params, target):
         return relay.build(mod, target=target, params=params)
 
 
+@contextlib.contextmanager
+def packages_gemms_allowed(arch: str) -> Iterator[None]:
+    """Within the block ``relay.build`` takes the package's GEMM kernels for ``arch`` (the mma ones, and the
+    warp-group one on sm_90) as if the GPU check had verified them there: what a part measures before the
+    arch is added to ``strategy.MMA_VERIFIED_ARCHS``; the sets are restored after."""
+    from ..tensorcore import strategy
+    from ..tensorcore.topi import wgmma_gemm
+    from ..tensorcore.topi.mma_gemm import arch_number
+
+    name = f"sm_{arch_number(arch)}"
+    gates = {"MMA_VERIFIED_ARCHS": strategy.MMA_VERIFIED_ARCHS, "WGMMA_VERIFIED_ARCHS": strategy.WGMMA_VERIFIED_ARCHS}
+    strategy.MMA_VERIFIED_ARCHS = gates["MMA_VERIFIED_ARCHS"] | {name}
+    if wgmma_gemm.supports(arch):
+        strategy.WGMMA_VERIFIED_ARCHS = gates["WGMMA_VERIFIED_ARCHS"] | {name}
+    try:
+        yield
+    finally:
+        for gate, value in gates.items():
+            setattr(strategy, gate, value)
+
+
+def _tensor_core_ops(lib) -> List[Tuple[str, int]]:
+    """(tensor-core instruction, kernels using it) of a built module, from its SASS."""
+    kernels = cuda.sass(cuda.module_cubin(lib))
+    return sorted(Counter(op for code in kernels.values()
+                          for op in set(re.findall(r"\b(I(?:G)?MMA\.[\w.]+)", code))).items())
+
+
 def _tvm_own_build(mod, params, target):
     """``mod`` built with TVM's own strategy (the package's hooks out), keeping the CUDA callbacks it needs.
 
@@ -152,6 +180,61 @@ def _integer_weights(params: Dict[str, "tvm.nd.NDArray"]) -> Dict[str, "tvm.nd.N
             if len(value.shape) in (2, 4) else value for name, value in params.items()}
 
 
+_TORCH_RESNET_WORKER = r"""
+import json, sys, torch
+from torch import nn
+torch.backends.cudnn.benchmark = True
+
+class Bottleneck(nn.Module):
+    def __init__(self, cin, mid, stride):
+        super().__init__()
+        cout = mid * 4
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+            nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.down = None if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.relu(self.body(x) + (x if self.down is None else self.down(x)))
+
+def resnet50():  # torchvision's ResNet-50 (v1.5: the stride on the 3x3 conv); the GPU machine has no torchvision
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for mid, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, mid, stride if i == 0 else 1))
+            cin = mid * 4
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000))
+
+cache = {}
+for line in sys.stdin:
+    batch, number = (int(v) for v in line.split())
+    try:
+        if batch not in cache:
+            torch.manual_seed(0)
+            model = resnet50().eval().half().cuda().to(memory_format=torch.channels_last)
+            x = torch.randn(batch, 3, 224, 224, device="cuda").half().to(memory_format=torch.channels_last)
+            with torch.inference_mode():
+                for _ in range(5):  # cudnn.benchmark picks each conv's algorithm on the first calls
+                    model(x)
+            torch.cuda.synchronize()
+            cache[batch] = (model, x)
+        model, x = cache[batch]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.inference_mode():
+            start.record()
+            for _ in range(number):
+                model(x)
+            end.record(); torch.cuda.synchronize()
+        print(json.dumps({"ms": start.elapsed_time(end) / number}), flush=True)
+    except Exception as err:
+        print(json.dumps({"error": str(err)[:300]}), flush=True)
+"""
+
+
 def _resnet50_logits(batch: int, dtype: str, target: str):
     """ResNet-50 with small integer weights (:func:`_integer_weights`), returning its logits, prepared for
     ``target`` in ``dtype``: ``(prepared, params, skipped, input)``. The logits, not the softmax: with the
@@ -164,8 +247,13 @@ def _resnet50_logits(batch: int, dtype: str, target: str):
     return prepared, _integer_weights(params), skipped, x
 
 
-def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable[[], None] = lambda: None) -> None:
-    """ResNet-50 int8 on tensor cores: GPU outputs against the CPU reference, then package vs TVM end to end."""
+def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable[[], None] = lambda: None,
+             torch_python: str = "python3") -> None:
+    """ResNet-50 int8 on tensor cores: GPU outputs against the CPU reference, then end to end in turns: the
+    package as verified (``tcutils``), the package with its mma kernels allowed for ``arch``
+    (``tcutils_mma``: :func:`packages_gemms_allowed`; checked equal to ``tcutils`` first), TVM's own HWNC
+    template (``tvm``) and the same network in PyTorch float16 channels-last on cuDNN (``torch_fp16``, in
+    a process of its own)."""
     target = f"cuda -arch={arch}"
     prepared, params, skipped, x = _resnet50_logits(batch, "int8", target)
     row: Dict[str, object] = {"part": "resnet50", "batch": batch, "dtype": "int8", "target": target,
@@ -178,6 +266,16 @@ def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable
     row["kernels"] = len(kernels)
     row["imma_kernels"] = sum("IMMA" in code for code in kernels.values())
     row["local_memory_kernels"] = sorted(k for k, r in cuda.resources(cubin).items() if r.local or r.stack)
+    # The same model with the package's mma kernels allowed (the implicit-GEMM conv2d, the dense).
+    mma_lib = None
+    start = time.time()
+    try:
+        with packages_gemms_allowed(arch):
+            mma_lib = _build(prepared, params, target)
+        row["mma_build_s"] = round(time.time() - start, 1)
+        row["mma_tensor_core_ops"] = _tensor_core_ops(mma_lib.get_lib())
+    except Exception as err:  # noqa: BLE001  (a result to report: the WMMA build is still timed)
+        row["mma_error"] = str(err).strip().splitlines()[-1][:300]
     own_lib = None
     start = time.time()
     try:
@@ -211,6 +309,15 @@ def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable
     print(f"ResNet-50 int8 GPU vs CPU: max |diff| {row['max_abs_diff']:.3g} of {row['max_abs_ref']:.3g}, "
           f"top-1 agreement {row['top1_agree']:.2f}", flush=True)
     timers = {"tcutils": _sample(gpu, dev, 20)}
+    if mma_lib is not None:
+        mma = _graph(mma_lib, dev)
+        mma.set_input("data", x)
+        mma.run()
+        # Both integer-exact on the same GPU: the mma kernels against the WMMA ones, exactly.
+        row["mma_vs_tcutils_max_abs_diff"] = float(np.max(np.abs(mma.get_output(0).numpy() - got)))
+        timers["tcutils_mma"] = _sample(mma, dev, 20)
+    worker = TorchWorker(torch_python, _TORCH_RESNET_WORKER)
+    timers["torch_fp16"] = lambda: worker.request(batch, 20)
     if own_lib is not None:
         try:
             own = _graph(own_lib, dev)
@@ -224,12 +331,19 @@ def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable
         except Exception as err:  # noqa: BLE001  (as above)
             row["tvm_error"] = str(err).strip().splitlines()[-1][:300]
     wait()
-    timings = interleave(timers, rounds)
+    try:
+        timings = interleave(timers, rounds)
+    finally:
+        worker.close()
     row.update({name: timing for name, timing in timings.items()})
     if "tvm" in timings and timings["tvm"].samples_ms:
         row["tvm_over_tcutils"] = ratio(timings["tvm"], timings["tcutils"])
+    best = min((name for name in ("tcutils", "tcutils_mma") if name in timings), key=lambda n: timings[n].median_ms)
+    row["torch_fp16_over_tcutils_best"] = ratio(timings["torch_fp16"], timings[best])
     results.add(**row)
-    print(f"ResNet-50 end to end: tcutils {timings['tcutils'].median_ms:.3f} ms"
+    print(f"ResNet-50 end to end: tcutils {timings['tcutils'].median_ms:.3f} ms, "
+          f"mma {timings['tcutils_mma'].median_ms if 'tcutils_mma' in timings else float('nan'):.3f} ms, "
+          f"PyTorch fp16 channels-last {timings['torch_fp16'].median_ms:.3f} ms"
           + (f", TVM {timings['tvm'].median_ms:.3f} ms" if "tvm" in timings else f" (TVM: {row.get('tvm_error')})"),
           flush=True)
 
@@ -547,9 +661,6 @@ def bert(results, arch: str, rounds: int = 5, config: Optional[Dict[str, int]] =
 
     from ..dotprod.quantize import ort_quantize
     from ..models import bert_onnx
-    from ..tensorcore import strategy
-    from ..tensorcore.topi import wgmma_gemm
-    from ..tensorcore.topi.mma_gemm import arch_number
 
     config = dict(config or BERT_BASE)
     folder = work_dir or tempfile.mkdtemp(prefix="tcutils-bert-")
@@ -559,23 +670,13 @@ def bert(results, arch: str, rounds: int = 5, config: Optional[Dict[str, int]] =
     shape = (1, config["seq"], config["hidden"])
     samples = [{"input": rng.standard_normal(shape).astype("float32")} for _ in range(4)]
     path = ort_quantize(fp32, os.path.join(folder, "bert-qdq.onnx"), samples, "qdq")
-    number = arch_number(arch)
-    gates = {"MMA_VERIFIED_ARCHS": strategy.MMA_VERIFIED_ARCHS, "WGMMA_VERIFIED_ARCHS": strategy.WGMMA_VERIFIED_ARCHS}
-    strategy.MMA_VERIFIED_ARCHS = gates["MMA_VERIFIED_ARCHS"] | {f"sm_{number}"}
-    if wgmma_gemm.supports(arch):
-        strategy.WGMMA_VERIFIED_ARCHS = gates["WGMMA_VERIFIED_ARCHS"] | {f"sm_{number}"}
-    try:
+    with packages_gemms_allowed(arch):
         mod, params = relay.frontend.from_onnx(onnx.load(path), freeze_params=True)
         start = time.time()
         lib = _build(mod, params, f"cuda -arch={arch}")
         row: Dict[str, object] = {"part": "bert", **config, "build_s": round(time.time() - start, 1)}
-    finally:
-        for name, value in gates.items():
-            setattr(strategy, name, value)
-    kernels = cuda.sass(cuda.module_cubin(lib.get_lib()))
-    row["kernels"] = len(kernels)
-    row["tensor_core_kernels"] = sorted(Counter(
-        op for code in kernels.values() for op in set(re.findall(r"\b(I(?:G)?MMA\.[\w.]+)", code))).items())
+    row["kernels"] = len(cuda.sass(cuda.module_cubin(lib.get_lib())))
+    row["tensor_core_kernels"] = _tensor_core_ops(lib.get_lib())
     if not gpu_present():
         row["rehearsal"] = True
         results.add(**row)
