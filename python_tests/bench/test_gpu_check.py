@@ -5,6 +5,7 @@ mistake a CPU machine could have shown: the builds for the GPU's architecture, t
 JSON. Needs the package's CUDA plugin (or a CUDA build of TVM); skips with the reason otherwise.
 """
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -167,3 +168,69 @@ def test_bert_table_comes_from_the_json(results, tmp_path):
     table = gpu_check.markdown(json.load(open(results.write(str(tmp_path / "b.json")))))
     assert ("| 12 x 768, 12 heads, seq 128 | IMMA.16832.U8.U8 x24 | 2.000 | 2.000 | x1.50 [1.40, 1.60] | 0.01 (2) |"
             in table)
+
+
+#: A stand-in for PyTorch (the GPU machine has it, this one need not): every layer passes its input on, a
+#: timed run of ``number`` calls lasts 12 ms, and a batch of 0 fails as a real model would on bad input.
+_FAKE_TORCH = '''
+import contextlib, types
+
+class _Layer:
+    def __init__(self, *args, **kwargs):
+        self.layers = [a for a in args if isinstance(a, _Layer)]
+    def __call__(self, x):
+        forward = getattr(type(self), "forward", None)
+        if forward is not None:
+            return forward(self, x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+    def eval(self):
+        return self
+    half = cuda = eval
+    def to(self, *args, **kwargs):
+        return self
+    def __add__(self, other):
+        return self
+
+def randn(*shape, **kwargs):
+    if 0 in shape:
+        raise ValueError("cannot make an empty batch")
+    return _Layer()
+
+class Event:
+    def __init__(self, enable_timing=False):
+        pass
+    def record(self):
+        pass
+    def elapsed_time(self, end):
+        return 12.0
+
+nn = types.SimpleNamespace(Module=_Layer, **{name: _Layer for name in (
+    "Sequential Conv2d BatchNorm2d ReLU MaxPool2d AdaptiveAvgPool2d Flatten Linear TransformerEncoderLayer "
+    "TransformerEncoder").split()})
+cuda = types.SimpleNamespace(Event=Event, synchronize=lambda: None)
+backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(benchmark=False))
+inference_mode = contextlib.nullcontext
+manual_seed = lambda seed: None
+channels_last = float16 = None
+'''
+
+
+@pytest.mark.parametrize("script, request_, error_request", [
+    (gpu_check._TORCH_RESNET_WORKER, (8, 20), (0, 20)),
+    (gpu_check._TORCH_BERT_WORKER, (2, 128, 64, 2, 20), (2, 0, 64, 2, 20)),
+], ids=["resnet50", "bert"])
+def test_torch_workers_answer_each_request_and_name_failures(tmp_path, monkeypatch, script, request_, error_request):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(_FAKE_TORCH)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    worker = gpu_check.TorchWorker(sys.executable, script)
+    try:
+        assert worker.request(*request_) == pytest.approx(12.0 / 20)
+        assert worker.request(*request_) == pytest.approx(12.0 / 20)
+        with pytest.raises(RuntimeError, match="cannot make an empty batch"):
+            worker.request(*error_request)
+    finally:
+        worker.close()
+    assert worker.proc.returncode == 0

@@ -180,6 +180,36 @@ def _integer_weights(params: Dict[str, "tvm.nd.NDArray"]) -> Dict[str, "tvm.nd.N
             if len(value.shape) in (2, 4) else value for name, value in params.items()}
 
 
+#: The request loop of a PyTorch model worker whose script defines ``make(*key) -> (model, input)``: one
+#: request line ``*key number``, one answer line ``{"ms": mean of number calls}`` (or ``{"error": ...}``).
+_TORCH_MODEL_LOOP = r"""
+cache = {}
+for line in sys.stdin:
+    *key, number = (int(v) for v in line.split())
+    try:
+        key = tuple(key)
+        if key not in cache:
+            torch.manual_seed(0)
+            model, x = make(*key)
+            with torch.inference_mode():
+                for _ in range(5):  # warm-up: cudnn.benchmark picks each conv's algorithm on the first calls
+                    model(x)
+            torch.cuda.synchronize()
+            cache[key] = (model, x)
+        model, x = cache[key]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.inference_mode():
+            start.record()
+            for _ in range(number):
+                model(x)
+            end.record(); torch.cuda.synchronize()
+        print(json.dumps({"ms": start.elapsed_time(end) / number}), flush=True)
+    except Exception as err:
+        print(json.dumps({"error": str(err)[:300]}), flush=True)
+"""
+
+#: ResNet-50 in PyTorch float16 channels-last (cuDNN), timed in a process of its own; one request line
+#: ``batch number``.
 _TORCH_RESNET_WORKER = r"""
 import json, sys, torch
 from torch import nn
@@ -209,30 +239,10 @@ def resnet50():  # torchvision's ResNet-50 (v1.5: the stride on the 3x3 conv); t
             cin = mid * 4
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000))
 
-cache = {}
-for line in sys.stdin:
-    batch, number = (int(v) for v in line.split())
-    try:
-        if batch not in cache:
-            torch.manual_seed(0)
-            model = resnet50().eval().half().cuda().to(memory_format=torch.channels_last)
-            x = torch.randn(batch, 3, 224, 224, device="cuda").half().to(memory_format=torch.channels_last)
-            with torch.inference_mode():
-                for _ in range(5):  # cudnn.benchmark picks each conv's algorithm on the first calls
-                    model(x)
-            torch.cuda.synchronize()
-            cache[batch] = (model, x)
-        model, x = cache[batch]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.inference_mode():
-            start.record()
-            for _ in range(number):
-                model(x)
-            end.record(); torch.cuda.synchronize()
-        print(json.dumps({"ms": start.elapsed_time(end) / number}), flush=True)
-    except Exception as err:
-        print(json.dumps({"error": str(err)[:300]}), flush=True)
-"""
+def make(batch):
+    model = resnet50().eval().half().cuda().to(memory_format=torch.channels_last)
+    return model, torch.randn(batch, 3, 224, 224, device="cuda").half().to(memory_format=torch.channels_last)
+""" + _TORCH_MODEL_LOOP
 
 
 def _resnet50_logits(batch: int, dtype: str, target: str):
@@ -505,32 +515,12 @@ for line in sys.stdin:
 #: mode), timed in a process of its own; one request line ``layers seq hidden heads number``.
 _TORCH_BERT_WORKER = r"""
 import json, sys, torch
-cache = {}
-for line in sys.stdin:
-    layers, seq, hidden, heads, number = (int(v) for v in line.split())
-    try:
-        key = (layers, seq, hidden, heads)
-        if key not in cache:
-            torch.manual_seed(0)
-            layer = torch.nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, activation="gelu", batch_first=True)
-            model = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).half().cuda().eval()
-            x = torch.randn(1, seq, hidden, dtype=torch.float16, device="cuda")
-            with torch.inference_mode():
-                for _ in range(3):
-                    model(x)
-            torch.cuda.synchronize()
-            cache[key] = (model, x)
-        model, x = cache[key]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.inference_mode():
-            start.record()
-            for _ in range(number):
-                model(x)
-            end.record(); torch.cuda.synchronize()
-        print(json.dumps({"ms": start.elapsed_time(end) / number}), flush=True)
-    except Exception as err:
-        print(json.dumps({"error": str(err)[:300]}), flush=True)
-"""
+
+def make(layers, seq, hidden, heads):
+    layer = torch.nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, activation="gelu", batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).half().cuda().eval()
+    return model, torch.randn(1, seq, hidden, dtype=torch.float16, device="cuda")
+""" + _TORCH_MODEL_LOOP
 
 
 class TorchWorker:
