@@ -98,6 +98,9 @@ def test_markdown_tables_come_from_the_json(results, tmp_path):
                 cublaslt_over_wgmma=ratio, exact=True, wgmma_exact=True)
     results.add(part="tune", model="dense", template="t.cuda", tasks=1, tasks_tuned=1, new_trials=16, tune_s=50.0,
                 untuned=timing, tuned=timing, untuned_over_tuned=ratio, max_abs_diff=0.0)
+    results.add(part="resnet50", batch=8, tcutils=timing, tcutils_mma=timing, torch_fp16=timing,
+                torch_fp16_over_tcutils_best=ratio, tvm_error="no GPU", max_abs_diff=0.0, max_abs_ref=9.0,
+                mma_vs_tcutils_max_abs_diff=0.0, top1_agree=1.0)
     path = results.write(str(tmp_path / "g.json"))
     table = gpu_check.markdown(json.load(open(path)))
     assert ("| 128 x 256 x 512 | 2.000 (0) | - | - | 2.000 (0) | x0.50 [0.40, 0.60] | - | - | 100 | 0.0 / - / - "
@@ -106,6 +109,8 @@ def test_markdown_tables_come_from_the_json(results, tmp_path):
             "| 100 | 0.1 / 0.1 / - | yes / NO / - |") in table
     assert ("| 512 x 256 x 512 | 2.000 (0) | - | 2.000 (0) | 2.000 (0) | x0.50 [0.40, 0.60] | - | x0.50 [0.40, 0.60] "
             "| 100 | 0.1 / - / 0.1 | yes / - / yes |") in table
+    assert ("| ResNet-50 int8, batch 8 | 2.000 | 2.000 | no GPU | - | 2.000 | x0.50 [0.40, 0.60] | 0 (of 9) | 0 "
+            "| 1.00 |") in table
     assert "| int8 dense 4096 x 4096 x 4096 (`t.cuda`) | 1 of 1 | 16 (50) | 2.000 | 2.000 | x0.50 [0.40, 0.60] | 0 |" \
         in table
 

@@ -753,11 +753,16 @@ def markdown(payload: dict) -> str:
     e2e = [r for r in rows if r.get("part") == "resnet50" and "tcutils" in r]
     if e2e:
         parts.append(table(
-            ["model", "tvm-tcutils ms", "TVM 0.19 HWNC template ms", "TVM / tcutils", "max abs diff vs CPU",
-             "top-1 agreement"],
-            [[f"ResNet-50 int8, batch {r['batch']}", _ms(r.get("tcutils")), _ms(r.get("tvm")) if "tvm" in r
-              else r.get("tvm_error", "-"), _ratio(r.get("tvm_over_tcutils")),
-              f"{r['max_abs_diff']:.3g} (of {r['max_abs_ref']:.3g})", f"{r['top1_agree']:.2f}"] for r in e2e]))
+            ["model", "tvm-tcutils ms", "with the mma kernels ms", "TVM 0.19 HWNC template ms", "TVM / tcutils",
+             "PyTorch fp16 channels-last ms", "PyTorch / best tcutils", "max abs diff vs CPU",
+             "mma vs WMMA build max abs diff", "top-1 agreement"],
+            [[f"ResNet-50 int8, batch {r['batch']}", _ms(r.get("tcutils")),
+              _ms(r.get("tcutils_mma")) if "tcutils_mma" in r else r.get("mma_error", "-"),
+              _ms(r.get("tvm")) if "tvm" in r else r.get("tvm_error", "-"), _ratio(r.get("tvm_over_tcutils")),
+              _ms(r.get("torch_fp16")), _ratio(r.get("torch_fp16_over_tcutils_best")),
+              f"{r['max_abs_diff']:.3g} (of {r['max_abs_ref']:.3g})",
+              f"{r['mma_vs_tcutils_max_abs_diff']:.3g}" if "mma_vs_tcutils_max_abs_diff" in r else "-",
+              f"{r['top1_agree']:.2f}"] for r in e2e]))
     layer_rows = [r for r in rows if r.get("part") == "layers" and "tcutils" in r]
     if layer_rows:
         parts.append(table(

@@ -3,8 +3,14 @@
 What :func:`hooks` declares (all for the ``cuda``/``gpu`` target keys):
 
 * AutoTVM templates ``tcutils.conv2d_hwnc_tensorcore.cuda``,
-  ``tcutils.dense_tensorcore.cuda`` and ``tcutils.dense_mma.cuda`` (the sm_80+
-  int8 GEMM of :mod:`.topi.mma_gemm`);
+  ``tcutils.dense_tensorcore.cuda``, ``tcutils.dense_mma.cuda`` (the sm_80+
+  int8 GEMM of :mod:`.topi.mma_gemm`), ``tcutils.conv2d_hwnc_mma.cuda`` (the
+  implicit-GEMM conv2d on it, :mod:`.topi.mma_conv2d`) and
+  ``tcutils.dense_wgmma.cuda``;
+* a strategy row for HWNC int8/uint8 x HWOI int8 ``nn.conv2d`` on the implicit
+  GEMM, above the WMMA row, for the archs of :data:`MMA_VERIFIED_ARCHS` only;
+  where it applies the WMMA row steps aside (one AutoTVM task per layer) and
+  legalization leaves the layer unpadded;
 * strategy rows: ``nn.conv2d`` in HWNC layout and ``nn.dense``, both with
   int4/uint4/int8/uint8 operands and int32 output, when
   :func:`tvm_tcutils.tensorcore.rules.hwnc_conv2d_qualifies` says so and a
