@@ -244,6 +244,18 @@ def test_relay_build_takes_the_kernel_on_verified_archs_only(monkeypatch):
     assert [task.name for task in tasks] == [mma_conv2d.TASK]
 
 
+def test_a_conv2d_with_an_8_bit_output_is_left_to_the_other_rows(monkeypatch):
+    # out_dtype "" means the data's type: int8 sums, which an int32 GEMM does not make.
+    monkeypatch.setattr(strategy, "MMA_VERIFIED_ARCHS", frozenset({"sm_90"}))
+    data = relay.var("x", shape=(14, 14, 8, 64), dtype="int8")
+    weight = relay.const(np.ones((3, 3, 64, 64), "int8"))
+    for out_dtype, expected in (("int32", True), ("", False)):
+        out = relay.nn.conv2d(data, weight, padding=(1, 1), channels=64, kernel_size=(3, 3), data_layout="HWNC",
+                              kernel_layout="HWOI", out_dtype=out_dtype)
+        rows = strategy.implementations(tvm.IRModule.from_expr(out), "cuda -arch=sm_90")
+        assert (rows[0][3] == strategy.MMA_CONV2D_IMPL) is expected, (out_dtype, rows)
+
+
 # --------------------------------------------------------------------------
 # On a GPU (scripts/gpu_check.sh runs these): bit-exact against numpy.
 # --------------------------------------------------------------------------

@@ -164,7 +164,7 @@ def _mma_conv2d_applies(attrs, inputs, out_type, target) -> bool:
     data, kernel = inputs[0], inputs[1]
     if attrs.data_layout != "HWNC" or attrs.kernel_layout != "HWOI" or int(attrs.groups) != 1:
         return False
-    if data.dtype not in mma_intrin.A_DTYPES or kernel.dtype != "int8" or _out_dtype(attrs, "int32") != "int32":
+    if data.dtype not in mma_intrin.A_DTYPES or kernel.dtype != "int8" or _out_dtype(attrs, data.dtype) != "int32":
         return False
     shapes = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
     if not all(isinstance(v, int) for shape in shapes for v in shape):
@@ -193,7 +193,7 @@ def _gemm_fits(attrs, inputs, target, data_dtype: str, verified: frozenset, tile
     """Whether an int8-weight GEMM kernel takes this ``nn.dense``: ``data_dtype`` data, int32 out, static
     2-D shapes, an arch in ``verified``, and a tiling ``tiles_for(m, n, k, arch_number)`` finds."""
     data, weight = inputs
-    if data.dtype != data_dtype or weight.dtype != "int8" or _out_dtype(attrs, "int32") != "int32":
+    if data.dtype != data_dtype or weight.dtype != "int8" or _out_dtype(attrs, data.dtype) != "int32":
         return False
     if len(data.shape) != 2 or len(weight.shape) != 2:
         return False
@@ -282,7 +282,7 @@ def _mma_batch_matmul_applies(attrs, inputs, out_type, target) -> bool:
     # Exclusive: TVM's CUDA batch_matmul rows cannot build 8-bit products with an epilogue fused (its
     # tensor-core schedule leaves the fused cast unscheduled), the attention products of a QDQ encoder.
     data, weight = inputs
-    if bool(attrs.transpose_a) or not bool(attrs.transpose_b) or _out_dtype(attrs, "int32") != "int32":
+    if bool(attrs.transpose_a) or not bool(attrs.transpose_b) or _out_dtype(attrs, data.dtype) != "int32":
         return False
     if data.dtype not in mma_intrin.A_DTYPES or weight.dtype not in mma_intrin.A_DTYPES:
         return False
