@@ -70,8 +70,9 @@ def hooks() -> List[registry.Hook]:
 
     Examples
     --------
-    >>> for kind, name in sorted({(hook.kind, hook.name) for hook in hooks()})[:5]:
+    >>> for kind, name in sorted({(hook.kind, hook.name) for hook in hooks()})[:6]:
     ...     print(kind, name)
+    autotvm_template tcutils.conv2d_hwnc_mma.cuda
     autotvm_template tcutils.conv2d_hwnc_tensorcore.cuda
     autotvm_template tcutils.dense_mma.cuda
     autotvm_template tcutils.dense_tensorcore.cuda
