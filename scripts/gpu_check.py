@@ -26,8 +26,8 @@ from tvm_tcutils import cuda  # noqa: E402
 from tvm_tcutils.bench import gpu_check  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 
-PARTS = ("resnet50", "tune", "tune_dense", "tune_dense_mma", "tune_dense_wgmma", "exact", "layers", "dense",
-         "bert", "int4_probe", "profile", "int4_cast", "int4", "stem", "int4_diag", "int4_speed")
+PARTS = ("resnet50", "tune", "tune_mma", "tune_dense", "tune_dense_mma", "tune_dense_wgmma", "exact", "layers",
+         "dense", "bert", "int4_probe", "profile", "int4_cast", "int4", "stem", "int4_diag", "int4_speed")
 
 
 def _parts(text: str) -> list:
@@ -73,11 +73,11 @@ def main(argv=None) -> int:
             if part == "resnet50":
                 gpu_check.resnet50(results, arch, args.batch, args.rounds, wait,
                                    torch_python=os.environ.get("TORCH_PYTHON", "python3"))
-            elif part in ("tune", "tune_dense", "tune_dense_mma", "tune_dense_wgmma"):  # the log beside the JSON
-                model = {"tune": "resnet50", "tune_dense": "dense", "tune_dense_mma": "dense_mma",
-                         "tune_dense_wgmma": "dense_wgmma"}[part]
+            elif part in ("tune", "tune_mma", "tune_dense", "tune_dense_mma", "tune_dense_wgmma"):  # log beside JSON
+                model = {"tune": "resnet50", "tune_mma": "resnet50_mma", "tune_dense": "dense",
+                         "tune_dense_mma": "dense_mma", "tune_dense_wgmma": "dense_wgmma"}[part]
                 gpu_check.tune(results, arch, model, args.batch, args.rounds,
-                               budget_s=args.tune_budget if part == "tune" else args.tune_dense_budget,
+                               budget_s=args.tune_budget if part in ("tune", "tune_mma") else args.tune_dense_budget,
                                trials=args.tune_trials,
                                log_dir=os.path.dirname(os.path.abspath(args.json)), wait=wait)
             else:

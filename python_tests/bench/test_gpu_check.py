@@ -61,7 +61,7 @@ def test_tune_rehearsal_builds_finds_the_task_and_a_runner_that_has_cuda(results
     # The local runner's RPC server must have the plugin's cuda device API, or no CUDA trial could run.
     assert row["server_has_cuda"] is cuda.status()["plugin"]
     assert not any(key in row for key in ("tuned", "untuned"))
-    with pytest.raises(ValueError, match="model must be one of resnet50, dense, dense_mma"):
+    with pytest.raises(ValueError, match="model must be one of resnet50, resnet50_mma, dense, dense_mma"):
         gpu_check.tune(results, "sm_90", "resnet")
 
 

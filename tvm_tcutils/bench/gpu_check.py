@@ -728,8 +728,8 @@ def _ratio(value: Optional[dict]) -> str:
 
 
 def _tune_model(row: dict) -> str:
-    if row["model"] == "resnet50":
-        return f"ResNet-50 int8, batch {row.get('batch', 8)}"
+    if row["model"].startswith("resnet50"):
+        return f"ResNet-50 int8, batch {row.get('batch', 8)}" + (" (mma)" if row["model"] == "resnet50_mma" else "")
     kernel = {"dense_mma": " (mma)", "dense_wgmma": " (wgmma)"}.get(row["model"], "")
     return "int8 dense {} x {} x {}".format(*TUNE_DENSE) + kernel
 
@@ -1293,14 +1293,16 @@ def tune(results, arch: str, model: str = "resnet50", batch: int = 8, rounds: in
     ``"dense"`` (the int8 :data:`TUNE_DENSE` GEMM on the WMMA template, default 64 trials), ``"dense_mma"``
     (the same GEMM on the sm_80+ mma template, which the part lets ``relay.build`` take for ``arch`` while it
     runs: see :data:`~tvm_tcutils.tensorcore.strategy.MMA_VERIFIED_ARCHS`) or ``"dense_wgmma"`` (the sm_90
-    warp-group template, likewise: ``WGMMA_VERIFIED_ARCHS``); the dense outputs are also checked against
+    warp-group template, likewise: ``WGMMA_VERIFIED_ARCHS``) or ``"resnet50_mma"`` (the int8 ResNet-50's
+    convolutions on the implicit-GEMM mma template, the gate open likewise); the dense outputs are checked against
     numpy. Then the model is built untuned and with
     the log, run on one input (the tuned kernels compute the same integers: the outputs must be equal) and
     timed in turns. The log (``tune_<model>.log``) stays in ``log_dir``. Without a GPU: the builds, the tasks,
     and whether the local runner's server has the CUDA device API (the rehearsal)."""
     if model not in TUNE_MODELS:
         raise ValueError(f"model must be one of {', '.join(TUNE_MODELS)}, got {model!r}")
-    gate = {"dense_mma": "MMA_VERIFIED_ARCHS", "dense_wgmma": "WGMMA_VERIFIED_ARCHS"}.get(model)
+    gate = {"dense_mma": "MMA_VERIFIED_ARCHS", "dense_wgmma": "WGMMA_VERIFIED_ARCHS",
+            "resnet50_mma": "MMA_VERIFIED_ARCHS"}.get(model)
     if gate is None:
         return _tune(results, arch, model, batch, rounds, budget_s, trials, log_dir, wait)
     from ..tensorcore import strategy
@@ -1315,13 +1317,13 @@ def tune(results, arch: str, model: str = "resnet50", batch: int = 8, rounds: in
 
 
 #: What :func:`tune` tunes.
-TUNE_MODELS = ("resnet50", "dense", "dense_mma", "dense_wgmma")
+TUNE_MODELS = ("resnet50", "resnet50_mma", "dense", "dense_mma", "dense_wgmma")
 
 
 def _tune(results, arch: str, model: str, batch: int, rounds: int, budget_s: float, trials: Optional[int],
           log_dir: Optional[str], wait: Callable[[], None]) -> None:
     from .. import tuning
-    from ..tensorcore.topi import conv2d_hwnc, mma_gemm, wgmma_gemm
+    from ..tensorcore.topi import conv2d_hwnc, mma_conv2d, mma_gemm, wgmma_gemm
     from ..tensorcore.topi import dense as tc_dense
 
     # What the tuning needs beyond TVM, before a minute of building: XGBTuner's model and the local runner's
@@ -1333,8 +1335,8 @@ def _tune(results, arch: str, model: str, batch: int, rounds: int, budget_s: flo
     log_dir = log_dir or tempfile.mkdtemp(prefix="tcutils-tune-")
     os.makedirs(log_dir, exist_ok=True)
     present = gpu_present()
-    if model == "resnet50":
-        template, n_trials = conv2d_hwnc.TASK, trials or 32
+    if model.startswith("resnet50"):
+        template, n_trials = (conv2d_hwnc.TASK if model == "resnet50" else mma_conv2d.TASK), trials or 32
         mod, params, _, x = _resnet50_logits(batch, "int8", target)
         inputs = {"data": x}
     else:
@@ -1348,7 +1350,7 @@ def _tune(results, arch: str, model: str, batch: int, rounds: int, budget_s: flo
     log = os.path.join(log_dir, f"tune_{model}.log")
     row: Dict[str, object] = {"part": "tune", "model": model, "template": template, "target": target,
                               "trials_per_task": n_trials, "budget_s": budget_s, "log": os.path.basename(log)}
-    if model == "resnet50":
+    if model.startswith("resnet50"):
         row["batch"] = batch
     start = time.time()
     untuned = _build(mod, params, target)
@@ -1383,13 +1385,13 @@ def _tune(results, arch: str, model: str, batch: int, rounds: int, budget_s: flo
         module.run()
         outputs[key] = module.get_output(0).numpy().astype(np.float64)
     row["max_abs_diff"] = float(np.max(np.abs(outputs["tuned"] - outputs["untuned"])))
-    if model != "resnet50":
+    if not model.startswith("resnet50"):
         want = inputs["x"].astype(np.int64) @ inputs["w"].astype(np.int64).T
         row["exact"] = all(bool(np.array_equal(out, want)) for out in outputs.values())
     timings = interleave({key: _sample(module, dev, 20) for key, module in modules.items()}, rounds)
     row.update(timings)
     row["untuned_over_tuned"] = ratio(timings["untuned"], timings["tuned"])
-    if model != "resnet50":
+    if not model.startswith("resnet50"):
         for key, timing in timings.items():
             row[f"{key}_tops"] = 2 * m * n * k / (timing.median_ms * 1e-3) / 1e12
     results.add(**row)
