@@ -69,8 +69,9 @@ def test_what_the_kernel_cannot_take_is_named(layer, reason):
     assert mma_conv2d.fallback_tiles(geom, 90) is None
     assert reason in (geom.problem() or mma_conv2d.fits(geom, mma_gemm.FALLBACK_TILES[-1], 90))
     x, w = te.placeholder(layer[0], "int8"), te.placeholder(layer[1], "int8")
-    with pytest.raises(ValueError, match="conv2d HWNC"):
+    with pytest.raises(ValueError, match="conv2d HWNC") as raised:
         mma_conv2d.conv2d_hwnc(x, w, *layer[2:])
+    assert (geom.problem() or "no tiling fits") in str(raised.value)
 
 
 @pytest.mark.parametrize("data, kernel, error, match", [

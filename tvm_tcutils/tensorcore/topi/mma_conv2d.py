@@ -223,7 +223,7 @@ def conv2d_hwnc(data: te.Tensor, kernel: te.Tensor, strides: IntOrPair = 1, padd
         raise TypeError(f"kernel: the mma conv2d takes int8 kernels, got {kernel.dtype}")
     geom = geometry(get_const_tuple(data.shape), get_const_tuple(kernel.shape), strides, padding, dilation)
     tiles = tiles or fallback_tiles(geom, arch)
-    problem = "no tiling fits" if tiles is None else fits(geom, tiles, arch)
+    problem = (geom.problem() or "no tiling fits") if tiles is None else fits(geom, tiles, arch)
     rows, columns, k = geom.gemm
     if problem:
         raise ValueError(f"conv2d HWNC {get_const_tuple(data.shape)} x {get_const_tuple(kernel.shape)} "
