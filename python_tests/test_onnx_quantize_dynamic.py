@@ -266,6 +266,18 @@ def test_full_range_integer_ops_equal_numpy():
 # --------------------------------------------------------------------------
 # DynamicQuantizeLinear
 # --------------------------------------------------------------------------
+def _dql_model(shape) -> onnx.ModelProto:
+    """One ``DynamicQuantizeLinear`` of a float input ``x`` of ``shape``."""
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "scale", "zp"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)], [
+        helper.make_tensor_value_info("y", TensorProto.UINT8, shape),
+        helper.make_tensor_value_info("scale", TensorProto.FLOAT, []),
+        helper.make_tensor_value_info("zp", TensorProto.UINT8, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def test_dynamic_quantize_linear_equals_onnxruntime():
     # Ties (x / scale = k + 0.5) round to even as in onnxruntime; an all-zero tensor gets scale 1.
     rng = np.random.default_rng(2)
@@ -287,13 +299,7 @@ def test_dynamic_quantize_linear_equals_onnxruntime():
         "tokens": rng.standard_normal((1, 128, 256)).astype("float32") * np.float32(3.0),
     }
     for name, x in cases.items():
-        node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "scale", "zp"])
-        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)], [
-            helper.make_tensor_value_info("y", TensorProto.UINT8, x.shape),
-            helper.make_tensor_value_info("scale", TensorProto.FLOAT, []),
-            helper.make_tensor_value_info("zp", TensorProto.UINT8, [])])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
+        model = _dql_model(x.shape)
         expected = _ort(model, {"x": x})
         got = _tvm(model, {"x": x}, "host")
         for what, out, ref in zip(("y", "scale", "zp"), got, expected):
@@ -316,6 +322,32 @@ def test_dynamic_quantize_linear_takes_min_and_max_in_one_kernel(cols):
     assert len(trees) == 1, names
     assert not any(n.endswith(("_fused_strided_slice", "_fused_reshape")) or "_fused_strided_slice_" in n
                    and "maximum" not in n for n in names), names
+
+
+def test_dynamic_quantize_linear_of_a_wide_input_splits_its_tree_for_the_build():
+    # BERT-base's FF-down input [128, 3072]: 6 column and 4 row halvings, 1024 reads per output in one kernel,
+    # took TVM's TIR common-subexpression pass 38 s. The halvings past FUSED_HALVINGS go to a second kernel.
+    from tvm.contrib import graph_executor
+
+    from tvm_tcutils._tvm import host_target
+    from tvm_tcutils.fast_forms import FUSED_HALVINGS
+    from tvm_tcutils.onnx_quantize_dynamic import dynamic_quantize_linear
+
+    x = relay.var("x", shape=(128, 3072))
+    out = dynamic_quantize_linear([x], {}, {})
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(tvm.IRModule.from_expr(relay.Function([x], out.astuple())), target=host_target())
+    trees = [n for n in lib.function_metadata.keys() if n.startswith("tvmgen_") and "maximum" in n
+             and "strided_slice" in n]
+    assert FUSED_HALVINGS < 10 and len(trees) == 2, trees
+    m = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    data = np.random.default_rng(4).standard_normal((128, 3072)).astype("float32")
+    data[77, 1234], data[3, 3071] = 9.5, -7.25  # the extremes anywhere
+    m.set_input("x", data)
+    m.run()
+    expected = _ort(_dql_model(data.shape), {"x": data})
+    for what, k, ref in zip(("y", "scale", "zp"), range(3), expected):
+        np.testing.assert_array_equal(m.get_output(k).numpy(), ref, err_msg=what)
 
 
 def test_matmul_integer_of_rows_leaves_its_epilogue_to_the_dense_kernel():
