@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relay
+from tvm.contrib import graph_executor
 
 from conftest import run_graph_and_vm, run_python, small_conv_net
 from tvm_tcutils.collage.toolchains import blas, ort
@@ -157,8 +158,20 @@ g = graph_executor.GraphModule(tvm.runtime.load_module({path!r})["default"](tvm.
 g.set_input("data", np.ones((8, 32), "float32")); g.run()
 """
     result = run_python(code)
-    # Without importing tvm_tcutils the toolchains' packed functions do not exist: a clear failure.
-    assert result.returncode != 0 and "tvm_tcutils.blas.run" in result.stderr
+    # Without importing tvm_tcutils the toolchains' packed functions do not exist (compiled wrappers), nor
+    # the loader of the native plugin's partition modules: a clear failure naming what is missing.
+    from tvm_tcutils.collage.toolchains.packed_call import native_module_maker
+
+    missing = "tvm_tcutils.blas.run" if native_module_maker() is None else "tcutils_packed_call"
+    assert result.returncode != 0 and missing in result.stderr, result.stderr[-2000:]
+    # With the package imported, the same library runs, and computes what it computes here.
+    here = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    here.set_input("data", np.ones((8, 32), "float32"))
+    here.run()
+    result = run_python("import tvm_tcutils\n" + code + "np.save({!r}, g.get_output(0).numpy())\n".format(
+        str(tmp_path / "out.npy")))
+    assert result.returncode == 0, result.stderr[-2000:]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), here.get_output(0).numpy(), rtol=1e-6)
 
 
 def test_missing_onnxruntime_is_reported():
@@ -167,6 +180,7 @@ import sys
 sys.modules["onnxruntime"] = None  # as if it were not installed
 import tvm, tvm_tcutils
 from tvm import relay
+from tvm.contrib import graph_executor
 from tvm_tcutils.collage.toolchains import blas, ort
 ok, reason = ort.available()
 print("AVAILABLE", ok, reason)

@@ -211,3 +211,101 @@ def test_park_setting_is_checked_and_named_in_cache_keys(monkeypatch):
         monkeypatch.setenv("TVM_TCUTILS_PARK_MIN_US", bad)
         with pytest.raises(ValueError, match="TVM_TCUTILS_PARK_MIN_US must be a number of microseconds"):
             packed_call.park_min_us()
+
+
+# --------------------------------------------------------------------------
+# The native plugin's partition module (cmake/src/packed_call.cc)
+# --------------------------------------------------------------------------
+def _native_maker():
+    from tvm_tcutils.collage.toolchains.packed_call import native_module_maker
+
+    maker = native_module_maker()
+    if maker is None:
+        pytest.skip("the native plugin is not built (scripts/build_native.sh)")
+    return maker
+
+
+def test_native_partition_module_runs_then_loads_with_the_lifted_weights_then_runs_again():
+    # run(key, ins..., outs...) answers 1 for an unknown key: load(key, payload, lifted...) gets the last
+    # inputs (the lifted weights, before the outputs), and run is called again with the same tensors.
+    maker, calls, loaded = _native_maker(), [], set()
+
+    def run(key, *tensors):
+        calls.append(("run", key, [t.shape for t in tensors]))
+        if key not in loaded:
+            return 1
+        tensors[-1].copyfrom(tensors[0].numpy() + tensors[1].numpy() + tensors[2].numpy())
+        return 0
+
+    def load(key, payload, *lifted):
+        calls.append(("load", key, payload, [t.shape for t in lifted]))
+        loaded.add(key)
+        return 0
+
+    tvm.register_func("tcutils_test.native.run", run, override=True)
+    tvm.register_func("tcutils_test.native.load", load, override=True)
+    module = maker("part", "tcutils_test.native.run", "tcutils_test.native.load", "k1", "cGF5bG9hZA==", 3, 2)
+    assert module.type_key == "tcutils_packed_call"
+    assert module["tcutils_packed_call_fields"]().split("\n") == [
+        "part", "tcutils_test.native.run", "tcutils_test.native.load", "k1", "3", "2"]
+    x, w1, w2 = (tvm.nd.array(np.full((2,), v, "float32")) for v in (1, 2, 4))
+    out = tvm.nd.empty((2,))
+    module["part"](x, w1, w2, out)
+    np.testing.assert_array_equal(out.numpy(), [7, 7])
+    assert [c[0] for c in calls] == ["run", "load", "run"]
+    assert calls[1] == ("load", "k1", "cGF5bG9hZA==", [(2,), (2,)])  # the two lifted weights, not the output
+    module["part"](x, w1, w2, out)
+    assert [c[0] for c in calls] == ["run", "load", "run", "run"]  # loaded once
+
+
+def test_native_partition_module_errors_name_what_is_wrong():
+    maker = _native_maker()
+    tvm.register_func("tcutils_test.native.never", lambda key, *tensors: 1, override=True)
+    tvm.register_func("tcutils_test.native.noop_load", lambda key, payload, *lifted: 0, override=True)
+    out = tvm.nd.empty((2,))
+    refusing = maker("f", "tcutils_test.native.never", "tcutils_test.native.noop_load", "k2", "", 0, 0)
+    with pytest.raises(tvm.TVMError, match="refused key k2 after loading it"):
+        refusing["f"](out)
+    missing = maker("g", "tcutils_test.native.not_registered", "tcutils_test.native.noop_load", "k3", "", 0, 0)
+    with pytest.raises(tvm.TVMError, match="'tcutils_test.native.not_registered' is not registered"):
+        missing["g"](out)
+    assert missing.implements_function("g") and not missing.implements_function("other")
+    with pytest.raises(tvm.TVMError, match="lifted <= inputs"):
+        maker("h", "a", "b", "k", "", 1, 2)
+
+
+@pytest.mark.parametrize("kind", ["native", "llvm"])
+def test_partition_modules_of_both_kinds_compute_the_same_and_survive_export(kind, monkeypatch, tmp_path):
+    from tvm.contrib import graph_executor
+
+    from tvm_tcutils.collage.toolchains import ort
+
+    if kind == "native":
+        _native_maker()
+    monkeypatch.setenv("TVM_TCUTILS_PACKED_CALL", kind)
+    rng = np.random.default_rng(8)
+    weight = rng.standard_normal((128, 256)).astype("float32")  # large: lifted out of the payload
+    x = relay.var("data", shape=(2, 256))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(
+        relay.Function([x], relay.nn.relu(relay.nn.dense(x, relay.const(weight))))))
+    parted = ort.partition_for(mod)
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(parted, target="llvm")
+    kinds = {m.type_key for m in lib.get_lib().imported_modules}
+    assert ("tcutils_packed_call" in kinds) == (kind == "native"), kinds
+    path = str(tmp_path / "lib.so")
+    lib.export_library(path)
+    data = rng.standard_normal((2, 256)).astype("float32")
+    ort.TOOLCHAIN.forget()  # the loaded library loads its payload again
+    graph = graph_executor.GraphModule(tvm.runtime.load_module(path)["default"](tvm.cpu()))
+    graph.set_input("data", data)
+    graph.run()
+    np.testing.assert_allclose(graph.get_output(0).numpy(), np.maximum(data @ weight.T, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_packed_call_setting_is_checked(monkeypatch):
+    from tvm_tcutils.collage.toolchains.packed_call import native_module_maker
+
+    monkeypatch.setenv("TVM_TCUTILS_PACKED_CALL", "jit")
+    with pytest.raises(ValueError, match="TVM_TCUTILS_PACKED_CALL='jit'.*'native'.*'llvm'"):
+        native_module_maker()

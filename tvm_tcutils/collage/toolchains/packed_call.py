@@ -447,6 +447,9 @@ class PackedToolchain:
         digest = str(func.attrs[DIGEST_ATTR]).encode() if lifted else b""
         key = f"{self.name}-{hashlib.sha256(payload + digest).hexdigest()[:24]}"
         text = base64.b64encode(payload).decode("ascii")
+        native_module = native_module_maker()
+        if native_module is not None:
+            return native_module(symbol, self.run_name, self.load_name, key, text, len(in_types), lifted)
         inputs = [te.placeholder(_dims(t), str(t.dtype), name=f"in{i}") for i, t in enumerate(in_types)]
 
         def body(ins, outs):
@@ -481,6 +484,31 @@ class PackedToolchain:
                 f"relay.ext.{compiler}.constant_updater", _no_constants, "constants live in the embedded payload"
             ),
         ]
+
+
+#: ``TVM_TCUTILS_PACKED_CALL=llvm``: partitions get the compiled wrapper even where the native plugin is built
+#: (a library exported for a machine whose tvm-tcutils has no native plugin to load the other kind).
+PACKED_CALL_VARIABLE = "TVM_TCUTILS_PACKED_CALL"
+
+
+def native_module_maker() -> Optional[Callable]:
+    """The native plugin's maker of a partition's runtime module (``tcutils_packed_call``), or None where
+    the plugin is not built (or :data:`PACKED_CALL_VARIABLE` asks for ``llvm``): then each partition is a
+    small TIR function compiled with LLVM (40-60 ms a partition; the native module takes microseconds).
+
+    The native module makes the same calls as the compiled one (``run``, then ``load`` and ``run`` again for
+    an unknown key) and is kept by ``export_library``; loading such a library needs the plugin.
+
+    Examples
+    --------
+    >>> maker = native_module_maker()
+    >>> maker is None or callable(maker)
+    True
+    """
+    choice = os.environ.get(PACKED_CALL_VARIABLE, "native").strip().lower()
+    if choice not in ("native", "llvm"):
+        raise ValueError(f"{PACKED_CALL_VARIABLE}={choice!r}: choose 'native' (default) or 'llvm'")
+    return native.get("tvm_tcutils.native.packed_call_module") if choice == "native" else None
 
 
 def _no_constants(func, symbol) -> dict:
