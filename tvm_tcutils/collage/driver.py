@@ -536,24 +536,34 @@ class _Partitioner:
         # built whole for the final comparison.
         runnable = [tc for tc in self.toolchains if tc.is_tvm or any(
             c.toolchain == tc.name and math.isfinite(x) for c, x in zip(cands, costs))]
-        singles = self._singles(prepared, runnable, unreachable) if comparing else {}
         prebuild = getattr(sampler, "prebuild", None)
+        budgeted = self.error_budget is not None and any(tc.lossy for tc in self.toolchains)
+        once = comparing and not budgeted and validation.crossings(result) <= 1
+        singles = {}
         if comparing and callable(prebuild) and self.error_budget is None:
-            # The comparison's whole models build on the second core while validation builds its mixes on
-            # the first (BERT-base: 2-4 minutes of builds less in all).
+            # The comparison's whole models build in the background while validation builds its mixes
+            # (BERT-base: 2-4 minutes of builds less in all). What is ready at once starts first: the mix
+            # validation times, TVM alone (its rival) and the runtimes on the user's file; the toolchains'
+            # greedy partitionings are made meanwhile (BERT-base: 30 s each in this process, which left a
+            # core idle when they came first) and start after.
+            if self.validate_rounds and not once:
+                prebuild({"collage": validation.module_of(result)})
+            singles = self._singles(prepared, runnable, unreachable, greedy=False)
+            prebuild(singles)
+            singles = self._singles(prepared, runnable, unreachable, ready=singles)
             prebuild(singles)
             alone = f"{tvm_toolchain(by_name).name} alone"
             if alone in singles and hasattr(timer, "time"):
                 # Built anyway: a re-searched mix estimated slower than it is not built (BERT-base: a minute).
                 validation.rival = (alone, lambda: timer.time(singles[alone]))
+        elif comparing:
+            singles = self._singles(prepared, runnable, unreachable)
         rivals = ({}, {}) if comparing else (single_results, greedy)
         # Re-searched with a learned crossing cost, a mix with one partition outside TVM comes back as it is
         # or as TVM alone (any other answer crosses at least as often and was estimated slower): the final
         # comparison times both, so validation would only build and time the mix once more (DenseNet-121,
         # OpenVINO's maximal region: 83 s). Under an error budget its learned crossing cost still steers the
         # budget's re-searches (see below): validated as before.
-        budgeted = self.error_budget is not None and any(tc.lossy for tc in self.toolchains)
-        once = comparing and not budgeted and validation.crossings(result) <= 1
         result = validation.run(result, 0 if once else self.validate_rounds, *rivals, retime=not comparing)
         if timer is not None:
             report("validate", 1, 1)
@@ -647,16 +657,26 @@ class _Partitioner:
         return next((reason for failed, reason in reasons if failed), "")
 
     def _singles(self, prepared: tvm.IRModule, toolchains: Sequence[Toolchain],
-                 unreachable: Mapping[str, Mapping[str, int]]) -> Dict[str, tvm.IRModule]:
+                 unreachable: Mapping[str, Mapping[str, int]], greedy: bool = True,
+                 ready: Optional[Mapping[str, tvm.IRModule]] = None) -> Dict[str, tvm.IRModule]:
         """The final comparison's rivals of the mix: each of ``toolchains`` alone and, given the user's
         file, each runtime on it; a toolchain alone that is its runtime on the file by another name
-        (:func:`file_twins` of ``unreachable``) is left out, why in :attr:`left_out`."""
-        on_file = original_modules(prepared, self.original, toolchains) if self.original is not None else {}
+        (:func:`file_twins` of ``unreachable``) is left out, why in :attr:`left_out`.
+
+        ``greedy=False``: only those that are quick to make (TVM alone, the runtimes on the file), not the
+        BYOC toolchains' greedy partitionings; ``ready``: those made already (by such a call), not again."""
+        on_file = {name: mod for name, mod in (ready or {}).items() if name.endswith(ON_THE_FILE)}
+        if ready is None and self.original is not None:
+            on_file = original_modules(prepared, self.original, toolchains)
+        ready = dict(ready or {})
         self.left_out = {alone: f"the same runtime on every operator as {twin}"
                          for alone, twin in file_twins(toolchains, on_file, unreachable).items()}
         # Not even built: BYOC's greedy partitioning matches 50 patterns over the model (DenseNet-121: 5-6 s each).
-        singles = single_toolchain_modules(prepared, [tc for tc in toolchains
-                                                      if f"{tc.name} alone" not in self.left_out])
+        wanted = [tc for tc in toolchains if f"{tc.name} alone" not in self.left_out and (greedy or tc.is_tvm)]
+        singles = {f"{tc.name} alone": ready[f"{tc.name} alone"] for tc in wanted if f"{tc.name} alone" in ready}
+        singles.update(single_toolchain_modules(prepared, [tc for tc in wanted if f"{tc.name} alone" not in ready]))
+        # In the toolchains' order, as before, then the runtimes on the file.
+        singles = {f"{tc.name} alone": singles[f"{tc.name} alone"] for tc in wanted if f"{tc.name} alone" in singles}
         singles.update(on_file)
         return singles
 

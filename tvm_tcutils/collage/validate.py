@@ -141,6 +141,7 @@ class Validation:
         self.penalty = 0.0
         self._measured: Dict[frozenset, float] = {}
         self._labels: Dict[frozenset, str] = {}
+        self._modules: Dict[frozenset, tvm.IRModule] = {}
         #: ``(label, ms())``: a rival of every mix that the final comparison times anyway (TVM alone, built
         #: beside validation), timed once on demand; a re-searched mix whose estimate, corrected by how
         #: the first mix's estimate erred where it erred low, is above the rival's time is not built.
@@ -182,10 +183,19 @@ class Validation:
         """The latest whole-model time of ``result`` (None if it was not timed)."""
         return self._measured.get(self._key(result))
 
+    def module_of(self, result: SearchResult) -> tvm.IRModule:
+        """``result`` outlined (:func:`outline_chosen`), once: the driver hands the first mix to the
+        comparison's background builds before validation times it (BERT-base: 7 s an outline)."""
+        key = self._key(result)
+        if key not in self._modules:
+            self._modules[key] = outline_chosen(self.graph, result.chosen, self.toolchains, self.prepared)[0]
+        return self._modules[key]
+
     def _time(self, result: SearchResult, label: str) -> Optional[float]:
         key = self._key(result)
         if key not in self._measured:
-            mod, _ = outline_chosen(self.graph, result.chosen, self.toolchains, self.prepared)
+            mod = self._modules.pop(key, None) or outline_chosen(self.graph, result.chosen, self.toolchains,
+                                                                 self.prepared)[0]
             ms = self.timer.time(mod)
             if ms is None:
                 return None

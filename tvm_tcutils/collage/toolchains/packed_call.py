@@ -14,6 +14,14 @@ loading in another process that imports :mod:`tvm_tcutils`:
         <toolchain>.load(key, payload)                       # once per process
         <toolchain>.run(key, in0, ..., out0, ...)
 
+Where the native plugin is built (``cmake/src/packed_call.cc``), the codegen
+returns a ``tcutils_packed_call`` runtime module instead that makes the same
+calls without compiling anything (:func:`native_module_maker`): the compiled
+function costs 40-60 ms of lowering and LLVM per partition, and a greedy
+partitioning of BERT-base has 373 of them. It is kept by ``export_library``
+like the compiled one; loading such a library needs the plugin
+(``TVM_TCUTILS_PACKED_CALL=llvm`` builds the compiled kind everywhere).
+
 ``run`` works on the executors' own buffers through zero-copy views
 (:func:`tensor_view`, :func:`tensor_data`); ``load`` decodes the payload once
 and caches what the toolchain builds from it (an inference session) per key.
