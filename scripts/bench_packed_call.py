@@ -10,6 +10,8 @@ process, in turns over ``--rounds`` rounds (``tvm_tcutils.measure``; each sample
   that reads the ``DLTensor`` addresses from TVM's argument array);
 * ``Python callback``: the same function registered through TVM's generic Python callback
   (``tvm.register_func(name, TOOLCHAIN.run)``), which the package used before;
+* ``native module``: the C callback called by the native plugin's partition module
+  (``tcutils_packed_call``) instead of a compiled wrapper function, where the plugin is built;
 * ``TVM alone``: the same chain compiled by TVM (one fused kernel), the floor.
 
 Per call = (chain time - TVM alone) / ops. ``onnxruntime alone`` is one partition's session run
@@ -54,7 +56,7 @@ def main(argv=None) -> int:
           f"median of {args.rounds} rounds")
     print(f"{'variant':18s} {'chain us':>10s} {'per call us':>12s}")
     per_call = {label: (us[label] - us["TVM alone"]) / args.ops for label in us}
-    for label in ("TVM alone", "C callback", "Python callback"):
+    for label in [v for v in ("TVM alone", "C callback", "native module", "Python callback") if v in us]:
         print(f"{label:18s} {us[label]:10.1f} {per_call[label]:12.1f}")
         results.add(variant=label, chain=timed[label], per_call_us=per_call[label])
     alone_us = bench.ort_alone_timer()() * 1e3
@@ -62,6 +64,9 @@ def main(argv=None) -> int:
     print(f"per-call cost, Python callback / C callback: x{per_call['Python callback'] / per_call['C callback']:.2f}")
     results.add(variant="onnxruntime alone", us=alone_us)
     results.settings["python_over_c_chain"] = ratio(timed["Python callback"], timed["C callback"])
+    if "native module" in timed:
+        print(f"per-call cost, native module / compiled wrapper: x{per_call['native module'] / per_call['C callback']:.2f}")
+        results.settings["native_over_compiled_chain"] = ratio(timed["native module"], timed["C callback"])
     results.write(args.json)
     return 0
 

@@ -11,6 +11,7 @@ Examples
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Dict, Optional
 
 import numpy as np
@@ -111,11 +112,26 @@ def packed_call_timers(ops: int, min_repeat_ms: int = 20) -> Dict[str, SampleTim
     from ..collage.toolchains import ort
     from ..collage.toolchains.packed_call import byoc_partition
 
+    from ..collage.toolchains.packed_call import PACKED_CALL_VARIABLE, native_module_maker
+
     mod = elementwise_chain(ops)
     parted = byoc_partition(mod, ort.COMPILER, merge=False)
     timers = {"TVM alone": relay_module(mod, repeat=1, min_repeat_ms=min_repeat_ms)}
-    for label, function in (("Python callback", ort.TOOLCHAIN.run), ("C callback", ort.TOOLCHAIN.run_function())):
-        timers[label] = with_run_function(function, lambda: relay_module(parted, repeat=1, min_repeat_ms=min_repeat_ms))
+    variants = [("Python callback", ort.TOOLCHAIN.run, "llvm"), ("C callback", ort.TOOLCHAIN.run_function(), "llvm")]
+    if native_module_maker() is not None:
+        # The native plugin's partition module (no compiled wrapper) calling the same C callback.
+        variants.append(("native module", ort.TOOLCHAIN.run_function(), "native"))
+    before = os.environ.get(PACKED_CALL_VARIABLE)
+    try:
+        for label, function, kind in variants:
+            os.environ[PACKED_CALL_VARIABLE] = kind
+            timers[label] = with_run_function(
+                function, lambda: relay_module(parted, repeat=1, min_repeat_ms=min_repeat_ms))
+    finally:
+        if before is None:
+            os.environ.pop(PACKED_CALL_VARIABLE, None)
+        else:
+            os.environ[PACKED_CALL_VARIABLE] = before
     return timers
 
 
