@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     results.add(variant="onnxruntime alone", us=alone_us)
     results.settings["python_over_c_chain"] = ratio(timed["Python callback"], timed["C callback"])
     if "native module" in timed:
-        print(f"per-call cost, native module / compiled wrapper: x{per_call['native module'] / per_call['C callback']:.2f}")
+        native = per_call["native module"] / per_call["C callback"]
+        print(f"per-call cost, native module / compiled wrapper: x{native:.2f}")
         results.settings["native_over_compiled_chain"] = ratio(timed["native module"], timed["C callback"])
     results.write(args.json)
     return 0
