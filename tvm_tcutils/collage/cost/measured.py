@@ -125,20 +125,25 @@ def runtime_functions(toolchain) -> List[str]:
     """Global functions a device needs to run ``toolchain``'s partitions: the package's packed calls.
 
     The package's graph-style toolchains (compiler ``tcutils_<name>``) call
-    ``tvm_tcutils.<name>.load`` and ``.run``; TVM and other BYOC toolchains need
-    nothing beyond TVM's runtime.
+    ``tvm_tcutils.<name>.load`` and ``.run``; where this process builds their
+    partitions as the native plugin's modules (:func:`~..toolchains.packed_call.native_module_maker`),
+    the server also needs that plugin's loader (``TVM_TCUTILS_PACKED_CALL=llvm`` builds compiled
+    wrappers instead). TVM and other BYOC toolchains need nothing beyond TVM's runtime.
 
     Examples
     --------
     >>> from tvm_tcutils.collage.toolchains import known
-    >>> runtime_functions(known()["ort"]), runtime_functions(known()["tvm"])
+    >>> runtime_functions(known()["ort"])[:2], runtime_functions(known()["tvm"])
     (['tvm_tcutils.ort.load', 'tvm_tcutils.ort.run'], [])
     """
+    from ..toolchains.packed_call import NATIVE_LOADER, native_module_maker
+
     compiler = toolchain.compiler or ""
     if not compiler.startswith("tcutils_"):
         return []
     name = compiler[len("tcutils_"):]
-    return [f"tvm_tcutils.{name}.load", f"tvm_tcutils.{name}.run"]
+    loader = [NATIVE_LOADER] if native_module_maker() is not None else []
+    return [f"tvm_tcutils.{name}.load", f"tvm_tcutils.{name}.run"] + loader
 
 
 class MeasuredCostEstimator(CostEstimator):
@@ -361,7 +366,8 @@ class MeasuredCostEstimator(CostEstimator):
                 self._remote_missing[name] = self.remote.missing(needed) if needed else []
                 if self._remote_missing[name]:
                     logger.warning("the servers of %s cannot run toolchain %s (no %s): it is left out; serve with "
-                                   "'python -m tvm_tcutils.rpc_server' to measure it", self.remote, name,
+                                   "'python -m tvm_tcutils.rpc_server' (with the native plugin built, or "
+                                   "TVM_TCUTILS_PACKED_CALL=llvm here) to measure it", self.remote, name,
                                    ", ".join(self._remote_missing[name]))
             if self._remote_missing[name]:
                 self._memory[req.key] = {"ms": None, "error": f"not runnable on {self.remote}"}

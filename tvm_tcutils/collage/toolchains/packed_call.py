@@ -497,6 +497,8 @@ class PackedToolchain:
 #: ``TVM_TCUTILS_PACKED_CALL=llvm``: partitions get the compiled wrapper even where the native plugin is built
 #: (a library exported for a machine whose tvm-tcutils has no native plugin to load the other kind).
 PACKED_CALL_VARIABLE = "TVM_TCUTILS_PACKED_CALL"
+#: The global function TVM calls to load a native partition module from a library (the plugin registers it).
+NATIVE_LOADER = "runtime.module.loadbinary_tcutils_packed_call"
 
 
 def native_module_maker() -> Optional[Callable]:
