@@ -34,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"  onnxruntime      {caps['onnxruntime'] or 'no'}")
     print(f"  int8 kernels     {_int8_kernels()}")
     if caps["native_helpers"]:
-        from tvm_tcutils.collage.toolchains.packed_call import parking
+        from tvm_tcutils.collage.toolchains.packed_call import native_module_maker, parking
 
-        print(f"  native helpers   {caps['native_helpers']} (toolchain calls: {parking()})")
+        kind = "native modules" if native_module_maker() is not None else "compiled wrappers"
+        print(f"  native helpers   {caps['native_helpers']} (toolchain calls: {parking()}; partitions: {kind})")
     else:
         print("  native helpers   no (pure-Python paths; scripts/build_native.sh builds them)")
     rows = tvm_tcutils.registered()
