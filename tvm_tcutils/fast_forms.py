@@ -187,23 +187,31 @@ TREE_LANES = 16
 FUSED_HALVINGS = 8
 
 
-def fused_halvings(expr: relay.Expr, levels: int) -> relay.Expr:
-    """``expr``, or ``stop_fusion(expr)`` when ``levels`` halvings fused into its kernel have reached
-    :data:`FUSED_HALVINGS` (the next ones start a kernel of their own).
+def next_halving(values: list, levels: int) -> Tuple[list, int]:
+    """Before one more halving of ``values``, ``levels`` halvings already fused into their kernel:
+    ``(values, levels + 1)``, or, where those reached :data:`FUSED_HALVINGS`, ``(stop_fusion of each, 1)``
+    (the next halving starts a kernel of its own).
 
     Examples
     --------
     >>> x = relay.var("x", shape=(4,))
-    >>> fused_halvings(x, 3) is x, fused_halvings(x, FUSED_HALVINGS).op.name
-    (True, 'annotation.stop_fusion')
+    >>> (same,), levels = next_halving([x], 3)
+    >>> same is x, levels
+    (True, 4)
+    >>> (cut,), levels = next_halving([x], FUSED_HALVINGS)
+    >>> cut.op.name, levels
+    ('annotation.stop_fusion', 1)
     """
-    return relay.annotation.stop_fusion(expr) if levels >= FUSED_HALVINGS else expr
+    if levels >= FUSED_HALVINGS:
+        return [relay.annotation.stop_fusion(v) for v in values], 1
+    return values, levels + 1
 
 
-def halving_tree(values: list, combine, rows: int, cols: int, width: int) -> Tuple[list, int]:
-    """``(values, cols)``: each ``[rows, cols]`` value's two column halves combined elementwise
+def halving_tree(values: list, combine, rows: int, cols: int, width: int) -> Tuple[list, int, int]:
+    """``(values, cols, levels)``: each ``[rows, cols]`` value's two column halves combined elementwise
     (``combine``: ``relay.add``, ``relay.minimum``...) until a row is at most ``width`` wide or its half
-    would not be a whole number of :data:`TREE_LANES`.
+    would not be a whole number of :data:`TREE_LANES`; ``levels``: the halvings in the last kernel
+    (at most :data:`FUSED_HALVINGS` in one, :func:`next_halving`), for more halvings after these.
 
     TVM schedules a reduction over a row as one serial loop per output, which LLVM does not vectorize for
     floats; halving trees of injective ops fuse into one vectorized kernel that reads each input once, the
@@ -214,19 +222,18 @@ def halving_tree(values: list, combine, rows: int, cols: int, width: int) -> Tup
     Examples
     --------
     >>> x = relay.var("x", shape=(4, 256))
-    >>> (low, high), cols = halving_tree([x, x], relay.minimum, 4, 256, 32)
-    >>> cols, str(relay.transform.InferTypeLocal(low).shape)
-    (32, '[4, 32]')
+    >>> (low, high), cols, levels = halving_tree([x, x], relay.minimum, 4, 256, 32)
+    >>> cols, levels, str(relay.transform.InferTypeLocal(low).shape)
+    (32, 3, '[4, 32]')
     """
     levels = 0
     while cols > width and (cols // 2) % TREE_LANES == 0:
-        if levels == FUSED_HALVINGS:
-            values, levels = [fused_halvings(v, levels) for v in values], 0
+        values, levels = next_halving(values, levels)
         half = cols // 2
         values = [combine(relay.strided_slice(v, [0, 0], [rows, half]), relay.strided_slice(v, [0, half], [rows, cols]))
                   for v in values]
-        cols, levels = half, levels + 1
-    return values, cols
+        cols = half
+    return values, cols, levels
 
 
 def _row_moments(values: relay.Expr, shape) -> Tuple[relay.Expr, relay.Expr]:
@@ -240,7 +247,7 @@ def _row_moments(values: relay.Expr, shape) -> Tuple[relay.Expr, relay.Expr]:
     """
     rows, cols = int(np.prod(shape[:-1])), int(shape[-1])
     flat = relay.reshape(values, (rows, cols))
-    (total, squares), width = halving_tree([flat, relay.multiply(flat, flat)], relay.add, rows, cols, _PARTIAL)
+    (total, squares), width, _ = halving_tree([flat, relay.multiply(flat, flat)], relay.add, rows, cols, _PARTIAL)
     sums = relay.sum(relay.annotation.stop_fusion(relay.stack([total, squares], axis=0)), axis=-1)
     count = relay.const(float(cols), "float32")
     kept = (*shape[:-1], 1)

@@ -48,7 +48,7 @@ import numpy as np
 import tvm
 from tvm import relay
 
-from .fast_forms import FUSED_HALVINGS, TREE_LANES, fast_chain, fused_halvings, halving_tree, rounded_int32
+from .fast_forms import TREE_LANES, fast_chain, halving_tree, next_halving, rounded_int32
 
 #: The element types ``MatMulInteger`` and ``ConvInteger`` take for each input and its zero point.
 INTEGER_DTYPES = ("uint8", "int8")
@@ -377,15 +377,13 @@ def _min_max(x: relay.Expr) -> Tuple[relay.Expr, relay.Expr]:
     rows = int(np.prod(shape[:-1]))
     low = high = relay.reshape(x, (rows, cols))
     # Both trees as maxima, the min one over -x: one combine, both side by side in one kernel.
-    (low, high), halved = halving_tree([relay.negative(low), high], relay.maximum, rows, cols, _TREE_WIDTH)
-    levels, cols = (cols // halved).bit_length() - 1, halved
+    (low, high), cols, levels = halving_tree([relay.negative(low), high], relay.maximum, rows, cols, _TREE_WIDTH)
     both = relay.stack([low, high], axis=0)
     # Rows halved too, in the same kernel, down to 8: the serial reduction then reads 256 values per output,
     # not rows x 32 ([128, 256]: 7.1 -> 3.0 us). Halved to 1 row, the kernel itself loses its parallel loop.
     # Past FUSED_HALVINGS in all, the rows' halvings go to a kernel of their own (its build time).
     while rows > _TREE_ROWS and rows % 2 == 0:
-        both = fused_halvings(both, levels)
-        levels = 1 if levels >= FUSED_HALVINGS else levels + 1
+        (both,), levels = next_halving([both], levels)
         half = rows // 2
         both = relay.maximum(relay.strided_slice(both, [0, 0, 0], [2, half, cols]),
                              relay.strided_slice(both, [0, half, 0], [2, rows, cols]))

@@ -109,10 +109,10 @@ def ort_alone_timer(repeat: int = 3, min_ms: float = 20.0) -> SampleTimer:
 
 def packed_call_timers(ops: int, min_repeat_ms: int = 20) -> Dict[str, SampleTimer]:
     """Timers of a chain of ``ops`` ORT partitions with the C and the Python callback, and of TVM alone."""
-    from ..collage.toolchains import ort
-    from ..collage.toolchains.packed_call import byoc_partition
+    from unittest import mock
 
-    from ..collage.toolchains.packed_call import PACKED_CALL_VARIABLE, native_module_maker
+    from ..collage.toolchains import ort
+    from ..collage.toolchains.packed_call import PACKED_CALL_VARIABLE, byoc_partition, native_module_maker
 
     mod = elementwise_chain(ops)
     parted = byoc_partition(mod, ort.COMPILER, merge=False)
@@ -121,17 +121,10 @@ def packed_call_timers(ops: int, min_repeat_ms: int = 20) -> Dict[str, SampleTim
     if native_module_maker() is not None:
         # The native plugin's partition module (no compiled wrapper) calling the same C callback.
         variants.append(("native module", ort.TOOLCHAIN.run_function(), "native"))
-    before = os.environ.get(PACKED_CALL_VARIABLE)
-    try:
-        for label, function, kind in variants:
-            os.environ[PACKED_CALL_VARIABLE] = kind
+    for label, function, kind in variants:
+        with mock.patch.dict(os.environ, {PACKED_CALL_VARIABLE: kind}):  # the kind of partition module built
             timers[label] = with_run_function(
                 function, lambda: relay_module(parted, repeat=1, min_repeat_ms=min_repeat_ms))
-    finally:
-        if before is None:
-            os.environ.pop(PACKED_CALL_VARIABLE, None)
-        else:
-            os.environ[PACKED_CALL_VARIABLE] = before
     return timers
 
 

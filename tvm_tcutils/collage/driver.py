@@ -668,15 +668,14 @@ class _Partitioner:
         on_file = {name: mod for name, mod in (ready or {}).items() if name.endswith(ON_THE_FILE)}
         if ready is None and self.original is not None:
             on_file = original_modules(prepared, self.original, toolchains)
-        ready = dict(ready or {})
+        made = dict(ready or {})
         self.left_out = {alone: f"the same runtime on every operator as {twin}"
                          for alone, twin in file_twins(toolchains, on_file, unreachable).items()}
         # Not even built: BYOC's greedy partitioning matches 50 patterns over the model (DenseNet-121: 5-6 s each).
         wanted = [tc for tc in toolchains if f"{tc.name} alone" not in self.left_out and (greedy or tc.is_tvm)]
-        singles = {f"{tc.name} alone": ready[f"{tc.name} alone"] for tc in wanted if f"{tc.name} alone" in ready}
-        singles.update(single_toolchain_modules(prepared, [tc for tc in wanted if f"{tc.name} alone" not in ready]))
-        # In the toolchains' order, as before, then the runtimes on the file.
-        singles = {f"{tc.name} alone": singles[f"{tc.name} alone"] for tc in wanted if f"{tc.name} alone" in singles}
+        made.update(single_toolchain_modules(prepared, [tc for tc in wanted if f"{tc.name} alone" not in made]))
+        # In the toolchains' order, then the runtimes on the file.
+        singles = {f"{tc.name} alone": made[f"{tc.name} alone"] for tc in wanted if f"{tc.name} alone" in made}
         singles.update(on_file)
         return singles
 

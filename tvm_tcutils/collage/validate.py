@@ -194,8 +194,8 @@ class Validation:
     def _time(self, result: SearchResult, label: str) -> Optional[float]:
         key = self._key(result)
         if key not in self._measured:
-            mod = self._modules.pop(key, None) or outline_chosen(self.graph, result.chosen, self.toolchains,
-                                                                 self.prepared)[0]
+            mod = self.module_of(result)
+            del self._modules[key]  # the timer keeps what it built; the outline is not needed again
             ms = self.timer.time(mod)
             if ms is None:
                 return None
