@@ -5,6 +5,9 @@
   they return None for.
 * the CUDA tensor-core templates, strategy rows, legalize and alter-op
   handlers of :mod:`tvm_tcutils.tensorcore.strategy`;
+* ``relay.backend.lower_call``: TVM's lowering of each call of a fused function, then, on CUDA
+  targets, the element-wise ops after one of the package's GEMM kernels folded into that kernel
+  (:mod:`tvm_tcutils.tensorcore.topi.epilogue`); every other call is TVM's alone;
 * ``tvm_callback_cuda_postproc`` (:func:`tvm_tcutils.cuda.repair_source`): TVM prints
   the int8 kernels' 16-byte zero fills in a form nvcc rejects; it also puts in front the
   device functions of the next item;
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from typing import List
 
+from tvm.relay.backend import te_compiler
 from tvm.relay.op.strategy.generic import wrap_topi_schedule
 from tvm.topi.utils import get_const_tuple
 
@@ -31,7 +35,7 @@ from .. import cuda, cuda_subbyte, registry
 from .._tvm import tvm
 from . import strategy
 from .convert_layout import HANDLERS
-from .topi import wgmma_gemm
+from .topi import epilogue, wgmma_gemm
 from .topi.hwnc_reference import DATA_LAYOUT, conv2d_hwnc, schedule_conv2d_hwnc
 
 #: The name the QDQ route (``dotprod.qdq.INTEGER_TARGET_FUNC``) asks; spelled here so that neither
@@ -106,10 +110,36 @@ def hooks() -> List[registry.Hook]:
                     "makes a quantized model's regions integer for them)",
     ))
     declared.append(registry.packed_func(
+        "relay.backend.lower_call", _lower_call,
+        description="TVM's lowering of one call of a fused function, then, on CUDA targets, an element-wise "
+                    "op after one of the package's GEMMs folded into the GEMM's kernel",
+    ))
+    declared.append(registry.packed_func(
         "tvm_callback_cuda_postproc", _postproc_cuda,
         description="TVM's 8-bit vector broadcasts (int8 HWNC zero fills) written so that nvcc/NVRTC compile them",
     ))
     return declared + strategy.hooks()
+
+
+def _lower_call(call, inputs, target, *rest):
+    """TVM's ``relay.backend.lower_call`` convention: (call, input tensors, target) -> LoweredOutput.
+
+    TVM's own lowering runs first and its result is returned unchanged unless the target is CUDA and the
+    call is an element-wise op on one of the package's GEMM extern ops, which :func:`.topi.epilogue.fold`
+    then folds into the GEMM's kernel (the implementation, and so the fused function's schedule, stay
+    the anchor's).
+    """
+    lower = registry.replaced_func("relay.backend.lower_call")
+    if lower is None:  # registered while TVM had one, so only an unregister in between gets here
+        raise RuntimeError("relay.backend.lower_call: the lowering the package wrapped is gone")
+    lowered = lower(call, inputs, target, *rest)
+    if (target is None or target.kind.name != "cuda" or len(lowered.outputs) != 1
+            or not any(epilogue.foldable(tensor) for tensor in inputs)):
+        return lowered
+    folded = epilogue.fold(lowered.outputs[0])
+    if folded is None:
+        return lowered
+    return te_compiler.LoweredOutput([folded], lowered.implementation)
 
 
 def _postproc_cuda(code: str, target) -> str:

@@ -14,9 +14,9 @@ zeros), so the kernel reads each input where it lies, with the
 Requirements: channels in multiples of 16 (a 16-byte piece never straddles two
 kernel positions), output channels a multiple of the block's columns, int8 or
 uint8 data, int8 kernel, int32 out, no groups. The output pixels need not fill
-whole block rows: the GEMM computes rows up to the next block and the output is
-the ``(OH, OW, N, O)`` view of its first rows (an element-wise step Relay fuses
-into the epilogue that follows the convolution).
+whole block rows: the GEMM computes rows up to the next block and stores only
+its first rows, the ``(OH, OW, N, O)`` output. What Relay fuses after the
+convolution (bias, requantize, cast) runs in the same kernel (:mod:`.epilogue`).
 
 Examples
 --------
@@ -231,13 +231,9 @@ def conv2d_hwnc(data: te.Tensor, kernel: te.Tensor, strides: IntOrPair = 1, padd
     gemm_rows = padded_rows(rows, tiles)
     left, right = _gathered(data, kernel, geom, gemm_rows)
     func = mma_gemm.lower(mma_gemm.schedule_primfunc(left, right, tiles, inputs=(data, kernel)))
-    out_h, out_w = geom.out_size
-    shape = (out_h, out_w, geom.batch, columns)
-    if gemm_rows == rows:  # the GEMM's output is the convolution's, viewed in HWNC
-        return mma_gemm.extern_op(func, data, kernel, "conv2d_hwnc_mma", out_shape=shape)
-    gemm = mma_gemm.extern_op(func, data, kernel, "conv2d_hwnc_mma")
-    return te.compute(shape, lambda oh, ow, n, o: gemm[(oh * out_w + ow) * geom.batch + n, o],
-                      name="conv2d_hwnc_rows", tag="injective")
+    # The GEMM's first rows are the convolution's output in HWNC order; rows past the last pixel (whole
+    # block rows) are not stored.
+    return mma_gemm.extern_op(func, data, kernel, "conv2d_hwnc_mma", out_shape=(*geom.out_size, geom.batch, columns))
 
 
 def conv2d_template(cfg, data: te.Tensor, kernel: te.Tensor, strides: IntOrPair, padding: IntOrPair,

@@ -32,6 +32,7 @@ Examples
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
@@ -39,7 +40,7 @@ from ..._tvm import tvm
 from tvm import autotvm, te, tir
 from tvm.topi.utils import get_const_tuple
 
-from . import mma_intrin
+from . import epilogue, mma_intrin
 
 #: AutoTVM task name of the template.
 TASK = "tcutils.dense_mma.cuda"
@@ -509,8 +510,10 @@ def extern_op(func: tir.PrimFunc, data: te.Tensor, weight: te.Tensor, name: str,
               out_shape: Optional[Sequence[int]] = None) -> te.Tensor:
     """A GEMM kernel ``func`` of parameters (data, weight, out) as the TE extern op computing ``data`` x
     ``weight``: its buffers are the function's data pointers with the tensors' own shape objects (TE checks
-    those by identity); tag ``tcutils_<name>``. ``out_shape``: the output's shape where it is another view
-    of the same elements (an HWNC convolution's output of a GEMM's rows).
+    those by identity); tag ``tcutils_<name>`` (:mod:`.epilogue` folds what Relay fuses after such an op
+    into it). ``out_shape``: the output's shape where it is another view of the same elements (an HWNC
+    convolution's output of a GEMM's rows), or of the first of them (a GEMM computed in whole block rows
+    past the last output pixel: the kernel stores only those).
 
     Examples
     --------
@@ -524,9 +527,13 @@ def extern_op(func: tir.PrimFunc, data: te.Tensor, weight: te.Tensor, name: str,
     data_buf, weight_buf, out_buf = (func.buffer_map[param] for param in func.params)
     ins = [tir.decl_buffer(tensor.shape, tensor.dtype, buf.name, data=buf.data)
            for tensor, buf in ((data, data_buf), (weight, weight_buf))]
-    out = tir.decl_buffer(out_shape or out_buf.shape, out_buf.dtype, out_buf.name, data=out_buf.data)
-    return te.extern([out.shape], [data, weight], lambda ins_, outs_: func.body, in_buffers=ins,
-                     out_buffers=[out], name=name, tag=f"tcutils_{name}", dtype=out_buf.dtype)
+    body = func.body
+    if out_shape is not None and math.prod(out_shape) < math.prod(get_const_tuple(out_buf.shape)):
+        body, out = epilogue.narrowed(body, out_buf.data, out_shape, out_buf.dtype, out_buf.name)
+    else:
+        out = tir.decl_buffer(out_shape or out_buf.shape, out_buf.dtype, out_buf.name, data=out_buf.data)
+    return te.extern([out.shape], [data, weight], lambda ins_, outs_: body, in_buffers=ins,
+                     out_buffers=[out], name=name, tag=f"{epilogue.TAG_PREFIX}{name}", dtype=out_buf.dtype)
 
 
 def batch_matmul(data: te.Tensor, weight: te.Tensor, tiles: Optional[MmaTiles] = None, arch: int = 90
@@ -583,8 +590,9 @@ def dense_template(cfg, data: te.Tensor, weight: te.Tensor, out_dtype: str = "in
 
 
 def schedule_dense(cfg, outs: Sequence[te.Tensor]) -> te.Schedule:
-    """AutoTVM schedule of :data:`TASK`: the GEMM is scheduled inside its extern op already; what Relay
-    fused after it (bias, requantize, casts) is inlined into one element-wise kernel over the output.
+    """AutoTVM schedule of :data:`TASK`: the GEMM is scheduled inside its extern op already, and what Relay
+    fused after it is folded into that op's kernel (:mod:`.epilogue`) where it can be; what cannot (and
+    any op when this schedules the GEMM alone) is inlined into one element-wise kernel over the output.
 
     Examples
     --------
