@@ -17,7 +17,7 @@ from tvm import relay, te, tir, topi
 from tvm.script import tir as T
 
 from conftest import needs_cuda_codegen, sass_opcodes
-from tvm_tcutils import registry
+from tvm_tcutils import cuda, registry
 from tvm_tcutils.tensorcore import strategy
 from tvm_tcutils.tensorcore.topi import epilogue, mma_gemm
 
@@ -170,11 +170,13 @@ def _kernels(lib) -> dict:
 @needs_cuda_codegen
 @pytest.mark.parametrize("arch, mod, out, imma", [
     ("sm_80", lambda: _conv((14, 14, 8, 64), 64, "uint8"), "signed char", "IMMA.16832.U8.S8"),  # whole blocks
+    # The largest fallback tile (4x4 fragments a warp: 128 accumulators a thread) with a residual.
+    ("sm_90", lambda: _conv((56, 56, 8, 64), 256, "int8"), "signed char", "IMMA.16832.S8.S8"),
     ("sm_90", lambda: _conv((7, 7, 8, 64), 128, "int8"), "signed char", "IMMA.16832.S8.S8"),  # rows past the end
     ("sm_86", lambda: _dense(128, 256, 512, "uint8"), "signed char", "IMMA.16832.U8.S8"),
     ("sm_90", lambda: _dense(128, 768, 768, "int8"), "signed char", "IGMMA"),
     ("sm_89", lambda: _batch_matmul(4, 128, 128, 64), "uchar", "IMMA.16832.U8.U8"),
-], ids=["conv-sm80", "conv-padded-rows-sm90", "dense-mma-sm86", "dense-wgmma-sm90", "batch_matmul-sm89"])
+], ids=["conv-sm80", "conv-large-tile-sm90", "conv-padded-rows-sm90", "dense-mma-sm86", "dense-wgmma-sm90", "batch_matmul-sm89"])
 def test_relay_build_makes_each_layer_one_kernel(monkeypatch, arch, mod, out, imma):
     monkeypatch.setattr(strategy, "MMA_VERIFIED_ARCHS", frozenset({arch}))
     monkeypatch.setattr(strategy, "WGMMA_VERIFIED_ARCHS", frozenset({"sm_90"}))
@@ -184,19 +186,36 @@ def test_relay_build_makes_each_layer_one_kernel(monkeypatch, arch, mod, out, im
     assert params.split(",")[0].startswith(out), params
     ((sass_name, ops),) = sass_opcodes(lib.get_lib()).items()
     assert any(op.startswith(imma) for op in ops), sorted(ops)
+    # The stores stay unrolled with the epilogue in them (nvcc's `#pragma unroll`), so the accumulators
+    # stay in registers: no stack, no local memory.
     assert not ops["LDL"] and not ops["STL"]
+    ((_, resources),) = cuda.resources(cuda.module_cubin(lib.get_lib())).items()
+    assert resources.stack == 0 and resources.local == 0, resources
 
 
-@needs_cuda_codegen
-def test_a_float_cuda_model_lowers_as_without_the_package():
-    # The hook hands back TVM's own lowering wherever none of the package's GEMMs is involved.
-    data = relay.var("x", shape=(64, 64), dtype="float32")
-    out = relay.nn.relu(relay.nn.dense(data, relay.const(np.ones((32, 64), "float32"))) + relay.const(1.0))
-    mod = tvm.IRModule.from_expr(relay.Function([data], out))
-    target = tvm.target.Target("cuda -arch=sm_80", host="llvm")
-    sources = []
-    for lower in (tvm.get_global_func("relay.backend.lower_call"), registry.replaced_func("relay.backend.lower_call")):
-        with registry.overriding_func("relay.backend.lower_call", lower):
-            with tvm.transform.PassContext(opt_level=3):
-                sources.append(relay.build(mod, target=target).get_lib().imported_modules[0].get_source())
-    assert sources[0] == sources[1]
+def _typed_add(shape) -> relay.Call:
+    x = relay.var("x", shape=shape, dtype="int32")
+    func = relay.Function([x], relay.add(x, relay.const(np.ones(shape[-1:], "int32"))))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(func))["main"].body
+
+
+@pytest.mark.parametrize("target, reads_gemm, folded", [
+    ("cuda -arch=sm_80", True, True), ("cuda -arch=sm_80", False, False), ("llvm", True, False)])
+def test_the_lowering_hook_folds_only_a_cuda_op_on_a_gemm_of_the_package(monkeypatch, target, reads_gemm, folded):
+    from tvm.relay.backend import te_compiler
+
+    from tvm_tcutils.tensorcore import hooks
+
+    call = _typed_add((4, 8))
+    data = _sums() if reads_gemm else te.placeholder((4, 8), "int32")
+    inputs = [data, te.placeholder((8,), "int32", name="bias")]
+    ours = hooks._lower_call(call, inputs, tvm.target.Target(target))
+    tvms = te_compiler.lower_call(call, inputs, tvm.target.Target(target))
+    assert isinstance(ours.outputs[0].op, te.ExternOp) is folded
+    assert ours.implementation.name == tvms.implementation.name
+    if not folded:  # TVM's own computation, unchanged
+        assert ours.outputs[0].op.tag == tvms.outputs[0].op.tag and ours.outputs[0].op.name == tvms.outputs[0].op.name
+        assert tvm.ir.structural_equal(ours.outputs[0].op.body, tvms.outputs[0].op.body, map_free_vars=True)
+    # Unregistered (TVM may still call it: it keeps the function it found first), it folds nothing.
+    monkeypatch.setattr(registry, "replaced_func", lambda name: None)
+    assert isinstance(hooks._lower_call(call, inputs, tvm.target.Target(target)).outputs[0].op, te.ComputeOp)

@@ -284,6 +284,9 @@ def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable
             mma_lib = _build(prepared, params, target)
         row["mma_build_s"] = round(time.time() - start, 1)
         row["mma_tensor_core_ops"] = _tensor_core_ops(mma_lib.get_lib())
+        mma_cubin = cuda.module_cubin(mma_lib.get_lib())
+        row["mma_kernels"] = len(cuda.sass(mma_cubin))  # each layer's epilogue inside its GEMM kernel
+        row["mma_local_memory_kernels"] = sorted(k for k, r in cuda.resources(mma_cubin).items() if r.local or r.stack)
     except Exception as err:  # noqa: BLE001  (a result to report: the WMMA build is still timed)
         row["mma_error"] = str(err).strip().splitlines()[-1][:300]
     own_lib = None

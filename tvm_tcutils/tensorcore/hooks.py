@@ -14,7 +14,9 @@
 * ``target.build.cuda`` (:func:`tvm_tcutils.cuda_subbyte.lower_subbyte_access`), wherever TVM has
   one (the package's plugin or a CUDA build of TVM): element-wise int4/uint4 reads and
   writes, which TVM prints as whole-word ones, are rewritten to act on their nibble
-  before TVM's code generator runs; every other kernel goes through unchanged;
+  before TVM's code generator runs, and the GEMM kernels' store loops are marked for
+  nvcc to unroll (:func:`tvm_tcutils.tensorcore.topi.mma_gemm.unroll_in_cuda`); every
+  other kernel goes through unchanged;
 * while the package's CUDA plugin provides TVM's CUDA code generator,
   ``tvm_callback_cuda_compile`` (:func:`tvm_tcutils.cuda.compile_cuda`: NVRTC or
   nvcc for the target's ``-arch``, no GPU needed); TVM's own callback comes back
@@ -35,7 +37,7 @@ from .. import cuda, cuda_subbyte, registry
 from .._tvm import tvm
 from . import strategy
 from .convert_layout import HANDLERS
-from .topi import epilogue, wgmma_gemm
+from .topi import epilogue, mma_gemm, wgmma_gemm
 from .topi.hwnc_reference import DATA_LAYOUT, conv2d_hwnc, schedule_conv2d_hwnc
 
 #: The name the QDQ route (``dotprod.qdq.INTEGER_TARGET_FUNC``) asks; spelled here so that neither
@@ -127,11 +129,14 @@ def _lower_call(call, inputs, target, *rest):
     TVM's own lowering runs first and its result is returned unchanged unless the target is CUDA and the
     call is an element-wise op on one of the package's GEMM extern ops, which :func:`.topi.epilogue.fold`
     then folds into the GEMM's kernel (the implementation, and so the fused function's schedule, stay
-    the anchor's).
+    the anchor's). TVM looks the function up once per process, at its first lowering: a ``relay.build``
+    run before ``import tvm_tcutils`` keeps TVM's function (nothing folded: two kernels a layer, as before).
     """
     lower = registry.replaced_func("relay.backend.lower_call")
-    if lower is None:  # registered while TVM had one, so only an unregister in between gets here
-        raise RuntimeError("relay.backend.lower_call: the lowering the package wrapped is gone")
+    if lower is None:
+        # Unregistered. TVM's C++ keeps the function it found at its first lowering in the process, so
+        # this one may still be called: TVM's own lowering then, and nothing folded.
+        return te_compiler.lower_call(call, inputs, target, *rest)
     lowered = lower(call, inputs, target, *rest)
     if (target is None or target.kind.name != "cuda" or len(lowered.outputs) != 1
             or not any(epilogue.foldable(tensor) for tensor in inputs)):
@@ -154,7 +159,7 @@ def _build_cuda(mod, target):
     build = registry.replaced_func("target.build.cuda")
     if build is None:  # registered while TVM had one, so only an unregister in between gets here
         raise RuntimeError("target.build.cuda: the code generator the package wrapped is gone")
-    return build(cuda_subbyte.lower_subbyte_access(mod), target)
+    return build(mma_gemm.unroll_in_cuda(cuda_subbyte.lower_subbyte_access(mod)), target)
 
 
 def _compile_cuda(code: str, target) -> bytearray:

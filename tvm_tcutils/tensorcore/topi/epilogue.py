@@ -197,6 +197,10 @@ def why_not(out: te.Tensor) -> Optional[str]:
     return _plan(out)[1]
 
 
+def _at_own_coordinates(load: tir.ProducerLoad, axis: Sequence[tir.Var]) -> bool:
+    return len(load.indices) == len(axis) and all(i.same_as(v) for i, v in zip(load.indices, axis))
+
+
 def _plan(out: te.Tensor):
     op = out.op
     if not isinstance(op, te.ComputeOp):
@@ -219,8 +223,7 @@ def _plan(out: te.Tensor):
         return None, f"its shape {[int(s) for s in out.shape]} is not the GEMM's {[int(s) for s in gemm.shape]}"
     axis = [iv.var for iv in op.axis]
     for load in loads:
-        if load.producer.op.same_as(gemm_op) and not (
-                len(load.indices) == len(axis) and all(i.same_as(v) for i, v in zip(load.indices, axis))):
+        if load.producer.op.same_as(gemm_op) and not _at_own_coordinates(load, axis):
             return None, "it reads the GEMM's output at other coordinates than its own"
     return (body, gemm), None
 
@@ -255,6 +258,16 @@ def fold(out: te.Tensor) -> Optional[te.Tensor]:
         inputs.append(tensor)
         buffers.append(tir.decl_buffer(tensor.shape, tensor.dtype, tensor.op.name))
 
+    shape = [int(s) for s in out.shape]
+    views: List[tir.Buffer] = []
+
+    def flat_view(buf: tir.Buffer) -> tir.Buffer:
+        for view in views:
+            if view.data.same_as(buf.data):
+                return view
+        views.append(tir.decl_buffer((math.prod(shape),), buf.dtype, f"{buf.name}_flat", data=buf.data))
+        return views[-1]
+
     old_out = old.output_placeholders[0]
     new_out, flat = output_buffers(out.shape, out.dtype, f"{old.name}_out")
     axis = [iv.var for iv in out.op.axis]
@@ -270,7 +283,12 @@ def fold(out: te.Tensor) -> Optional[te.Tensor]:
         def replace(load: tir.ProducerLoad):
             if load.producer.op.same_as(old):
                 return value
-            return tir.BufferLoad(buffer_of(load.producer), list(load.indices))
+            buf = buffer_of(load.producer)
+            if _at_own_coordinates(load, axis) and [int(s) for s in buf.shape] == shape:
+                # Read at the output's own element (a residual): the store's offset, not the offset
+                # rebuilt from its coordinates, which the simplifier does not fold back (registers).
+                return tir.BufferLoad(flat_view(buf), [offset])
+            return tir.BufferLoad(buf, list(load.indices))
 
         expr = tir.stmt_functor.substitute(_loads(body, replace), dict(zip(axis, coordinates(offset, out.shape))))
         stored = tir.BufferStore(flat, expr, [offset])

@@ -330,6 +330,12 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
     rows, rows_in = sch.split(rows, [None, 16])
     cols, cols_in = sch.split(cols, [None, 16])
     sch.reorder(rows, cols, rows_in, cols_in)
+    # The stores index the accumulator registers by fragment: unrolled, they stay registers. nvcc unrolls
+    # a short store loop by itself, but not one carrying a folded epilogue (the accumulators then went to
+    # the stack: 512 bytes in ResNet-50's residual layers). Unrolled by nvcc (`#pragma unroll`), not by
+    # TVM: TVM's warp-memory lowering cannot map an unrolled fragment's constant index to its lane.
+    for loop in (rows, cols):
+        sch.annotate(loop, UNROLL_IN_CUDA, 1)
 
     sch.transform_layout(fragments[0], ("write", 0), _tiled(16, 32, intrinsics.map_a, bool(batch)))
     sch.transform_layout(fragments[1], ("write", 0), _tiled(16, 32, intrinsics.map_b, bool(batch)))
@@ -349,8 +355,40 @@ def schedule_primfunc(data: te.Tensor, weight: te.Tensor, tiles: MmaTiles,
     return sch
 
 
+#: Loop annotation: made an unrolled loop (``#pragma unroll``) just before CUDA code generation
+#: (:func:`unroll_in_cuda`), after TVM's passes that must still see the loop.
+UNROLL_IN_CUDA = "tcutils_unroll_in_cuda"
+
 #: Loop annotation of a gathered operand's 16-byte copy (:func:`schedule_primfunc`'s ``inputs``).
 GATHERED_PIECE = "tcutils_gathered_piece"
+
+
+def unroll_in_cuda(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` (device functions about to be printed as CUDA) with each :data:`UNROLL_IN_CUDA` loop made
+    an unrolled loop, which TVM prints with ``#pragma unroll`` and nvcc then unrolls whatever its body.
+
+    Examples
+    --------
+    >>> from tvm.script import tir as T
+    >>> @T.prim_func
+    ... def f(a: T.Buffer((4,), "int32")):
+    ...     for i in T.serial(4, annotations={UNROLL_IN_CUDA: 1}):
+    ...         a[i] = i
+    >>> "T.unroll(4)" in unroll_in_cuda(tvm.IRModule({"f": f}))["f"].script()
+    True
+    """
+    def unrolled(loop: tir.For) -> Optional[tir.Stmt]:
+        if UNROLL_IN_CUDA not in loop.annotations:
+            return None
+        annotations = {key: value for key, value in loop.annotations.items() if key != UNROLL_IN_CUDA}
+        return tir.For(loop.loop_var, loop.min, loop.extent, tir.ForKind.UNROLLED, loop.body, None, annotations)
+
+    functions = {}
+    for gvar, func in mod.functions.items():
+        if isinstance(func, tir.PrimFunc):
+            func = func.with_body(tir.stmt_functor.ir_transform(func.body, None, unrolled, ["tir.For"]))
+        functions[gvar] = func
+    return tvm.IRModule(functions, attrs=mod.attrs)
 
 
 def _gathered_copies(func: tir.PrimFunc, mod, ctx) -> tir.PrimFunc:
