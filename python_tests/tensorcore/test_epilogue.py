@@ -219,3 +219,17 @@ def test_the_lowering_hook_folds_only_a_cuda_op_on_a_gemm_of_the_package(monkeyp
     # Unregistered (TVM may still call it: it keeps the function it found first), it folds nothing.
     monkeypatch.setattr(registry, "replaced_func", lambda name: None)
     assert isinstance(hooks._lower_call(call, inputs, tvm.target.Target(target)).outputs[0].op, te.ComputeOp)
+
+
+@needs_cuda_codegen
+def test_a_fold_that_fails_leaves_the_layer_as_two_kernels_and_says_so(monkeypatch, caplog):
+    def broken(out):
+        raise ValueError("a kernel form the folding does not know")
+
+    monkeypatch.setattr(strategy, "MMA_VERIFIED_ARCHS", frozenset({"sm_80"}))
+    monkeypatch.setattr(epilogue, "fold", broken)
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(_dense(128, 256, 512, "int8"), target=tvm.target.Target("cuda -arch=sm_80", host="llvm"))
+    kernels = _kernels(lib)
+    assert len(kernels) == 2 and any(params.startswith("int*") for params in kernels.values()), kernels
+    assert "its epilogue stays a kernel of its own (a kernel form the folding does not know)" in caplog.text

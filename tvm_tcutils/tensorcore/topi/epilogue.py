@@ -219,6 +219,8 @@ def _plan(out: te.Tensor):
         return None, "it reads two GEMMs"
     (gemm_op,) = gemms
     gemm = gemm_op.output(0)
+    if not all(isinstance(s, tir.IntImm) for s in out.shape):
+        return None, f"its shape {list(out.shape)} is not static"
     if [int(s) for s in gemm.shape] != [int(s) for s in out.shape]:
         return None, f"its shape {[int(s) for s in out.shape]} is not the GEMM's {[int(s) for s in gemm.shape]}"
     axis = [iv.var for iv in op.axis]
