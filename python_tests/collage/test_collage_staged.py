@@ -168,4 +168,6 @@ def test_rounds_stop_once_corrected_estimates_cannot_beat_the_measured_answer(tr
     assert measured < 0.8 * measured_u and est.stats["rounds"] < est_u.stats["rounds"]
     assert est.stats["stop"] == "tolerance" and est.optimism["tvm"] > 1.5 and est_u.optimism == {}
     assert est.stats["corrected_ms"] >= cost * (1 - est.tolerance)
+    # The report keeps the optimism the last round read its answer with (a run that stops early says why).
+    assert est.stats["optimism"] == {name: round(value, 4) for name, value in sorted(est.optimism.items())}
 

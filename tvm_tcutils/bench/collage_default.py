@@ -175,7 +175,7 @@ def search_row(model: str, toolchains: str, cache_dir: str, estimator: str = "st
         "answer": result.answer, "partial": result.partial, "partial_reason": result.partial_reason,
         "estimated_ms": result.estimated_ms, "mix_measured_ms": result.mix_measured_ms,
         "chosen": _chosen_of(result), "stats": {k: v for k, v in getattr(est, "stats", {}).items()
-                                                 if isinstance(v, (int, float, str))},
+                                                 if isinstance(v, (int, float, str, dict))},
     }
     row["layers"] = layers
     row["error_budget"] = error_budget

@@ -212,6 +212,11 @@ class StagedCostEstimator(CostEstimator):
             corrected = result.cost + sum((self.optimism.get(r.toolchain.name, 1.0) - 1.0)
                                           * estimates[position[r.candidate]] for r in todo)
             self.stats["corrected_ms"] = round(corrected, 6)
+            # What decided the round, kept for the report: a run that stops early is otherwise unexplained.
+            self.stats["optimism"] = {name: round(value, 4) for name, value in sorted(self.optimism.items())}
+            logger.info("staged round %d: answer estimated %.3f ms, %.3f ms read with the optimism %s; best "
+                        "measured %s ms", round_ + 1, result.cost, corrected, self.stats["optimism"],
+                        "-" if best is None else f"{best.cost:.3f}")
             if best is not None and corrected >= best.cost * (1 - self.tolerance):
                 stop = "tolerance"
                 break
