@@ -130,9 +130,14 @@ def packages_gemms_allowed(arch: str) -> Iterator[None]:
             setattr(strategy, gate, value)
 
 
-def _tensor_core_ops(lib) -> List[Tuple[str, int]]:
-    """(tensor-core instruction, kernels using it) of a built module, from its SASS."""
-    kernels = cuda.sass(cuda.module_cubin(lib))
+def _kernels(lib) -> Tuple[Dict[str, str], List[str]]:
+    """({kernel: SASS}, kernels with local memory or a stack) of a built CUDA module."""
+    cubin = cuda.module_cubin(lib)
+    return cuda.sass(cubin), sorted(k for k, r in cuda.resources(cubin).items() if r.local or r.stack)
+
+
+def _tensor_core_ops(kernels: Dict[str, str]) -> List[Tuple[str, int]]:
+    """(tensor-core instruction, kernels using it) from ``{kernel: SASS}``."""
     return sorted(Counter(op for code in kernels.values()
                           for op in set(re.findall(r"\b(I(?:G)?MMA\.[\w.]+)", code))).items())
 
@@ -271,11 +276,9 @@ def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable
     start = time.time()
     lib = _build(prepared, params, target)
     row["build_s"] = round(time.time() - start, 1)
-    cubin = cuda.module_cubin(lib)
-    kernels = cuda.sass(cubin)
+    kernels, row["local_memory_kernels"] = _kernels(lib)
     row["kernels"] = len(kernels)
     row["imma_kernels"] = sum("IMMA" in code for code in kernels.values())
-    row["local_memory_kernels"] = sorted(k for k, r in cuda.resources(cubin).items() if r.local or r.stack)
     # The same model with the package's mma kernels allowed (the implicit-GEMM conv2d, the dense).
     mma_lib = None
     start = time.time()
@@ -283,10 +286,9 @@ def resnet50(results, arch: str, batch: int = 8, rounds: int = 5, wait: Callable
         with packages_gemms_allowed(arch):
             mma_lib = _build(prepared, params, target)
         row["mma_build_s"] = round(time.time() - start, 1)
-        row["mma_tensor_core_ops"] = _tensor_core_ops(mma_lib.get_lib())
-        mma_cubin = cuda.module_cubin(mma_lib.get_lib())
-        row["mma_kernels"] = len(cuda.sass(mma_cubin))  # each layer's epilogue inside its GEMM kernel
-        row["mma_local_memory_kernels"] = sorted(k for k, r in cuda.resources(mma_cubin).items() if r.local or r.stack)
+        mma_kernels, row["mma_local_memory_kernels"] = _kernels(mma_lib.get_lib())
+        row["mma_tensor_core_ops"] = _tensor_core_ops(mma_kernels)
+        row["mma_kernels"] = len(mma_kernels)  # each layer's epilogue inside its GEMM kernel
     except Exception as err:  # noqa: BLE001  (a result to report: the WMMA build is still timed)
         row["mma_error"] = str(err).strip().splitlines()[-1][:300]
     own_lib = None
@@ -668,8 +670,9 @@ def bert(results, arch: str, rounds: int = 5, config: Optional[Dict[str, int]] =
         start = time.time()
         lib = _build(mod, params, f"cuda -arch={arch}")
         row: Dict[str, object] = {"part": "bert", **config, "build_s": round(time.time() - start, 1)}
-    row["kernels"] = len(cuda.sass(cuda.module_cubin(lib.get_lib())))
-    row["tensor_core_kernels"] = _tensor_core_ops(lib.get_lib())
+    kernels, _ = _kernels(lib.get_lib())
+    row["kernels"] = len(kernels)
+    row["tensor_core_kernels"] = _tensor_core_ops(kernels)
     if not gpu_present():
         row["rehearsal"] = True
         results.add(**row)

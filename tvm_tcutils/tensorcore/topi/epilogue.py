@@ -134,10 +134,15 @@ def rewrite_stores(body: tir.Stmt, data: tir.Var, rewrite: Callable[[tir.BufferS
     return new
 
 
+def flat_view(buf: tir.Buffer) -> tir.Buffer:
+    """``buf``'s elements as one dimension, over the same data."""
+    return tir.decl_buffer((math.prod(int(s) for s in buf.shape),), buf.dtype, f"{buf.name}_flat", data=buf.data)
+
+
 def output_buffers(shape: Sequence, dtype: str, name: str):
     """A fresh output buffer of ``shape`` (the extern op's) and its flat view over the same data."""
     out = tir.decl_buffer(shape, dtype, name)
-    return out, tir.decl_buffer((math.prod(int(s) for s in shape),), dtype, f"{name}_flat", data=out.data)
+    return out, flat_view(out)
 
 
 def narrowed(body: tir.Stmt, data: tir.Var, shape: Sequence, dtype: str, name: str):
@@ -227,7 +232,7 @@ def _plan(out: te.Tensor):
     for load in loads:
         if load.producer.op.same_as(gemm_op) and not _at_own_coordinates(load, axis):
             return None, "it reads the GEMM's output at other coordinates than its own"
-    return (body, gemm), None
+    return (body, gemm, loads), None
 
 
 def fold(out: te.Tensor) -> Optional[te.Tensor]:
@@ -241,7 +246,7 @@ def fold(out: te.Tensor) -> Optional[te.Tensor]:
     plan, _ = _plan(out)
     if plan is None:
         return None
-    body, gemm = plan
+    body, gemm, loads = plan
     old = gemm.op
     inputs = list(old.input_tensors)
     buffers = list(old.input_placeholders)
@@ -253,7 +258,7 @@ def fold(out: te.Tensor) -> Optional[te.Tensor]:
                 return buf
         return None
 
-    for load in _producers(body):
+    for load in loads:
         tensor = load.producer
         if tensor.op.same_as(old) or buffer_of(tensor) is not None:
             continue
@@ -263,11 +268,11 @@ def fold(out: te.Tensor) -> Optional[te.Tensor]:
     shape = [int(s) for s in out.shape]
     views: List[tir.Buffer] = []
 
-    def flat_view(buf: tir.Buffer) -> tir.Buffer:
+    def view_of(buf: tir.Buffer) -> tir.Buffer:  # one flat view a buffer, shared by every store
         for view in views:
             if view.data.same_as(buf.data):
                 return view
-        views.append(tir.decl_buffer((math.prod(shape),), buf.dtype, f"{buf.name}_flat", data=buf.data))
+        views.append(flat_view(buf))
         return views[-1]
 
     old_out = old.output_placeholders[0]
@@ -276,7 +281,7 @@ def fold(out: te.Tensor) -> Optional[te.Tensor]:
 
     # The sum is bound to a variable only where the op reads it more than once (a let of a float value
     # also trips LLVM's debug information on CPU targets).
-    reads = sum(1 for load in _producers(body) if load.producer.op.same_as(old))
+    reads = sum(1 for load in loads if load.producer.op.same_as(old))
 
     def rewrite(store: tir.BufferStore) -> tir.Stmt:
         offset = flat_index(store)
@@ -289,7 +294,7 @@ def fold(out: te.Tensor) -> Optional[te.Tensor]:
             if _at_own_coordinates(load, axis) and [int(s) for s in buf.shape] == shape:
                 # Read at the output's own element (a residual): the store's offset, not the offset
                 # rebuilt from its coordinates, which the simplifier does not fold back (registers).
-                return tir.BufferLoad(flat_view(buf), [offset])
+                return tir.BufferLoad(view_of(buf), [offset])
             return tir.BufferLoad(buf, list(load.indices))
 
         expr = tir.stmt_functor.substitute(_loads(body, replace), dict(zip(axis, coordinates(offset, out.shape))))
