@@ -100,8 +100,14 @@ def _executed(func: tir.PrimFunc, weights: str):
     return parallel[0], reads, hinted, next(iter(sizes.values()))
 
 
-@pytest.mark.parametrize("name,pipelined", [(name, False) for name in sorted(SHAPES)]
-                         + [("1x1_tiles", True), ("1x1_tile_head", True)])
+#: Shapes whose pipelined form runs by default: the same prefetch checks after pipelining, so their plain
+#: form runs under ``-m slow``.
+PIPELINED = ("1x1_tiles", "1x1_tile_head")
+
+
+@pytest.mark.parametrize("name,pipelined", [pytest.param(name, False, marks=[pytest.mark.slow] if name in PIPELINED
+                                                         else []) for name in sorted(SHAPES)]
+                         + [(name, True) for name in PIPELINED])
 def test_each_block_prefetches_the_next_blocks_lines(name, pipelined):
     func, count = prefetch.prefetch_weights(_lowered(name), min_bytes=0)
     assert count == 1
