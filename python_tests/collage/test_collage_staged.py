@@ -15,20 +15,26 @@ from test_collage_learned import SyntheticMeasured
 
 
 class FusingTruth(MockCostEstimator):
-    """:func:`synthetic_costs`, with joint candidates keeping only ``fusion`` of their parts' work."""
+    """:func:`synthetic_costs`, with joint candidates keeping only ``fusion`` of their parts' work (a number
+    for every toolchain, or toolchain -> number, 1 for the others)."""
 
-    def __init__(self, fusion: float):
+    def __init__(self, fusion):
         base = synthetic_costs()
         super().__init__(base.costs, base.overhead)
         self.fusion = fusion
 
     def cost_of(self, toolchain, ops):
         parts = [super(FusingTruth, self).cost_of(toolchain, [op]) for op in ops]
-        return fused_estimate(parts, self.overhead.get(toolchain, 0.0), self.fusion)
+        fusion = self.fusion.get(toolchain, 1.0) if isinstance(self.fusion, dict) else self.fusion
+        return fused_estimate(parts, self.overhead.get(toolchain, 0.0), fusion)
 
 
-@pytest.mark.parametrize("truth", [synthetic_costs(), FusingTruth(0.6), FusingTruth(1.2)],
-                         ids=["additive", "fusing", "anti-fusing"])
+# "mixed": one toolchain's joint runs save work, another's cost more than their parts (OpenVINO's joint
+# candidates with LRN on ZFNet-512 measured 1.5-2.5x their parts): rounds that read only their first
+# answer's picks with the optimism stopped x1.08-1.10 above the full search's answer here.
+@pytest.mark.parametrize("truth", [synthetic_costs(), FusingTruth(0.6), FusingTruth(1.2),
+                                   FusingTruth({"tvm": 0.6, "ortlike": 2.5})],
+                         ids=["additive", "fusing", "anti-fusing", "mixed"])
 @pytest.mark.parametrize("layers", [1, 2])
 def test_staged_is_within_3_percent_of_measuring_everything_with_fewer_measurements(truth, layers):
     mod = encoder(layers, hidden=64, heads=2, seq=16)

@@ -23,11 +23,13 @@ each runtime whole. Most of those candidates are never close to the answer.
    until its answer is made of measured candidates only, or the estimates cannot promise more than
    ``tolerance`` over the best fully measured answer (the first one: the cheapest cover of what stage 1
    measured), or the deadline comes (then the best fully measured answer so far). The estimates are
-   optimistic on purpose, so the promise is read with their measured optimism: per toolchain, the
-   median of measured / estimated cost over the joint candidates earlier searches picked and measured
-   (:data:`OPTIMISM_MIN_SAMPLES` of them at least), which says what this search's picks will likely
+   optimistic on purpose, so each round searches them read with their measured optimism: per toolchain,
+   the median of measured / estimated cost over the joint candidates earlier searches picked and measured
+   (:data:`OPTIMISM_MIN_SAMPLES` of them at least), which says what the next picks will likely
    measure. Without it every round measured a whole answer of picks that came out dearer than
-   estimated (DenseNet-121: four rounds of about 200 candidates, 85-90 s each, for OpenVINO alone).
+   estimated (DenseNet-121: four rounds of about 200 candidates, 85-90 s each, for OpenVINO alone);
+   reading only one answer's picks with it (not searching again) stopped rounds whose other answers
+   could still win.
 
 Example
 -------
@@ -200,24 +202,29 @@ class StagedCostEstimator(CostEstimator):
         for round_ in range(self.max_rounds):
             self.stats["rounds"] = round_ + 1
             estimates = model.costs()
-            result = search_valid(graph, cands, priced(estimates), toolchains)
+            # The estimates are optimistic on purpose (a joint candidate that might win gets tried); the
+            # candidates earlier rounds picked and measured say by how much, per toolchain. The search reads
+            # the estimates corrected by that: an answer whose picks would likely come out dearer than the
+            # best measured one is not measured, and an answer of other picks that still could win is found
+            # (correcting only the first answer's picks stopped ZFNet-512's rounds before its mix: its
+            # OpenVINO picks read x2.3 dearer, its TVM ones x1.4, and the other answer was not looked for).
+            read = model.corrected(estimates)
+            result = search_valid(graph, cands, priced(read), toolchains)
             todo = [requests[position[c]] for c in result.chosen if not c.host]
             todo = [r for r in todo if r.key not in model.known]
             if not todo:
                 best, stop = _better(best, result), "measured"
                 break
-            # The estimates are optimistic on purpose (a joint candidate that might win gets tried); the
-            # candidates earlier rounds picked and measured say by how much, per toolchain. Corrected by
-            # that, an answer that cannot beat the best measured one by the tolerance is not measured.
-            corrected = result.cost + sum((self.optimism.get(r.toolchain.name, 1.0) - 1.0)
-                                          * estimates[position[r.candidate]] for r in todo)
-            self.stats["corrected_ms"] = round(corrected, 6)
+            self.stats["corrected_ms"] = round(result.cost, 6)
+            as_estimated = result.cost - sum(read[position[r.candidate]] - estimates[position[r.candidate]]
+                                             for r in todo)
             # What decided the round, kept for the report: a run that stops early is otherwise unexplained.
             self.stats["optimism"] = {name: round(value, 4) for name, value in sorted(self.optimism.items())}
-            logger.info("staged round %d: answer estimated %.3f ms, %.3f ms read with the optimism %s; best "
-                        "measured %s ms", round_ + 1, result.cost, corrected, self.stats["optimism"],
+            logger.info("staged round %d: answer %.3f ms read with the optimism %s (%.3f ms as estimated); best "
+                        "measured %s ms", round_ + 1, result.cost, self.stats["optimism"],
+                        as_estimated,
                         "-" if best is None else f"{best.cost:.3f}")
-            if best is not None and corrected >= best.cost * (1 - self.tolerance):
+            if best is not None and result.cost >= best.cost * (1 - self.tolerance):
                 stop = "tolerance"
                 break
             if deadline is not None and time.perf_counter() >= deadline and best is not None:
@@ -391,6 +398,13 @@ class _PartsModel:
         owner.optimism = {name: float(np.clip(np.median(v), *OPTIMISM_BOUNDS))
                           for name, v in ratios.items() if len(v) >= OPTIMISM_MIN_SAMPLES}
         return out
+
+    def corrected(self, costs: Sequence[float]) -> List[float]:
+        """``costs`` (from :meth:`costs`) with each estimated joint candidate read with its toolchain's
+        optimism (measured costs and parts as they are)."""
+        optimism = self.owner.optimism
+        return [cost if req.key in self.known or len(parts) <= 1 else cost * optimism.get(req.toolchain.name, 1.0)
+                for req, parts, cost in zip(self.requests, self.parts, costs)]
 
 
 def _reference_toolchain(singles: Dict[str, Dict[int, float]]) -> Optional[str]:
