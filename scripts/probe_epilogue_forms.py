@@ -15,7 +15,10 @@ all six by default), differing only in the rewrites of the final TIR:
 * ``biased``: also each step's accumulators starting from the bias
   (:func:`tvm_tcutils.dotprod.tile_epilogue.bias_into_tiles`);
 * ``package``: what the package does now (also runs of 8-bit vectors narrowed by the saturating packs,
-  :func:`tvm_tcutils.dotprod.rounding.narrow_by_packs`).
+  :func:`tvm_tcutils.dotprod.rounding.narrow_by_packs`);
+* ``direct-avx512`` / ``packs-avx512``: the package with the tile targets' direct narrowing (and packs) on
+  every AVX-512BW target (:func:`tvm_tcutils.dotprod.rounding.narrowing`), to measure them on CPUs without
+  tiles.
 
 All must give bit-identical outputs (checked first); then they are timed in turns in one process at one
 thread (``--rounds``), each a median of runs, and each is divided by the first variant with a bootstrap
@@ -50,17 +53,23 @@ from tvm_tcutils.bench.isolated import Isolated  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod import rounding, tile_epilogue  # noqa: E402
 
-VARIANTS = ("vnni-only", "nearbyint", "narrowed", "moved", "biased", "package")
+VARIANTS = ("vnni-only", "nearbyint", "narrowed", "moved", "biased", "package", "direct-avx512", "packs-avx512")
+
+
+def _avx512bw(target) -> bool:
+    return target is not None and bool(tvm.target.codegen.target_has_features(["avx512bw"], tvm.target.Target(target)))
 
 
 @contextlib.contextmanager
 def variant(name: str):
     """The rounding rewrites as ``name`` has them, for the builds inside."""
     saved = (rounding.MEASURED_ISAS, rounding.narrow_directly, rounding.narrow_by_packs,
-             tile_epilogue.interleave_module, tile_epilogue.bias_into_tiles)
-    if name != "package":
+             tile_epilogue.interleave_module, tile_epilogue.bias_into_tiles, rounding.narrowing)
+    if name in ("direct-avx512", "packs-avx512"):  # the package, with the narrowing of tile targets on AVX-512BW ones
+        rounding.narrowing = lambda target: (_avx512bw(target), name == "packs-avx512" and _avx512bw(target))
+    if name not in ("package", "packs-avx512"):
         rounding.narrow_by_packs = lambda func: (func, 0)
-    if name not in ("moved", "biased", "package"):
+    if name in ("vnni-only", "nearbyint", "narrowed"):
         tile_epilogue.interleave_module = lambda mod: mod
     if name == "moved":
         tile_epilogue.bias_into_tiles = lambda func, lanes=16: (func, 0)
@@ -72,7 +81,7 @@ def variant(name: str):
         yield
     finally:
         (rounding.MEASURED_ISAS, rounding.narrow_directly, rounding.narrow_by_packs,
-         tile_epilogue.interleave_module, tile_epilogue.bias_into_tiles) = saved
+         tile_epilogue.interleave_module, tile_epilogue.bias_into_tiles, rounding.narrowing) = saved
 
 
 def built(path: str, feed, name: str, folder: str):

@@ -322,6 +322,20 @@ def _rewrite(func: tir.PrimFunc, narrow: bool, packs: bool) -> Tuple[tir.PrimFun
     return func, rounded + narrowed + packed
 
 
+def narrowing(target) -> Tuple[bool, bool]:
+    """``(narrow_directly, narrow_by_packs)``: whether :func:`rounding_module` applies each for ``target``.
+
+    Examples
+    --------
+    >>> narrowing(None), narrowing("llvm -mcpu=core-avx2")
+    ((False, False), (False, False))
+    """
+    narrow = target is not None and isa.tile_isa(tvm.target.Target(target)) is not None
+    # Every CPU with tiles has AVX-512BW; a target that turned it off keeps the narrowing stores.
+    packs = narrow and bool(tvm.target.codegen.target_has_features(["avx512bw"], tvm.target.Target(target)))
+    return narrow, packs
+
+
 def rounding_module(mod: tvm.IRModule, target=None) -> tvm.IRModule:
     """:func:`round_to_float` on each product function of ``mod`` whose ISAs are in :data:`MEASURED_ISAS`
     (dot-product steps or tiles), and :func:`narrow_directly` then :func:`narrow_by_packs` too where
@@ -340,8 +354,6 @@ def rounding_module(mod: tvm.IRModule, target=None) -> tvm.IRModule:
     >>> rounding_module(mod).same_as(mod), round_to_float(mod["main"])[1]
     (True, 1)
     """
-    narrow = target is not None and isa.tile_isa(tvm.target.Target(target)) is not None
-    # Every CPU with tiles has AVX-512BW; a target that turned it off keeps the narrowing stores.
-    packs = narrow and bool(tvm.target.codegen.target_has_features(["avx512bw"], tvm.target.Target(target)))
+    narrow, packs = narrowing(target)
     return pipeline.rewrite_functions(mod, lambda func: _rewrite(func, narrow, packs), logger,
                                       "rewrote %d roundings (llvm.nearbyint, direct or packed 8-bit narrowing)")
