@@ -3,7 +3,7 @@
 
 The evidence behind ``tvm_tcutils.dotprod.rounding``'s choices and ``dotprod.tile_epilogue``. Each zoo
 model's onnxruntime-quantized QDQ file is built for ``host_target()`` once per variant (``--variants``,
-all six by default), differing only in the rewrites of the final TIR:
+all eight by default), differing only in the rewrites of the final TIR:
 
 * ``vnni-only``: ``llvm.nearbyint`` in the VNNI kernels only, 8-bit results with the 128-shifted
   constant, each tile conv's epilogue after its whole tile program (the package before these rewrites);
