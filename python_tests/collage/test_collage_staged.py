@@ -154,6 +154,26 @@ def test_estimate_prices_joint_candidates_from_parts():
         assert cost == pytest.approx(fused_estimate(parts, overhead, 0.7))
 
 
+def test_the_rounds_read_only_estimated_joint_candidates_with_their_toolchains_optimism():
+    from tvm_tcutils.collage.cost.staged import _PartsModel
+
+    requests = _requests(encoder(1, hidden=32, heads=2, seq=8))
+    est = StagedCostEstimator(SyntheticMeasured(synthetic_costs()), calibration=0)
+    model = _PartsModel(requests[0].graph, requests, est)
+    model.measure_parts()
+    costs = model.costs()
+    est.optimism = {"tvm": 2.0}
+    read = model.corrected(costs)
+    scaled = 0
+    for req, parts, cost, got in zip(model.requests, model.parts, costs, read):
+        if req.key in model.known or len(parts) <= 1 or req.toolchain.name != "tvm":
+            assert got == cost  # measured, a part, or a toolchain without an optimism: as it is
+        else:
+            assert got == pytest.approx(2.0 * cost)
+            scaled += 1
+    assert scaled > 0
+
+
 @pytest.mark.parametrize("truth", [synthetic_costs(), FusingTruth(1.2)], ids=["additive", "anti-fusing"])
 def test_rounds_stop_once_corrected_estimates_cannot_beat_the_measured_answer(truth, monkeypatch):
     # The estimates are optimistic on purpose; the joint candidates searches picked and measured say by how
