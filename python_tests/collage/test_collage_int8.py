@@ -282,8 +282,10 @@ def test_openvino_runs_the_8bit_claims_as_tvm_does(case):
         np.testing.assert_allclose(got, expected, **openvino.F32_TOLERANCE)
 
 
-@pytest.mark.parametrize("kind", ["conv", "conv_large", "dense"])
-@pytest.mark.parametrize("toolchain", ["ort", "openvino"])
+# OpenVINO's conv_large under -m slow (CI time): the lifted weight is the export's, checked by default on ort.
+@pytest.mark.parametrize("toolchain, kind", [(t, k) if (t, k) != ("openvino", "conv_large") else
+                                             pytest.param(t, k, marks=pytest.mark.slow)
+                                             for k in ("conv", "conv_large", "dense") for t in ("ort", "openvino")])
 def test_quantized_layer_partition_matches_tvm_within_a_step(toolchain, kind):
     # uint8 in and out: both run it as an integer kernel (onnxruntime's QLinearConv / QGemm, OpenVINO's
     # u8 convolution), which requantizes an int32 sum where TVM quantizes a float32 one.

@@ -563,6 +563,9 @@ def _dynamic_module() -> tvm.IRModule:
     return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], relay.exp(x))))
 
 
+# -m slow (CI time): how early builds start and are reused; the reuse itself runs by default
+# (test_validations_whole_builds_are_taken_by_the_comparison_not_built_again).
+@pytest.mark.slow
 def test_the_comparisons_builds_start_early_and_are_taken_not_built_again(monkeypatch, quick_whole_samples):
     # BERT-base: the comparison's whole models (each toolchain alone, each runtime on the file) build on
     # the second core while validation builds its mixes; time() and build_all() wait for them.
@@ -583,6 +586,9 @@ def test_the_comparisons_builds_start_early_and_are_taken_not_built_again(monkey
         isolated.close()
 
 
+# -m slow (CI time): how early builds start and are reused; the reuse itself runs by default
+# (test_validations_whole_builds_are_taken_by_the_comparison_not_built_again).
+@pytest.mark.slow
 def test_a_prebuild_still_queued_is_built_beside_the_others_not_waited_for(monkeypatch, quick_whole_samples):
     # Validation may end (its re-searched mix not worth building) with rivals still queued behind those
     # prebuilding: the comparison builds those itself instead of waiting for a prebuilder to take them.

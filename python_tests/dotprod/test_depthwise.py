@@ -136,7 +136,9 @@ PADDED = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(PADDED))
+# 5x5 under -m slow (CI time): its rows' two dot products are checked by default in
+# test_depthwise_rows_are_one_dot_product_a_quad, its padding like 3x3's here.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if c == "5x5" else []) for c in sorted(PADDED)])
 def test_plain_relay_build_takes_it_for_a_quantized_depthwise_conv(case):
     import tvm_tcutils  # noqa: F401  (the hooks)
 

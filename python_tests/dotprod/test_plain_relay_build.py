@@ -132,6 +132,9 @@ def test_plain_relay_build_is_to_integer_then_relay_build(files, regions, name, 
             assert np.abs(got - expected).max() <= step * 1.001
 
 
+# -m slow (CI time): test_registry.py restores TVM's hooks on unregister and reinstalls them, and
+# test_invariants.py builds float models the same with and without the package, by default.
+@pytest.mark.slow
 def test_unregister_brings_back_the_float_path_and_float_models_build_the_same(files):
     _host_isa()
     mod, params = _import(files[0]["qdq_channel"])

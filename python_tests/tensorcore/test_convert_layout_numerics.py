@@ -53,7 +53,8 @@ def reference(name):
 
 @pytest.mark.parametrize(
     "name, layout, skip",
-    [("branchy", "HWNC", ()), ("branchy", "HWNC", (0, 3)), ("branchy", "NHWC", (1,)), ("small_conv_net", "HWNC", (1,))],
+    [("branchy", "HWNC", ()), pytest.param("branchy", "HWNC", (0, 3), marks=pytest.mark.slow),  # -m slow: skipped layers in the two below
+     ("branchy", "NHWC", (1,)), ("small_conv_net", "HWNC", (1,))],
 )
 def test_small_nets_compute_the_same(name, layout, skip):
     mod, inputs, expected = reference(name)

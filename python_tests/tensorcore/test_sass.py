@@ -330,7 +330,10 @@ def _sampled_configs(task) -> list:
     return [("fallback", autotvm.task.space.FallbackConfigEntity())] + chosen
 
 
-@pytest.mark.parametrize("case", TEMPLATE_CASES, ids=lambda c: f"{c[0].split('.')[1]}-{c[1]}")
+# The int4 templates' sampled configurations under -m slow (CI time): their 4-bit mma is checked by default in
+# the relay builds above (int4 on sm_75 and sm_80) and test_int4_template_has_4bit_mma_exactly_where_the_rules_allow_int4.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if c[1] == "int4" else [])
+                                  for c in TEMPLATE_CASES], ids=lambda c: f"{c[0].split('.')[1]}-{c[1]}")
 def test_template_configs_compile_to_integer_mma(case):
     task_name, dtype, data_shape, weight_shape = case
     task, target = _task(task_name, dtype, data_shape, weight_shape, TEMPLATE_ARCH)
@@ -425,7 +428,10 @@ def _check_model(what: str, kernels: Kernels, skipped: list, dtype: str, known: 
 
 #: ResNet-10 int8 in the default run (ResNet-18's GEMM kernels in fewer layers: see :func:`_load`); ResNet-18
 #: (25-36 s a build), int4 (its kernels are checked per template above) and ResNet-50 (37-70 s) under ``-m slow``.
-MODELS = [("resnet-10", "int8"), pytest.param("resnet-18", "int8", marks=pytest.mark.slow),
+# ResNet-10 too since the suite neared CI's 10 minutes (13 s): export and load of a CUDA module run by default
+# in test_cuda.py, relay-level CUDA builds in the per-layer tests above and in test_epilogue / test_encoder_cuda.
+MODELS = [pytest.param("resnet-10", "int8", marks=pytest.mark.slow),
+          pytest.param("resnet-18", "int8", marks=pytest.mark.slow),
           pytest.param("resnet-18", "int4", marks=pytest.mark.slow),
           pytest.param("resnet-50", "int8", marks=pytest.mark.slow), pytest.param("resnet-50", "int4", marks=pytest.mark.slow)]
 
