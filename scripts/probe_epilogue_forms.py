@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
-from tvm_tcutils._tvm import tvm  # noqa: E402
+from tvm_tcutils._tvm import target_has, tvm  # noqa: E402
 from tvm import relay  # noqa: E402
 from tvm.contrib import graph_executor  # noqa: E402
 from tvm_tcutils.bench.competitors import compare, python_call, ratios  # noqa: E402
@@ -57,7 +57,7 @@ VARIANTS = ("vnni-only", "nearbyint", "narrowed", "moved", "biased", "package", 
 
 
 def _avx512bw(target) -> bool:
-    return target is not None and bool(tvm.target.codegen.target_has_features(["avx512bw"], tvm.target.Target(target)))
+    return target is not None and target_has(tvm.target.Target(target), "avx512bw")
 
 
 @contextlib.contextmanager

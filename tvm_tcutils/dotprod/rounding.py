@@ -29,7 +29,7 @@ import functools
 import logging
 from typing import Dict, List, Optional, Tuple
 
-from .._tvm import tvm
+from .._tvm import target_has, tvm
 from tvm import tir
 from tvm.tir import stmt_functor
 
@@ -330,10 +330,12 @@ def narrowing(target) -> Tuple[bool, bool]:
     >>> narrowing(None), narrowing("llvm -mcpu=core-avx2")
     ((False, False), (False, False))
     """
-    narrow = target is not None and isa.tile_isa(tvm.target.Target(target)) is not None
+    if target is None:
+        return False, False
+    target = tvm.target.Target(target)
+    narrow = isa.tile_isa(target) is not None
     # Every CPU with tiles has AVX-512BW; a target that turned it off keeps the narrowing stores.
-    packs = narrow and bool(tvm.target.codegen.target_has_features(["avx512bw"], tvm.target.Target(target)))
-    return narrow, packs
+    return narrow, narrow and target_has(target, "avx512bw")
 
 
 def rounding_module(mod: tvm.IRModule, target=None) -> tvm.IRModule:
