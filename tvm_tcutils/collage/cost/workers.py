@@ -584,10 +584,15 @@ class WorkerPool:
         while len(self._workers) < self.size:
             self._workers.append(self._spawn())
 
-    def _spawn(self) -> _Worker:
+    def _spawn(self, replacing: Optional[_Worker] = None) -> _Worker:
+        """A new worker, on CPUs no other live worker has; ``replacing``: the worker it takes the place of
+        (its CPUs are free again)."""
         cpus: List[int] = []
         if self.cpus_each:
-            taken = {cpu for other in self._workers for cpu in other.cpus}
+            # The replaced worker is still in the list when its successor spawns: counting its CPUs as taken
+            # left the successor none, so it ran unpinned, its TVM bound it to the first core, and two
+            # workers timed on one core (every recycled worker's costs x2 on ZFNet-512).
+            taken = {cpu for other in self._workers if other is not replacing for cpu in other.cpus}
             cpus = [cpu for cpu in sorted(given_cpus()) if cpu not in taken][:self.cpus_each]
         worker = _Worker(self.imports, cpus)
         worker.deadline = time.monotonic() + self.START_TIMEOUT
@@ -665,7 +670,7 @@ class WorkerPool:
                         finish(task_id, result)
                         if self.recycle_bytes and resident_bytes(worker.process.pid) > self.recycle_bytes:
                             worker.stop()  # what its builds left behind goes with it
-                            self._workers[k] = self._spawn()
+                            self._workers[k] = self._spawn(replacing=worker)
                             self.recycled += 1
                 elif time.monotonic() > worker.deadline:
                     failure = (
@@ -678,7 +683,7 @@ class WorkerPool:
                 output = worker.output(500)
                 if self._closed:
                     raise RuntimeError("the worker pool was closed while it ran a task")
-                self._workers[k] = self._spawn()
+                self._workers[k] = self._spawn(replacing=worker)
                 if task is not None:
                     tail = f"; its output ends: {output}" if output else ""
                     finish(task, {"ms": math.inf, "error": failure + tail})

@@ -45,8 +45,10 @@ def fast_math_nodes(graph, mask: int) -> int:
 #: without the layout transforms at their inputs and outputs (they cancel inside a TVM region);
 #: 5 = TVM is timed with ``TVM_NUM_THREADS`` set (:func:`tvm_tcutils._tvm.settle_thread_count`);
 #: 6 = TVM's int8 products run on AMX tiles where the host has them (the host target now names the
-#: tile features a generic CPU model hid; ``TCUTILS_AMX`` in TVM's tags).
-COST_REVISION = 6
+#: tile features a generic CPU model hid; ``TCUTILS_AMX`` in TVM's tags); 7 = a measuring worker
+#: replaced after it grew (or died) is pinned to the core it frees (before, its successor ran on another
+#: worker's core: the costs both timed then came out up to x2).
+COST_REVISION = 7
 
 #: The environment variable that turns the package's AMX tile kernels off (``dotprod.amx.ENV``; named
 #: here, not imported: capabilities do not import each other).

@@ -242,6 +242,12 @@ def fold(out: te.Tensor) -> Optional[te.Tensor]:
     The new op takes the GEMM's inputs and then each other tensor the op reads (TE computations among
     them inlined); its kernel is the GEMM's with each store of a sum ``s`` at offset ``e`` made a store of
     the op's value at the coordinates of ``e``.
+
+    Raises
+    ------
+    ValueError
+        Where the GEMM's kernel reads its own output back (sums accumulated in memory, not in registers):
+        its stores alone cannot carry the op, and the layer stays two kernels.
     """
     plan, _ = _plan(out)
     if plan is None:
@@ -301,10 +307,8 @@ def fold(out: te.Tensor) -> Optional[te.Tensor]:
         stored = tir.BufferStore(flat, expr, [offset])
         return tir.LetStmt(value, store.value, stored) if reads > 1 else stored
 
-    try:
-        new_body = rewrite_stores(old.body, old_out.data, rewrite)
-    except ValueError:
-        return None
+    # A kernel that reads its output back (accumulating in memory) raises here: the caller reports it.
+    new_body = rewrite_stores(old.body, old_out.data, rewrite)
     return te.extern([out.shape], inputs, lambda ins, outs: new_body, in_buffers=buffers, out_buffers=[new_out],
                      name=old.name, tag=old.tag, dtype=out.dtype,
                      # AutoTVM finds its task's schedule through the workload in the anchor's attributes.
