@@ -168,7 +168,7 @@ def test_worker_pool_and_estimator_arguments():
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin two workers apart")
 @pytest.mark.parametrize("recycle", [False, True], ids=["kept", "recycled"])
-def test_workers_measuring_side_by_side_are_pinned_to_disjoint_cores(recycle):
+def test_workers_measuring_side_by_side_are_pinned_to_disjoint_cores(recycle, caplog):
     from tvm_tcutils.collage.cost.workers import WORKER_CPUS_ENV
 
     x = relay.var("x", shape=(64,))
@@ -178,15 +178,20 @@ def test_workers_measuring_side_by_side_are_pinned_to_disjoint_cores(recycle):
     # models' builds is); its successor must take its core, not share the other worker's.
     pool = WorkerPool(2, 120.0, cpus_each=1, **({"recycle_bytes": 1} if recycle else {}))
     try:
-        for runs in (1, 2):
-            results = pool.run([task, task])
-            assert all(r["ms"] > 0 for r in results)
-            assert pool.recycled == (2 * runs if recycle else 0)
-            # Each worker pinned itself to the one CPU it was given; TVM's binding is off in both (otherwise
-            # each TVM pins its thread to the same first core, and the two time on one core).
-            pinned = [os.sched_getaffinity(worker.process.pid) for worker in pool._workers]
-            assert all(len(cpus) == 1 for cpus in pinned) and pinned[0] != pinned[1], pinned
-            assert all(worker.cpus and set(worker.cpus) == cpus for worker, cpus in zip(pool._workers, pinned))
+        # One task each: whichever worker ends first, one of the two successors got no core of its own before.
+        results = pool.run([task, task])
+        assert all(r["ms"] > 0 for r in results)
+        assert pool.recycled == (2 if recycle else 0)
+        # Each worker pinned itself to the one CPU it was given; TVM's binding is off in both (otherwise
+        # each TVM pins its thread to the same first core, and the two time on one core).
+        pinned = [os.sched_getaffinity(worker.process.pid) for worker in pool._workers]
+        assert all(len(cpus) == 1 for cpus in pinned) and pinned[0] != pinned[1], pinned
+        assert all(worker.cpus and set(worker.cpus) == cpus for worker, cpus in zip(pool._workers, pinned))
+        # A worker past the CPUs there are (a pool grown beyond them) is told, not silently left on shared cores.
+        with caplog.at_level(logging.WARNING, logger="tvm_tcutils.collage"):
+            extra = pool._spawn()
+        extra.stop(kill=True)
+        assert "only 0 free CPU(s)" in caplog.text and not extra.cpus
     finally:
         pool.close()
     assert WORKER_CPUS_ENV not in os.environ

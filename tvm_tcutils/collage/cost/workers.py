@@ -594,6 +594,11 @@ class WorkerPool:
             # workers timed on one core (every recycled worker's costs x2 on ZFNet-512).
             taken = {cpu for other in self._workers if other is not replacing for cpu in other.cpus}
             cpus = [cpu for cpu in sorted(given_cpus()) if cpu not in taken][:self.cpus_each]
+            if len(cpus) < self.cpus_each:
+                # Timings on shared cores are not what the pool promises: say so rather than measure wrong.
+                logger.warning("measuring worker pool: only %d free CPU(s) for a worker that needs %d (others "
+                               "hold %s); it shares cores and its costs may read high", len(cpus),
+                               self.cpus_each, sorted(taken))
         worker = _Worker(self.imports, cpus)
         worker.deadline = time.monotonic() + self.START_TIMEOUT
         return worker
