@@ -29,9 +29,9 @@ class FusingTruth(MockCostEstimator):
         return fused_estimate(parts, self.overhead.get(toolchain, 0.0), fusion)
 
 
-# "mixed": one toolchain's joint runs save work, another's cost more than their parts (OpenVINO's joint
-# candidates with LRN on ZFNet-512 measured 1.5-2.5x their parts): rounds that read only their first
-# answer's picks with the optimism stopped x1.08-1.10 above the full search's answer here.
+# "mixed": one toolchain's joint runs save work, another's cost more than their parts (as OpenVINO's joint
+# candidates on ZFNet-512 seemed to, 1.5-2.5x: timed on a shared core, session 57): rounds that read only
+# their first answer's picks with the optimism stopped x1.08-1.10 above the full search's answer here.
 @pytest.mark.parametrize("truth", [synthetic_costs(), FusingTruth(0.6), FusingTruth(1.2),
                                    FusingTruth({"tvm": 0.6, "ortlike": 2.5})],
                          ids=["additive", "fusing", "anti-fusing", "mixed"])

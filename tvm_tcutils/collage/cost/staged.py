@@ -207,7 +207,9 @@ class StagedCostEstimator(CostEstimator):
             # the estimates corrected by that: an answer whose picks would likely come out dearer than the
             # best measured one is not measured, and an answer of other picks that still could win is found
             # (correcting only the first answer's picks stopped ZFNet-512's rounds before its mix: its
-            # OpenVINO picks read x2.3 dearer, its TVM ones x1.4, and the other answer was not looked for).
+            # OpenVINO picks read x2.3 dearer, its TVM ones x1.4, and the other answer was not looked for;
+            # much of OpenVINO's x2.3 was measuring on a shared core, fixed since, but a toolchain whose
+            # joint runs do cost more than their parts still needs it).
             read = model.corrected(estimates)
             result = search_valid(graph, cands, priced(read), toolchains)
             todo = [requests[position[c]] for c in result.chosen if not c.host]
