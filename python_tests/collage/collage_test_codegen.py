@@ -10,6 +10,9 @@
 * ``tcutils_test_spawn_hang``: starts a sleeping child process (its pid
   written to the file ``$TCUTILS_TEST_GRANDCHILD``), then never returns.
 
+And one measuring-worker task, ``leave_cycle`` (:data:`~tvm_tcutils.collage.cost.workers.TASKS`): it leaves
+``mb`` MiB in a reference cycle, as a large candidate's buffers are left in cycles of TVM objects.
+
 They are declared as hooks and installed through a throw-away
 ``tvm_tcutils.registry.Registry``, the package's one way into TVM's registries.
 """
@@ -23,6 +26,7 @@ from tvm import relay
 from tvm.relay import dataflow_pattern as dfp
 
 from tvm_tcutils import registry
+from tvm_tcutils.collage.cost import workers
 from tvm_tcutils.collage.toolchains import Toolchain
 
 
@@ -81,6 +85,17 @@ HOOKS = [
 _REGISTRY = registry.Registry()
 _REGISTRY.add(*HOOKS)
 _REGISTRY.register()
+
+
+def _leave_cycle(mb: int) -> dict:
+    import numpy as np
+
+    held = {"data": np.ones(mb << 20, np.uint8)}  # touched: resident
+    held["self"] = held
+    return {"ms": 1.0}
+
+
+workers.TASKS.setdefault("leave_cycle", _leave_cycle)
 
 
 ELEMENTWISE = {"add": 2, "multiply": 2, "nn.relu": 1, "exp": 1, "tanh": 1, "subtract": 2, "negative": 1}

@@ -67,6 +67,28 @@ def test_a_worker_grown_past_the_limit_is_replaced_between_tasks():
     assert pool.recycled == 2
 
 
+def test_a_worker_over_the_limit_gives_back_its_garbage_before_it_is_replaced():
+    from tvm_tcutils.collage.cost.workers import resident_bytes
+
+    imports = ("collage_test_codegen",)
+    probe = WorkerPool(1, 120.0, imports, recycle_bytes=0)
+    try:
+        probe.run([exp_task(4)])
+        base = resident_bytes(probe._workers[0].process.pid)
+    finally:
+        probe.close()
+    # 256 MiB left in a cycle puts the worker over its limit until its garbage is collected: collected (and
+    # the heap trimmed) after the task, it stays; before, it was replaced (a new interpreter, seconds).
+    pool = WorkerPool(1, 120.0, imports, recycle_bytes=base + (128 << 20))
+    try:
+        results = pool.run([("leave_cycle", {"mb": 256}), exp_task(5)])
+        assert [r["ms"] > 0 for r in results] == [True, True]
+        assert pool.recycled == 0
+        assert resident_bytes(pool._workers[0].process.pid) < base + (128 << 20)
+    finally:
+        pool.close()
+
+
 def test_payloads_carry_no_weights_and_shared_constants_are_written_once(tmp_path):
     """Every candidate, TVM's and a BYOC toolchain's (constant inside a composite), is sent without its weights."""
     # One worker: every task's payload goes through the one pool.run either way.
