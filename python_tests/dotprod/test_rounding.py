@@ -204,6 +204,9 @@ def test_tile_conv_through_the_build_hook_narrows_by_packs_bit_identically():
     hooked = tvm.build(mod, target=AMX_TARGET)
     asm = hooked.get_source("asm")
     assert "vpackuswb" in asm and "vpackssdw" in asm and "vcvtps2dq" in asm and "vpmovdb" not in asm
+    # The residual sum is bounded (two 8-bit values scaled), so the packs saturate it alone: each vector
+    # keeps the intermediate clamp's vminps / vmaxps pair and loses the final clamp's vminps.
+    assert asm.count("vminps") == asm.count("vmaxps") == asm.count("vcvtps2dq") > 0
     amx_runs_here()
     with tvm_codegen():
         plain = tvm.build(mod, target=AMX_TARGET)
@@ -271,6 +274,78 @@ def test_packed_narrowing_keeps_every_8bit_value(vectors, dtype, low, high, offs
     after = run(tvm.IRModule({"main": func}))
     np.testing.assert_array_equal(after, run(mod))
     np.testing.assert_array_equal(after, (np.clip(np.rint(values), low, high) + offset).astype(dtype))
+
+
+def _bounded_narrowing(vectors: int, dtype: str, scale: float, bias: float):
+    """Rows of ``dtype(round(clamp(a * scale + b * 0.75 + bias)))`` of two 8-bit inputs, clamped to the
+    type's range (the first shift's bit form): a QDQ residual add's bounded sum."""
+    shape = (3, vectors * LANES)
+    a, b = te.placeholder(shape, "uint8", "a"), te.placeholder(shape, "uint8", "b")
+    low, high = (0.0, 255.0) if dtype == "uint8" else (-128.0, 127.0)
+    shift = rounding.SHIFTS[0]
+
+    def byte(r, i):
+        y = a[r, i].astype("float32") * tir.const(scale, "float32") + b[r, i].astype("float32") * 0.75 + bias
+        clamped = te.max(te.min(y, tir.const(high, "float32")), tir.const(low, "float32"))
+        return (tir.reinterpret("int32", clamped + tir.const(shift, "float32")) - _bits(shift)).astype(dtype)
+
+    y = te.compute(shape, byte, name="y")
+    schedule = te.create_schedule(y.op)
+    schedule[y].vectorize(schedule[y].split(y.op.axis[1], LANES)[1])
+    return tvm.lower(schedule, [a, b, y]), shape
+
+
+@pytest.mark.parametrize("vectors", [2, 4, 7])
+@pytest.mark.parametrize("dtype, scale, bias", [("uint8", 1.5, -100.0), ("int8", -2.25, 130.5), ("uint8", 7e6, 0.0)])
+def test_bounded_sums_narrow_by_packs_without_the_clamp(vectors, dtype, scale, bias):
+    """The packs alone saturate a sum bounded well inside int32 (its ``min`` left out); a sum that may pass
+    :data:`rounding.UNCLAMPED_LIMIT` keeps it. Every 8-bit value as numpy's clamp and rounding give it."""
+    mod, shape = _bounded_narrowing(vectors, dtype, scale, bias)
+    func, count = rounding.narrow_by_packs(mod["main"])
+    assert count == 1
+    packed = [line for line in func.script().splitlines() if "packssdw" in line]
+    bounded = 255 * abs(scale) + 255 * 0.75 + abs(bias) < rounding.UNCLAMPED_LIMIT
+    assert packed and all(("T.min(" in line) != bounded for line in packed), packed
+    if not host_cpu_has("avx512bw"):
+        pytest.skip("this CPU has no avx512bw: the packed code cannot run here")
+    rng = np.random.default_rng(vectors)
+    inputs = [rng.integers(0, 256, shape).astype("uint8") for _ in range(2)]
+    for x in inputs:  # both ends of the sum
+        x[0, :2] = 255, 0
+
+    def run(module):
+        with tvm_codegen():
+            built = tvm.build(module, target=tvm_tcutils.host_target())
+        out = tvm.nd.empty(shape, dtype)
+        built(*[tvm.nd.array(x) for x in inputs], out)
+        return out.numpy()
+
+    after = run(tvm.IRModule({"main": func}))
+    np.testing.assert_array_equal(after, run(mod))
+    y = (inputs[0].astype("float32") * np.float32(scale) + inputs[1].astype("float32") * np.float32(0.75)
+         + np.float32(bias))
+    info = np.iinfo(dtype)
+    np.testing.assert_array_equal(after, np.clip(np.rint(y), info.min, info.max).astype(dtype))
+    assert {info.min, info.max} <= set(np.unique(after).tolist())  # both ends saturated
+
+
+def test_float_bounds_of_the_epilogues_forms():
+    x, r = tir.Var("x", "float32"), tir.Var("r", "uint8")
+    clamped = te.max(te.min(x * 0.01, tir.const(125.0)), tir.const(-130.0))
+    nearbyint = tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.nearbyint")
+    fmuladd = tvm.target.codegen.llvm_lookup_intrinsic_id("llvm.fmuladd")
+    rounded = tir.call_llvm_pure_intrin("float32", nearbyint, tir.const(1, "uint32"), clamped * 0.4)
+    fused = tir.call_llvm_pure_intrin("float32", fmuladd, tir.const(3, "uint32"), r.astype("float32"),
+                                      tir.const(2.0, "float32"), rounded)
+    assert rounding.float_bounds(rounded) == (-52, 50)
+    assert rounding.float_bounds(fused) == (-52.0, 560.0)
+    assert rounding.float_bounds(tir.Select(x > 0, fused, tir.const(-1e3, "float32"))) == (-1e3, 560.0)
+    # Unbounded: float loads, int32 accumulators past the limit once scaled, inf - inf.
+    assert rounding.float_bounds(x + 1.0) == (-np.inf, np.inf)
+    acc = tir.Var("acc", "int32").astype("float32") * 2.0
+    assert max(map(abs, rounding.float_bounds(acc))) > rounding.UNCLAMPED_LIMIT
+    assert rounding.float_bounds(x - x) == (-np.inf, np.inf)
+    assert rounding.float_bounds(x * 0.0) == (0.0, 0.0)
 
 
 def test_packed_narrowing_leaves_other_stores_alone():
