@@ -18,7 +18,9 @@ all eight by default), differing only in the rewrites of the final TIR:
   :func:`tvm_tcutils.dotprod.rounding.narrow_by_packs`);
 * ``direct-avx512`` / ``packs-avx512``: the package with the tile targets' direct narrowing (and packs) on
   every AVX-512BW target (:func:`tvm_tcutils.dotprod.rounding.narrowing`), to measure them on CPUs without
-  tiles.
+  tiles (``packs-avx512`` is the package's own rule since session 58);
+* ``tiles-only``: the package with session 57's rule, the direct narrowing and the packs on tile targets
+  only (the variants above ``package`` keep that rule too).
 
 All must give bit-identical outputs (checked first); then they are timed in turns in one process at one
 thread (``--rounds``), each a median of runs, and each is divided by the first variant with a bootstrap
@@ -52,12 +54,20 @@ from tvm_tcutils.bench.int8_models import feed_of, model_files  # noqa: E402
 from tvm_tcutils.bench.isolated import Isolated  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.dotprod import rounding, tile_epilogue  # noqa: E402
+from tvm_tcutils.dotprod.isa import tile_isa  # noqa: E402
 
-VARIANTS = ("vnni-only", "nearbyint", "narrowed", "moved", "biased", "package", "direct-avx512", "packs-avx512")
+VARIANTS = ("vnni-only", "nearbyint", "narrowed", "moved", "biased", "package", "direct-avx512", "packs-avx512",
+            "tiles-only")
 
 
 def _avx512bw(target) -> bool:
     return target is not None and target_has(tvm.target.Target(target), "avx512bw")
+
+
+def _tiles_only(target) -> tuple:
+    """Session 57's :func:`rounding.narrowing`: the direct narrowing and the packs on tile targets only."""
+    tiles = target is not None and tile_isa(tvm.target.Target(target)) is not None
+    return tiles, tiles and _avx512bw(target)
 
 
 @contextlib.contextmanager
@@ -67,7 +77,9 @@ def variant(name: str):
              tile_epilogue.interleave_module, tile_epilogue.bias_into_tiles, rounding.narrowing)
     if name in ("direct-avx512", "packs-avx512"):  # the package, with the narrowing of tile targets on AVX-512BW ones
         rounding.narrowing = lambda target: (_avx512bw(target), name == "packs-avx512" and _avx512bw(target))
-    if name not in ("package", "packs-avx512"):
+    elif name != "package":  # the forms written before the AVX-512BW rule: tile targets only
+        rounding.narrowing = _tiles_only
+    if name not in ("package", "packs-avx512", "tiles-only"):
         rounding.narrow_by_packs = lambda func: (func, 0)
     if name in ("vnni-only", "nearbyint", "narrowed"):
         tile_epilogue.interleave_module = lambda mod: mod

@@ -139,9 +139,11 @@ def test_pipelined_asm_interleaves_epilogue_with_products():
 
 
 def _products_before_first_store(body: list) -> float:
-    """Share of a loop's vpdpbusd that come before its first 8-bit vector store (1.0 without stores)."""
+    """Share of a loop's vpdpbusd that come before its first 8-bit vector store (1.0 without stores): a
+    vector's bytes (``vmovdq* %xmm``, ``vpmov* %zmm``) or 2-4 vectors' packed ones (``%ymm``, ``%zmm``)."""
     products = [k for k, line in enumerate(body) if line.startswith("vpdpbusd")]
-    stores = [k for k, line in enumerate(body) if re.match(r"(vmovdq\w*\s+%xmm\d+|vpmov\w+\s+%zmm\d+), .*\(", line)]
+    stores = [k for k, line in enumerate(body)
+              if re.match(r"(vmovdq\w*\s+%[xyz]mm\d+|vpmov\w+\s+%zmm\d+), .*\(", line)]
     if not stores:
         return 1.0
     return sum(k < stores[0] for k in products) / len(products)

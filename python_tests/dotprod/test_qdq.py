@@ -363,13 +363,14 @@ def test_model_input_is_quantized_in_a_kernel_of_its_own(outputs):
 def test_8_bit_results_are_narrowed_as_the_cpu_stores_them_fastest(outputs):
     # A truncating vpmovdb that writes memory is several times slower than vpmovdb to a register plus a
     # store on Zen 4; LLVM folds the store into it when the last add before the 8-bit cast is a multiple
-    # of 256, which fast_forms.rounded_int32 avoids. On targets with a tile engine (Intel Xeons) the
-    # folded form is the faster one, and dotprod.rounding.narrow_directly gives it back; there runs of
-    # consecutive vectors narrow by the saturating packs instead (dotprod.rounding.narrow_by_packs).
-    from tvm_tcutils.dotprod.isa import tile_isa
+    # of 256, which fast_forms.rounded_int32 avoids. On targets with a tile engine or AVX-512BW
+    # dotprod.rounding.narrow_directly gives the folded form back, and runs of consecutive vectors narrow
+    # by the saturating packs instead (dotprod.rounding.narrow_by_packs): the folded store is left to a
+    # loop's odd last vector.
+    from tvm_tcutils.dotprod import rounding
 
     isa = _host_isa()
-    direct = tile_isa(tvm_tcutils.host_target()) is not None
+    direct = rounding.narrowing(tvm_tcutils.host_target())[0]
     if isa.name != "x86_vnni":
         pytest.skip(f"AVX-512 code only (host ISA {isa.name})")
     _, _, asm = outputs("qdq_channel", "package")

@@ -19,9 +19,10 @@ wherever the bit form is exact. Measured among a 1x1 conv's products with 64 inp
 The 8-bit results take the second shift (``1.5 * 2**23 + 128``) where their offset is a multiple of 256
 (:func:`tvm_tcutils.fast_forms.rounded_int32`: on Zen 4 LLVM's narrowing store, ``vpmovdb`` to memory,
 was slower than narrowing in a register and adding 128 there). On targets with a tile engine (Intel
-Xeons) :func:`narrow_directly` gives them the first shift back, whose offset add LLVM drops: one
-instruction less per 16 outputs; :func:`narrow_by_packs` then stores runs of 2-4 such vectors at once
-through AVX-512BW's saturating packs, which do the clamp's work too.
+Xeons) or AVX-512BW :func:`narrow_directly` gives them the first shift back, whose offset add LLVM drops:
+one instruction less per 16 outputs; :func:`narrow_by_packs` then stores runs of 2-4 such vectors at once
+through AVX-512BW's saturating packs, which do the clamp's work too (all of it where the value is bounded,
+:func:`float_bounds`), so that the slow store is left only to a loop's odd last vector (:func:`narrowing`).
 """
 from __future__ import annotations
 
@@ -366,7 +367,7 @@ def narrow_by_packs(func: tir.PrimFunc) -> Tuple[tir.PrimFunc, int]:
     2-instruction ``vpmovdb`` each) on the two 512-bit ports the tile kernels' epilogues are bound by.
     Whole models on Emerald Rapids, the same builds with and without it in turns (bit-identical):
     ResNet-50 x0.969 [0.961, 0.974], ResNet-18 x0.978 [0.971, 0.985], MobileNet-v2 x0.954 [0.923,
-    0.960]. Applied on tile targets only, the ones measured (:func:`rounding_module`).
+    0.960]. Applied on tile targets and AVX-512BW ones (:func:`narrowing`).
 
     Examples
     --------
@@ -410,21 +411,25 @@ def narrowing(target) -> Tuple[bool, bool]:
 
     Examples
     --------
-    >>> narrowing(None), narrowing("llvm -mcpu=core-avx2")
-    ((False, False), (False, False))
+    Tile targets and AVX-512BW ones (measured on Zen 4: MobileNet-v2 x0.95-0.98 in three runs, the ResNets
+    level; docs/benchmarks/dotprod.md, session 58) take both; a tile target without AVX-512BW only the
+    direct narrowing.
+
+    >>> narrowing(None), narrowing("llvm -mcpu=core-avx2"), narrowing("llvm -mcpu=znver4")
+    ((False, False), (False, False), (True, True))
     """
     if target is None:
         return False, False
     target = tvm.target.Target(target)
-    narrow = isa.tile_isa(target) is not None
+    packs = target_has(target, "avx512bw")
     # Every CPU with tiles has AVX-512BW; a target that turned it off keeps the narrowing stores.
-    return narrow, narrow and target_has(target, "avx512bw")
+    return packs or isa.tile_isa(target) is not None, packs
 
 
 def rounding_module(mod: tvm.IRModule, target=None) -> tvm.IRModule:
     """:func:`round_to_float` on each product function of ``mod`` whose ISAs are in :data:`MEASURED_ISAS`
     (dot-product steps or tiles), and :func:`narrow_directly` then :func:`narrow_by_packs` too where
-    ``target`` has a tile engine (the module itself when nothing changes).
+    :func:`narrowing` says so for ``target`` (the module itself when nothing changes).
 
     Examples
     --------
