@@ -411,7 +411,7 @@ def narrowing(target) -> Tuple[bool, bool]:
 
     Examples
     --------
-    Tile targets and AVX-512BW ones (measured on Zen 4: MobileNet-v2 x0.95-0.98 in three runs, the ResNets
+    Tile targets and AVX-512BW ones (measured on Zen 4: MobileNet-v2 x0.95-0.97 in three runs, the ResNets
     level; docs/benchmarks/dotprod.md, session 58) take both; a tile target without AVX-512BW only the
     direct narrowing.
 
