@@ -20,7 +20,9 @@ all eight by default), differing only in the rewrites of the final TIR:
   every AVX-512BW target (:func:`tvm_tcutils.dotprod.rounding.narrowing`), to measure them on CPUs without
   tiles (``packs-avx512`` is the package's own rule since session 58);
 * ``tiles-only``: the package with session 57's rule, the direct narrowing and the packs on tile targets
-  only (the variants above ``package`` keep that rule too).
+  only (the variants above ``package`` keep that rule too);
+* ``packs-only``: the packs on every AVX-512BW target, the direct narrowing on tile targets only (a loop's
+  odd last vector then keeps the 128-shifted form instead of ``vpmovdb`` to memory).
 
 All must give bit-identical outputs (checked first); then they are timed in turns in one process at one
 thread (``--rounds``), each a median of runs, and each is divided by the first variant with a bootstrap
@@ -57,7 +59,7 @@ from tvm_tcutils.dotprod import rounding, tile_epilogue  # noqa: E402
 from tvm_tcutils.dotprod.isa import tile_isa  # noqa: E402
 
 VARIANTS = ("vnni-only", "nearbyint", "narrowed", "moved", "biased", "package", "direct-avx512", "packs-avx512",
-            "tiles-only")
+            "tiles-only", "packs-only")
 
 
 def _avx512bw(target) -> bool:
@@ -77,9 +79,11 @@ def variant(name: str):
              tile_epilogue.interleave_module, tile_epilogue.bias_into_tiles, rounding.narrowing)
     if name in ("direct-avx512", "packs-avx512"):  # the package, with the narrowing of tile targets on AVX-512BW ones
         rounding.narrowing = lambda target: (_avx512bw(target), name == "packs-avx512" and _avx512bw(target))
+    elif name == "packs-only":  # the packs on AVX-512BW, the direct narrowing on tile targets only
+        rounding.narrowing = lambda target: (_tiles_only(target)[0], _avx512bw(target))
     elif name != "package":  # the forms written before the AVX-512BW rule: tile targets only
         rounding.narrowing = _tiles_only
-    if name not in ("package", "packs-avx512", "tiles-only"):
+    if name not in ("package", "packs-avx512", "tiles-only", "packs-only"):
         rounding.narrow_by_packs = lambda func: (func, 0)
     if name in ("vnni-only", "nearbyint", "narrowed"):
         tile_epilogue.interleave_module = lambda mod: mod
