@@ -49,6 +49,9 @@ DOT_INTRINSICS = {v.intrinsic: isa for isa in ISAS + RANGE_ISAS for v in isa.var
 #: The tile engines' product intrinsics (:data:`~.isa.TILE_ISAS`): calls with effects, so not pipelined.
 TILE_INTRINSICS = {v.intrinsic: isa for isa in TILE_ISAS for v in isa.variants}
 
+#: The float intrinsics of the kernels' epilogues that :func:`.rounding.float_bounds` reads through.
+EPILOGUE_INTRINSICS = frozenset({"llvm.nearbyint", "llvm.fmuladd", "llvm.fma"})
+
 #: Unrolled product steps (statements of the reduction nest) a pipelined loop may have: the 1x1 convs
 #: with up to 256 input channels. Past it the epilogue is a small share of the tile's time (a 3x3 conv
 #: with 64 channels has 144 steps); measured on ResNet-50, unrolling up to 600 steps made it 10 % slower
@@ -85,9 +88,9 @@ def _visit(stmt: tir.Stmt, kind) -> list:
 
 @functools.lru_cache(maxsize=None)
 def _intrinsic_ids() -> Dict[int, str]:
-    """LLVM's id of each of :data:`DOT_INTRINSICS`, :data:`TILE_INTRINSICS` and the tile loads, stores and
-    zeroing (what lowered TIR calls hold), looked up once."""
-    names = {**DOT_INTRINSICS, **TILE_INTRINSICS}.keys() | {LOAD, STORE, ZERO}
+    """LLVM's id of each of :data:`DOT_INTRINSICS`, :data:`TILE_INTRINSICS`, the tile loads, stores and
+    zeroing, and :data:`EPILOGUE_INTRINSICS` (what lowered TIR calls hold), looked up once."""
+    names = {**DOT_INTRINSICS, **TILE_INTRINSICS}.keys() | {LOAD, STORE, ZERO} | EPILOGUE_INTRINSICS
     return {tvm.target.codegen.llvm_lookup_intrinsic_id(name): name for name in names}
 
 

@@ -258,9 +258,7 @@ def float_bounds(expr: tir.PrimExpr, analyzer: Optional[tvm.arith.Analyzer] = No
         return float(bound.min_value), float(bound.max_value)
     if isinstance(expr, (tir.FloatImm, tir.IntImm)):
         return float(expr.value), float(expr.value)
-    if isinstance(expr, tir.Broadcast):
-        return float_bounds(expr.value, analyzer)
-    if isinstance(expr, tir.Cast):
+    if isinstance(expr, (tir.Broadcast, tir.Cast)):
         return float_bounds(expr.value, analyzer)
     if isinstance(expr, (tir.Add, tir.Sub, tir.Mul, tir.Min, tir.Max)):
         (a_lo, a_hi), (b_lo, b_hi) = float_bounds(expr.a, analyzer), float_bounds(expr.b, analyzer)
@@ -277,7 +275,7 @@ def float_bounds(expr: tir.PrimExpr, analyzer: Optional[tvm.arith.Analyzer] = No
     if isinstance(expr, tir.Select):
         (t_lo, t_hi), (f_lo, f_hi) = float_bounds(expr.true_value, analyzer), float_bounds(expr.false_value, analyzer)
         return min(t_lo, f_lo), max(t_hi, f_hi)
-    intrinsic = _bounded_intrinsics().get(int(expr.args[0])) if isinstance(expr, tir.Call) \
+    intrinsic = pipeline.intrinsic_name(expr) if isinstance(expr, tir.Call) \
         and expr.op.same_as(tvm.ir.Op.get("tir.call_llvm_pure_intrin")) else None
     if intrinsic == "llvm.nearbyint":
         lo, hi = float_bounds(expr.args[2], analyzer)
@@ -286,13 +284,6 @@ def float_bounds(expr: tir.PrimExpr, analyzer: Optional[tvm.arith.Analyzer] = No
         a, b, c = expr.args[2:5]
         return float_bounds(tir.Add(tir.Mul(a, b), c), analyzer)
     return _INFINITE
-
-
-@functools.lru_cache(maxsize=None)
-def _bounded_intrinsics() -> Dict[int, str]:
-    """LLVM's id -> name of the intrinsics :func:`float_bounds` carries bounds through."""
-    names = ("llvm.nearbyint", "llvm.fmuladd", "llvm.fma")
-    return {tvm.target.codegen.llvm_lookup_intrinsic_id(name): name for name in names}
 
 
 def _rounded_words(y: tir.PrimExpr, hi: float, k: int, clamp: bool = True) -> tir.PrimExpr:
@@ -340,7 +331,7 @@ def _packed_stores(loop: tir.For) -> Optional[tir.Stmt]:
     if not all(analyzer.can_prove_equal(b - bases[0], PACK_LANES * j) for j, b in enumerate(bases)):
         return None
     # A QDQ residual add's y (two 8-bit values scaled) is bounded: its clamp's min is the packs' work.
-    clamp = not max(map(abs, float_bounds(y))) < UNCLAMPED_LIMIT
+    clamp = not max(map(abs, float_bounds(y, analyzer))) < UNCLAMPED_LIMIT
     byte, stores, j = _element(body.value.dtype), [], 0
     while j < extent:
         group = 4 if extent - j >= 4 else 2 if extent - j >= 2 else 1
