@@ -66,6 +66,11 @@ IN_PROCESS = [
     ("output-extension", ["prepare", "mlp", "-o", "out.onnx"], "-o out.onnx"),
     ("collage-output-missing-dir", ["collage", "mlp", "--toolchains", "tvm", "-o", "{in}/nodir/p.json"], "-o "),
     ("tune-log-not-a-log", ["tune", "mlp", "--log", "{in}/bad.log"], "--log"),
+    # /proc takes no new file even from root, whose os.access says yes to everything: the checks try.
+    ("output-in-proc", ["prepare", "mlp", "-o", "/proc/out.json"], "-o /proc/out.json: directory /proc is not"),
+    ("cache-dir-in-proc", ["collage", "mlp", "--toolchains", "tvm", "--cache-dir", "/proc/tcutils-cache"],
+     "--cache-dir /proc/tcutils-cache: /proc is not writable"),
+    ("tune-log-in-proc", ["tune", "mlp", "--log", "/proc/x.log"], "--log /proc/x.log: directory /proc is not"),
     ("bench-log-missing", ["bench", "mlp", "--log", "{in}/none.log"], "--log"),
     ("tuning-log-missing", ["collage", "mlp", "--toolchains", "tvm", "--tuning-log", "{in}/none.log"],
      "--tuning-log"),

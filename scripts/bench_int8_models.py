@@ -28,13 +28,16 @@ import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
 from tvm_tcutils.bench.int8_models import ROUTES, RUNTIMES, bench_model, markdown  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
+from tvm_tcutils.bench.models import light_model_names  # noqa: E402
 from tvm_tcutils.dotprod.isa import for_target  # noqa: E402
+from tvm_tcutils.models import ONNX_BUILDERS  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["bert-tiny-onnx"],
-                        help="zoo names or .onnx files (default: bert-tiny-onnx)")
+                        help="built-in ONNX models (%s), .onnx files, or light_<name>: an onnx package light "
+                        "model with random weights (default: bert-tiny-onnx)" % ", ".join(ONNX_BUILDERS))
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=7, help="turns per contender (median)")
     parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=list(ROUTES))
@@ -45,6 +48,11 @@ def main(argv=None) -> int:
     use_timing_arguments(args)
     if any(n < 1 for n in args.threads):
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    lights = ["light_" + name for name in light_model_names()]
+    for model in args.models:
+        if not (model in ONNX_BUILDERS or model in lights or (model.endswith(".onnx") and os.path.isfile(model))):
+            parser.error(f"--models {model!r}: not an .onnx file here, nor one of {', '.join(ONNX_BUILDERS)}, "
+                         f"{', '.join(lights)}")
     target = tvm_tcutils.host_target()
     isa = for_target(target)
     print(f"target {target}: ISA {isa.name if isa else 'none (the float path)'}; each contender in its own "

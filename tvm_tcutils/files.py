@@ -74,6 +74,32 @@ def write_atomically(path: str, data: bytes) -> str:
     return path
 
 
+def can_create_in(folder: str) -> bool:
+    """Whether a file can be created in the existing ``folder``: tried, not guessed from permission bits.
+
+    ``os.access`` answers from the mode bits, and for root it says yes to
+    folders no file can be made in (``/proc``, a read-only bind mount seen
+    through some kernels); a probe file, created exclusively and removed at
+    once, gives the answer the later write will get.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> can_create_in(tempfile.mkdtemp()), can_create_in("/proc")
+    (True, False)
+    """
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        return False
+    probe = os.path.join(folder, f".tmp-probe-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return True
+
+
 def cache_dir(name: str) -> str:
     """``name`` under the package's cache folder: ``$TVM_TCUTILS_CACHE``, else ``~/.cache/tvm-tcutils``.
 

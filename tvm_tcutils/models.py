@@ -26,7 +26,7 @@ import numpy as np
 from ._tvm import tvm
 from tvm import relay
 
-from .files import write_atomically
+from .files import can_create_in, write_atomically
 from .onnx_writer import OnnxGraph
 
 Params = Dict[str, "tvm.nd.NDArray"]
@@ -300,6 +300,29 @@ def _sidecar_params(path: str, recorded: Optional[str] = None) -> Params:
     return params
 
 
+def onnx_graph_inputs(graph) -> list:
+    """The inputs of an ONNX graph a caller feeds: ``graph.input`` less the initializers listed there.
+
+    Files written before IR version 4 (the onnx package's light models, many
+    zoo files) list every weight among the inputs too, so ``graph.input[0]``
+    may be a bias.
+
+    Examples
+    --------
+    >>> import onnx
+    >>> from onnx import helper, numpy_helper
+    >>> graph = helper.make_graph(
+    ...     [helper.make_node("Add", ["b", "x"], ["y"])], "g",
+    ...     [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2]) for n in ("b", "x")],
+    ...     [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+    ...     [numpy_helper.from_array(np.zeros(2, "float32"), "b")])
+    >>> [value.name for value in onnx_graph_inputs(graph)]
+    ['x']
+    """
+    initializers = {init.name for init in graph.initializer}
+    return [value for value in graph.input if value.name not in initializers]
+
+
 def _load_onnx(path: str):
     from ._compat import ensure_onnx_mapping, install_onnx_converters, numpy_first_folding
 
@@ -417,7 +440,7 @@ def check_output_path(path: str, overwrite: bool = True, argument: str = "path")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise ModelError(f"{argument} {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK):
+    if not can_create_in(directory):
         raise ModelError(f"{argument} {path}: directory {directory} is not writable")
     if not overwrite:
         existing = [p for p in (path, _params_path(path)) if os.path.exists(p)]

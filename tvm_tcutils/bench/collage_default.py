@@ -13,79 +13,19 @@ Used by ``scripts/bench_collage_default.py``. Three measurements per model:
 
 Example
 -------
->>> from tvm_tcutils.bench.collage_default import light_model_names
->>> "squeezenet" in light_model_names()
+>>> from tvm_tcutils.bench.collage_default import original_file
+>>> original_file("light_squeezenet").endswith(".onnx")
 True
 """
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..files import cache_dir, write_atomically
-
-#: The onnx package's own small-weight test models (``onnx/backend/test/data/light``), by short name.
-_LIGHT_DIR = ("backend", "test", "data", "light")
-
-#: Where the converted light models are kept (``$TVM_TCUTILS_CACHE`` overrides the parent).
-LIGHT_CACHE = cache_dir("light")
-
-#: Opset the light models are converted to before import (they ship at opset 8/9).
-LIGHT_OPSET = 13
-
-
-def light_model_names() -> List[str]:
-    """Short names (``squeezenet``, ``inception_v1``...) of the onnx package's light test models.
-
-    Examples
-    --------
-    >>> "inception_v1" in light_model_names()
-    True
-    """
-    import onnx
-
-    folder = os.path.join(os.path.dirname(onnx.__file__), *_LIGHT_DIR)
-    if not os.path.isdir(folder):
-        return []
-    return sorted(name[len("light_"):-len(".onnx")] for name in os.listdir(folder)
-                  if name.startswith("light_") and name.endswith(".onnx"))
-
-
-def light_model(name: str, cache_dir: Optional[str] = None) -> str:
-    """Path of the onnx package's ``light_<name>.onnx`` converted to opset :data:`LIGHT_OPSET` (cached).
-
-    Raises
-    ------
-    ValueError
-        For a name that is not one of :func:`light_model_names`.
-
-    Examples
-    --------
-    >>> light_model("banana")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: model 'light_banana' is not one of the onnx package's light models: ...
-    """
-    import onnx
-    from onnx import version_converter
-
-    names = light_model_names()
-    if name not in names:
-        raise ValueError(f"model 'light_{name}' is not one of the onnx package's light models: "
-                         f"{', '.join('light_' + n for n in names)}")
-    folder = cache_dir or LIGHT_CACHE
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"light_{name}_opset{LIGHT_OPSET}.onnx")
-    if not os.path.exists(path):
-        source = os.path.join(os.path.dirname(onnx.__file__), *_LIGHT_DIR, f"light_{name}.onnx")
-        converted = version_converter.convert_version(onnx.load(source), LIGHT_OPSET)
-        write_atomically(path, converted.SerializeToString())
-    return path
-
+from .models import light_model, light_model_names  # noqa: F401  (names of this module before)
 
 #: Suffix of a model name that asks for onnxruntime's ``quantize_static`` QDQ per-channel file of it.
 QDQ_SUFFIX = "-qdq"

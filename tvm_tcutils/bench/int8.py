@@ -28,7 +28,7 @@ from ..dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_AMX_TASK, DENSE_PACK_TAS
 from ..dotprod.topi import packing
 from ..files import atomic_path, cache_dir
 from ..measure import graph_module, time_function
-from ..models import load_model
+from ..models import load_model, onnx_graph_inputs
 from ..processes import unpin
 from ..tuning import PackageLocalRunner
 from .competitors import (
@@ -553,8 +553,18 @@ def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None,
     ``model`` is a zoo name (``resnet-50-onnx``) or an ``.onnx`` file. The quantized files
     (u8 activations, s8 per-channel weights -- 7-bit, in [-64, 64], with ``reduce_range`` --
     ``calibration`` random inputs) are written once into ``cache_dir`` (default
-    :data:`QUANTIZED_CACHE`) and reused.
+    :data:`QUANTIZED_CACHE`) and reused; a file's are named by its contents' hash too, so two
+    files of one name do not share them.
+
+    A file is prepared as onnxruntime's quantization guide has users do first, and that
+    float file is ``fp32`` (what the float contenders run): weights listed among the graph's
+    inputs (files written before ONNX IR version 4) taken out of them -- the quantizer cannot
+    read such weights and the runtimes could not fold them -- and ``quant_pre_process``
+    (shape inference, batch norms folded into their convs, which the quantizer would leave
+    in float between the 8-bit convs). Their inputs' shapes must be fixed.
     """
+    import hashlib
+
     import onnx
 
     from ..dotprod.quantize import ORT_FORMATS, ort_quantize
@@ -562,15 +572,30 @@ def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None,
 
     folder = cache_dir or QUANTIZED_CACHE
     os.makedirs(folder, exist_ok=True)
-    stem = os.path.splitext(os.path.basename(model))[0] if model.endswith(".onnx") else model
-    files = {"fp32": model if model.endswith(".onnx") else os.path.join(folder, f"{stem}.onnx")}
-    if not os.path.exists(files["fp32"]):
-        with atomic_path(files["fp32"], suffix=".onnx") as partial:
-            onnx.save(onnx_model(model), partial)
-    float_model = onnx.load(files["fp32"])
-    shape = [d.dim_value for d in float_model.graph.input[0].type.tensor_type.shape.dim]
-    samples = [{float_model.graph.input[0].name: RNG.standard_normal(shape).astype("float32")}
-               for _ in range(calibration)]
+    if model.endswith(".onnx"):
+        with open(model, "rb") as fh:
+            data = fh.read()
+        stem = f"{os.path.splitext(os.path.basename(model))[0]}-{hashlib.sha256(data).hexdigest()[:10]}"
+        float_model = onnx.load_model_from_string(data)
+        inputs = onnx_graph_inputs(float_model.graph)
+        files = {"fp32": os.path.join(folder, f"{stem}-preprocessed.onnx")}
+        if not os.path.exists(files["fp32"]):
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            del float_model.graph.input[:]
+            float_model.graph.input.extend(inputs)
+            with atomic_path(files["fp32"], suffix=".onnx") as partial:
+                # The symbolic step (sympy, not a dependency) is for dynamic shapes; these are fixed.
+                quant_pre_process(float_model, partial, skip_symbolic_shape=True)
+    else:
+        stem = model
+        files = {"fp32": os.path.join(folder, f"{stem}.onnx")}
+        if not os.path.exists(files["fp32"]):
+            with atomic_path(files["fp32"], suffix=".onnx") as partial:
+                onnx.save(onnx_model(model), partial)
+        inputs = onnx_graph_inputs(onnx.load(files["fp32"]).graph)
+    samples = [{value.name: RNG.standard_normal([d.dim_value for d in value.type.tensor_type.shape.dim])
+                .astype("float32") for value in inputs} for _ in range(calibration)]
     for fmt in ORT_FORMATS:
         files[fmt] = os.path.join(folder, f"{stem}-{fmt}-per-channel{'-rr' * reduce_range}-cal{calibration}.onnx")
         if not os.path.exists(files[fmt]):
@@ -653,7 +678,7 @@ def bench_e2e(threads, check: bool, log: str = None, model: str = "resnet-50-onn
 
     files = ort_quantized(model)
     mod, params = relay.frontend.from_onnx(onnx.load(files["fp32"]), freeze_params=True)
-    name = onnx.load(files["fp32"]).graph.input[0].name
+    name = onnx_graph_inputs(onnx.load(files["fp32"]).graph)[0].name
     shape = [int(d) for d in mod["main"].params[0].checked_type.shape]
     feed = {name: RNG.standard_normal(shape).astype("float32")}
     qmod, seconds = timed_once(lambda: quantize_int8(mod, params))
@@ -703,7 +728,7 @@ def bench_reduce_range(threads, model: str = "resnet-50-onnx", rounds: int = 5):
     from ..measure import build, outputs
 
     files = ort_quantized(model, reduce_range=True)
-    name = onnx.load(files["fp32"]).graph.input[0].name
+    name = onnx_graph_inputs(onnx.load(files["fp32"]).graph)[0].name
     qmod = relay.frontend.from_onnx(onnx.load(files["qdq"]), freeze_params=True)[0]
     shape = [int(d) for d in qmod["main"].params[0].checked_type.shape]
     feed = {name: RNG.standard_normal(shape).astype("float32")}

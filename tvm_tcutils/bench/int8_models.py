@@ -57,7 +57,11 @@ def dynamic_file(fp32: str, folder: Optional[str] = None) -> str:
 
 
 def model_files(model: str, routes: Sequence[str] = tuple(ROUTES)) -> Dict[str, str]:
-    """Route -> ONNX file of ``model`` (zoo name or ``.onnx``), quantized by onnxruntime and cached.
+    """Route -> ONNX file of ``model``, quantized by onnxruntime and cached.
+
+    ``model``: a zoo name, an ``.onnx`` file, or ``light_<name>``, one of the onnx package's light
+    models with random weights (:func:`~tvm_tcutils.bench.models.light_model`): architectures
+    the zoo lacks (LRN, grouped and concatenated convs, batch norms to fold), as users bring them.
 
     Raises
     ------
@@ -67,6 +71,10 @@ def model_files(model: str, routes: Sequence[str] = tuple(ROUTES)) -> Dict[str, 
     unknown = [r for r in routes if r not in ROUTES]
     if unknown:
         raise ValueError(f"routes must be among {tuple(ROUTES)}, got {unknown}")
+    if model.startswith("light_"):
+        from .models import light_model
+
+        model = light_model(model[len("light_"):], weights="random")
     files = ort_quantized(model)
     out = {"fp32": files["fp32"], "qdq": files["qdq"], "qoperator": files["qoperator"]}
     if "dynamic" in routes:
@@ -78,11 +86,11 @@ def feed_of(path: str, seed: int = 0) -> Dict[str, np.ndarray]:
     """One random input per graph input of an ONNX file (standard normal: the models take float32)."""
     import onnx
 
-    graph = onnx.load(path, load_external_data=False).graph
-    initializers = {i.name for i in graph.initializer}
+    from ..models import onnx_graph_inputs
+
     rng = np.random.default_rng(seed)
     return {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype("float32")
-            for i in graph.input if i.name not in initializers}
+            for i in onnx_graph_inputs(onnx.load(path, load_external_data=False).graph)}
 
 
 def build_tcutils(path: str, folder: str, target: Optional[str] = None) -> Tuple[str, float]:

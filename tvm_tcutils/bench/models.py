@@ -13,13 +13,15 @@ Examples
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .._tvm import tvm
 from tvm import relay
 
+from ..files import cache_dir, write_atomically
 from ..models import load_model
 
 
@@ -80,6 +82,174 @@ def operator_count(mod) -> int:
         mod["main"], lambda e: count.__setitem__(0, count[0] + isinstance(e, relay.Call)))
     return count[0]
 
+
+
+#: The onnx package's own small-weight test models (``onnx/backend/test/data/light``), by short name.
+_LIGHT_DIR = ("backend", "test", "data", "light")
+
+#: Where the converted light models are kept (``$TVM_TCUTILS_CACHE`` overrides the parent).
+LIGHT_CACHE = cache_dir("light")
+
+#: Opset the light models are converted to before import (they ship at opset 8/9).
+LIGHT_OPSET = 13
+
+
+def light_model_names() -> List[str]:
+    """Short names (``squeezenet``, ``inception_v1``...) of the onnx package's light test models.
+
+    Examples
+    --------
+    >>> "inception_v1" in light_model_names()
+    True
+    """
+    import onnx
+
+    folder = os.path.join(os.path.dirname(onnx.__file__), *_LIGHT_DIR)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(name[len("light_"):-len(".onnx")] for name in os.listdir(folder)
+                  if name.startswith("light_") and name.endswith(".onnx"))
+
+
+def light_model(name: str, cache_dir: Optional[str] = None, weights: str = "filled") -> str:
+    """Path of the onnx package's ``light_<name>.onnx`` converted to opset :data:`LIGHT_OPSET` (cached).
+
+    ``weights``: ``"filled"``, the file's own (each weight one value repeated,
+    made by a ``ConstantOfShape``: the package keeps the files small so); or
+    ``"random"``, every such weight an initializer drawn by its role (He-normal
+    conv and dense weights, small biases, batch-norm statistics near 1 and 0),
+    as a trained model's are and as quantizers need to see them (one repeated
+    value gives every channel the same scale), with the weights no longer
+    listed among the graph's inputs.
+
+    Raises
+    ------
+    ValueError
+        For a name that is not one of :func:`light_model_names`, or another ``weights``.
+
+    Examples
+    --------
+    >>> light_model("banana")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: model 'light_banana' is not one of the onnx package's light models: ...
+    """
+    import onnx
+    from onnx import version_converter
+
+    if weights not in LIGHT_WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(LIGHT_WEIGHTS)}, got {weights!r}")
+    names = light_model_names()
+    if name not in names:
+        raise ValueError(f"model 'light_{name}' is not one of the onnx package's light models: "
+                         f"{', '.join('light_' + n for n in names)}")
+    folder = cache_dir or LIGHT_CACHE
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"light_{name}_opset{LIGHT_OPSET}.onnx")
+    if not os.path.exists(path):
+        source = os.path.join(os.path.dirname(onnx.__file__), *_LIGHT_DIR, f"light_{name}.onnx")
+        converted = version_converter.convert_version(onnx.load(source), LIGHT_OPSET)
+        write_atomically(path, converted.SerializeToString())
+    if weights == "filled":
+        return path
+    random_path = os.path.join(folder, f"light_{name}_opset{LIGHT_OPSET}_random.onnx")
+    if not os.path.exists(random_path):
+        write_atomically(random_path, with_random_weights(onnx.load(path)).SerializeToString())
+    return random_path
+
+
+#: What :func:`light_model` can give a light model as weights.
+LIGHT_WEIGHTS = ("filled", "random")
+
+
+def _weight_values(rng: np.random.Generator, shape: Tuple[int, ...], consumers: Sequence[Tuple[str, int, dict]],
+                   fill: np.ndarray) -> np.ndarray:
+    """Random values for a weight of ``shape`` read by ``consumers`` ``(op, input index, attributes)``."""
+    if not consumers:
+        return np.broadcast_to(fill, shape).copy()
+    op, index, attrs = consumers[0]
+    if op in ("Conv", "Gemm", "MatMul") and index == 1:
+        if op == "Conv":
+            fan_in = int(np.prod(shape[1:]))
+        elif op == "Gemm":
+            fan_in = shape[1] if attrs.get("transB", 0) else shape[0]
+        else:
+            fan_in = shape[0]
+        return rng.normal(0.0, np.sqrt(2.0 / max(fan_in, 1)), shape)
+    if op == "BatchNormalization" and index in (1, 4):  # scale, variance
+        return rng.uniform(0.5, 1.5, shape)
+    if op == "Mul":  # a batch norm's scale, decomposed
+        return rng.uniform(0.5, 1.5, shape)
+    return rng.normal(0.0, 0.1, shape)  # biases, batch-norm means and shifts
+
+
+def with_random_weights(model, seed: int = 0):
+    """A copy of ``model`` whose ``ConstantOfShape`` weights are random initializers (see :func:`light_model`)
+    and whose graph inputs are only the ones a caller feeds.
+
+    A weight feeding an ``Unsqueeze`` (a batch norm decomposed into ``Mul`` and ``Add``) is drawn for
+    the ``Unsqueeze``'s reader.
+
+    Examples
+    --------
+    >>> import onnx
+    >>> from onnx import helper
+    >>> shape = helper.make_tensor("w__SHAPE", onnx.TensorProto.INT64, [4], [8, 3, 3, 3])
+    >>> graph = helper.make_graph(
+    ...     [helper.make_node("ConstantOfShape", ["w__SHAPE"], ["w"]), helper.make_node("Conv", ["x", "w"], ["y"])],
+    ...     "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+    ...     [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [shape])
+    >>> weighted = with_random_weights(helper.make_model(graph))
+    >>> [n.op_type for n in weighted.graph.node], [(i.name, list(i.dims)) for i in weighted.graph.initializer]
+    (['Conv'], [('w', [8, 3, 3, 3])])
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    from ..models import onnx_graph_inputs
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    rng = np.random.default_rng(seed)
+    initializers = {init.name: init for init in graph.initializer}
+    readers: Dict[str, list] = {}
+    for node in graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        for index, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node, index, attrs))
+
+    def consumers(name: str) -> list:
+        found = []
+        for node, index, attrs in readers.get(name, []):
+            if node.op_type == "Unsqueeze" and index == 0:
+                found += consumers(node.output[0])
+            else:
+                found.append((node.op_type, index, attrs))
+        return found
+
+    made, kept = [], []
+    for node in graph.node:
+        shape = initializers.get(node.input[0]) if node.op_type == "ConstantOfShape" and node.input else None
+        if shape is None:
+            kept.append(node)
+            continue
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        fill = numpy_helper.to_array(value) if value is not None else np.zeros(1, "float32")
+        dims = tuple(int(d) for d in numpy_helper.to_array(shape))
+        values = _weight_values(rng, dims, consumers(node.output[0]), fill)
+        made.append(numpy_helper.from_array(values.astype(fill.dtype), node.output[0]))
+    used = {name for node in kept for name in node.input}
+    inputs = onnx_graph_inputs(graph)
+    del graph.node[:]
+    graph.node.extend(kept)
+    remaining = [init for init in graph.initializer if init.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(remaining + made)
+    del graph.input[:]
+    graph.input.extend(inputs)
+    # Before IR version 4 every initializer had to be a graph input; opset 13 is IR version 7's.
+    model.ir_version = max(model.ir_version, 7)
+    return model
 
 
 def load(name: str) -> Tuple[tvm.IRModule, Dict]:

@@ -947,13 +947,12 @@ def original_modules(prepared: tvm.IRModule, path: str, toolchains: Sequence[Too
 
     import onnx
 
+    from ..models import onnx_graph_inputs
     from .toolchains.ort import FILE_ATTR, FILE_SHA_ATTR
 
     with open(path, "rb") as fh:  # read once: parsed for its inputs, hashed for the partition
         data = fh.read()
-    graph = onnx.load_model_from_string(data).graph
-    initializers = {init.name for init in graph.initializer}
-    inputs = [value for value in graph.input if value.name not in initializers]
+    inputs = onnx_graph_inputs(onnx.load_model_from_string(data).graph)
     names = [value.name for value in inputs]
     main = prepared["main"]
     by_name = {param.name_hint: param for param in main.params}

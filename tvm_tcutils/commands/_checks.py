@@ -25,6 +25,7 @@ import os
 import shutil
 from typing import Any, Callable, Iterable, Optional
 
+from ..files import can_create_in
 from ._common import CommandError
 
 #: A rule: ``rule(value, option, args)``; raises CommandError when ``value`` is not acceptable.
@@ -260,7 +261,7 @@ def _writable_directory(path: str, option: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise CommandError(f"{option} {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK):
+    if not can_create_in(directory):
         raise CommandError(f"{option} {path}: directory {directory} is not writable")
     if os.path.isdir(path):
         raise CommandError(f"{option} {path}: is a directory; give a file name")
@@ -362,7 +363,7 @@ def cache_directory(path: str, option: str, args: argparse.Namespace) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise CommandError(f"{option} {path}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK):
+    if not can_create_in(existing):
         raise CommandError(f"{option} {path}: {existing} is not writable")
 
 
