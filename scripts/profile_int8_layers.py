@@ -115,9 +115,21 @@ def grouped(rows) -> dict:
     return {key: tuple(value) for key, value in out.items()}
 
 
+def is_quantized(model: str) -> bool:
+    """Whether ``model`` is an ONNX file that already holds quantized tensors (QDQ pairs or QLinear ops)."""
+    if not (model.endswith(".onnx") and os.path.isfile(model)):
+        return False
+    import onnx
+
+    return any(node.op_type in ("DequantizeLinear", "QuantizeLinear") or node.op_type.startswith("QLinear")
+               for node in onnx.load(model, load_external_data=False).graph.node)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet-18-onnx", help="zoo name (its QDQ file) or a QDQ .onnx file")
+    parser.add_argument("--model", default="resnet-18-onnx",
+                        help="zoo name or light_<name> (its QDQ file), a float .onnx file (quantized here) "
+                        "or a QDQ .onnx file")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of both profiles (median)")
     parser.add_argument("--runs", type=int, default=100, help="OpenVINO inferences per round")
     parser.add_argument("--in-run", action="store_true",
@@ -126,7 +138,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.runs < 1:
         parser.error(f"--rounds and --runs must be >= 1, got {args.rounds} and {args.runs}")
-    path = model_files(args.model, ["qdq"])["qdq"]
+    path = args.model if is_quantized(args.model) else model_files(args.model, ["qdq"])["qdq"]
     feed = feed_of(path)
     samples = {"tcutils": [], "OpenVINO": []}
     with tempfile.TemporaryDirectory(prefix="tcutils_profile_") as dump_root:

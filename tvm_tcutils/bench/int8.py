@@ -584,9 +584,14 @@ def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None,
 
             del float_model.graph.input[:]
             float_model.graph.input.extend(inputs)
-            with atomic_path(files["fp32"], suffix=".onnx") as partial:
+            # From a file: given the ModelProto, onnxruntime 1.32 writes its small initializers
+            # as external data it then cannot find.
+            with atomic_path(files["fp32"], suffix=".onnx") as partial, \
+                    tempfile.TemporaryDirectory(dir=folder) as scratch:
+                stripped = os.path.join(scratch, "stripped.onnx")
+                onnx.save(float_model, stripped)
                 # The symbolic step (sympy, not a dependency) is for dynamic shapes; these are fixed.
-                quant_pre_process(float_model, partial, skip_symbolic_shape=True)
+                quant_pre_process(stripped, partial, skip_symbolic_shape=True)
     else:
         stem = model
         files = {"fp32": os.path.join(folder, f"{stem}.onnx")}
