@@ -8,8 +8,8 @@ import pytest
 import tvm
 from tvm import relay
 
-from tvm_tcutils.fast_forms import (DENSE_BATCHES_MAX, dense_pack_block, dense_per_batch, fast_chain, legalize_mean,
-                                    legalize_variance, split_softmax)
+from tvm_tcutils.fast_forms import (DENSE_BATCHES_MAX, dense_pack_block, dense_per_batch, fast_chain, fast_lrn,
+                                    fast_region, legalize_mean, legalize_variance, split_softmax)
 
 from conftest import build_and_run, each_value_once, op_names
 
@@ -286,3 +286,52 @@ def test_layer_norm_reductions_left_to_tvm(case):
     if case != "unbiased":
         assert legalize_mean(mean.attrs, [x], types[:1]) is None
     assert legalize_variance(variance.attrs, [x, mean], types) is None
+
+
+@pytest.mark.parametrize("shape, size, beta, bias", [
+    ((1, 16, 7, 9), 5, 0.75, 1.0),   # GoogLeNet's and AlexNet's LRN
+    ((2, 3, 5, 5), 5, 0.75, 2.0),    # fewer channels than the window
+    ((1, 24, 6, 4), 3, 0.5, 1.0),
+    ((1, 8, 3, 3), 7, 1.0, 0.5),
+])
+def test_fast_lrn_computes_tvms_lrn(shape, size, beta, bias):
+    x = relay.var("x", shape=shape)
+    exact = relay.nn.lrn(x, size=size, axis=1, bias=bias, alpha=1e-2, beta=beta)
+    fast = fast_lrn(exact)
+    assert fast is not None and "nn.lrn" not in op_names(fast)
+    # Large inputs, so that the window's term is not lost beside the bias.
+    data = (np.random.default_rng(5).standard_normal(shape) * 8).astype("float32")
+    got, = build_and_run(tvm.IRModule.from_expr(relay.Function([x], fast)), inputs={"x": data})
+    want, = build_and_run(tvm.IRModule.from_expr(relay.Function([x], exact)), inputs={"x": data})
+    # The power in square roots and another order of the products: a few float32 ulp.
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", ["beta", "dtype", "axis", "dynamic"])
+def test_fast_lrn_keeps_what_it_does_not_handle(case):
+    shape, dtype, axis, beta = (1, 8, 4, 4), "float32", 1, 0.75
+    if case == "beta":
+        beta = 0.6
+    elif case == "dtype":
+        dtype = "float16"
+    elif case == "axis":
+        axis = 3  # NHWC
+    elif case == "dynamic":
+        shape = (relay.Any(), 8, 4, 4)
+    call = relay.nn.lrn(relay.var("x", shape=shape, dtype=dtype), size=5, axis=axis, beta=beta)
+    assert fast_lrn(call) is None
+
+
+def test_quantized_regions_lrn_takes_the_fast_form_and_rounds_the_same():
+    x = relay.var("x", shape=(1, 32, 9, 9), dtype="uint8")
+    scale, zero = relay.const(0.05), relay.const(128)
+    lrn = relay.nn.lrn(relay.qnn.op.dequantize(x, scale, zero), size=5, axis=1, bias=1.0, alpha=1e-2, beta=0.75)
+    quantize = relay.qnn.op.quantize(lrn, relay.const(0.02), relay.const(128), out_dtype="uint8")
+    fast = fast_region(quantize)
+    assert fast is not None and "nn.lrn" not in op_names(fast) and "nn.avg_pool2d" in op_names(fast)
+    data = np.random.default_rng(6).integers(0, 256, (1, 32, 9, 9)).astype("uint8")
+    got, = build_and_run(tvm.IRModule.from_expr(relay.Function([x], fast)), inputs={"x": data})
+    want, = build_and_run(tvm.IRModule.from_expr(relay.Function([x], quantize)), inputs={"x": data})
+    # A few ulp before the rounding: a value on a rounding boundary may move by one step.
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    assert (got == want).mean() > 0.99
