@@ -12,6 +12,11 @@ Usage::
 
     PYTHONPATH=. python scripts/bench_int8_models.py --models bert-tiny-onnx bert-base-onnx --threads 1 2
     PYTHONPATH=. python scripts/bench_int8_models.py --models resnet-50-onnx mobilenet-v2-onnx --routes qdq fp32
+    PYTHONPATH=. python scripts/bench_int8_models.py --models light_inception_v1 light_shufflenet --routes qdq
+
+``light_<name>``: one of the onnx package's light models with random weights
+(``tvm_tcutils.bench.models.light_model``); an ``.onnx`` file is prepared as onnxruntime's
+quantization guide has users do (``quant_pre_process``) before it is quantized.
 
 The rows go to ``docs/benchmarks/data/bench_int8_models.json`` (``--json``), with the command, the
 machine and the date; ``docs/benchmarks/dotprod.md``'s model tables are made from that file.
