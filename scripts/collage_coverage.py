@@ -35,7 +35,7 @@ def _why(toolchain: str, op: str) -> str:
 
 def _path(name: str) -> str:
     if name.startswith("light_"):
-        from tvm_tcutils.bench.collage_default import light_model
+        from tvm_tcutils.bench.models import light_model
 
         return light_model(name[len("light_"):])
     return name

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .models import light_model, light_model_names  # noqa: F401  (names of this module before)
+from .models import light_model
 
 #: Suffix of a model name that asks for onnxruntime's ``quantize_static`` QDQ per-channel file of it.
 QDQ_SUFFIX = "-qdq"

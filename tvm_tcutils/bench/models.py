@@ -176,9 +176,8 @@ def _weight_values(rng: np.random.Generator, shape: Tuple[int, ...], consumers: 
         else:
             fan_in = shape[0]
         return rng.normal(0.0, np.sqrt(2.0 / max(fan_in, 1)), shape)
-    if op == "BatchNormalization" and index in (1, 4):  # scale, variance
-        return rng.uniform(0.5, 1.5, shape)
-    if op == "Mul":  # a batch norm's scale, decomposed
+    # A batch norm's scale and variance, and a decomposed one's scale (its Mul).
+    if (op == "BatchNormalization" and index in (1, 4)) or op == "Mul":
         return rng.uniform(0.5, 1.5, shape)
     return rng.normal(0.0, 0.1, shape)  # biases, batch-norm means and shifts
 
