@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
+from tvm_tcutils.bench.int8 import is_quantized  # noqa: E402
 from tvm_tcutils.bench.int8_models import ROUTES, RUNTIMES, bench_model, markdown  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.bench.models import light_model_names  # noqa: E402
@@ -58,6 +59,8 @@ def main(argv=None) -> int:
         if not (model in ONNX_BUILDERS or model in lights or (model.endswith(".onnx") and os.path.isfile(model))):
             parser.error(f"--models {model!r}: not an .onnx file here, nor one of {', '.join(ONNX_BUILDERS)}, "
                          f"{', '.join(lights)}")
+        if is_quantized(model):
+            parser.error(f"--models {model!r}: already quantized; give its float model (it is quantized here)")
     target = tvm_tcutils.host_target()
     isa = for_target(target)
     print(f"target {target}: ISA {isa.name if isa else 'none (the float path)'}; each contender in its own "

@@ -38,6 +38,7 @@ import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils._tvm import tvm  # noqa: E402
 from tvm import relay  # noqa: E402
 from tvm.contrib.debugger import debug_executor  # noqa: E402
+from tvm_tcutils.bench.int8 import is_quantized  # noqa: E402
 from tvm_tcutils.bench.int8_models import feed_of, model_files  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.measure import hot_kernel_seconds  # noqa: E402
@@ -113,16 +114,6 @@ def grouped(rows) -> dict:
         out[(kind, shape)][0] += 1
         out[(kind, shape)][1] += us
     return {key: tuple(value) for key, value in out.items()}
-
-
-def is_quantized(model: str) -> bool:
-    """Whether ``model`` is an ONNX file that already holds quantized tensors (QDQ pairs or QLinear ops)."""
-    if not (model.endswith(".onnx") and os.path.isfile(model)):
-        return False
-    import onnx
-
-    return any(node.op_type in ("DequantizeLinear", "QuantizeLinear") or node.op_type.startswith("QLinear")
-               for node in onnx.load(model, load_external_data=False).graph.node)
 
 
 def main(argv=None) -> int:

@@ -15,7 +15,7 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from tvm_tcutils.bench.int8 import ort_quantized  # noqa: E402
+from tvm_tcutils.bench.int8 import is_quantized, ort_quantized  # noqa: E402
 from tvm_tcutils.bench.int8_models import feed_of  # noqa: E402
 from tvm_tcutils.bench.models import light_model, light_model_names, with_random_weights  # noqa: E402
 from tvm_tcutils.models import onnx_graph_inputs  # noqa: E402
@@ -59,6 +59,10 @@ def test_an_old_file_is_quantized_as_onnxruntimes_guide_prepares_it(tmp_path):
     qdq = onnx.load(files["qdq"])
     ops = [n.op_type for n in qdq.graph.node]
     assert "QuantizeLinear" in ops and "DequantizeLinear" in ops and "BatchNormalization" not in ops
+    assert is_quantized(files["qdq"]) and not is_quantized(files["fp32"]) and not is_quantized(path)
+    # A quantized file given as the model is refused, not quantized again.
+    with pytest.raises(ValueError, match="already quantized"):
+        ort_quantized(files["qdq"], calibration=2, cache_dir=str(tmp_path / "cache"))
     # What the contenders run computes the user's model.
     import onnxruntime as ort
 

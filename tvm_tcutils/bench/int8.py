@@ -546,11 +546,35 @@ assert "tvm_tcutils" not in sys.modules
 QUANTIZED_CACHE = cache_dir("int8")
 
 
+#: ONNX ops of a model that is already quantized.
+QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
+
+
+def is_quantized(model) -> bool:
+    """Whether an ONNX model (a ``ModelProto`` or an ``.onnx`` path) already holds quantized tensors: QDQ
+    pairs, ``DynamicQuantizeLinear`` or onnxruntime's ``QLinear*`` ops.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.models import onnx_model
+    >>> is_quantized(onnx_model("bert-tiny-onnx")), is_quantized("no-such-file.txt")
+    (False, False)
+    """
+    if isinstance(model, str):
+        if not (model.endswith(".onnx") and os.path.isfile(model)):
+            return False
+        import onnx
+
+        model = onnx.load(model, load_external_data=False)
+    return any(node.op_type in QUANTIZED_OPS or node.op_type.startswith("QLinear") for node in model.graph.node)
+
+
 def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None,
                   reduce_range: bool = False) -> Dict[str, str]:
     """``{"fp32", "qdq", "qoperator"}`` -> ONNX file: a model and its ``quantize_static`` versions.
 
-    ``model`` is a zoo name (``resnet-50-onnx``) or an ``.onnx`` file. The quantized files
+    ``model`` is a zoo name (``resnet-50-onnx``) or a float ``.onnx`` file (an already quantized one,
+    :func:`is_quantized`, is refused with a ``ValueError``). The quantized files
     (u8 activations, s8 per-channel weights -- 7-bit, in [-64, 64], with ``reduce_range`` --
     ``calibration`` random inputs) are written once into ``cache_dir`` (default
     :data:`QUANTIZED_CACHE`) and reused; a file's are named by its contents' hash too, so two
@@ -577,6 +601,8 @@ def ort_quantized(model: str, calibration: int = 4, cache_dir: str = None,
             data = fh.read()
         stem = f"{os.path.splitext(os.path.basename(model))[0]}-{hashlib.sha256(data).hexdigest()[:10]}"
         float_model = onnx.load_model_from_string(data)
+        if is_quantized(float_model):
+            raise ValueError(f"model {model}: already quantized (QDQ or QLinear ops); give its float model")
         inputs = onnx_graph_inputs(float_model.graph)
         files = {"fp32": os.path.join(folder, f"{stem}-preprocessed.onnx")}
         if not os.path.exists(files["fp32"]):
