@@ -60,6 +60,11 @@ def hooks() -> List[registry.Hook]:
             "qnn.conv2d", "FTVMQnnLegalize", qdq.legalize_depthwise_padding, targets=strategy.TARGET_KEYS,
             description="a padded u8 x i8 depthwise conv's zero-point padding widened for the depthwise kernel's "
                         "whole-quad rows, its kernel given the zero taps (one copy of the data, not two)"),
+        # A grouped conv of 8-bit operands (TVM's canonical form widens both to int32 for it).
+        registry.op_attr(
+            "qnn.conv2d", "FTVMQnnLegalize", qdq.legalize_group_conv2d, targets=strategy.TARGET_KEYS,
+            description="a grouped (not depthwise) qnn.conv2d as a conv of its 8-bit operands and a zero-point "
+                        "term, for the grouped dot-product kernel (TVM widens both operands to int32)"),
         # QOperator files' per-channel kernel zero points that are all equal (0): a scalar, no data sums.
         *[registry.op_attr(
             op, "FTVMQnnLegalize", qdq.legalize_uniform_zero_point, targets=strategy.TARGET_KEYS,
@@ -102,11 +107,60 @@ def _rewritable(func) -> bool:
     return bool(marks)
 
 
+def vector_lets_inlined(func):
+    """``func`` (a ``tir.PrimFunc``) with each vector-typed ``LetStmt`` of a value that reads no memory
+    substituted into its body; the same function where it has none.
+
+    TVM's common-subexpression pass binds vector index expressions (a fused layout transform's ramps) to
+    such lets, and TVM's LLVM code generator declares each let's debug information on the value itself,
+    which LLVM 22's verifier refuses for a vector ("location of #dbg_declare must be a pointer or int"):
+    the build failed. Substituted, the expressions are computed where they are used (LLVM's own CSE
+    merges them again); a value that loads from a buffer is left bound (a later store could change it).
+
+    Examples
+    --------
+    >>> from tvm import tir
+    >>> v, x = tir.Var("v", "int32x4"), tir.Var("x", "int32")
+    >>> buf = tir.decl_buffer((4,), "int32", "b")
+    >>> ramp = tir.Ramp(tir.shift_right(x, 2), 1, 4)
+    >>> body = tir.LetStmt(v, ramp, tir.BufferStore(buf, v + v, [tir.Ramp(0, 1, 4)]))
+    >>> func = vector_lets_inlined(tir.PrimFunc([x], body))
+    >>> isinstance(func.body, tir.LetStmt), "ramp" in str(func.body).lower()
+    (False, True)
+    """
+    tir = tvm.tir
+
+    def impure(node) -> bool:  # a load, or a call with effects (TVM's call effect kinds: 1 is pure)
+        if isinstance(node, tir.BufferLoad):
+            return True
+        if not isinstance(node, tir.Call):
+            return False
+        effect = node.op.get_attr("TCallEffectKind") if isinstance(node.op, tvm.ir.Op) else None
+        return effect is None or int(effect) > 1
+
+    def reads_memory(value) -> bool:
+        found = []
+        tir.stmt_functor.post_order_visit(value, lambda node: found.append(1) if impure(node) else None)
+        return bool(found)
+
+    def inline(stmt):
+        if tvm.runtime.DataType(stmt.var.dtype).lanes > 1 and not reads_memory(stmt.value):
+            return tir.stmt_functor.substitute(stmt.body, {stmt.var: stmt.value})
+        return None
+
+    body = tir.stmt_functor.ir_transform(func.body, None, inline, ["tir.LetStmt"])
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
 def _build_llvm(mod, target):
     """TVM's ``target.build.llvm`` convention: (host IRModule, target) -> runtime module."""
     build = registry.replaced_func(BUILD_LLVM)
     if build is None:
         raise RuntimeError(f"{BUILD_LLVM}: the code generator the package wrapped is gone")
+    functions = {gv: vector_lets_inlined(f) if isinstance(f, tvm.tir.PrimFunc) else f
+                 for gv, f in mod.functions.items()}
+    if any(not functions[gv].same_as(f) for gv, f in mod.functions.items()):
+        mod = tvm.IRModule(functions, attrs=mod.attrs)
     # A module none of the rewrites below can change (a float model's kernels) is built as it is, without
     # their five walks over each function (10 % of a float conv's whole relay.build; Collage builds thousands).
     if not any(_rewritable(func) for func in mod.functions.values() if isinstance(func, tvm.tir.PrimFunc)):

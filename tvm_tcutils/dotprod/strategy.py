@@ -42,8 +42,13 @@ For targets with a 4-way dot-product ISA (see :mod:`tvm_tcutils.dotprod.isa`) an
   it for ``vpdpbusd``, which cannot multiply it, and no implementation takes
   the packed op.
 
-Everything else (float, grouped convs, other layouts, targets without an
-ISA) goes to TVM's own hooks unchanged.
+* A grouped 8-bit conv (more than one input channel a group) gets the same kernel, each output chunk
+  reducing its group's data chunks: legalization pads each group's channels (to 4 in, the lanes out)
+  where that costs at most :data:`~.topi.conv2d_nchwc.MAX_GROUP_PADDING` times its multiply-adds
+  (TVM's int8 grouped conv on x86 is a generic loop, 5-7x slower than OpenVINO's per layer).
+
+Everything else (float, depthwise-like and heavily padded grouped convs, other layouts, targets without
+an ISA) goes to TVM's own hooks unchanged.
 """
 from __future__ import annotations
 
@@ -77,6 +82,8 @@ CONV2D_AMX_TASK = "tcutils.conv2d_nchwc_amx"
 CONV2D_STEM_AMX_TASK = "tcutils.conv2d_stem_amx"
 BATCH_MATMUL_TASK = "tcutils.batch_matmul_dot"
 CONV2D_ROWS_TASK = "tcutils.conv2d_rows_dot"
+GROUP_CONV2D_NCHWC_TASK = "tcutils.group_conv2d_nchwc_dot"
+GROUP_CONV2D_NCHW_TASK = "tcutils.group_conv2d_nchw_dot"
 
 #: Target keys whose hooks this module installs (a Hexagon target has both keys).
 TARGET_KEYS = ("cpu", "hexagon")
@@ -183,14 +190,22 @@ def _legal_plan(types, kernel) -> Optional[Tuple[DotProductISA, bool, List[Tuple
 
 
 def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
-    """Fit an 8-bit NCHW conv2d to the target's dot-product instruction (dtype shift, channel padding)."""
-    if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+    """Fit an 8-bit NCHW conv2d to the target's dot-product instruction (dtype shift, channel padding; a
+    grouped conv's per group)."""
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return None
     plan = _legal_plan(types, inputs[1])
     if plan is None or attrs.out_layout not in ("", "NCHW"):
         return None
     isa, shift, (d_shape, k_shape, o_shape) = plan
     data, kernel = inputs
+    if attrs.groups != 1:
+        if not conv2d_nchwc.group_padding_pays(isa, d_shape[1], k_shape[0], int(attrs.groups)):
+            return None
+        new_data = _shift_to_uint8(data) if shift else data
+        out = _group_padded(attrs, new_data, kernel, d_shape, k_shape, o_shape, isa.lanes)
+        return relay.subtract(out, _conv_compensation(kernel, k_shape, d_shape[2:], o_shape[2:], attrs,
+                                                      _pair_pads(attrs))) if shift else out
     chans, out_c = d_shape[1], k_shape[0]
     chans_p, out_p = round_up(chans, 4), round_up(out_c, isa.lanes)
     new_data = _shift_to_uint8(data) if shift else data
@@ -226,6 +241,32 @@ def legalize_conv2d(attrs, inputs, types) -> Optional[relay.Expr]:
     if shift:
         out = relay.subtract(out, _conv_compensation(kernel, k_shape, d_shape[2:], o_shape[2:], attrs,
                                                      _pair_pads(attrs)))
+    return out
+
+
+def _group_padded(attrs, data: relay.Expr, kernel: relay.Expr, d_shape, k_shape, o_shape, lanes: int) -> relay.Expr:
+    """The grouped conv2d (int32 out) with each group's input channels zero-padded to a multiple of 4 and
+    its output channels to one of ``lanes``, the padded outputs sliced off again: exact (the added channels
+    are zeros), and what :func:`~.topi.conv2d_nchwc.group_conv2d_nchwc_dot` packs."""
+    groups = int(attrs.groups)
+    (n, _, h, w), (o, cpg, k_h, k_w) = d_shape, k_shape
+    opg = o // groups
+    cpg_p, opg_p = round_up(cpg, 4), round_up(opg, lanes)
+    if cpg_p != cpg:
+        data = relay.reshape(data, (n, groups, cpg, h, w))
+        data = relay.reshape(relay.nn.pad(data, ((0, 0), (0, 0), (0, cpg_p - cpg), (0, 0), (0, 0))),
+                             (n, groups * cpg_p, h, w))
+    if (cpg_p, opg_p) != (cpg, opg):
+        kernel = relay.reshape(kernel, (groups, opg, cpg, k_h, k_w))
+        kernel = relay.nn.pad(kernel, ((0, 0), (0, opg_p - opg), (0, cpg_p - cpg), (0, 0), (0, 0)))
+        kernel = relay.reshape(kernel, (groups * opg_p, cpg_p, k_h, k_w))
+    new_attrs = {key: attrs[key] for key in attrs.keys()}
+    new_attrs.update(channels=groups * opg_p, out_dtype="int32")
+    out = relay.nn.conv2d(data, kernel, **new_attrs)
+    if opg_p != opg:
+        out = relay.reshape(out, (n, groups, opg_p, *o_shape[2:]))
+        out = relay.strided_slice(out, begin=(0, 0, 0, 0, 0), end=(n, groups, opg, *o_shape[2:]))
+        out = relay.reshape(out, o_shape)
     return out
 
 
@@ -379,22 +420,31 @@ def _legal_conv_shapes(attrs, types, isa) -> Optional[Tuple[Tuple[int, ...], Tup
     data_t, kernel_t = types[0], types[1]
     if isa is None or not _int8_pair(data_t.dtype, kernel_t.dtype, types[2].dtype):
         return None
-    if attrs.groups != 1 or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return None
     if isa.variant(data_t.dtype, kernel_t.dtype) is None or attrs.out_layout not in ("", "NCHW"):
         return None
     d_shape, k_shape = _static(data_t.shape), _static(kernel_t.shape)
-    if d_shape is None or k_shape is None or k_shape[0] % isa.lanes:
+    if d_shape is None or k_shape is None or not _groups_fit(isa, int(attrs.groups), k_shape):
         return None
     return d_shape, k_shape
 
 
+def _groups_fit(isa: DotProductISA, groups: int, k_shape) -> bool:
+    """Whether a legal conv2d's groups are whole dot products: every group's output channels a multiple of
+    the lanes, and (groups > 1) its input channels of 4 (as :func:`_group_padded` makes them)."""
+    if groups == 1:
+        return k_shape[0] % isa.lanes == 0
+    return k_shape[0] % (groups * isa.lanes) == 0 and k_shape[1] % 4 == 0 and k_shape[1] > 1
+
+
 def _packable_conv(attrs, types, isa) -> Optional[Tuple[int, int]]:
-    """(ic_bn, oc_bn) when an (already legal) conv2d goes to the packed compute."""
+    """(ic_bn, oc_bn) when an (already legal) conv2d goes to the packed compute (a grouped one: blocks of
+    its groups' channels)."""
     shapes = _legal_conv_shapes(attrs, types, isa)
-    if shapes is None or shapes[0][1] % 4:
+    if shapes is None or shapes[1][1] % 4:
         return None
-    return channel_block(shapes[0][1], isa.lanes), isa.lanes
+    return channel_block(shapes[1][1], isa.lanes), isa.lanes
 
 
 def _stem_blocks(attrs, inputs, types) -> Optional[relay.Expr]:
@@ -433,7 +483,7 @@ def _packable_rows(attrs, types, isa) -> bool:
     """Whether an (already legal) conv2d is one :func:`_rows_form` made (channels not a multiple of 4)."""
     shapes = None if isa is None or isa.name not in ROWS_ISAS else _legal_conv_shapes(attrs, types, isa)
     return (
-        shapes is not None and shapes[0][1] % 4 != 0 and shapes[1][3] % ROW_QUAD == 0
+        shapes is not None and attrs.groups == 1 and shapes[0][1] % 4 != 0 and shapes[1][3] % ROW_QUAD == 0
         and not any(get_const_tuple(attrs.padding)) and get_const_tuple(attrs.dilation) == (1, 1)
     )
 
@@ -516,15 +566,17 @@ def alter_conv2d(attrs, inputs, types, out_type) -> Optional[relay.Expr]:
         out_layout=f"NCHW{oc_bn}c",
         out_dtype="int32",
     )
-    (n, c, h, w), (o, _, kh, kw) = _static(types[0].shape), _static(types[1].shape)
+    (n, c, h, w), (o, cpg, kh, kw) = _static(types[0].shape), _static(types[1].shape)
     conv_args = [get_const_tuple(attrs[key]) for key in ("strides", "padding", "dilation")]
+    groups = [int(attrs.groups)] if attrs.groups != 1 else []  # the grouped tasks' argument
     _carry_tuned_config(
-        CONV2D_NCHW_TASK, [_placeholder(types[0]), _placeholder(types[1]), *conv_args, "int32"],
-        CONV2D_NCHWC_TASK, [
+        GROUP_CONV2D_NCHW_TASK if groups else CONV2D_NCHW_TASK,
+        [_placeholder(types[0]), _placeholder(types[1]), *conv_args, *groups, "int32"],
+        GROUP_CONV2D_NCHWC_TASK if groups else CONV2D_NCHWC_TASK, [
             _placeholder(types[0], (n, c // ic_bn, h, w, ic_bn)),
-            te.placeholder((o // oc_bn, c // ic_bn, kh, kw) + (1,) * marked + (ic_bn // group, oc_bn, group),
+            te.placeholder((o // oc_bn, cpg // ic_bn, kh, kw) + (1,) * marked + (ic_bn // group, oc_bn, group),
                            dtype=k_dtype),
-            *conv_args, new_attrs["data_layout"], new_attrs["out_layout"], "int32",
+            *conv_args, *groups, new_attrs["data_layout"], new_attrs["out_layout"], "int32",
         ],
     )
     data, kernel = inputs
@@ -581,21 +633,28 @@ def _tensor_isa(target, data, kernel, out_dtype, widened: bool = False,
     return isa
 
 
-def _applies_conv2d_nchwc(attrs, inputs, out_type, target, reduce_range: bool = False) -> bool:
+def _applies_conv2d_nchwc(attrs, inputs, out_type, target, reduce_range: bool = False,
+                          grouped: bool = False) -> bool:
     isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype, widened=True, reduce_range=reduce_range)
-    if isa is None or attrs.groups != 1 or len(inputs[0].shape) != 5:
+    if isa is None or (attrs.groups != 1) != grouped or len(inputs[0].shape) != 5:
         return False
     if _applies_conv2d_amx(attrs, inputs, out_type, target):
         return False  # tiles alone (note at _applies_dense_amx)
     if conv_kernel_marked(_static(inputs[1].shape)) != reduce_range or len(inputs[1].shape) != 7 + reduce_range:
         return False
     try:
-        _, oc_bn = conv2d_nchwc.conv2d_nchwc_shapes(
-            _static(inputs[0].shape), _static(inputs[1].shape), isa.kernel_group(inputs[1].dtype)
+        ic_bn, oc_bn = conv2d_nchwc.conv2d_nchwc_shapes(
+            _static(inputs[0].shape), _static(inputs[1].shape), isa.kernel_group(inputs[1].dtype), int(attrs.groups)
         )
     except ValueError:
         return False
     return oc_bn % isa.lanes == 0
+
+
+def _applies_group_conv2d_nchwc(attrs, inputs, out_type, target) -> bool:
+    # Either ISA the alter-layout hook packs for (a marked kernel: the reduce-range one).
+    return any(_applies_conv2d_nchwc(attrs, inputs, out_type, target, reduce_range, grouped=True)
+               for reduce_range in (False, True))
 
 
 def _applies_conv2d_amx(attrs, inputs, out_type, target) -> bool:
@@ -627,12 +686,12 @@ def _applies_conv2d_stem_amx(attrs, inputs, out_type, target) -> bool:
             and get_const_tuple(attrs.dilation) == (1, 1) and not any(get_const_tuple(attrs.padding)))
 
 
-def _applies_conv2d(attrs, inputs, out_type, target) -> bool:
+def _applies_conv2d(attrs, inputs, out_type, target, grouped: bool = False) -> bool:
     isa = _tensor_isa(target, inputs[0], inputs[1], out_type.dtype)
-    return (
-        isa is not None and attrs.groups == 1 and attrs.data_layout == "NCHW"
-        and attrs.kernel_layout == "OIHW" and len(inputs[0].shape) == 4
-    )
+    if isa is None or (attrs.groups != 1) != grouped or len(inputs[0].shape) != 4:
+        return False
+    return (attrs.data_layout == "NCHW" and attrs.kernel_layout == "OIHW"
+            and (not grouped or _groups_fit(isa, int(attrs.groups), _static(inputs[1].shape))))
 
 
 def _applies_conv2d_rows(attrs, inputs, out_type, target) -> bool:
@@ -784,8 +843,15 @@ STRATEGY_ROWS = (
     ("nn.contrib_conv2d_NCHWc", _row(
         "conv2d_nchwc_u8s7.tcutils", CONV2D_NCHWC_TASK, _strategy.wrap_compute_conv2d,
         functools.partial(_applies_conv2d_nchwc, reduce_range=True), need_data_layout=True, need_out_layout=True)),
+    # Grouped convs whose groups' channels are whole dot products (legalization pads them so).
+    ("nn.contrib_conv2d_NCHWc", _row(
+        "group_conv2d_nchwc_dot.tcutils", GROUP_CONV2D_NCHWC_TASK, _strategy.wrap_compute_conv2d,
+        _applies_group_conv2d_nchwc, has_groups=True, need_data_layout=True, need_out_layout=True)),
     ("nn.conv2d", _row(
         "conv2d_nchw_dot.tcutils", CONV2D_NCHW_TASK, _strategy.wrap_compute_conv2d, _applies_conv2d)),
+    ("nn.conv2d", _row(
+        "group_conv2d_nchw_dot.tcutils", GROUP_CONV2D_NCHW_TASK, _strategy.wrap_compute_conv2d,
+        functools.partial(_applies_conv2d, grouped=True), has_groups=True)),
     # An RGB stem on AMX tiles (the legalization hook's NHWC stem form, blocked by the alter-layout hook).
     ("nn.conv2d", _row(
         "conv2d_stem_amx.tcutils", CONV2D_STEM_AMX_TASK, _strategy.wrap_compute_conv2d, _applies_conv2d_stem_amx,
@@ -837,6 +903,8 @@ TEMPLATES = {
     CONV2D_NCHWC_TASK: (conv2d_nchwc.conv2d_nchwc_dot, conv2d_nchwc.schedule_conv2d_nchwc_dot),
     CONV2D_NCHW_TASK: (conv2d_nchwc.conv2d_nchw_dot, conv2d_nchwc.schedule_conv2d_nchw_dot),
     CONV2D_ROWS_TASK: (conv2d_nchwc.conv2d_rows_dot, conv2d_nchwc.schedule_conv2d_nchwc_dot),
+    GROUP_CONV2D_NCHWC_TASK: (conv2d_nchwc.group_conv2d_nchwc_dot, conv2d_nchwc.schedule_conv2d_nchwc_dot),
+    GROUP_CONV2D_NCHW_TASK: (conv2d_nchwc.group_conv2d_nchw_dot, conv2d_nchwc.schedule_conv2d_nchw_dot),
     DENSE_PACK_TASK: (dense_pack.dense_pack_dot, dense_pack.schedule_dense_pack_dot),
     DENSE_TASK: (dense_pack.dense_dot, dense_pack.schedule_dense_dot),
     DENSE_AMX_TASK: (dense_amx.dense_pack_amx, dense_amx.schedule_dense_pack_amx),

@@ -40,16 +40,20 @@ TAG = "conv2d_nchwc_dot"
 WIDE_TAG = "dot_widen"
 
 
-def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], group: int = 4) -> Tuple[int, ...]:
+def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], group: int = 4,
+                        groups: int = 1) -> Tuple[int, ...]:
     """Check packed shapes; return ``(ic_bn, oc_bn)``.
 
     ``group`` is the kernel's innermost axis (4, or the ISA's ``wide_group`` for a
     kernel packed widened). A marked kernel (8-D, reduce-range) is checked without its unit axis.
+    ``groups``: a grouped conv's kernel has the input-channel chunks of one group, and each group whole
+    chunks of the data and of the output.
 
     Raises
     ------
     ValueError
-        When the shapes are not ``(N, C/b, H, W, b)`` / ``(O/B, I/b, KH, KW, b/g, B, g)``.
+        When the shapes are not ``(N, C/b, H, W, b)`` / ``(O/B, I/b, KH, KW, b/g, B, g)`` (``I`` the
+        input channels of a group), or the groups do not split both into whole chunks.
 
     Examples
     --------
@@ -59,6 +63,8 @@ def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], 
     (8, 8)
     >>> conv2d_nchwc_shapes((1, 4, 28, 28, 8), (8, 4, 3, 3, 1, 2, 8, 4))
     (8, 8)
+    >>> conv2d_nchwc_shapes((1, 4, 14, 14, 16), (8, 2, 1, 1, 4, 16, 4), groups=2)
+    (16, 16)
     """
     kernel_shape = _unmarked(kernel_shape)
     if len(data_shape) != 5 or len(kernel_shape) != 7:
@@ -66,11 +72,14 @@ def conv2d_nchwc_shapes(data_shape: Sequence[int], kernel_shape: Sequence[int], 
             f"data must be NCHW[x]c (5-D) and kernel OIHW[x]i[y]o{group}i (7-D); got {len(data_shape)}-D "
             f"and {len(kernel_shape)}-D"
         )
+    if groups < 1 or data_shape[1] % groups or kernel_shape[0] % groups:
+        raise ValueError(f"groups={groups} does not split the data's {data_shape[1]} and the kernel's "
+                         f"{kernel_shape[0]} channel chunks into whole chunks per group")
     ic_bn, (_, icc_k, _, _, icf, oc_bn, inner) = data_shape[4], kernel_shape
-    if inner != group or icf * group != ic_bn or icc_k != data_shape[1] or ic_bn % 4:
+    if inner != group or icf * group != ic_bn or icc_k * groups != data_shape[1] or ic_bn % 4:
         raise ValueError(
             f"kernel shape {tuple(kernel_shape)} does not match data shape {tuple(data_shape)} "
-            f"(expected (O/B, {data_shape[1]}, KH, KW, {ic_bn // group}, B, {group}))"
+            f"(expected (O/B, {data_shape[1] // groups}, KH, KW, {ic_bn // group}, B, {group}))"
         )
     return ic_bn, oc_bn
 
@@ -192,25 +201,75 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
     >>> [int(x) for x in out.shape]
     [1, 1, 8, 8, 16]
     """
+    return _conv2d_nchwc(cfg, data, kernel, strides, padding, dilation, 1, out_dtype)
+
+
+#: Most multiply-adds a grouped conv may grow by when its groups' channels are padded to the dot product's
+#: multiples (4 input, the lanes output): above it TVM's grouped conv keeps the layer.
+MAX_GROUP_PADDING = 3.0
+
+
+def group_padding_pays(isa, channels: int, out_channels: int, groups: int) -> bool:
+    """Whether a grouped 8-bit conv goes to the dot-product kernel: more than one group, more than one input
+    channel a group (a depthwise conv has its own kernel), and the per-group padding costs at most
+    :data:`MAX_GROUP_PADDING` times the layer's multiply-adds.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_VNNI
+    >>> [group_padding_pays(X86_VNNI, c, o, g) for c, o, g in ((136, 136, 4), (128, 128, 32), (64, 64, 64))]
+    [True, False, False]
+    """
+    if groups <= 1 or channels % groups or out_channels % groups or channels // groups < 2:
+        return False
+    cpg, opg = channels // groups, out_channels // groups
+    return round_up(cpg, 4) * round_up(opg, isa.lanes) <= MAX_GROUP_PADDING * cpg * opg
+
+
+def group_conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, groups, layout, out_layout,
+                           out_dtype="int32"):
+    """:func:`conv2d_nchwc_dot` of a grouped conv: output chunk ``oc`` reduces the data chunks of its group.
+
+    Each group's input channels are whole chunks of the data (``b`` divides them) and its output
+    channels whole chunks of the output (``B`` divides them); the legalization hook pads each group's
+    channels to make them so. The kernel is the groups' kernels packed as one: ``(O/B, I/b, KH, KW, b/4,
+    B, 4)`` with ``I`` the input channels of a group. A tile's output-channel chunks lie in one group,
+    so that they share each broadcast data word as an ungrouped conv's do.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((1, 4, 8, 8, 16), "uint8"); k = te.placeholder((4, 1, 1, 1, 4, 16, 4), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     out = group_conv2d_nchwc_dot(autotvm.get_config(), d, k, 1, 0, 1, 4, "NCHW16c", "NCHW16c")
+    >>> [int(x) for x in out.shape]
+    [1, 4, 8, 8, 16]
+    """
+    return _conv2d_nchwc(cfg, data, kernel, strides, padding, dilation, int(groups), out_dtype)
+
+
+def _conv2d_nchwc(cfg, data, kernel, strides, padding, dilation, groups: int, out_dtype):
     if out_dtype not in ("int32", None, ""):
         raise ValueError(f"out_dtype must be 'int32' for dot-product conv2d, got {out_dtype!r}")
     data_shape, kernel_shape = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
     marked = conv_kernel_marked(kernel_shape)
     isa = current_isa(data.dtype, kernel.dtype, reduce_range=marked)
     group = isa.kernel_group(kernel.dtype)
-    ic_bn, oc_bn = conv2d_nchwc_shapes(data_shape, kernel_shape, group)
+    ic_bn, oc_bn = conv2d_nchwc_shapes(data_shape, kernel_shape, group, groups)
     kernel_shape = _unmarked(kernel_shape)
     if oc_bn % isa.lanes:
         raise ValueError(f"output-channel block {oc_bn} is not a multiple of {isa.name}'s {isa.lanes} lanes")
-    batch, ic_chunks, in_h, in_w, _ = data_shape
-    oc_chunks, _, k_h, k_w, _, _, _ = kernel_shape
+    batch, data_chunks, in_h, in_w, _ = data_shape
+    oc_chunks, ic_chunks, k_h, k_w, _, _, _ = kernel_shape  # ic_chunks: of one group
+    oc_per_group = oc_chunks // groups
     (s_h, s_w), (d_h, d_w) = pair(strides), pair(dilation)
     pad_t, pad_l, pad_b, pad_r = get_pad_tuple(padding, ((k_h - 1) * d_h + 1, (k_w - 1) * d_w + 1))
     out_h = (in_h + pad_t + pad_b - (k_h - 1) * d_h - 1) // s_h + 1
     out_w = (in_w + pad_l + pad_r - (k_w - 1) * d_w - 1) // s_w + 1
     if out_h < 1 or out_w < 1:
         raise ValueError(f"empty conv2d output ({out_h}x{out_w}) for input {in_h}x{in_w}")
-    _define_knobs(cfg, isa, oc_chunks, out_h, out_w, oc_bn, k_w, ic_chunks * ic_bn * k_h * k_w)
+    _define_knobs(cfg, isa, oc_per_group, out_h, out_w, oc_bn, k_w, ic_chunks * ic_bn * k_h * k_w)
 
     if pad_t or pad_l or pad_b or pad_r:
         data = topi.nn.pad(data, [0, 0, pad_t, pad_l, 0], [0, 0, pad_b, pad_r, 0], name="data_pad")
@@ -220,7 +279,7 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
         # A strided 1x1 kernel reads one pixel in s_h * s_w: widen only those, then step by 1.
         narrow, wide = data, isa.wide_data
         step_h, step_w = (s_h, s_w) if k_h == k_w == 1 else (1, 1)
-        shape = (batch, ic_chunks, out_h, out_w, ic_bn) if k_h == k_w == 1 else narrow.shape
+        shape = (batch, data_chunks, out_h, out_w, ic_bn) if k_h == k_w == 1 else narrow.shape
         data = te.compute(
             shape, lambda n, c, y, x, b: narrow[n, c, y * step_h, x * step_w, b].astype(wide),
             name="data_wide", tag=WIDE_TAG,
@@ -239,10 +298,13 @@ def conv2d_nchwc_dot(cfg, data, kernel, strides, padding, dilation, layout, out_
             return kernel[oc, r_ic, r_kh, r_kw, r_icf, oci, r_ics]
         return kernel[oc, r_ic, r_kh, r_kw, r_icf * (4 // group) + r_ics // group, oci, r_ics % group]
 
+    def chunk_of(oc):  # the data chunk reduced: of the output chunk's group (groups == 1: r_ic as it is)
+        return r_ic if groups == 1 else oc // oc_per_group * ic_chunks + r_ic
+
     conv = te.compute(
         (batch, oc_chunks, out_h, out_w, oc_bn),
         lambda n, oc, y, x, oci: te.sum(
-            data[n, r_ic, y * s_h + r_kh * d_h, x * s_w + r_kw * d_w, r_icf * 4 + r_ics].astype("int32")
+            data[n, chunk_of(oc), y * s_h + r_kh * d_h, x * s_w + r_kw * d_w, r_icf * 4 + r_ics].astype("int32")
             * kernel_at(oc, oci).astype("int32"),
             axis=[r_ic, r_kh, r_kw, r_icf, r_ics],
         ),
@@ -454,20 +516,55 @@ def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
     >>> [int(x) for x in out.shape]
     [1, 5, 8, 8]
     """
+    return _conv2d_nchw(cfg, data, kernel, strides, padding, dilation, 1, out_dtype)
+
+
+def group_conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, groups, out_dtype="int32"):
+    """:func:`conv2d_nchw_dot` of a grouped conv (:func:`group_conv2d_nchwc_dot` inside): each group's input
+    channels a multiple of 4 and its output channels of the lane count (as the legalization hook pads them).
+
+    Raises
+    ------
+    ValueError
+        When a group's channels are not so.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> from tvm import te, autotvm
+    >>> d = te.placeholder((1, 8, 8, 8), "uint8"); k = te.placeholder((32, 4, 1, 1), "int8")
+    >>> with tvm.target.Target("llvm -mcpu=znver4"):
+    ...     out = group_conv2d_nchw_dot(autotvm.get_config(), d, k, 1, 0, 1, 2)
+    >>> [int(x) for x in out.shape]
+    [1, 32, 8, 8]
+    """
+    return _conv2d_nchw(cfg, data, kernel, strides, padding, dilation, int(groups), out_dtype)
+
+
+def _conv2d_nchw(cfg, data, kernel, strides, padding, dilation, groups: int, out_dtype):
     isa = current_isa(data.dtype, kernel.dtype)
     (batch, chans, in_h, in_w), (out_c, k_c, k_h, k_w) = get_const_tuple(data.shape), get_const_tuple(kernel.shape)
-    if k_c != chans:
-        raise ValueError(f"kernel has {k_c} input channels but data has {chans} (groups=1 only)")
-    ic_bn, oc_bn = channel_block(chans, isa.lanes), isa.lanes
+    if k_c * groups != chans:
+        raise ValueError(f"kernel has {k_c} input channels a group but data has {chans} in {groups} group(s)")
+    if groups > 1 and (k_c % 4 or out_c % (groups * isa.lanes)):
+        raise ValueError(f"a group's channels must be multiples of 4 (input, got {k_c}) and of {isa.name}'s "
+                         f"{isa.lanes} lanes (output, got {out_c // groups}): legalize pads them")
+    ic_bn, oc_bn = channel_block(k_c, isa.lanes), isa.lanes
     chans_p, out_p = round_up(chans, ic_bn), round_up(out_c, oc_bn)
     k_dtype = isa.conv_kernel_dtype(kernel.dtype)
     group = isa.kernel_group(k_dtype)
+    k_c_p = chans_p // groups
+
+    def packed(data_p, kernel_p):
+        if groups == 1:
+            return conv2d_nchwc_dot(cfg, data_p, kernel_p, strides, padding, dilation, "", "", out_dtype)
+        return group_conv2d_nchwc_dot(cfg, data_p, kernel_p, strides, padding, dilation, groups, "", "", out_dtype)
+
     if measuring_packed_alone():
         data_p = te.placeholder((batch, chans_p // ic_bn, in_h, in_w, ic_bn), data.dtype, name="data_pack")
-        kernel_p = te.placeholder((out_p // oc_bn, chans_p // ic_bn, k_h, k_w, ic_bn // group, oc_bn, group),
+        kernel_p = te.placeholder((out_p // oc_bn, k_c_p // ic_bn, k_h, k_w, ic_bn // group, oc_bn, group),
                                   k_dtype, name="kernel_pack")
-        return requantized(conv2d_nchwc_dot(cfg, data_p, kernel_p, strides, padding, dilation, "", "", out_dtype),
-                           (1, 4))
+        return requantized(packed(data_p, kernel_p), (1, 4))
     zero_d, zero_k = tvm.tir.const(0, data.dtype), tvm.tir.const(0, k_dtype)
     data_p = te.compute(
         (batch, chans_p // ic_bn, in_h, in_w, ic_bn),
@@ -477,16 +574,16 @@ def conv2d_nchw_dot(cfg, data, kernel, strides, padding, dilation, out_dtype="in
         name="data_pack", tag="dot_pack",
     )
     kernel_p = te.compute(
-        (out_p // oc_bn, chans_p // ic_bn, k_h, k_w, ic_bn // group, oc_bn, group),
+        (out_p // oc_bn, k_c_p // ic_bn, k_h, k_w, ic_bn // group, oc_bn, group),
         lambda o, c, y, x, cf, ob, cs: tvm.tir.if_then_else(
-            tvm.tir.all(o * oc_bn + ob < out_c, c * ic_bn + cf * group + cs < chans),
-            kernel[te.min(o * oc_bn + ob, out_c - 1), te.min(c * ic_bn + cf * group + cs, chans - 1), y, x]
+            tvm.tir.all(o * oc_bn + ob < out_c, c * ic_bn + cf * group + cs < k_c),
+            kernel[te.min(o * oc_bn + ob, out_c - 1), te.min(c * ic_bn + cf * group + cs, k_c - 1), y, x]
             .astype(k_dtype),
             zero_k,
         ),
         name="kernel_pack", tag="dot_pack",
     )
-    conv = conv2d_nchwc_dot(cfg, data_p, kernel_p, strides, padding, dilation, "", "", out_dtype)
+    conv = packed(data_p, kernel_p)
     return te.compute(
         (batch, out_c, conv.shape[2], conv.shape[3]),
         lambda n, c, y, x: conv[n, c // oc_bn, y, x, c % oc_bn],
