@@ -65,7 +65,8 @@ from tvm.topi.utils import get_const_tuple
 
 from .. import registry
 from .isa import DotProductISA, for_layer, for_target, range_isa, tile_isa
-from .topi import batch_matmul, batch_matmul_amx, conv2d_amx, conv2d_nchwc, dense_amx, dense_pack, depthwise
+from .topi import (batch_matmul, batch_matmul_amx, conv2d_amx, conv2d_nchwc, dense_amx, dense_pack, depthwise,
+                   injective, pool)
 from .topi.conv2d_nchwc import ROW_QUAD, rows_kernel_layout
 from .topi.layout_transform import byte_tile_plan, schedule_byte_layout_transform
 from .topi.pad import row_pad_applies, schedule_row_pad
@@ -794,6 +795,60 @@ def _schedule_layout_transform(attrs, outs, target):
         return schedule_byte_layout_transform(outs, attrs.src_layout, attrs.dst_layout)
 
 
+def _applies_max_pool_rows(attrs, inputs, out_type, target) -> bool:
+    # 8-bit NCHW pools where the package's int8 kernels run (x86 with a dot-product ISA).
+    isa = for_target(target)
+    shape = _static(inputs[0].shape)
+    if target.kind.name != "llvm" or isa is None or not isa.name.startswith("x86") or shape is None:
+        return False
+    if str(inputs[0].dtype) not in _INT8 or attrs.layout != "NCHW" or len(shape) != 4:
+        return False
+    if get_const_tuple(attrs.dilation) != (1, 1):
+        return False
+    (k_h, k_w), (s_h, s_w) = get_const_tuple(attrs.pool_size), get_const_tuple(attrs.strides)
+    top, left, bottom, right = pool.pool_padding(get_const_tuple(attrs.padding))
+    out = (pool.pool_output_size(shape[2], k_h, s_h, top, bottom, bool(attrs.ceil_mode)),
+           pool.pool_output_size(shape[3], k_w, s_w, left, right, bool(attrs.ceil_mode)))
+    return out == _static(out_type.shape)[2:]
+
+
+def _compute_max_pool_rows(attrs, inputs, out_type):
+    return [pool.max_pool2d_rows(inputs[0], get_const_tuple(attrs.pool_size), get_const_tuple(attrs.strides),
+                                 pool.pool_padding(get_const_tuple(attrs.padding)), bool(attrs.ceil_mode))]
+
+
+def _schedule_max_pool_rows(attrs, outs, target):
+    with target:
+        return pool.schedule_max_pool2d_rows(outs)
+
+
+def _applies_injective(attrs, inputs, out_type, target) -> bool:
+    # Where the package's int8 kernels run (x86 with a dot-product ISA); the schedule keeps TVM's for the
+    # groups TVM vectorizes.
+    isa = for_target(target)
+    return target.kind.name == "llvm" and isa is not None and isa.name.startswith("x86")
+
+
+def _compute_of(op_name: str):
+    def compute(attrs, inputs, out_type):
+        return relay.op.get(op_name).get_attr("FTVMCompute")(attrs, inputs, out_type)
+
+    return compute
+
+
+def _schedule_injective(attrs, outs, target):
+    with target:
+        return injective.schedule_injective(outs) or topi.x86.schedule_injective(outs)
+
+
+#: Injective and elementwise ops that anchor the fused groups after a sliced or unpacked conv output (the
+#: last op of the highest pattern in a group picks its schedule): their schedule vectorizes a loop TVM's
+#: 16-lane split leaves scalar (:mod:`.topi.injective`).
+INJECTIVE_ANCHORS = ("reshape", "strided_slice", "transpose", "squeeze", "expand_dims", "cast", "add",
+                     "subtract", "multiply", "divide", "clip", "maximum", "minimum", "nn.relu", "right_shift",
+                     "fixed_point_multiply", "round", "where")
+
+
 def _applies_row_pad(attrs, inputs, out_type, target) -> bool:
     # Where the package's int8 kernels run (x86 with a dot-product ISA); elsewhere TVM's schedule.
     isa = for_target(target)
@@ -895,6 +950,17 @@ STRATEGY_ROWS = (
     ("nn.pad", registry.StrategyImpl("pad_rows.tcutils", _compute_pad, _schedule_row_pad, _applies_row_pad,
                                      plevel=20)),
 )
+
+STRATEGY_ROWS += (
+    # 8-bit NCHW max pools as a row pass and a column pass (TVM's: scalar windows); not exclusive.
+    ("nn.max_pool2d", registry.StrategyImpl("max_pool2d_rows.tcutils", _compute_max_pool_rows,
+                                            _schedule_max_pool_rows, _applies_max_pool_rows, plevel=20)),
+)
+# Not exclusive: TVM's own schedule stays in the strategy, below it.
+STRATEGY_ROWS += tuple(
+    (op, registry.StrategyImpl("injective_lanes.tcutils", _compute_of(op), _schedule_injective, _applies_injective,
+                               plevel=20))
+    for op in INJECTIVE_ANCHORS)
 
 #: AutoTVM task name -> (compute, schedule).
 TEMPLATES = {

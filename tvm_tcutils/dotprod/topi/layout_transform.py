@@ -27,6 +27,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 from tvm import te, tir, topi
 from tvm.topi.utils import get_const_tuple
+from .injective import schedule_injective
 
 _PACKED = re.compile(r"^NCHW(\d+)c$")
 
@@ -194,8 +195,8 @@ def schedule_byte_layout_transform(outs: Union[te.Tensor, Sequence[te.Tensor]], 
     """
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     plan = _plain_transform_plan(outs, src_layout, dst_layout)
-    if plan is None:
-        return topi.x86.schedule_injective(outs)
+    if plan is None:  # the package's injective schedule (TVM's unless it leaves a loop scalar)
+        return schedule_injective(outs) or topi.x86.schedule_injective(outs)
     out = outs[0]
     s = te.create_schedule(out.op)
     direction, block, rows, tile = plan
