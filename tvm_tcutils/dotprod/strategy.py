@@ -951,15 +951,17 @@ STRATEGY_ROWS = (
                                      plevel=20)),
 )
 
+# Exclusive, as one implementation: ops fused after a tuned conv carry its workload, and AutoTVM's selection
+# among two of them compares the (carried, cost-less) config with itself.
 STRATEGY_ROWS += (
-    # 8-bit NCHW max pools as a row pass and a column pass (TVM's: scalar windows); not exclusive.
+    # 8-bit NCHW max pools as a row pass and a column pass (TVM's: scalar windows).
     ("nn.max_pool2d", registry.StrategyImpl("max_pool2d_rows.tcutils", _compute_max_pool_rows,
-                                            _schedule_max_pool_rows, _applies_max_pool_rows, plevel=20)),
+                                            _schedule_max_pool_rows, _applies_max_pool_rows, exclusive=True)),
 )
-# Not exclusive: TVM's own schedule stays in the strategy, below it.
+# TVM's own compute and, for every group it vectorizes, its own schedule.
 STRATEGY_ROWS += tuple(
     (op, registry.StrategyImpl("injective_lanes.tcutils", _compute_of(op), _schedule_injective, _applies_injective,
-                               plevel=20))
+                               exclusive=True))
     for op in INJECTIVE_ANCHORS)
 
 #: AutoTVM task name -> (compute, schedule).
