@@ -150,7 +150,11 @@ def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: in
         return tile_oc, tile_ow, divisors_up_to(oh, max(1, per_block // tile_ow))[-1]
 
     choices = [tile(2)] if oc_chunks % 2 == 0 else [tile(1)]
-    if isa.operand_registers > 1 and oc_chunks % 2 == 0:
+    # One block where two leave a tile smaller than the ISA's pixel block: an output side that is a prime
+    # above half the budget (GoogLeNet's and SqueezeNet's 13 x 13) gets a one-pixel tile with two blocks
+    # (two accumulators: the unit waits on their latency), a whole row with one.
+    small = choices[0][1] * choices[0][2] == 1 < oh * ow
+    if oc_chunks % 2 == 0 and (isa.operand_registers > 1 or small):
         choices.append(tile(1))
     tile_oc, tile_ow, tile_oh = max(choices, key=lambda t: t[0] * t[1] * t[2])  # first wins ties
     untuned = blocks * tile_oc * tile_ow * tile_oh
