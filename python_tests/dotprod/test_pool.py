@@ -96,3 +96,50 @@ def test_pool_with_a_fused_requantize_builds_exact():
     run.run()
     want = max_pool_reference(data, (3, 3), (2, 2), (1, 1, 1, 1), False) - np.uint8(3)
     np.testing.assert_array_equal(run.get_output(0).numpy(), want)
+
+
+# --------------------------------------------------------------------------
+# Float averages down the rows (a quantized LRN's channel window)
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("shape, height, stride, padding, count_include_pad", [
+    ((1, 1, 64, 3025), 5, 1, (2, 2), True),   # GoogLeNet's LRN window over 64 channels of 55 x 55
+    ((1, 1, 30, 17), 3, 1, (1, 1), True),
+    ((2, 3, 11, 9), 4, 2, (2, 1), False),
+    ((1, 2, 8, 5), 2, 2, (0, 0), True),
+])
+def test_column_averages_equal_tvms_pool_bit_for_bit(shape, height, stride, padding, count_include_pad):
+    from tvm import topi
+    from tvm_tcutils.dotprod.topi.pool import avg_pool2d_columns, schedule_avg_pool2d_columns
+
+    data = RNG.standard_normal(shape).astype("float32")
+    x = te.placeholder(shape, "float32")
+    ours = avg_pool2d_columns(x, height, stride, padding, count_include_pad)
+    theirs = topi.nn.pool2d(x, (height, 1), (stride, 1), (1, 1), (padding[0], 0, padding[1], 0), "avg", False,
+                            "NCHW", count_include_pad)
+    results = []
+    for out, schedule in ((ours, schedule_avg_pool2d_columns([ours])), (theirs, te.create_schedule(theirs.op))):
+        func = tvm.build(schedule, [x, out], "llvm -mcpu=znver4" if out is ours else "llvm")
+        result = tvm.nd.empty([int(d) for d in out.shape], "float32")
+        func(tvm.nd.array(data), result)
+        results.append(result.numpy())
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def _avg_impl(target: str, shape, dtype: str, pool_size, padding=(2, 0)) -> str:
+    x = relay.var("x", shape=shape, dtype=dtype)
+    pool = relay.nn.avg_pool2d(x, pool_size, (1, 1), padding=padding, count_include_pad=True)
+    call = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], pool)))["main"].body
+    with tvm.target.Target(target):
+        impl, _ = te_compiler.select_implementation(call.op, call.attrs, [te.placeholder(shape, dtype)],
+                                                    call.checked_type, tvm.target.Target(target))
+    return impl.name
+
+
+@pytest.mark.parametrize("target, pool_size, padding, dtype, ours", [
+    ("llvm -mcpu=znver4", (5, 1), (2, 0), "float32", True),
+    ("llvm -mcpu=znver4", (3, 3), (1, 1), "float32", False),  # summed in another order: TVM's
+    ("llvm -mcpu=znver4", (5, 1), (2, 1), "float32", False),
+    ("llvm", (5, 1), (2, 0), "float32", False),
+])
+def test_column_average_row_takes_only_row_windows(target, pool_size, padding, dtype, ours):
+    assert (_avg_impl(target, (1, 1, 64, 100), dtype, pool_size, padding) == "avg_pool2d_columns.tcutils") is ours

@@ -812,6 +812,30 @@ def _applies_max_pool_rows(attrs, inputs, out_type, target) -> bool:
     return out == _static(out_type.shape)[2:]
 
 
+def _applies_avg_pool_columns(attrs, inputs, out_type, target) -> bool:
+    # Float32 NCHW averages over rows only (fast_lrn's channel window) where the package's kernels run.
+    isa = for_target(target)
+    shape = _static(inputs[0].shape)
+    if target.kind.name != "llvm" or isa is None or not isa.name.startswith("x86") or shape is None:
+        return False
+    if str(inputs[0].dtype) != "float32" or attrs.layout != "NCHW" or len(shape) != 4 or attrs.ceil_mode:
+        return False
+    top, left, bottom, right = pool.pool_padding(get_const_tuple(attrs.padding))
+    return (get_const_tuple(attrs.pool_size)[1] == 1 and get_const_tuple(attrs.strides)[1] == 1
+            and left == right == 0 and get_const_tuple(attrs.dilation) == (1, 1))
+
+
+def _compute_avg_pool_columns(attrs, inputs, out_type):
+    top, _, bottom, _ = pool.pool_padding(get_const_tuple(attrs.padding))
+    return [pool.avg_pool2d_columns(inputs[0], get_const_tuple(attrs.pool_size)[0], get_const_tuple(attrs.strides)[0],
+                                    (top, bottom), bool(attrs.count_include_pad))]
+
+
+def _schedule_avg_pool_columns(attrs, outs, target):
+    with target:
+        return pool.schedule_avg_pool2d_columns(outs)
+
+
 def _compute_max_pool_rows(attrs, inputs, out_type):
     return [pool.max_pool2d_rows(inputs[0], get_const_tuple(attrs.pool_size), get_const_tuple(attrs.strides),
                                  pool.pool_padding(get_const_tuple(attrs.padding)), bool(attrs.ceil_mode))]
@@ -957,6 +981,9 @@ STRATEGY_ROWS += (
     # 8-bit NCHW max pools as a row pass and a column pass (TVM's: scalar windows).
     ("nn.max_pool2d", registry.StrategyImpl("max_pool2d_rows.tcutils", _compute_max_pool_rows,
                                             _schedule_max_pool_rows, _applies_max_pool_rows, exclusive=True)),
+    # Float32 NCHW averages down the rows (a quantized LRN's channel window; TVM's: scalar windows).
+    ("nn.avg_pool2d", registry.StrategyImpl("avg_pool2d_columns.tcutils", _compute_avg_pool_columns,
+                                            _schedule_avg_pool_columns, _applies_avg_pool_columns, exclusive=True)),
 )
 # TVM's own compute and, for every group it vectorizes, its own schedule.
 STRATEGY_ROWS += tuple(

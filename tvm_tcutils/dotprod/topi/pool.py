@@ -84,6 +84,80 @@ def max_pool2d_rows(data: te.Tensor, pool_size: Sequence[int], strides: Sequence
     )
 
 
+#: Tag of a column average (:func:`avg_pool2d_columns`).
+AVG_TAG = "avg_pool2d_columns"
+
+
+def avg_pool2d_columns(data: te.Tensor, pool_height: int, stride: int, padding: Tuple[int, int],
+                       count_include_pad: bool) -> te.Tensor:
+    """Average pool of float32 ``(N, C, H, W)`` data over ``pool_height`` rows and one column: the window
+    along the rows (what :func:`~tvm_tcutils.fast_forms.fast_lrn` pools over a ``(N, 1, C, H*W)`` view of the
+    channels).
+
+    The taps are summed in TVM's order from its zero padding and the sum divided by the window (or, without
+    ``count_include_pad``, by the rows inside the data), as ``nn.avg_pool2d`` computes it: the same floats.
+
+    Raises
+    ------
+    ValueError
+        For data that is no float32 4-D tensor.
+
+    Examples
+    --------
+    >>> x = te.placeholder((1, 1, 192, 3025), "float32")
+    >>> [int(d) for d in avg_pool2d_columns(x, 5, 1, (2, 2), True).shape]
+    [1, 1, 192, 3025]
+    """
+    if len(data.shape) != 4 or str(data.dtype) != "float32":
+        raise ValueError(f"data must be float32 (N, C, H, W), got {str(data.dtype)} of {len(data.shape)} dims")
+    batch, chans, height, width = get_const_tuple(data.shape)
+    top, bottom = padding
+    out_h = pool_output_size(height, pool_height, stride, top, bottom, False)
+    zero = tvm.tir.const(0.0, "float32")
+
+    def tap(n, c, y, x, k):
+        row = y * stride + k - top
+        if not (top or bottom):
+            return data[n, c, row, x]
+        inside = tvm.tir.all(row >= 0, row < height)
+        return tvm.tir.if_then_else(inside, data[n, c, te.max(te.min(row, height - 1), 0), x], zero)
+
+    def average(n, c, y, x):
+        total = zero + tap(n, c, y, x, 0)  # TVM's sum starts from its zero
+        for k in range(1, pool_height):
+            total = total + tap(n, c, y, x, k)
+        if count_include_pad or not (top or bottom):
+            return total / tvm.tir.const(float(pool_height), "float32")
+        first, last = te.max(y * stride - top, 0), te.min(y * stride - top + pool_height, height)
+        return total / (last - first).astype("float32")
+
+    return te.compute((batch, chans, out_h, width), average, name="pool_columns_avg", tag=AVG_TAG)
+
+
+def schedule_avg_pool2d_columns(outs) -> te.Schedule:
+    """Schedule :func:`avg_pool2d_columns` and the elementwise ops fused after it: a channel plane a parallel
+    task, vectorized along the columns by :func:`~.injective.vector_factor`.
+
+    Examples
+    --------
+    >>> x = te.placeholder((1, 1, 64, 3025), "float32")
+    >>> out = avg_pool2d_columns(x, 5, 1, (2, 2), True)
+    >>> "+ 11]" in str(tvm.lower(schedule_avg_pool2d_columns([out]), [x, out]))  # 3025 = 11 * 275
+    True
+    """
+    outs, pool = tagged_outputs(outs, AVG_TAG)
+    s = te.create_schedule([out.op for out in outs])
+    inline_between(s, outs, pool)
+    if pool.op not in [out.op for out in outs]:
+        s[pool].compute_inline()  # no reduction: computed where the fused op reads it
+    lanes = vector_factor(int(pool.shape[3]))
+    for out in outs:
+        n, c, y, x = s[out].op.axis
+        s[out].parallel(s[out].fuse(n, c, y))
+        s[out].vectorize(s[out].split(x, factor=lanes)[1])
+    return s
+
+
 def _maximum(values):
     out = values[0]
     for value in values[1:]:
