@@ -258,3 +258,19 @@ def test_vector_lets_build_through_the_hook_and_not_through_tvms_codegen():
     np.testing.assert_array_equal(out, want)
     with tvm_codegen(), pytest.raises(tvm.TVMError, match="dbg_declare"):
         _build_run(func, {"x": data}, "llvm -mcpu=znver4")
+
+
+# --------------------------------------------------------------------------
+# Hexagon HVX (emulated)
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_hexagon_group_conv_bit_exact_in_the_emulator(dtype):
+    # HVX packs 32 output lanes: ShuffleNet's 34-channel groups become 64 out (36 in), still a dot product.
+    from test_hexagon import _require_emulator
+    from tvm_tcutils.dotprod import hexagon_model
+
+    _require_emulator()
+    func, kernel = _grouped_net(136, 136, 4, 1, 1, dtype)
+    data = _ints((1, 136, 10, 10), dtype)
+    out = hexagon_model.run_model(tvm.IRModule.from_expr(func), None, {"x": data}, timeout=300)
+    np.testing.assert_array_equal(out[0], grouped_conv_reference(data, kernel, 4))
