@@ -325,6 +325,21 @@ def build_and_run(mod, params=None, inputs=None, target: str = "llvm"):
     return [runner.get_output(i).numpy() for i in range(runner.get_num_outputs())]
 
 
+def build_run_lib(mod, inputs: dict, target: str, opt_level: int = 3):
+    """Build ``mod`` (an IRModule or a Relay function) at ``opt_level``, run it once on the CPU; returns
+    ``(first output as numpy, the built library)``."""
+    from tvm.contrib import graph_executor
+
+    if isinstance(mod, relay.Function):
+        mod = tvm.IRModule.from_expr(mod)
+    with tvm.transform.PassContext(opt_level=opt_level):
+        lib = relay.build(mod, target=target)
+    runner = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    runner.set_input(**inputs)
+    runner.run()
+    return runner.get_output(0).numpy(), lib
+
+
 def run_graph_and_vm(mod, inputs: dict, params: dict | None = None):
     """Build ``mod`` with relay.build and relay.vm.compile; return both executors' first outputs (numpy)."""
     from tvm.contrib import graph_executor

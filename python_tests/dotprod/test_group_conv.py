@@ -7,9 +7,8 @@ import pytest
 
 import tvm
 from tvm import autotvm, relay, te
-from tvm.contrib import graph_executor
 
-from conftest import dot_target, each_value_once
+from conftest import build_run_lib as _build_run, dot_target, each_value_once
 
 RNG = np.random.default_rng(11)
 
@@ -117,16 +116,6 @@ def test_group_padding_pays_only_for_moderate_padding(channels, out_channels, gr
 # --------------------------------------------------------------------------
 # Relay: nn.conv2d and qnn.conv2d
 # --------------------------------------------------------------------------
-def _build_run(func, inputs, target, opt_level=3):
-    mod = tvm.IRModule.from_expr(func)
-    with tvm.transform.PassContext(opt_level=opt_level):
-        lib = relay.build(mod, target=target)
-    run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    run.set_input(**inputs)
-    run.run()
-    return run.get_output(0).numpy(), lib
-
-
 def _grouped_net(channels, out_channels, groups, k, stride, dtype):
     x = relay.var("x", shape=(1, channels, 10, 10), dtype=dtype)
     kernel = _ints((out_channels, channels // groups, k, k), "int8")

@@ -8,9 +8,8 @@ import pytest
 
 import tvm
 from tvm import autotvm, relay
-from tvm.contrib import graph_executor
 
-from conftest import dot_target, run_python, small_conv_net
+from conftest import build_run_lib as _build_run, dot_target, run_python, small_conv_net
 
 RNG = np.random.default_rng(3)
 HEXAGON = "hexagon -mcpu=hexagonv66 -mattr=+hvxv66,+hvx-length128b"
@@ -171,15 +170,6 @@ def references(request, tmp_path_factory):
     proc = run_python(_REFERENCE.format(root=root), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {name: (mod, inputs, np.load(f"{root}/{name}_ref.npy")) for name, (mod, inputs) in models.items()}
-
-
-def _build_run(mod, inputs, target, opt_level=3):
-    with tvm.transform.PassContext(opt_level=opt_level):
-        lib = relay.build(mod, target=target)
-    run = graph_executor.GraphModule(lib["default"](tvm.cpu()))
-    run.set_input(**inputs)
-    run.run()
-    return run.get_output(0).numpy(), lib
 
 
 #: Models every target runs by default (int8 data legalized to u8, and onnxruntime's QLinearConv between

@@ -61,14 +61,19 @@ def test_rejects_data_that_is_not_8bit_nchw():
         max_pool2d_rows(te.placeholder((1, 4, 8, 8, 16), "uint8"), (2, 2), (2, 2), (0, 0, 0, 0))
 
 
-def _pool_impl(target: str, shape, dtype: str, layout: str = "NCHW", dilation=(1, 1)) -> str:
+def _impl(target: str, shape, dtype: str, pool) -> str:
+    """The implementation TVM selects for ``pool(x)`` of an ``x`` of ``shape`` and ``dtype``."""
     x = relay.var("x", shape=shape, dtype=dtype)
-    pool = relay.nn.max_pool2d(x, (3, 3), (2, 2), dilation, (1, 1), layout=layout)
-    call = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], pool)))["main"].body
+    call = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], pool(x))))["main"].body
     with tvm.target.Target(target):
         impl, _ = te_compiler.select_implementation(call.op, call.attrs, [te.placeholder(shape, dtype)],
                                                     call.checked_type, tvm.target.Target(target))
     return impl.name
+
+
+def _pool_impl(target: str, shape, dtype: str, layout: str = "NCHW", dilation=(1, 1)) -> str:
+    return _impl(target, shape, dtype, lambda x: relay.nn.max_pool2d(x, (3, 3), (2, 2), dilation, (1, 1),
+                                                                     layout=layout))
 
 
 @pytest.mark.parametrize("target, shape, dtype, layout, dilation, ours", [
@@ -126,13 +131,8 @@ def test_column_averages_equal_tvms_pool_bit_for_bit(shape, height, stride, padd
 
 
 def _avg_impl(target: str, shape, dtype: str, pool_size, padding=(2, 0)) -> str:
-    x = relay.var("x", shape=shape, dtype=dtype)
-    pool = relay.nn.avg_pool2d(x, pool_size, (1, 1), padding=padding, count_include_pad=True)
-    call = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], pool)))["main"].body
-    with tvm.target.Target(target):
-        impl, _ = te_compiler.select_implementation(call.op, call.attrs, [te.placeholder(shape, dtype)],
-                                                    call.checked_type, tvm.target.Target(target))
-    return impl.name
+    return _impl(target, shape, dtype, lambda x: relay.nn.avg_pool2d(x, pool_size, (1, 1), padding=padding,
+                                                                     count_include_pad=True))
 
 
 @pytest.mark.parametrize("target, pool_size, padding, dtype, ours", [
