@@ -263,3 +263,36 @@ def test_hexagon_group_conv_bit_exact_in_the_emulator(dtype):
     data = _ints((1, 136, 10, 10), dtype)
     out = hexagon_model.run_model(tvm.IRModule.from_expr(func), None, {"x": data}, timeout=300)
     np.testing.assert_array_equal(out[0], grouped_conv_reference(data, kernel, 4))
+
+
+def test_group_conv_with_a_kernel_given_at_run_time_and_dilation():
+    # A kernel parameter (not a constant): the int8 data's compensation sums it in the graph; dilation 2.
+    target = dot_target("vnni")
+    x = relay.var("x", shape=(1, 48, 12, 12), dtype="int8")
+    w = relay.var("w", shape=(96, 12, 3, 3), dtype="int8")
+    y = relay.nn.conv2d(x, w, padding=2, dilation=2, groups=4, channels=96, kernel_size=3, out_dtype="int32")
+    data, kernel = _ints((1, 48, 12, 12), "int8"), _ints((96, 12, 3, 3), "int8")
+    out, _ = _build_run(relay.Function([x, w], y), {"x": data, "w": kernel}, target)
+    # Dilation 2 of a 3x3 kernel: the reference's 5x5 kernel with the odd taps zero.
+    dilated = np.zeros((96, 12, 5, 5), "int8")
+    dilated[:, :, ::2, ::2] = kernel
+    np.testing.assert_array_equal(out, grouped_conv_reference(data, dilated, 4, padding=2))
+
+
+def test_qnn_group_conv_with_a_kernel_zero_point_stays_with_tvm_and_exact():
+    # A non-zero kernel zero point: the handler leaves the conv to TVM's canonical form (int32 operands).
+    from tvm_tcutils.dotprod.qdq import legalize_group_conv2d
+
+    target = dot_target("vnni")
+    x = relay.var("x", shape=(1, 16, 6, 6), dtype="uint8")
+    kernel = _ints((32, 4, 1, 1), "int8")
+    y = relay.qnn.op.conv2d(x, relay.const(kernel), relay.const(5), relay.const(3), relay.const(0.05),
+                            relay.const(0.01), kernel_size=(1, 1), channels=32, groups=4, out_dtype="int32")
+    call = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], y)))["main"].body
+    with tvm.target.Target(target):
+        assert legalize_group_conv2d(call.attrs, call.args, [a.checked_type for a in call.args]
+                                     + [call.checked_type]) is None
+    data = _ints((1, 16, 6, 6), "uint8")
+    out, _ = _build_run(relay.Function([x], y), {"x": data}, target)
+    want = grouped_conv_reference(data, kernel.astype(np.int64) - 3, 4, data_zero=5)
+    np.testing.assert_array_equal(out, want)
