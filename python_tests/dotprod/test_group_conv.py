@@ -296,3 +296,17 @@ def test_qnn_group_conv_with_a_kernel_zero_point_stays_with_tvm_and_exact():
     out, _ = _build_run(relay.Function([x], y), {"x": data}, target)
     want = grouped_conv_reference(data, kernel.astype(np.int64) - 3, 4, data_zero=5)
     np.testing.assert_array_equal(out, want)
+
+
+def test_group_conv_kernel_in_the_reduce_range_takes_the_8bit_avx2_step():
+    # A constant kernel within [-64, 64] on AVX2: the marked kernel of the reduce-range ISA (vpmaddubsw), exact.
+    target = dot_target("avx2")
+    x = relay.var("x", shape=(1, 136, 10, 10), dtype="uint8")
+    kernel = RNG.integers(-64, 65, (136, 34, 3, 3)).astype("int8")
+    func = relay.Function([x], relay.nn.conv2d(x, relay.const(kernel), padding=1, groups=4, channels=136,
+                                               kernel_size=3, out_dtype="int32"))
+    data = _ints((1, 136, 10, 10), "uint8")
+    out, lib = _build_run(func, {"x": data}, target)
+    np.testing.assert_array_equal(out, grouped_conv_reference(data, kernel, 4, padding=1))
+    assert "vpmaddubsw" in lib.get_lib().get_source("asm")
+    assert [c.attrs.kernel_layout for c in _ops(func, target) if "conv" in c.op.name] == ["OIHW1h1i8o4i"]
