@@ -644,7 +644,7 @@ def _applies_conv2d_nchwc(attrs, inputs, out_type, target, reduce_range: bool = 
     if conv_kernel_marked(_static(inputs[1].shape)) != reduce_range or len(inputs[1].shape) != 7 + reduce_range:
         return False
     try:
-        ic_bn, oc_bn = conv2d_nchwc.conv2d_nchwc_shapes(
+        _, oc_bn = conv2d_nchwc.conv2d_nchwc_shapes(
             _static(inputs[0].shape), _static(inputs[1].shape), isa.kernel_group(inputs[1].dtype), int(attrs.groups)
         )
     except ValueError:
@@ -795,11 +795,17 @@ def _schedule_layout_transform(attrs, outs, target):
         return schedule_byte_layout_transform(outs, attrs.src_layout, attrs.dst_layout)
 
 
-def _applies_max_pool_rows(attrs, inputs, out_type, target) -> bool:
-    # 8-bit NCHW pools where the package's int8 kernels run (x86 with a dot-product ISA).
+def _x86_kernels(target) -> bool:
+    """Whether ``target`` is where the package's int8 kernels run: an LLVM target with an x86 dot-product
+    ISA. The schedules of the ops around them (pads, pools, injective groups) are taken over there only."""
     isa = for_target(target)
+    return target.kind.name == "llvm" and isa is not None and isa.name.startswith("x86")
+
+
+def _applies_max_pool_rows(attrs, inputs, out_type, target) -> bool:
+    # 8-bit NCHW pools.
     shape = _static(inputs[0].shape)
-    if target.kind.name != "llvm" or isa is None or not isa.name.startswith("x86") or shape is None:
+    if not _x86_kernels(target) or shape is None:
         return False
     if str(inputs[0].dtype) not in _INT8 or attrs.layout != "NCHW" or len(shape) != 4:
         return False
@@ -813,10 +819,9 @@ def _applies_max_pool_rows(attrs, inputs, out_type, target) -> bool:
 
 
 def _applies_avg_pool_columns(attrs, inputs, out_type, target) -> bool:
-    # Float32 NCHW averages over rows only (fast_lrn's channel window) where the package's kernels run.
-    isa = for_target(target)
+    # Float32 NCHW averages over rows only (fast_lrn's channel window).
     shape = _static(inputs[0].shape)
-    if target.kind.name != "llvm" or isa is None or not isa.name.startswith("x86") or shape is None:
+    if not _x86_kernels(target) or shape is None:
         return False
     if str(inputs[0].dtype) != "float32" or attrs.layout != "NCHW" or len(shape) != 4 or attrs.ceil_mode:
         return False
@@ -847,10 +852,8 @@ def _schedule_max_pool_rows(attrs, outs, target):
 
 
 def _applies_injective(attrs, inputs, out_type, target) -> bool:
-    # Where the package's int8 kernels run (x86 with a dot-product ISA); the schedule keeps TVM's for the
-    # groups TVM vectorizes.
-    isa = for_target(target)
-    return target.kind.name == "llvm" and isa is not None and isa.name.startswith("x86")
+    # The schedule keeps TVM's for the groups TVM vectorizes.
+    return _x86_kernels(target)
 
 
 def _compute_of(op_name: str):
@@ -874,10 +877,8 @@ INJECTIVE_ANCHORS = ("reshape", "strided_slice", "transpose", "squeeze", "expand
 
 
 def _applies_row_pad(attrs, inputs, out_type, target) -> bool:
-    # Where the package's int8 kernels run (x86 with a dot-product ISA); elsewhere TVM's schedule.
-    isa = for_target(target)
-    return (target.kind.name == "llvm" and isa is not None and isa.name.startswith("x86")
-            and row_pad_applies(attrs.pad_width, inputs[0].dtype, attrs.pad_mode))
+    # Elsewhere TVM's schedule.
+    return _x86_kernels(target) and row_pad_applies(attrs.pad_width, inputs[0].dtype, attrs.pad_mode)
 
 
 def _compute_pad(attrs, inputs, out_type):
