@@ -12,7 +12,8 @@ a dot-product ISA, and the ``FTVMQnnLegalize`` handlers of ``qnn.quantize`` (:fu
 through which plain ``relay.build`` does the same, and of ``qnn.requantize`` (:func:`.qdq.legalize_requantize`),
 which gives QOperator files the same arithmetic. And ``target.build.llvm``, wrapped: the dot-product
 kernels' tile loops software-pipelined (:mod:`.pipeline`) and their next weight blocks prefetched
-(:mod:`.prefetch`), then TVM's LLVM code generator.
+(:mod:`.prefetch`), every function's vector lets substituted (:func:`vector_lets_inlined`: LLVM 22 refuses
+their debug information), then TVM's LLVM code generator.
 """
 from __future__ import annotations
 
@@ -157,6 +158,7 @@ def _build_llvm(mod, target):
     build = registry.replaced_func(BUILD_LLVM)
     if build is None:
         raise RuntimeError(f"{BUILD_LLVM}: the code generator the package wrapped is gone")
+    # Every module: a float model's fused layout transforms bind vector lets too (one C++ walk each).
     functions = {gv: vector_lets_inlined(f) if isinstance(f, tvm.tir.PrimFunc) else f
                  for gv, f in mod.functions.items()}
     if any(not functions[gv].same_as(f) for gv, f in mod.functions.items()):
