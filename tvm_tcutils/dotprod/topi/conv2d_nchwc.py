@@ -141,8 +141,10 @@ def _define_knobs(cfg, isa, oc_chunks: int, oh: int, ow: int, oc_bn: int, kw: in
         per_block = max(1, budget(tile_oc) // tile_oc)
         wanted = isa.conv_pixels(chains, blocks * tile_oc)
         # Where the output has no block of that many pixels, the smallest larger one that fits (55 x 55: a
-        # 5 x 1 row; the widest row, 11, ran SqueezeNet's 16-channel convs at half the speed on Zen 4).
-        small = next(filter(None, (_pixel_block(oh, ow, p) for p in range(wanted, per_block + 1))), None)
+        # 5 x 1 row; the widest row, 11, ran SqueezeNet's 16-channel convs at half the speed on Zen 4). An
+        # ISA that asks for none (0: AVX2) fills the budget below.
+        small = next(filter(None, (_pixel_block(oh, ow, p) for p in range(wanted, per_block + 1))),
+                     None) if wanted else None
         if small is not None:
             return (tile_oc, *small)
         tile_ow = divisors_up_to(ow, per_block)[-1]
