@@ -739,14 +739,11 @@ def _applies_dense(attrs, inputs, out_type, target) -> bool:
 
 def _int8_batch_matmul_isa(inputs, out_type, target) -> Optional[DotProductISA]:
     """The x86 ISA of an 8-bit, int32-out, static-shape ``nn.batch_matmul`` TVM would mis-compile, or None."""
-    isa = for_target(target)
-    if isa is None or not isa.name.startswith("x86") or target.kind.name != "llvm":
-        return None
-    if not _int8_pair(inputs[0].dtype, inputs[1].dtype, out_type.dtype):
+    if not _x86_kernels(target) or not _int8_pair(inputs[0].dtype, inputs[1].dtype, out_type.dtype):
         return None
     if _static(inputs[0].shape) is None or _static(inputs[1].shape) is None or len(inputs[0].shape) != 3:
         return None
-    return isa
+    return for_target(target)
 
 
 def _applies_batch_matmul_dot(attrs, inputs, out_type, target) -> bool:
@@ -802,14 +799,18 @@ def _x86_kernels(target) -> bool:
     return target.kind.name == "llvm" and isa is not None and isa.name.startswith("x86")
 
 
+def _nchw_pool_shape(attrs, inputs, target, dtypes) -> Optional[Tuple[int, ...]]:
+    """The static data shape of an undilated NCHW pool of ``dtypes`` data where the package's kernels run."""
+    shape = _static(inputs[0].shape)
+    if not _x86_kernels(target) or shape is None or len(shape) != 4 or str(inputs[0].dtype) not in dtypes:
+        return None
+    return shape if attrs.layout == "NCHW" and get_const_tuple(attrs.dilation) == (1, 1) else None
+
+
 def _applies_max_pool_rows(attrs, inputs, out_type, target) -> bool:
     # 8-bit NCHW pools.
-    shape = _static(inputs[0].shape)
-    if not _x86_kernels(target) or shape is None:
-        return False
-    if str(inputs[0].dtype) not in _INT8 or attrs.layout != "NCHW" or len(shape) != 4:
-        return False
-    if get_const_tuple(attrs.dilation) != (1, 1):
+    shape = _nchw_pool_shape(attrs, inputs, target, _INT8)
+    if shape is None:
         return False
     (k_h, k_w), (s_h, s_w) = get_const_tuple(attrs.pool_size), get_const_tuple(attrs.strides)
     top, left, bottom, right = pool.pool_padding(get_const_tuple(attrs.padding))
@@ -820,14 +821,11 @@ def _applies_max_pool_rows(attrs, inputs, out_type, target) -> bool:
 
 def _applies_avg_pool_columns(attrs, inputs, out_type, target) -> bool:
     # Float32 NCHW averages over rows only (fast_lrn's channel window).
-    shape = _static(inputs[0].shape)
-    if not _x86_kernels(target) or shape is None:
+    if _nchw_pool_shape(attrs, inputs, target, ("float32",)) is None or attrs.ceil_mode:
         return False
-    if str(inputs[0].dtype) != "float32" or attrs.layout != "NCHW" or len(shape) != 4 or attrs.ceil_mode:
-        return False
-    top, left, bottom, right = pool.pool_padding(get_const_tuple(attrs.padding))
+    _, left, _, right = pool.pool_padding(get_const_tuple(attrs.padding))
     return (get_const_tuple(attrs.pool_size)[1] == 1 and get_const_tuple(attrs.strides)[1] == 1
-            and left == right == 0 and get_const_tuple(attrs.dilation) == (1, 1))
+            and left == right == 0)
 
 
 def _compute_avg_pool_columns(attrs, inputs, out_type):
@@ -865,7 +863,7 @@ def _compute_of(op_name: str):
 
 def _schedule_injective(attrs, outs, target):
     with target:
-        return injective.schedule_injective(outs) or topi.x86.schedule_injective(outs)
+        return injective.schedule_or_tvms(outs)
 
 
 #: Injective and elementwise ops that anchor the fused groups after a sliced or unpacked conv output (the
@@ -879,10 +877,6 @@ INJECTIVE_ANCHORS = ("reshape", "strided_slice", "transpose", "squeeze", "expand
 def _applies_row_pad(attrs, inputs, out_type, target) -> bool:
     # Elsewhere TVM's schedule.
     return _x86_kernels(target) and row_pad_applies(attrs.pad_width, inputs[0].dtype, attrs.pad_mode)
-
-
-def _compute_pad(attrs, inputs, out_type):
-    return relay.op.get("nn.pad").get_attr("FTVMCompute")(attrs, inputs, out_type)
 
 
 def _schedule_row_pad(attrs, outs, target):
@@ -972,7 +966,7 @@ STRATEGY_ROWS = (
         "layout_transform_bytes.tcutils", _strategy.wrap_compute_layout_transform(topi.layout_transform),
         _schedule_layout_transform, _applies_layout_transform, plevel=20)),
     # 8-bit image pads (the QDQ stem's zero-point pad): a row per iteration; not exclusive either.
-    ("nn.pad", registry.StrategyImpl("pad_rows.tcutils", _compute_pad, _schedule_row_pad, _applies_row_pad,
+    ("nn.pad", registry.StrategyImpl("pad_rows.tcutils", _compute_of("nn.pad"), _schedule_row_pad, _applies_row_pad,
                                      plevel=20)),
 )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-from tvm import te
+from tvm import te, topi
 from tvm.topi.utils import get_const_tuple
 
 #: Lanes TVM's x86 injective schedule splits the innermost loop by.
@@ -84,3 +84,19 @@ def schedule_injective(outs: Union[te.Tensor, Sequence[te.Tensor]]) -> Optional[
         if not outer:
             s[out].parallel(lo if len(axes) == 1 else axes[0])
     return s
+
+
+def schedule_or_tvms(outs: Union[te.Tensor, Sequence[te.Tensor]]) -> te.Schedule:
+    """:func:`schedule_injective` where it improves on TVM's x86 injective schedule, else TVM's (under the
+    current target).
+
+    Examples
+    --------
+    >>> import tvm
+    >>> x = te.placeholder((4, 32), "int32")
+    >>> with tvm.target.Target("llvm"):
+    ...     s = schedule_or_tvms(te.compute(x.shape, lambda i, j: x[i, j] + 1))
+    >>> isinstance(s, te.Schedule)
+    True
+    """
+    return schedule_injective(outs) or topi.x86.schedule_injective(outs)

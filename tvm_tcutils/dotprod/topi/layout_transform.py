@@ -25,9 +25,10 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence, Tuple, Union
 
-from tvm import te, tir, topi
+from tvm import te, tir
 from tvm.topi.utils import get_const_tuple
-from .injective import schedule_injective
+
+from .injective import schedule_or_tvms
 
 _PACKED = re.compile(r"^NCHW(\d+)c$")
 
@@ -196,7 +197,7 @@ def schedule_byte_layout_transform(outs: Union[te.Tensor, Sequence[te.Tensor]], 
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     plan = _plain_transform_plan(outs, src_layout, dst_layout)
     if plan is None:  # the package's injective schedule (TVM's unless it leaves a loop scalar)
-        return schedule_injective(outs) or topi.x86.schedule_injective(outs)
+        return schedule_or_tvms(outs)
     out = outs[0]
     s = te.create_schedule(out.op)
     direction, block, rows, tile = plan
