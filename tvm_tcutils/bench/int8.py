@@ -22,7 +22,7 @@ import numpy as np
 from .._tvm import host_target, tvm
 from tvm import autotvm, relay, te, tir
 
-from ..dotprod.cpu_facts import chain_gops, chain_kernel
+from ..dotprod.cpu_facts import chain_arguments, chain_gop, chain_gops, chain_kernel
 from ..dotprod.isa import for_target, range_isa, tile_isa
 from ..dotprod.strategy import CONV2D_NCHWC_TASK, DENSE_AMX_TASK, DENSE_PACK_TASK
 from ..dotprod.topi import packing
@@ -110,9 +110,8 @@ def peak_timer(tasks: int, chains: int = 16, iters: int = 20_000) -> Tuple[Sampl
     """
     isa = for_target(TARGET)
     lib = chain_kernel(isa, tasks, chains, iters, target=TARGET)
-    args = [nd(np.ones(isa.reduce, "uint8")), nd(np.ones((isa.lanes, isa.reduce), "int8")),
-            nd(np.zeros((tasks, chains, isa.lanes), "int32"))]
-    return te_function(lib, args, repeat=3, min_repeat_ms=50), tasks * iters * chains * isa.lanes * isa.reduce * 2 / 1e9
+    return (te_function(lib, chain_arguments(isa, tasks, chains), repeat=3, min_repeat_ms=50),
+            chain_gop(isa, tasks, chains, iters))
 
 
 def peak_gops(tasks: int, chains: int = 16, iters: int = 100_000) -> float:

@@ -100,10 +100,34 @@ def chain_gops(isa: DotProductISA, tasks: int, chains: int, iters: int = 100_000
     from ..measure import time_function
 
     lib = chain_kernel(isa, tasks, chains, iters, target)
-    args = [tvm.nd.array(np.ones(isa.reduce, "uint8")), tvm.nd.array(np.ones((isa.lanes, isa.reduce), "int8")),
-            tvm.nd.array(np.zeros((tasks, chains, isa.lanes), "int32"))]
+    args = chain_arguments(isa, tasks, chains)
     seconds = time_function(lib, args, repeat=repeat, min_repeat_ms=min_ms, settle_threads=settle_threads).min_ms / 1e3
-    return tasks * iters * chains * isa.lanes * isa.reduce * 2 / seconds / 1e9
+    return chain_gop(isa, tasks, chains, iters) / seconds
+
+
+def chain_arguments(isa: DotProductISA, tasks: int, chains: int) -> list:
+    """The arrays :func:`chain_kernel` runs on (``A``, ``B``, ``C``), on the CPU.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_VNNI
+    >>> [a.shape for a in chain_arguments(X86_VNNI, 2, 3)]
+    [(4,), (16, 4), (2, 3, 16)]
+    """
+    return [tvm.nd.array(np.ones(isa.reduce, "uint8")), tvm.nd.array(np.ones((isa.lanes, isa.reduce), "int8")),
+            tvm.nd.array(np.zeros((tasks, chains, isa.lanes), "int32"))]
+
+
+def chain_gop(isa: DotProductISA, tasks: int, chains: int, iters: int) -> float:
+    """Billion operations (a multiply and an add each) of one run of :func:`chain_kernel`.
+
+    Examples
+    --------
+    >>> from tvm_tcutils.dotprod.isa import X86_VNNI
+    >>> chain_gop(X86_VNNI, 1, 16, 100_000)
+    0.2048
+    """
+    return tasks * iters * chains * isa.lanes * isa.reduce * 2 / 1e9
 
 
 def measure_chains_in_flight(isa: DotProductISA, rounds: int = 3) -> float:
