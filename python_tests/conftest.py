@@ -554,6 +554,15 @@ def host_cpu_has(*features: str) -> bool:
     return bool(tvm.target.codegen.target_has_features(list(features), target))
 
 
+def runtime_exact_weight_bound() -> int:
+    """The largest ``|w|`` of an int8 weight that onnxruntime's and OpenVINO's u8 x s8 kernels multiply
+    exactly on this CPU: 127 where it has VNNI (``vpdpbusd``); 64 elsewhere, since on AVX2 and SSE both
+    runtimes multiply with ``vpmaddubsw``, whose int16 pair sums saturate beyond ``2 * 255 * 64``
+    (onnxruntime's ``reduce_range`` weights fit; full-range ones were 22-66 steps off on a Zen 3).
+    Tests that compare the package's integer results with those runtimes draw weights within it."""
+    return 127 if host_cpu_has("avx512vnni") or host_cpu_has("avxvnni") else 64
+
+
 #: x86 dot-product targets to test, each with the CPU feature it needs to run here.
 DOT_TARGETS = {
     "vnni": ("llvm -mcpu=znver4", "avx512vnni"),

@@ -382,18 +382,24 @@ def test_tvm_candidates_are_timed_without_their_boundary_transforms():
     from tvm_tcutils.collage.cost.workers import time_candidate
 
     target = tvm_tcutils.host_target()
-    # A 1x1 conv with few channels does little work next to the two transforms around it (about 60 %
-    # of its time here at 32 channels; at 16 the conv alone came within the 10 % floor under a loaded
-    # CI run); alternate the two timings so drift hits both, and compare the fastest of each: the other
-    # test worker's processes, on either CPU, slow some turns down (inner medians above whole ones seen).
-    text = tvm.ir.save_json(_conv_module(channels=32))
+    # A 1x1 conv with few channels does little work next to the two transforms around it (a quarter to
+    # two thirds of its time, by CPU: less where float convs are slow, as on AVX2); alternate the two
+    # timings so drift hits both, and compare the fastest of each: the other test worker's processes, on
+    # either CPU, slow some turns down (inner medians above whole ones seen, 20 ms samples at 32
+    # channels on a Zen 3 were 0.27-0.39 ms whole and 0.19-0.41 inner).
+    text = tvm.ir.save_json(_conv_module(channels=16))
     whole, inner = [], []
-    for _ in range(3):
-        whole.append(time_candidate(text, target, 5, 1, 5, None, True)["ms"])
-        inner.append(time_candidate(text, target, 5, 1, 5, None, False)["ms"])
+    for _ in range(4):
+        whole.append(time_candidate(text, target, 5, 1, 20, None, True))
+        inner.append(time_candidate(text, target, 5, 1, 20, None, False))
+    # What was left out is reported: two transforms' bytes, the same each turn, and their time.
+    assert all("boundary_ms" not in w for w in whole)
+    assert len({i["boundary_kb"] for i in inner}) == 1 and inner[0]["boundary_kb"] > 0
+    assert all(i["boundary_ms"] > 0 for i in inner)
+    whole, inner = [w["ms"] for w in whole], [i["ms"] for i in inner]
     # The floor only says the conv was timed at all: a CI run (the other worker idle in that turn only) had
     # the fastest inner turn at 0.093x the fastest whole one (17 against 184 us).
-    assert 0.03 * min(whole) <= min(inner) < 0.8 * min(whole), (whole, inner)
+    assert 0.03 * min(whole) <= min(inner) < 0.9 * min(whole), (whole, inner)
 
 
 def test_modules_with_their_own_layout_transforms_are_timed_whole(monkeypatch):

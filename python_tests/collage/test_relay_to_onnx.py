@@ -6,6 +6,7 @@ import pytest
 import tvm
 from tvm import relay
 
+from conftest import runtime_exact_weight_bound
 from tvm_tcutils.collage.toolchains import relay_to_onnx
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
@@ -473,16 +474,18 @@ def test_quantize_ties_round_to_even_as_onnx_does(dtype):
 def _qdq_region(kind):
     """uint8 in, uint8 out: ``quantize(op(dequantize(x), dequantize(w)) + dequantize(bias))``, as a quantizer
     writes a layer, with per-channel int8 weights and an int32 bias. ``conv_large``: a 72 KiB weight, which
-    partitions take as a parameter (``packed_call.lift_constants``)."""
+    partitions take as a parameter (``packed_call.lift_constants``). Weights within what the runtimes
+    multiply exactly here (:func:`conftest.runtime_exact_weight_bound`)."""
     x_scale, y_scale = 0.02, 0.05
+    bound = runtime_exact_weight_bound()
     if kind.startswith("conv"):
         cin, channels = (128, 64) if kind == "conv_large" else (4, 8)
         shape = (1, cin, 9, 9)
-        w = RNG.integers(-127, 127, (channels, cin, 3, 3), endpoint=True).astype("int8")
+        w = RNG.integers(-bound, bound, (channels, cin, 3, 3), endpoint=True).astype("int8")
         x_scale /= np.sqrt(cin / 4)  # the sum's spread, so that the output does not saturate
     else:
         shape, channels = (3, 16), 8
-        w = RNG.integers(-127, 127, (channels, 16), endpoint=True).astype("int8")
+        w = RNG.integers(-bound, bound, (channels, 16), endpoint=True).astype("int8")
     w_scale = RNG.uniform(0.002, 0.01, channels).astype("float32")
     bias = RNG.integers(-500, 500, channels).astype("int32")
     x = relay.var("x", shape=shape, dtype="uint8")

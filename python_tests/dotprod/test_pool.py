@@ -123,7 +123,7 @@ def test_column_averages_equal_tvms_pool_bit_for_bit(shape, height, stride, padd
                             "NCHW", count_include_pad)
     results = []
     for out, schedule in ((ours, schedule_avg_pool2d_columns([ours])), (theirs, te.create_schedule(theirs.op))):
-        func = tvm.build(schedule, [x, out], "llvm -mcpu=znver4" if out is ours else "llvm")
+        func = tvm.build(schedule, [x, out], host_dot_target() if out is ours else "llvm")  # both run here
         result = tvm.nd.empty([int(d) for d in out.shape], "float32")
         func(tvm.nd.array(data), result)
         results.append(result.numpy())

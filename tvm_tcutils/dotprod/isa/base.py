@@ -104,6 +104,12 @@ class DotProductISA:
         or 4x1 block where the output has one), or 0 to fill the accumulator
         budget. A CPU with more instructions in flight than that tile has
         accumulators gets more pixels (:meth:`conv_pixels`).
+    accumulating : bool
+        Whether one step is one instruction that reads and writes its accumulator
+        (``vpdpbusd``). Only then does a register-only loop of steps on constant
+        operands measure the unit (:func:`~tvm_tcutils.dotprod.cpu_facts.measure_chains_in_flight`):
+        a step that adds a product to the accumulator afterwards (AVX2, SSE)
+        is hoisted out of such a loop by LLVM, leaving a loop of adds.
     kernel_range : tuple of int, optional
         ``(low, high)``: the instruction is exact only for kernel values in this
         range (a saturating step). Such an ISA is never a target's ISA
@@ -126,6 +132,7 @@ class DotProductISA:
     wide_kernel: str = ""
     wide_group: int = 4
     conv_tile_pixels: int = 0
+    accumulating: bool = False
     kernel_range: Optional[Tuple[int, int]] = None
 
     def fits(self, values) -> bool:

@@ -57,6 +57,7 @@ X86_VNNI = DotProductISA(
     # 56x56 and 28x28 layers here (Zen 4: 64-channel 1x1 324 -> 456 GOPS; 256->64 1x1 416 -> 456;
     # 3x3 442 -> 460; 128->512 1x1 even); 14x14 and 7x7 planes have no such block and keep filling.
     conv_tile_pixels=4,
+    accumulating=True,  # vpdpbusd takes the accumulator: cpu_facts can measure its chains
     # A CPU with more vpdpbusd in flight than those 8 accumulators widens the block (conv_pixels, from
     # the measured dotprod.cpu_facts): Zen 4 keeps 4 in flight (one a cycle, in two halves, latency 4)
     # and keeps the block; Zen 5 about 9-10 (two a cycle), where a 1x7 row (14) measured 8-29 % faster
