@@ -28,8 +28,11 @@ tests=0
 # three were slower on 2 cores). loadfile keeps a file's tests on one worker, so module-scoped fixtures
 # (the int8 sweep) are built once; files go out in collection order, the slowest first
 # (python_tests/conftest.py: SLOW_FILES).
+# A worker that dies (SIGILL from code built for another CPU, say) ends the run at once, named: a replaced
+# worker once left xdist's loadfile scheduler waiting forever on a Zen 3 (CI's limit, not an answer).
 workers="${TCUTILS_TEST_WORKERS:-2}"
-"$VENV/bin/python" -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@" || tests=$?  # testpaths: python_tests and the package's doctests
+restart=(); [ "$workers" != 0 ] && restart=(--max-worker-restart=0)
+"$VENV/bin/python" -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "${restart[@]}" "$@" || tests=$?  # testpaths: python_tests and the package's doctests
 if [ "$tests" -ne 0 ]; then exit "$tests"; fi
 if [ "$lint" -ne 0 ]; then echo "ruff check failed (see above)" >&2; fi
 exit "$lint"
