@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tvm_tcutils  # noqa: E402,F401  (installs the hooks)
 from tvm_tcutils.bench.competitors import add_timing_arguments, use_timing_arguments  # noqa: E402
 from tvm_tcutils.bench.int8 import is_quantized  # noqa: E402
-from tvm_tcutils.bench.int8_models import ROUTES, RUNTIMES, bench_model, markdown  # noqa: E402
+from tvm_tcutils.bench.int8_models import DEFAULT_ROUTES, ROUTES, RUNTIMES, bench_model, markdown  # noqa: E402
 from tvm_tcutils.bench.results import Results, add_json_argument  # noqa: E402
 from tvm_tcutils.bench.models import light_model_names  # noqa: E402
 from tvm_tcutils.dotprod.isa import for_target  # noqa: E402
@@ -46,7 +46,9 @@ def main(argv=None) -> int:
                         "model with random weights (default: bert-tiny-onnx)" % ", ".join(ONNX_BUILDERS))
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=7, help="turns per contender (median)")
-    parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=list(ROUTES))
+    parser.add_argument("--routes", nargs="+", default=list(DEFAULT_ROUTES), choices=list(ROUTES),
+                        help="qdq-rr: 7-bit weights, as onnxruntime advises on CPUs without VNNI "
+                        f"(default: {' '.join(DEFAULT_ROUTES)})")
     parser.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=list(RUNTIMES))
     add_json_argument(parser, __file__)
     add_timing_arguments(parser)

@@ -108,3 +108,20 @@ def test_random_weights_leave_a_model_without_filled_weights_as_it_was():
 def test_light_model_names_the_choices():
     with pytest.raises(ValueError, match="weights must be one of filled, random"):
         light_model("squeezenet", weights="trained")
+
+
+def test_the_reduce_range_route_has_7_bit_weights_and_others_are_refused(tmp_path, monkeypatch):
+    # What onnxruntime's guide has users on CPUs without VNNI quantize: weights vpmaddubsw cannot saturate.
+    from tvm_tcutils.bench import int8, int8_models
+
+    monkeypatch.setattr(int8, "QUANTIZED_CACHE", str(tmp_path / "cache"))
+    files = int8_models.model_files(_old_style_file(str(tmp_path / "m.onnx"), 0), routes=["qdq", "qdq-rr"])
+    assert list(files) == ["qdq", "qdq-rr"] and files["qdq"] != files["qdq-rr"]
+
+    def widest(path):
+        return max(int(np.abs(numpy_helper.to_array(t).astype(int)).max())
+                   for t in onnx.load(path).graph.initializer if t.data_type == TensorProto.INT8)
+
+    assert widest(files["qdq-rr"]) <= 64 < widest(files["qdq"])
+    with pytest.raises(ValueError, match="routes must be among"):
+        int8_models.model_files("resnet-50-onnx", routes=["qdq-7bit"])

@@ -38,7 +38,13 @@ ROUTES = {
     "qoperator": "quantize_static, QOperator (QLinearConv, QLinearMatMul, ...), per-channel s8 weights",
     "dynamic": "quantize_dynamic (DynamicQuantizeLinear + MatMulInteger / ConvInteger)",
     "fp32": "the float model",
+    # onnxruntime's quantization guide advises reduce_range on CPUs without VNNI, whose u8 x s8
+    # multiply-add (vpmaddubsw) saturates full-range weights: what such a CPU's users run.
+    "qdq-rr": "quantize_static, QDQ, per-channel 7-bit weights (reduce_range, in [-64, 64])",
 }
+
+#: What a run takes unless told: ``qdq-rr`` is asked for where it matters (CPUs without VNNI).
+DEFAULT_ROUTES = ("qdq", "qoperator", "dynamic", "fp32")
 
 #: Runtimes: column prefix -> :mod:`.isolated` kind.
 RUNTIMES = {"tcutils": "tvm", "onnxruntime": "ort", "OpenVINO": "openvino"}
@@ -56,7 +62,7 @@ def dynamic_file(fp32: str, folder: Optional[str] = None) -> str:
     return path
 
 
-def model_files(model: str, routes: Sequence[str] = tuple(ROUTES)) -> Dict[str, str]:
+def model_files(model: str, routes: Sequence[str] = DEFAULT_ROUTES) -> Dict[str, str]:
     """Route -> ONNX file of ``model``, quantized by onnxruntime and cached.
 
     ``model``: a zoo name, an ``.onnx`` file, or ``light_<name>``, one of the onnx package's light
@@ -79,6 +85,8 @@ def model_files(model: str, routes: Sequence[str] = tuple(ROUTES)) -> Dict[str, 
     out = {"fp32": files["fp32"], "qdq": files["qdq"], "qoperator": files["qoperator"]}
     if "dynamic" in routes:
         out["dynamic"] = dynamic_file(files["fp32"])
+    if "qdq-rr" in routes:
+        out["qdq-rr"] = ort_quantized(model, reduce_range=True)["qdq"]
     return {route: out[route] for route in routes}
 
 
@@ -133,7 +141,7 @@ def _check(library: str, path: str, feed: Mapping[str, np.ndarray]) -> float:
     return relative_difference(runner.get_output(0).numpy(), expected)
 
 
-def bench_model(model: str, threads: Sequence[int], rounds: int = 5, routes: Sequence[str] = tuple(ROUTES),
+def bench_model(model: str, threads: Sequence[int], rounds: int = 5, routes: Sequence[str] = DEFAULT_ROUTES,
                 runtimes: Sequence[str] = tuple(RUNTIMES), min_ms: float = 200.0) -> List[dict]:
     """Every runtime on every route of ``model``, per thread count, isolated and in turns. The JSON rows.
 
