@@ -573,10 +573,15 @@ DOT_TARGETS = {
 }
 
 
+def dot_target_runs(name: str) -> bool:
+    """Whether this CPU runs the code of the :data:`DOT_TARGETS` entry ``name``."""
+    return host_cpu_has(DOT_TARGETS[name][1])
+
+
 def dot_target(name: str) -> str:
     """The target string of a :data:`DOT_TARGETS` entry; skips when this CPU cannot run it."""
     target, feature = DOT_TARGETS[name]
-    if not host_cpu_has(feature):
+    if not dot_target_runs(name):
         pytest.skip(f"this CPU has no {feature}: cannot run {target} code")
     return target
 

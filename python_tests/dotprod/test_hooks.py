@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm import autotvm, relay
 
-from conftest import DOT_TARGETS, build_run_lib as _build_run, dot_target, host_cpu_has, run_python, small_conv_net
+from conftest import build_run_lib as _build_run, dot_target, dot_target_runs, run_python, small_conv_net
 
 RNG = np.random.default_rng(3)
 HEXAGON = "hexagon -mcpu=hexagonv66 -mattr=+hvxv66,+hvx-length128b"
@@ -151,7 +151,7 @@ def _wanted_models(session) -> set:
     for item in session.items:
         if getattr(item, "originalname", None) == "test_int8_model_bit_exact_vs_tvm_generic" and \
                 item.get_closest_marker("skip") is None and \
-                host_cpu_has(DOT_TARGETS[item.callspec.params["target_name"]][1]):
+                dot_target_runs(item.callspec.params["target_name"]):
             wanted.add(item.callspec.params["name"])
     return wanted
 

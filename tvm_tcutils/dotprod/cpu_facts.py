@@ -34,7 +34,7 @@ from .._tvm import host_target, tvm
 from tvm import te
 
 from ..files import atomic_path, cache_dir
-from .isa import DotProductISA
+from .isa import ISAS, DotProductISA
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +146,6 @@ def measure_chains_in_flight(isa: DotProductISA, rounds: int = 3) -> float:
     True
     """
     if not isa.accumulating:
-        from .isa import ISAS
-
         raise ValueError(f"isa: {isa.name}'s step is not one accumulating instruction, so a register-only "
                          f"loop does not measure it; measurable: "
                          f"{', '.join(i.name for i in ISAS if i.accumulating)}")
